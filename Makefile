@@ -9,7 +9,6 @@ DEV_STAMP := $(VENV)/.installed-dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e .

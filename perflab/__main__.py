@@ -1,0 +1,5 @@
+import sys
+
+from perflab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,155 @@
+"""This machine's ceilings: matmul TFLOP/s per precision, memory bandwidth, host-to-device bandwidth.
+
+`perflab calibrate` measures them once and caches them per device and torch version; MFU divides
+achieved FLOP/s by the cached peak, or by a datasheet value that is labelled as such.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from perflab.levers.precision import set_tf32
+from perflab.results import write_json_atomic
+
+# Dense (no sparsity) datasheet peaks in TFLOP/s and memory bandwidth in GB/s; a fallback only.
+DATASHEET = {
+    "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0, "memory_gbps": 2000.0},
+    "H100": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "memory_gbps": 3350.0},
+    "H200": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "memory_gbps": 4800.0},
+    "A100": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0, "memory_gbps": 2039.0},
+    "L4": {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "memory_gbps": 300.0},
+}
+MATMUL_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cache_path() -> Path:
+    root = os.environ.get("PERFLAB_CACHE_DIR") or Path.home() / ".cache" / "perflab"
+    return Path(root) / "calibration.json"
+
+
+def device_key(device: torch.device) -> str:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"cpu {platform.processor() or platform.machine()} x{os.cpu_count()}"
+    return f"{name} | torch {torch.__version__.split('+')[0]}"
+
+
+def _median_seconds(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
+    fn()  # warm-up: handles, autotuning, allocator growth
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            began = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - began)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def measure_matmul_tflops(device: torch.device, precision: str, size: int, repeats: int = 10) -> float:
+    a = torch.randn(size, size, device=device).to(MATMUL_DTYPES[precision])
+    b = torch.randn(size, size, device=device).to(MATMUL_DTYPES[precision])
+    restore = set_tf32(precision == "tf32")
+    try:
+        seconds = _median_seconds(lambda: torch.mm(a, b), device, repeats)
+    finally:
+        restore()
+    return 2 * size**3 / seconds / 1e12
+
+
+def measure_copy_gbps(device: torch.device, megabytes: int, repeats: int = 10) -> float:
+    """Device-memory bandwidth of a large copy, counting bytes read plus bytes written."""
+    source = torch.randn(megabytes * 2**20 // 4, device=device)
+    target = torch.empty_like(source)
+    seconds = _median_seconds(lambda: target.copy_(source), device, repeats)
+    return 2 * source.numel() * 4 / seconds / 1e9
+
+
+def measure_h2d_gbps(device: torch.device, megabytes: int, pinned: bool, repeats: int = 10) -> float:
+    host = torch.randn(megabytes * 2**20 // 4)
+    if pinned:
+        host = host.pin_memory()
+    target = torch.empty_like(host, device=device)
+    seconds = _median_seconds(lambda: target.copy_(host, non_blocking=pinned), device, repeats)
+    return host.numel() * 4 / seconds / 1e9
+
+
+def calibrate(device: torch.device, quick: bool = False,
+              progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Measure this device's ceilings and store them in the cache; returns the entry."""
+    say = progress or (lambda _msg: None)
+    cuda = device.type == "cuda"
+    size = (4096 if quick else 8192) if cuda else (512 if quick else 1024)
+    precisions = ("fp32", "tf32", "bf16", "fp16") if cuda else ("fp32", "bf16")
+    entry: dict = {"device": device_key(device), "matmul_size": size, "measured_utc": _now(), "tflops": {}}
+    for precision in precisions:
+        say(f"matmul {precision} {size}x{size}")
+        entry["tflops"][precision] = measure_matmul_tflops(device, precision, size)
+    say("device memory copy")
+    entry["memory_gbps"] = measure_copy_gbps(device, 1024 if cuda else 128)
+    if cuda:
+        for pinned in (True, False):
+            say(f"host-to-device copy ({'pinned' if pinned else 'pageable'})")
+            key = "h2d_pinned_gbps" if pinned else "h2d_pageable_gbps"
+            entry[key] = measure_h2d_gbps(device, 256, pinned)
+    _store(entry)
+    return entry
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _store(entry: dict) -> None:
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cache = load_cache()
+    cache[entry["device"]] = entry
+    write_json_atomic(path, cache)
+
+
+def load_cache() -> dict:
+    path = cache_path()
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def cached_ceilings(device: torch.device) -> Optional[dict]:
+    return load_cache().get(device_key(device))
+
+
+def datasheet_ceilings(device: torch.device) -> Optional[dict]:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for model in DATASHEET:  # ordered: "H100 PCIe" before "H100"
+        if all(part in name for part in model.split()):
+            return {"model": model, **DATASHEET[model]}
+    return None
+
+
+def peak_tflops(device: torch.device, precision: str) -> tuple[Optional[float], str]:
+    """(peak TFLOP/s for this precision, where it came from: 'calibrated', 'datasheet ...' or 'none')."""
+    measured = cached_ceilings(device)
+    if measured and precision in measured.get("tflops", {}):
+        return measured["tflops"][precision], f"calibrated {measured['measured_utc']}"
+    sheet = datasheet_ceilings(device)
+    if sheet:
+        return sheet[precision], f"datasheet ({sheet['model']}, dense); run `perflab calibrate` to measure"
+    return None, "none: run `perflab calibrate` once on this machine"

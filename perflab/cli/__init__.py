@@ -1,0 +1,62 @@
+"""The perflab command line: parses, calls the library, prints. Each subcommand is a module here.
+
+A module in this package that defines `register(subparsers)` is picked up automatically; `register`
+adds its parser(s) with `set_defaults(handler=...)`, and the handler returns an exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from typing import Optional
+
+from rich.console import Console
+
+from perflab.errors import PerflabError
+from perflab.version import __version__
+
+console = Console()
+err_console = Console(stderr=True)
+
+# Commands appear in --help in this order; modules not listed come after, alphabetically.
+ORDER = ["run", "profile", "diagnose", "sweep", "compare", "report", "rerun", "tune", "info"]
+
+
+def _command_modules() -> list:
+    names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+    names.sort(key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+    modules = [importlib.import_module(f"{__name__}.{name}") for name in names]
+    return [module for module in modules if hasattr(module, "register")]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="perflab",
+        description="A profile-first performance lab for PyTorch training and inference.",
+    )
+    parser.add_argument("--version", action="version", version=f"perflab {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _command_modules():
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except PerflabError as err:
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/]: nothing partial was saved as a result")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

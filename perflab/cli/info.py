@@ -1,0 +1,95 @@
+"""perflab workloads | levers | env | calibrate: what is available and what this machine can do."""
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from perflab.calibrate import cache_path, calibrate, cached_ceilings, datasheet_ceilings
+from perflab.cli import console
+from perflab.environment import collect_environment
+from perflab.harness.runner import resolve_device
+from perflab.levers import all_levers
+from perflab.workloads import builtin_descriptions
+
+
+def register(subparsers) -> None:
+    workloads = subparsers.add_parser("workloads", help="list the built-in workloads")
+    workloads.set_defaults(handler=handle_workloads)
+    levers = subparsers.add_parser("levers", help="list the optimisation levers, what each needs and addresses")
+    levers.set_defaults(handler=handle_levers)
+    env = subparsers.add_parser("env", help="report the environment: torch, CUDA, GPU, CPU, ceilings")
+    env.set_defaults(handler=handle_env)
+    cal = subparsers.add_parser("calibrate", help="measure this machine's ceilings (matmul, memory, H2D) once")
+    cal.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    cal.add_argument("--quick", action="store_true", help="smaller sizes: faster, slightly lower peaks")
+    cal.set_defaults(handler=handle_calibrate)
+
+
+def handle_workloads(args: argparse.Namespace) -> int:
+    table = Table(title="built-in workloads", title_justify="left")
+    table.add_column("name", style="bold")
+    table.add_column("description")
+    for name, description in builtin_descriptions().items():
+        table.add_row(name, description)
+    console.print(table)
+    console.print("Your own: --workload path/to/file.py:build or package.module:build (see README).")
+    return 0
+
+
+def handle_levers(args: argparse.Namespace) -> int:
+    table = Table(title="levers", title_justify="left")
+    for column in ("name", "flag", "what it does", "needs", "addresses"):
+        table.add_column(column)
+    for lever in all_levers():
+        table.add_row(lever.name, lever.flag, lever.summary, lever.needs, ", ".join(lever.addresses))
+    console.print(table)
+    return 0
+
+
+def handle_env(args: argparse.Namespace) -> int:
+    device = resolve_device("auto")
+    env = collect_environment(device)
+    table = Table(title="environment", title_justify="left", show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for key, value in env.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
+        table.add_row(key, str(value))
+    ceilings = cached_ceilings(device)
+    if ceilings:
+        table.add_row("ceilings", _ceilings_text(ceilings) + f" (calibrated {ceilings['measured_utc']})")
+    elif datasheet_ceilings(device):
+        table.add_row("ceilings", _ceilings_text({"tflops": datasheet_ceilings(device)}) + " (datasheet)")
+    else:
+        table.add_row("ceilings", "not measured: run `perflab calibrate`")
+    console.print(table)
+    return 0
+
+
+def _ceilings_text(entry: dict) -> str:
+    tflops = entry.get("tflops", {})
+    parts = [f"{k} {v:.1f}" for k, v in tflops.items() if k in ("fp32", "tf32", "bf16", "fp16")]
+    text = "matmul TFLOP/s: " + ", ".join(parts)
+    if entry.get("memory_gbps"):
+        text += f"; memory {entry['memory_gbps']:.0f} GB/s"
+    return text
+
+
+def handle_calibrate(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    with console.status("calibrating") as status:
+        entry = calibrate(device, quick=args.quick, progress=lambda msg: status.update(f"calibrating: {msg}"))
+    table = Table(title=f"ceilings of {entry['device']}", title_justify="left", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("measured")
+    for precision, value in entry["tflops"].items():
+        table.add_row(f"matmul {precision}", f"{value:.2f} TFLOP/s ({entry['matmul_size']}^3)")
+    table.add_row("device memory copy", f"{entry['memory_gbps']:.1f} GB/s (read + write)")
+    for key in ("h2d_pinned_gbps", "h2d_pageable_gbps"):
+        if key in entry:
+            table.add_row(key.replace("_gbps", "").replace("_", " "), f"{entry[key]:.1f} GB/s")
+    console.print(table)
+    console.print(f"cached in {cache_path()}")
+    return 0

@@ -1,0 +1,28 @@
+"""perflab run: measure one configuration and save runs/<id>/result.json."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from perflab.cli import console
+from perflab.cli._options import add_run_options, config_from_args
+from perflab.harness.runner import resolve_config, run
+from perflab.report.progress import RichReporter
+from perflab.report.terminal import print_result
+from perflab.rundir import run_dir
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("run", help="measure a workload: throughput, latency, breakdown, MFU",
+                                   description="Measure a workload and save runs/<id>/result.json.")
+    add_run_options(parser)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    cfg = resolve_config(config_from_args(args), None)
+    with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
+        result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter, command=["perflab"] + sys.argv[1:])
+        result.save(out)
+    print_result(console, result)
+    return 0

@@ -1,0 +1,1 @@
+"""The measurement harness: plan the step, run the timed loop, aggregate trials."""

@@ -1,0 +1,77 @@
+"""Where batches come from: a DataLoader over the workload's dataset, or batches pre-staged on the device."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+Batch = Any
+
+
+class CyclingSampler(Sampler):
+    """Indices 0..n-1 in a fixed shuffled order, repeated forever, so one loader serves every trial."""
+
+    def __init__(self, length: int, seed: int):
+        self.order = torch.randperm(length, generator=torch.Generator().manual_seed(seed)).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.cycle(self.order)
+
+    def __len__(self) -> int:  # DataLoader asks; the stream is endless
+        return len(self.order)
+
+
+def map_tensors(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+    """Apply `fn` to every tensor in a tensor / tuple / list / dict structure."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return {key: map_tensors(value, fn) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(map_tensors(value, fn) for value in batch)
+    return batch
+
+
+def to_device(batch: Batch, device: torch.device, non_blocking: bool,
+              memory_format: Optional[torch.memory_format] = None) -> Batch:
+    """Copy a batch to the device; 4-D float tensors take `memory_format` when given."""
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.to(device, non_blocking=non_blocking)
+        if memory_format is not None and tensor.dim() == 4 and tensor.is_floating_point():
+            tensor = tensor.contiguous(memory_format=memory_format)
+        return tensor
+    return map_tensors(batch, move)
+
+
+def make_loader(dataset, batch_size: int, workers: int, pin_memory: bool, persistent_workers: bool,
+                prefetch_factor: Optional[int], collate_fn, seed: int) -> DataLoader:
+    """An endless DataLoader with the data-path levers applied."""
+    options: dict[str, Any] = {}
+    if workers > 0:
+        options["persistent_workers"] = persistent_workers
+        if prefetch_factor is not None:
+            options["prefetch_factor"] = prefetch_factor
+    return DataLoader(dataset, batch_size=batch_size, sampler=CyclingSampler(len(dataset), seed),
+                      num_workers=workers, pin_memory=pin_memory, drop_last=True,
+                      collate_fn=collate_fn, **options)
+
+
+def first_batches(loader: DataLoader, count: int) -> list[Batch]:
+    """The first `count` batches of a loader (used to pre-stage device batches and for checks)."""
+    return list(itertools.islice(iter(loader), count))
+
+
+class DeviceBatches:
+    """Cycles over a few distinct batches already on the device: measures the model, not the loader."""
+
+    STAGED = 4  # distinct batches, so repeated steps do not read one cached input
+
+    def __init__(self, host_batches: list[Batch], device: torch.device,
+                 memory_format: Optional[torch.memory_format] = None):
+        self.batches = [to_device(b, device, non_blocking=False, memory_format=memory_format)
+                        for b in host_batches]
+
+    def __iter__(self) -> Iterator[Batch]:
+        return itertools.cycle(self.batches)

@@ -1,0 +1,58 @@
+"""The timed loop: one step = data wait, host-to-device copy, [augment], forward, [backward, optimizer].
+
+It stays lean: no logging, no host syncs, no allocations beyond the workload's own. The timer and the
+markers are the only instrumentation, and both record without synchronising.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional
+
+from perflab.harness.plan import StepPlan
+from perflab.profile.markers import mark
+
+
+def run_steps(plan: StepPlan, batches: Iterator[Any], steps: int, timer,
+              on_step: Optional[Callable[[], None]] = None) -> None:
+    """Run `steps` steps, recording phases on `timer`; the caller synchronises around it."""
+    train = plan.mode == "train"
+    for _ in range(steps):
+        timer.step_start()
+        with timer.host_phase("data_wait"), mark("data"):
+            batch = next(batches)
+        if not plan.batches_on_device:
+            with timer.phase("h2d"), mark("h2d"):
+                batch = plan.to_device(batch)
+        if plan.gpu_transform is not None:
+            with timer.phase("augment"), mark("augment"):
+                batch = plan.gpu_transform(batch)
+        if plan.step_fn is not None:
+            with timer.phase("step"), mark("step"):
+                plan.step_fn(batch)
+        elif train:
+            train_step(plan, batch, timer)
+        else:
+            infer_step(plan, batch, timer)
+        if on_step is not None:
+            on_step()
+    timer.finish()
+
+
+def train_step(plan: StepPlan, batch: Any, timer) -> None:
+    inputs, target = batch
+    with timer.phase("forward"), mark("forward"), plan.autocast():
+        loss = plan.loss_fn(plan.model(inputs), target)
+    with timer.phase("backward"), mark("backward"):
+        (plan.scaler.scale(loss) if plan.scaler is not None else loss).backward()
+    with timer.phase("optimizer"), mark("optimizer"):
+        if plan.scaler is not None:
+            plan.scaler.step(plan.optimizer)
+            plan.scaler.update()
+        else:
+            plan.optimizer.step()
+        plan.optimizer.zero_grad(set_to_none=True)
+
+
+def infer_step(plan: StepPlan, batch: Any, timer) -> None:
+    inputs, _ = batch
+    with timer.phase("forward"), mark("forward"), plan.autocast():
+        plan.model(inputs)

@@ -1,0 +1,108 @@
+"""StepPlan: the concrete step a run executes, after levers have transformed model, data path and step."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Iterator, Optional
+
+import torch
+from torch import nn
+
+from perflab.harness.data import DeviceBatches, first_batches, make_loader, to_device
+from perflab.workloads.base import Workload
+
+
+@dataclass
+class StepPlan:
+    """Everything the timed loop reads. Levers edit it before any step runs."""
+
+    workload: Workload
+    device: torch.device
+    mode: str
+    batch_size: int
+    data_source: str  # "loader" or "device"
+    model: nn.Module  # what the loop calls (possibly compiled)
+    eager_model: nn.Module  # the same weights, uncompiled (FLOP counting, quality checks)
+    loss_fn: Optional[Callable] = None
+    optimizer: Optional[torch.optim.Optimizer] = None
+    autocast_dtype: Optional[torch.dtype] = None
+    scaler: Any = None  # torch.amp.GradScaler for fp16 training
+    memory_format: Optional[torch.memory_format] = None
+    non_blocking: bool = True
+    # loader settings (data-path levers edit these before the loader is made)
+    workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: Optional[int] = None
+    # Wraps the host batch iterator; returns an iterator of batches already on the device (stream prefetcher).
+    device_feeder: Optional[Callable[[Iterator], Iterator]] = None
+    # Batched on-device transform (GPU augmentation), timed as the "augment" phase.
+    gpu_transform: Optional[Callable[[Any], Any]] = None
+    # Replaces forward/backward/optimizer with one call on a device batch (CUDA graphs, stream pipelining).
+    step_fn: Optional[Callable[[Any], None]] = None
+    # Context managers worn around warm-up and trials (e.g. an SDPA backend choice).
+    run_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+    levers: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    markers: bool = True
+
+    def autocast(self) -> ContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def to_device(self, batch: Any) -> Any:
+        return to_device(batch, self.device, self.non_blocking and self.pin_memory, self.memory_format)
+
+    def batches(self, seed: int) -> Iterator[Any]:
+        """The endless stream of batches the loop consumes: on the host, or already on the device."""
+        loader = make_loader(self.workload.dataset, self.batch_size, self.workers, self.pin_memory,
+                             self.persistent_workers, self.prefetch_factor, self.workload.collate_fn, seed)
+        if self.data_source == "device":
+            return iter(DeviceBatches(first_batches(loader, DeviceBatches.STAGED), self.device,
+                                      self.memory_format))
+        if self.device_feeder is not None:
+            return self.device_feeder(iter(loader))
+        return iter(loader)
+
+    @property
+    def batches_on_device(self) -> bool:
+        return self.data_source == "device" or self.device_feeder is not None
+
+    def cleanup(self) -> None:
+        for undo in reversed(self.cleanups):
+            undo()
+        self.cleanups.clear()
+
+
+def build_plan(workload: Workload, cfg, device: torch.device, levers=None) -> StepPlan:
+    """Move the workload to the device and let every active lever edit the step. Refusals raise first."""
+    from perflab.levers import apply_levers, check_levers
+    from perflab.levers.precision import set_tf32
+
+    levers = check_levers(cfg, workload, device) if levers is None else levers
+    train = cfg.mode == "train"
+    model = workload.model.to(device)
+    model.train(train)
+    loss_fn = workload.loss_fn
+    if isinstance(loss_fn, nn.Module):
+        loss_fn = loss_fn.to(device)
+    plan = StepPlan(
+        workload=workload,
+        device=device,
+        mode=cfg.mode,
+        batch_size=cfg.batch_size,
+        data_source=workload.default_data if cfg.data == "auto" else cfg.data,
+        model=model,
+        eager_model=model,
+        loss_fn=loss_fn,
+        optimizer=workload.make_optimizer() if train else None,
+        non_blocking=cfg.non_blocking,
+        pin_memory=device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory,
+    )
+    if device.type == "cuda":
+        # "fp32" means fp32: PyTorch lets cuDNN use TF32 by default, which would flatter the baseline.
+        plan.cleanups.append(set_tf32(False))
+    apply_levers(plan, cfg, levers)
+    return plan

@@ -1,0 +1,240 @@
+"""run(): warm up, time several trials, aggregate them into a Result. The top of the measurement core."""
+from __future__ import annotations
+
+import random
+import resource
+import sys
+import time
+from contextlib import ExitStack
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+
+from perflab.calibrate import peak_tflops
+from perflab.config import RunConfig
+from perflab.environment import collect_environment
+from perflab.errors import PerflabError
+from perflab.harness.data import map_tensors
+from perflab.harness.flops import count_flops_per_sample
+from perflab.harness.loop import run_steps
+from perflab.harness.nvml import NvmlSampler
+from perflab.harness.plan import StepPlan, build_plan
+from perflab.harness.progress import Reporter
+from perflab.harness.stats import percentiles, summarize
+from perflab.harness.timers import NullTimer, make_timer
+from perflab.levers import check_levers
+from perflab.results import Result, Trial
+from perflab.version import __version__
+from perflab.workloads import Workload, default_batch, load_workload
+
+THROUGHPUT_METHOD = "samples over wall-clock time of the timed steps, device synchronised at both ends"
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise PerflabError("--device cuda: no CUDA GPU is visible to torch here; use --device cpu or auto")
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def resolve_config(config: RunConfig, workload: Union[Workload, str, None]) -> RunConfig:
+    """Validated config with the device and batch size made concrete, as recorded in result.json."""
+    cfg = config.validate()
+    device = resolve_device(cfg.device)
+    spec = workload.name if isinstance(workload, Workload) else (workload or cfg.workload)
+    return cfg.replace(workload=spec, device=device.type,
+                       batch_size=cfg.batch_size or default_batch(spec, device.type))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig] = None,
+        reporter: Optional[Reporter] = None, command: Optional[list[str]] = None) -> Result:
+    """Measure a workload (a Workload, a workload spec, or config.workload) and return its Result."""
+    cfg = resolve_config(config or RunConfig(), workload)
+    device = resolve_device(cfg.device)
+    reporter = reporter or Reporter()
+    seed_everything(cfg.seed)
+    if not isinstance(workload, Workload):
+        workload = load_workload(cfg.workload, cfg)
+    levers = check_levers(cfg, workload, device)
+    quality = None
+    if quality_gate_enabled(cfg, levers):
+        from perflab.quality import run_quality_gate
+        reporter.note("quality gate: baseline vs candidate from the same weights and inputs")
+        quality = run_quality_gate(workload, cfg, device)
+    plan = build_plan(workload, cfg, device, levers)
+    try:
+        measured = measure(plan, cfg, reporter)
+    finally:
+        plan.cleanup()
+    trials = measured.pop("trials")
+    flops_per_sample = measured.pop("flops_per_sample")
+    timing = measured.pop("timing")
+    notes = list(plan.notes) + measured.pop("notes")
+    return Result(
+        config=cfg.to_dict(),
+        environment=collect_environment(device),
+        workload=describe_workload(workload, flops_per_sample),
+        trials=trials,
+        metrics=measured,
+        timing=timing,
+        levers=list(plan.levers),
+        notes=notes,
+        command=list(command if command is not None else sys.argv),
+        created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        quality=quality,
+        perflab_version=__version__,
+    )
+
+
+def quality_gate_enabled(cfg: RunConfig, levers) -> bool:
+    if cfg.check_quality is not None:
+        return cfg.check_quality
+    return any(lever.changes_numerics for lever in levers)
+
+
+def describe_workload(workload: Workload, flops_per_sample: Optional[float]) -> dict[str, Any]:
+    model = workload.model
+    return {
+        "name": workload.name,
+        "description": workload.description,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "flops_per_sample": flops_per_sample,
+        "info": workload.info,
+    }
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _all_zero(batch: Any) -> bool:
+    found = []
+    map_tensors(batch, lambda t: found.append(bool(t.is_floating_point() and not t.any())) or t)
+    return bool(found) and all(found)
+
+
+def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter) -> dict[str, Any]:
+    """Warm-up then `cfg.trials` timed trials; returns aggregate metrics, trials and timing notes."""
+    device = plan.device
+    notes: list[str] = []
+    batches = plan.batches(cfg.seed)
+    with ExitStack() as stack:
+        first_batch = next(batches)
+        if _all_zero(first_batch):
+            notes.append("the first batch's float inputs are all zeros: timings on zeros can be optimistic")
+        flops_per_sample = count_flops_per_sample(plan, first_batch)
+        for context in plan.run_contexts:
+            stack.enter_context(context())
+        if plan.mode == "infer":
+            stack.enter_context(torch.inference_mode())
+        warmup = _warm_up(plan, batches, cfg.warmup, reporter)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        sampler = stack.enter_context(NvmlSampler(device.index if device.type == "cuda" else None))
+        trials, timer_method = _timed_trials(plan, batches, cfg, reporter)
+    metrics = aggregate(trials, plan.batch_size)
+    metrics.update(warmup)
+    metrics["memory"] = _memory(device)
+    metrics["gpu"] = sampler.summary()
+    metrics["flops"] = _flops(flops_per_sample, metrics["throughput_samples_per_s"]["median"], device, cfg)
+    metrics["compile_s"] = warmup["first_step_s"] if cfg.compile or cfg.cuda_graphs else None
+    metrics["trials"] = trials
+    metrics["flops_per_sample"] = flops_per_sample
+    metrics["notes"] = notes
+    metrics["timing"] = {
+        "throughput": THROUGHPUT_METHOD,
+        "latency": "per step, from the phase timer's step starts: " + timer_method,
+        "phases": timer_method,
+        "data_source": plan.data_source,
+    }
+    return metrics
+
+
+def _warm_up(plan: StepPlan, batches, steps: int, reporter: Reporter) -> dict[str, Optional[float]]:
+    if steps == 0:
+        return {"warmup_s": 0.0, "first_step_s": None}
+    reporter.start("warm-up", steps)
+    began = time.perf_counter()
+    run_steps(plan, batches, 1, NullTimer(), reporter.advance)
+    _synchronize(plan.device)
+    first_step_s = time.perf_counter() - began
+    run_steps(plan, batches, steps - 1, NullTimer(), reporter.advance)
+    _synchronize(plan.device)
+    reporter.finish()
+    return {"warmup_s": time.perf_counter() - began, "first_step_s": first_step_s}
+
+
+def _timed_trials(plan: StepPlan, batches, cfg: RunConfig, reporter: Reporter) -> tuple[list[Trial], str]:
+    trials = []
+    reporter.start(f"{cfg.trials} trials x {cfg.steps} steps", cfg.trials * cfg.steps)
+    for _ in range(cfg.trials):
+        timer = make_timer(plan.device, cfg.sync_phases)
+        _synchronize(plan.device)
+        began = time.perf_counter()
+        run_steps(plan, batches, cfg.steps, timer, reporter.advance)
+        _synchronize(plan.device)
+        wall_s = time.perf_counter() - began
+        trials.append(_trial(wall_s, cfg.steps, plan.batch_size, timer))
+    reporter.finish()
+    return trials, timer.method
+
+
+def _trial(wall_s: float, steps: int, batch_size: int, timer) -> Trial:
+    per_step = timer.phase_ms()
+    names = sorted({name for step in per_step for name in step})
+    phase_means = {name: float(np.mean([step.get(name, 0.0) for step in per_step])) for name in names}
+    return Trial(wall_s=wall_s, steps=steps, samples=steps * batch_size,
+                 throughput_samples_per_s=steps * batch_size / wall_s,
+                 step_ms=[float(ms) for ms in timer.step_ms()], phase_ms=phase_means)
+
+
+def aggregate(trials: list[Trial], batch_size: int) -> dict[str, Any]:
+    """Median and spread of throughput over trials; latency percentiles over all steps; phase medians."""
+    all_steps = [ms for trial in trials for ms in trial.step_ms]
+    latency = percentiles(all_steps)
+    latency.update(mean=float(np.mean(all_steps)), min=float(np.min(all_steps)), max=float(np.max(all_steps)))
+    names = sorted({name for trial in trials for name in trial.phase_ms})
+    phases = {name: float(np.median([trial.phase_ms.get(name, 0.0) for trial in trials])) for name in names}
+    step_mean = latency["mean"]
+    phases["unattributed"] = max(0.0, step_mean - sum(phases.values()))
+    return {
+        "throughput_samples_per_s": summarize([trial.throughput_samples_per_s for trial in trials]),
+        "latency_ms": latency,
+        "phases_ms": phases,
+        "phase_share_pct": {name: 100 * value / step_mean for name, value in phases.items()} if step_mean else {},
+        "batch_size": batch_size,
+    }
+
+
+def _memory(device: torch.device) -> dict[str, float]:
+    if device.type == "cuda":
+        return {
+            "peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+            "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20,
+            "device_total_mb": torch.cuda.get_device_properties(device).total_memory / 2**20,
+        }
+    return {"host_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _flops(per_sample: Optional[float], throughput: float, device: torch.device, cfg: RunConfig) -> dict:
+    if per_sample is None:
+        return {"per_sample": None, "note": "torch.utils.flop_counter could not trace this model"}
+    achieved = per_sample * throughput / 1e12
+    peak, source = peak_tflops(device, cfg.precision)
+    return {
+        "per_sample": per_sample,
+        "achieved_tflops": achieved,
+        "peak_tflops": peak,
+        "peak_source": source,
+        "mfu_pct": 100 * achieved / peak if peak else None,
+    }

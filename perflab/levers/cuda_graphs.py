@@ -1,0 +1,87 @@
+"""--cuda-graphs: capture the whole static-shape step once and replay it (no per-kernel launch cost)."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from perflab.harness.data import map_tensors
+from perflab.levers import Lever, first_refusal, needs_cuda
+
+WARMUP_ITERATIONS = 3  # eager iterations on a side stream before capture, as the CUDA graphs docs ask
+
+
+def copy_into(static: Any, batch: Any) -> None:
+    """Copy every tensor of `batch` into the same-shaped tensor of `static`."""
+    if isinstance(static, torch.Tensor):
+        static.copy_(batch, non_blocking=True)
+    elif isinstance(static, dict):
+        for key in static:
+            copy_into(static[key], batch[key])
+    elif isinstance(static, (tuple, list)):
+        for s, b in zip(static, batch):
+            copy_into(s, b)
+
+
+class GraphedStep:
+    """Captures the step on first use, then each call copies the batch into static inputs and replays."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.static_batch: Any = None
+
+    def _eager_step(self, batch: Any) -> None:
+        plan = self.plan
+        inputs, target = batch
+        with plan.autocast():
+            output = plan.model(inputs)
+            if plan.mode == "train":
+                loss = plan.loss_fn(output, target)
+        if plan.mode == "train":
+            loss.backward()
+            plan.optimizer.step()
+            plan.optimizer.zero_grad(set_to_none=True)
+
+    def _capture(self, batch: Any) -> None:
+        self.static_batch = map_tensors(batch, lambda tensor: tensor.clone())
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_ITERATIONS):
+                self._eager_step(self.static_batch)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._eager_step(self.static_batch)
+
+    def __call__(self, batch: Any) -> None:
+        if self.graph is None:
+            self._capture(batch)
+        copy_into(self.static_batch, batch)
+        self.graph.replay()
+
+
+def _refuse(cfg, workload, device) -> Optional[str]:
+    if cfg.mode == "train" and cfg.precision == "fp16":
+        return "fp16 training's gradient scaler synchronises with the host; use --precision bf16 with graphs"
+    if cfg.augment == "gpu-stream" or cfg.pipeline == "streams":
+        return "a captured step cannot also run work on a second stream; drop --augment gpu-stream/--pipeline"
+    return None
+
+
+def _apply(plan, cfg) -> None:
+    if plan.optimizer is not None:
+        for group in plan.optimizer.param_groups:
+            if "capturable" in group:
+                group["capturable"] = True  # optimizer state must live on the device to be captured
+    plan.step_fn = GraphedStep(plan)
+    plan.notes.append("CUDA graphs: phases inside the step are not separable; see the 'step' phase")
+
+
+LEVERS = [
+    Lever("cuda-graphs", "--cuda-graphs", "capture the step as a CUDA graph and replay it",
+          "CUDA, static shapes, no host syncs in the step", ("launch / framework overhead",), 70,
+          lambda cfg: cfg.cuda_graphs, first_refusal(needs_cuda("--cuda-graphs"), _refuse), _apply,
+          changes_numerics=True),
+]

@@ -1,0 +1,27 @@
+"""--channels-last: NHWC layout for the model's convolutions and 4-D inputs."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from perflab.levers import Lever
+
+
+def _refuse_without_convs(cfg, workload, device) -> Optional[str]:
+    if not any(isinstance(module, nn.Conv2d) for module in workload.model.modules()):
+        return f"{workload.name} has no 2-D convolutions, so the memory layout does not matter"
+    return None
+
+
+def _apply(plan, cfg) -> None:
+    plan.memory_format = torch.channels_last
+    plan.model.to(memory_format=torch.channels_last)
+
+
+LEVERS = [
+    Lever("channels-last", "--channels-last", "NHWC memory layout for convolutions (tensor-core friendly)",
+          "a model with Conv2d layers", ("memory bandwidth", "compute bound"), 30,
+          lambda cfg: cfg.channels_last, _refuse_without_convs, _apply, changes_numerics=True),
+]

@@ -1,0 +1,44 @@
+"""--optimizer-impl foreach|fused: multi-tensor or fused optimizer kernels instead of a per-parameter loop."""
+from __future__ import annotations
+
+from perflab.errors import PerflabError
+from perflab.levers import Lever, needs_train
+
+
+def rebuild_optimizer(optimizer, impl: str):
+    """The same optimizer class and hyper-parameters with `foreach` or `fused` chosen."""
+    groups = []
+    for group in optimizer.param_groups:
+        if "fused" not in group and "foreach" not in group:
+            raise PerflabError(f"{type(optimizer).__name__} has no foreach/fused implementation; "
+                               "drop --optimizer-impl")
+        group = dict(group)
+        group["foreach"] = impl == "foreach"
+        if "fused" in group:
+            group["fused"] = impl == "fused" or None
+        groups.append(group)
+    if impl == "fused" and "fused" not in optimizer.param_groups[0]:
+        raise PerflabError(f"{type(optimizer).__name__} has no fused implementation in torch; "
+                           "use --optimizer-impl foreach")
+    try:
+        return type(optimizer)(groups)  # a group's own keys override the class defaults
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise PerflabError(f"--optimizer-impl {impl} is not available here: {err}") from None
+
+
+def _apply(plan, cfg) -> None:
+    plan.optimizer = rebuild_optimizer(plan.optimizer, cfg.optimizer_impl)
+
+
+def _impl_is(name: str):
+    return lambda cfg: cfg.optimizer_impl == name
+
+
+LEVERS = [
+    Lever("foreach-optimizer", "--optimizer-impl foreach", "multi-tensor (foreach) optimizer step",
+          "--mode train", ("launch / framework overhead",), 40, _impl_is("foreach"),
+          needs_train("--optimizer-impl"), _apply),
+    Lever("fused-optimizer", "--optimizer-impl fused", "one fused kernel per optimizer step",
+          "--mode train; an optimizer with a fused implementation", ("launch / framework overhead",), 40,
+          _impl_is("fused"), needs_train("--optimizer-impl"), _apply, changes_numerics=True),
+]

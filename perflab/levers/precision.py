@@ -1,0 +1,60 @@
+"""Precision levers: tf32 matmuls/convolutions, bf16 autocast, fp16 autocast with a gradient scaler."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from perflab.levers import Lever, first_refusal, needs_cuda
+
+NUMERIC = ("compute bound", "memory bandwidth", "activation memory")
+
+
+def set_tf32(enabled: bool) -> Callable[[], None]:
+    """Switch TF32 for matmuls and cuDNN convolutions; returns a function that restores the old state."""
+    old_matmul = torch.get_float32_matmul_precision()
+    old_cudnn = torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled
+
+    def restore() -> None:
+        torch.set_float32_matmul_precision(old_matmul)
+        torch.backends.cudnn.allow_tf32 = old_cudnn
+    return restore
+
+
+def _refuse_bf16(cfg, workload, device) -> Optional[str]:
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return f"{torch.cuda.get_device_name(device)} has no bf16 support; use --precision fp16"
+    return None
+
+
+def _apply_tf32(plan, cfg) -> None:
+    plan.cleanups.append(set_tf32(True))
+
+
+def _apply_bf16(plan, cfg) -> None:
+    plan.autocast_dtype = torch.bfloat16
+
+
+def _apply_fp16(plan, cfg) -> None:
+    plan.autocast_dtype = torch.float16
+    if plan.mode == "train":
+        plan.scaler = torch.amp.GradScaler("cuda")
+
+
+def _precision_is(name: str):
+    return lambda cfg: cfg.precision == name
+
+
+LEVERS = [
+    Lever("tf32", "--precision tf32", "TF32 tensor cores for fp32 matmuls and convolutions",
+          "CUDA (Ampere or newer)", NUMERIC, 20, _precision_is("tf32"),
+          needs_cuda("--precision tf32"), _apply_tf32, changes_numerics=True),
+    Lever("bf16", "--precision bf16", "bf16 autocast for forward and loss",
+          "a device with bf16 (CPU or Ampere+ GPU)", NUMERIC, 20, _precision_is("bf16"),
+          _refuse_bf16, _apply_bf16, changes_numerics=True),
+    Lever("fp16", "--precision fp16", "fp16 autocast; training adds a dynamic gradient scaler",
+          "CUDA", NUMERIC, 20, _precision_is("fp16"),
+          first_refusal(needs_cuda("--precision fp16")), _apply_fp16, changes_numerics=True),
+]

@@ -1,0 +1,43 @@
+"""One marker API: `perflab.mark("name")` emits an NVTX range and a torch.profiler range at once.
+
+Use it as a context manager (`with mark("decode"): ...`) or a decorator (`@mark("decode")`). Each half
+costs nothing when its consumer is absent: the record_function range only while torch.profiler is
+recording, the NVTX range only when CUDA is available.
+"""
+from __future__ import annotations
+
+from contextlib import ContextDecorator
+
+import torch
+
+_CUDA = torch.cuda.is_available()
+
+
+def _profiler_recording() -> bool:
+    return torch._C._autograd._profiler_enabled()
+
+
+class mark(ContextDecorator):
+    """A named range visible in Nsight Systems (NVTX) and in torch.profiler traces."""
+
+    __slots__ = ("name", "_record")
+
+    def __init__(self, name: str):
+        self.name = name
+        self._record = None
+
+    def __enter__(self) -> "mark":
+        if _CUDA:
+            torch.cuda.nvtx.range_push(self.name)
+        if _profiler_recording():
+            self._record = torch.profiler.record_function(self.name)
+            self._record.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self._record is not None:
+            self._record.__exit__(*exc)
+            self._record = None
+        if _CUDA:
+            torch.cuda.nvtx.range_pop()
+        return False

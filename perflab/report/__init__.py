@@ -1,0 +1,1 @@
+"""Reports: terminal tables, progress bars, Markdown, HTML and plots."""
