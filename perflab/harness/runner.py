@@ -6,7 +6,7 @@ import resource
 import sys
 import time
 from contextlib import ExitStack
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ from perflab.environment import collect_environment
 from perflab.errors import PerflabError
 from perflab.harness.data import map_tensors
 from perflab.harness.flops import count_flops_per_sample
+from perflab.harness.hooks import StepHook
 from perflab.harness.loop import run_steps
 from perflab.harness.nvml import NvmlSampler
 from perflab.harness.plan import StepPlan, build_plan
@@ -55,7 +56,8 @@ def seed_everything(seed: int) -> None:
 
 
 def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig] = None,
-        reporter: Optional[Reporter] = None, command: Optional[list[str]] = None) -> Result:
+        reporter: Optional[Reporter] = None, command: Optional[list[str]] = None,
+        hooks: Sequence[StepHook] = ()) -> Result:
     """Measure a workload (a Workload, a workload spec, or config.workload) and return its Result."""
     cfg = resolve_config(config or RunConfig(), workload)
     device = resolve_device(cfg.device)
@@ -71,14 +73,16 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
         quality = run_quality_gate(workload, cfg, device)
     plan = build_plan(workload, cfg, device, levers)
     try:
-        measured = measure(plan, cfg, reporter)
+        for hook in hooks:
+            hook.start(plan)
+        measured = measure(plan, cfg, reporter, hooks)
     finally:
         plan.cleanup()
     trials = measured.pop("trials")
     flops_per_sample = measured.pop("flops_per_sample")
     timing = measured.pop("timing")
     notes = list(plan.notes) + measured.pop("notes")
-    return Result(
+    result = Result(
         config=cfg.to_dict(),
         environment=collect_environment(device),
         workload=describe_workload(workload, flops_per_sample),
@@ -92,6 +96,9 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
         quality=quality,
         perflab_version=__version__,
     )
+    for hook in hooks:
+        hook.finish(result)
+    return result
 
 
 def quality_gate_enabled(cfg: RunConfig, levers) -> bool:
@@ -123,7 +130,7 @@ def _all_zero(batch: Any) -> bool:
     return bool(found) and all(found)
 
 
-def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter) -> dict[str, Any]:
+def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     """Warm-up then `cfg.trials` timed trials; returns aggregate metrics, trials and timing notes."""
     device = plan.device
     notes: list[str] = []
@@ -141,7 +148,9 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter) -> dict[str, Any
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         sampler = stack.enter_context(NvmlSampler(device.index if device.type == "cuda" else None))
-        trials, timer_method = _timed_trials(plan, batches, cfg, reporter)
+        for hook in hooks:
+            stack.enter_context(hook)
+        trials, timer_method = _timed_trials(plan, batches, cfg, reporter, hooks)
     metrics = aggregate(trials, plan.batch_size)
     metrics.update(warmup)
     metrics["memory"] = _memory(device)
@@ -174,14 +183,24 @@ def _warm_up(plan: StepPlan, batches, steps: int, reporter: Reporter) -> dict[st
     return {"warmup_s": time.perf_counter() - began, "first_step_s": first_step_s}
 
 
-def _timed_trials(plan: StepPlan, batches, cfg: RunConfig, reporter: Reporter) -> tuple[list[Trial], str]:
+def _timed_trials(plan: StepPlan, batches, cfg: RunConfig, reporter: Reporter,
+                  hooks: Sequence[StepHook]) -> tuple[list[Trial], str]:
     trials = []
+    steps_done = 0
     reporter.start(f"{cfg.trials} trials x {cfg.steps} steps", cfg.trials * cfg.steps)
     for _ in range(cfg.trials):
         timer = make_timer(plan.device, cfg.sync_phases)
+        on_step = reporter.advance
+        if hooks:
+            def on_step(timer=timer) -> None:
+                nonlocal steps_done
+                for hook in hooks:
+                    hook.after_step(plan, timer, steps_done)
+                steps_done += 1
+                reporter.advance()
         _synchronize(plan.device)
         began = time.perf_counter()
-        run_steps(plan, batches, cfg.steps, timer, reporter.advance)
+        run_steps(plan, batches, cfg.steps, timer, on_step)
         _synchronize(plan.device)
         wall_s = time.perf_counter() - began
         trials.append(_trial(wall_s, cfg.steps, plan.batch_size, timer))
