@@ -20,6 +20,7 @@ class Rows:
     def __init__(self, area: str, out: Path):
         self.area = area
         self.out = out
+        out.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict[str, Any]] = []
 
     def add(self, experiment: str, metric: str, value: Optional[float], unit: str = "", note: str = "") -> None:
