@@ -43,6 +43,7 @@ class Result:
     created_utc: str = ""
     quality: Optional[dict[str, Any]] = None
     diagnosis: Optional[dict[str, Any]] = None
+    artifacts: dict[str, str] = field(default_factory=dict)  # name -> file in the run dir (trace, ...)
     schema_version: int = SCHEMA_VERSION
     perflab_version: str = ""
     path: Optional[str] = field(default=None, compare=False)

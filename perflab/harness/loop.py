@@ -8,13 +8,14 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Optional
 
 from perflab.harness.plan import StepPlan
-from perflab.profile.markers import mark
+from perflab.profile.markers import phase_marker
 
 
 def run_steps(plan: StepPlan, batches: Iterator[Any], steps: int, timer,
               on_step: Optional[Callable[[], None]] = None) -> None:
     """Run `steps` steps, recording phases on `timer`; the caller synchronises around it."""
     train = plan.mode == "train"
+    mark = phase_marker(plan.markers)
     for _ in range(steps):
         timer.step_start()
         with timer.host_phase("data_wait"), mark("data"):
@@ -39,6 +40,7 @@ def run_steps(plan: StepPlan, batches: Iterator[Any], steps: int, timer,
 
 def train_step(plan: StepPlan, batch: Any, timer) -> None:
     inputs, target = batch
+    mark = phase_marker(plan.markers)
     with timer.phase("forward"), mark("forward"), plan.autocast():
         loss = plan.loss_fn(plan.model(inputs), target)
     with timer.phase("backward"), mark("backward"):
@@ -54,5 +56,6 @@ def train_step(plan: StepPlan, batch: Any, timer) -> None:
 
 def infer_step(plan: StepPlan, batch: Any, timer) -> None:
     inputs, _ = batch
+    mark = phase_marker(plan.markers)
     with timer.phase("forward"), mark("forward"), plan.autocast():
         plan.model(inputs)

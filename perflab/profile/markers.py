@@ -41,3 +41,23 @@ class mark(ContextDecorator):
         if _CUDA:
             torch.cuda.nvtx.range_pop()
         return False
+
+
+class no_mark:
+    """Stands in for `mark` when markers are off (StepPlan.markers = False): enters and exits, records nothing."""
+
+    __slots__ = ()
+
+    def __init__(self, name: str):
+        pass
+
+    def __enter__(self) -> "no_mark":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+def phase_marker(enabled: bool) -> type:
+    """The marker class the loop uses: `mark`, or `no_mark` when markers are switched off."""
+    return mark if enabled else no_mark
