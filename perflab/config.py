@@ -59,6 +59,10 @@ class RunConfig:
     check_quality: Optional[bool] = None
     quality_steps: int = 8
 
+    # training checkpoints (perflab/checkpoint.py): save every N timed steps; resume before warm-up
+    checkpoint_every: Optional[int] = None
+    resume_from: Optional[str] = None
+
     def validate(self) -> "RunConfig":
         """Raise PerflabError naming the first bad field and the accepted values."""
         _one_of("mode", self.mode, MODES)
@@ -78,6 +82,10 @@ class RunConfig:
         _positive("steps", self.steps)
         _positive("trials", self.trials)
         _positive("quality-steps", self.quality_steps)
+        if self.checkpoint_every is not None:
+            _positive("checkpoint-every", self.checkpoint_every)
+        if (self.checkpoint_every or self.resume_from) and self.mode != "train":
+            raise PerflabError("--checkpoint-every and --resume-from apply to training runs; use --mode train")
         if self.warmup < 0:
             raise PerflabError(f"--warmup must be 0 or more, got {self.warmup}")
         if self.workers < 0:

@@ -27,7 +27,7 @@ VALUE_OPTIONS: dict[str, Callable[[str], Any]] = {
     "workload": str, "mode": str, "batch_size": int, "steps": int, "warmup": int, "trials": int,
     "device": str, "seed": int, "data": str, "workers": int, "prefetch_factor": int, "prefetcher": str,
     "precision": str, "compile": str, "augment": str, "pipeline": str, "optimizer_impl": str, "sdpa": str,
-    "quality_steps": int,
+    "quality_steps": int, "checkpoint_every": int, "resume_from": str,
 }
 # dest -> options that are on/off switches.
 SWITCH_OPTIONS = ["sync_phases", "persistent_workers", "pin_memory", "non_blocking", "channels_last",
@@ -99,6 +99,12 @@ def add_run_options(parser: argparse.ArgumentParser, lists: bool = False) -> Non
            "(default: on whenever a lever can change numerics)", negatable=True)
     opt("--quality-steps", "quality_steps", "training steps compared by the quality gate (default: 8)",
         metavar="N")
+    if not lists:
+        parser_group = parser.add_argument_group("checkpoints (training)")
+        opt("--checkpoint-every", "checkpoint_every", "save model, optimizer, scaler, RNG states and step to "
+            "<out>/checkpoint.pt every N timed steps (timed as the 'checkpoint' phase)", metavar="N")
+        opt("--resume-from", "resume_from", "load a checkpoint.pt (or a run directory holding one) before "
+            "warm-up", metavar="PATH")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="run directory (default: runs/<timestamp>-<workload>)")
 

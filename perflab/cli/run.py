@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from perflab.checkpoint import checkpoint_hooks
 from perflab.cli import console
 from perflab.cli._options import add_run_options, config_from_args
 from perflab.harness.runner import resolve_config, run
@@ -22,7 +23,8 @@ def register(subparsers) -> None:
 def handle(args: argparse.Namespace) -> int:
     cfg = resolve_config(config_from_args(args), None)
     with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
-        result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter, command=["perflab"] + sys.argv[1:])
+        result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter, command=["perflab"] + sys.argv[1:],
+                     hooks=checkpoint_hooks(cfg, out))
         result.save(out)
     print_result(console, result)
     return 0

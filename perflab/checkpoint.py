@@ -1,0 +1,154 @@
+"""Training checkpoints: save model, optimizer, grad scaler, RNG states and step; resume before warm-up.
+
+A checkpoint is written atomically (torch.save to a temp file in the same directory, then os.replace),
+so a kill during a save leaves the previous checkpoint intact. Its cost is timed as the "checkpoint"
+phase of the step that wrote it. The file holds only tensors and plain Python values, so it loads with
+torch.load(weights_only=True).
+"""
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+
+from perflab.errors import PerflabError
+from perflab.harness.hooks import StepHook
+
+CHECKPOINT_FILE = "checkpoint.pt"
+FORMAT_VERSION = 1
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator a step can draw from: torch (CPU and each GPU), numpy and Python."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # numpy's key array as a tensor keeps the file loadable with weights_only=True
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+                  "has_gauss": has_gauss, "cached_gaussian": cached},
+        "python": _to_lists(random.getstate()),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
+    numpy = state["numpy"]
+    np.random.set_state((numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"],
+                         numpy["has_gauss"], numpy["cached_gaussian"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def _to_lists(value: Any) -> Any:
+    return [_to_lists(v) for v in value] if isinstance(value, tuple) else value
+
+
+def save_checkpoint(path: Union[str, Path], plan, step: int) -> Path:
+    """Write the training state of `plan` after `step` steps to `path`, atomically."""
+    path = Path(path)
+    state = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "model": plan.eager_model.state_dict(),
+        "optimizer": plan.optimizer.state_dict() if plan.optimizer is not None else None,
+        "scaler": plan.scaler.state_dict() if plan.scaler is not None else None,
+        "rng": rng_state(),
+    }
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(handle)
+    try:
+        torch.save(state, temp)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def resolve_checkpoint(path: Union[str, Path]) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        path = path / CHECKPOINT_FILE
+    if not path.is_file():
+        raise PerflabError(f"--resume-from {path}: no checkpoint there; give a checkpoint.pt or the run "
+                           "directory of a run made with --checkpoint-every")
+    return path
+
+
+def load_checkpoint(path: Union[str, Path], plan) -> int:
+    """Restore model, optimizer, scaler and RNG states into `plan`; returns the step it was saved at.
+
+    Loaded on the CPU: load_state_dict copies into the plan's tensors wherever they live."""
+    path = resolve_checkpoint(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a truncated or foreign file: say which and what to do
+        raise PerflabError(f"--resume-from {path}: cannot read it as a perflab checkpoint "
+                           f"({type(err).__name__}); point at a checkpoint.pt written by perflab") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
+        raise PerflabError(f"--resume-from {path}: not a perflab checkpoint (format {FORMAT_VERSION} expected)")
+    try:
+        plan.eager_model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0]
+        raise PerflabError(f"--resume-from {path}: the model does not match this checkpoint ({first}); "
+                           "use the same workload and options as the run that saved it") from None
+    if plan.optimizer is not None and state["optimizer"] is not None:
+        plan.optimizer.load_state_dict(state["optimizer"])
+    if plan.scaler is not None and state["scaler"] is not None:
+        plan.scaler.load_state_dict(state["scaler"])
+    set_rng_state(state["rng"])
+    return int(state["step"])
+
+
+class CheckpointHook(StepHook):
+    """Saves a checkpoint every `every` timed steps (as the 'checkpoint' phase); resumes in start().
+
+    The recorded step counts optimizer steps: the resumed step, the warm-up steps, then timed steps."""
+
+    def __init__(self, directory: Union[str, Path], every: Optional[int] = None,
+                 resume_from: Optional[str] = None, warmup: int = 0):
+        self.path = Path(directory) / CHECKPOINT_FILE
+        self.every = every
+        self.resume_from = resume_from
+        self.warmup = warmup
+        self.start_step = 0
+        self.saves = 0
+
+    def start(self, plan) -> None:
+        if plan.mode != "train":
+            raise PerflabError("checkpoints apply to training runs; use --mode train")
+        if self.resume_from:
+            self.start_step = load_checkpoint(self.resume_from, plan)
+
+    def after_step(self, plan, timer, step: int) -> None:
+        if self.every and (step + 1) % self.every == 0:
+            with timer.phase("checkpoint"):
+                save_checkpoint(self.path, plan, self.start_step + self.warmup + step + 1)
+            self.saves += 1
+
+    def finish(self, result) -> None:
+        if self.resume_from:
+            result.notes.append(f"resumed from {self.resume_from} at step {self.start_step} (before warm-up; "
+                                "warm-up steps train the model too)")
+        if self.every:
+            result.notes.append(f"checkpoint written {self.saves} times to {self.path} (every {self.every} "
+                                "timed steps; its cost is the 'checkpoint' phase)")
+        result.timing["checkpoint"] = {"path": str(self.path) if self.every else None, "every": self.every,
+                                       "saves": self.saves, "resumed_from": self.resume_from,
+                                       "resumed_at_step": self.start_step}
+
+
+def checkpoint_hooks(cfg, directory: Union[str, Path]) -> list[StepHook]:
+    """The hooks a config asks for: none unless --checkpoint-every or --resume-from is set."""
+    if not (cfg.checkpoint_every or cfg.resume_from):
+        return []
+    return [CheckpointHook(directory, cfg.checkpoint_every, cfg.resume_from, cfg.warmup)]
