@@ -107,6 +107,10 @@ def add_run_options(parser: argparse.ArgumentParser, lists: bool = False) -> Non
             "warm-up", metavar="PATH")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="run directory (default: runs/<timestamp>-<workload>)")
+    if not lists:
+        parser.add_argument("--nsys", nargs="?", const="2:3", default=None, metavar="SKIP:ACTIVE",
+                            help="call cudaProfilerStart/Stop around ACTIVE timed steps after SKIP (default "
+                            "2:3), for nsys --capture-range=cudaProfilerApi (see `perflab profile`)")
 
 
 def _workload_options(pairs) -> dict[str, str]:

@@ -8,6 +8,7 @@ from perflab.checkpoint import checkpoint_hooks
 from perflab.cli import console
 from perflab.cli._options import add_run_options, config_from_args
 from perflab.harness.runner import resolve_config, run
+from perflab.profile.nsys import nsys_hooks
 from perflab.report.progress import RichReporter
 from perflab.report.terminal import print_result
 from perflab.rundir import run_dir
@@ -24,7 +25,7 @@ def handle(args: argparse.Namespace) -> int:
     cfg = resolve_config(config_from_args(args), None)
     with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
         result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter, command=["perflab"] + sys.argv[1:],
-                     hooks=checkpoint_hooks(cfg, out))
+                     hooks=list(checkpoint_hooks(cfg, out)) + nsys_hooks(args.nsys))
         result.save(out)
     print_result(console, result)
     return 0

@@ -1,0 +1,117 @@
+"""Scheduled torch.profiler capture as a StepHook: skip `wait` steps, warm the profiler up, record `active`.
+
+The hook wears the timed trials (`perflab.run(..., hooks=[ProfilerCapture(...)])`); the loop itself only
+calls `after_step`, which advances the profiler's schedule. The Chrome trace lands next to result.json.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+from torch.profiler import ProfilerActivity
+
+from perflab.errors import PerflabError
+from perflab.harness.hooks import StepHook
+
+TRACE_FILE = "trace.json"
+
+
+@dataclass
+class CaptureOptions:
+    """The profiler schedule (in timed steps) and what to record besides op and kernel times."""
+
+    wait: int = 1
+    warmup: int = 2
+    active: int = 3
+    record_shapes: bool = True  # input shapes on aten ops: FLOPs and bytes for the roofline
+    with_stack: bool = False
+    profile_memory: bool = False
+    gzip: bool = False  # write trace.json.gz instead of trace.json
+
+    @property
+    def steps_needed(self) -> int:
+        return self.wait + self.warmup + self.active
+
+    @property
+    def trace_name(self) -> str:
+        return TRACE_FILE + (".gz" if self.gzip else "")
+
+    def check(self, steps_per_trial: int) -> "CaptureOptions":
+        """Raise PerflabError unless the schedule fits in the first timed trial."""
+        if self.wait < 0 or self.warmup < 0 or self.active <= 0:
+            raise PerflabError(f"profiler schedule wait={self.wait} warmup={self.warmup} active={self.active}: "
+                               "wait and warm-up must be 0 or more and --active at least 1")
+        if steps_per_trial < self.steps_needed:
+            raise PerflabError(
+                f"--steps {steps_per_trial} is fewer than the profiler schedule needs (wait {self.wait} + "
+                f"warm-up {self.warmup} + active {self.active} = {self.steps_needed}); use --steps "
+                f"{self.steps_needed} or more, or lower --active")
+        return self
+
+
+class ProfilerCapture(StepHook):
+    """Records `active` timed steps of the first trial with torch.profiler and writes a Chrome trace.
+
+    The schedule fits inside the first trial (CaptureOptions.check), so the host synchronisation between
+    trials never appears in the trace as if the step had caused it.
+    """
+
+    def __init__(self, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None):
+        self.out_dir = Path(out_dir)
+        self.options = options or CaptureOptions()
+        self.trace_path = self.out_dir / self.options.trace_name
+        self.profiler: Optional[torch.profiler.profile] = None
+        self.cuda = False
+        self.written = False
+
+    def start(self, plan) -> None:
+        self.cuda = plan.device.type == "cuda"
+
+    def __enter__(self) -> "ProfilerCapture":
+        opts = self.options
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self.profiler = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=opts.wait, warmup=opts.warmup, active=opts.active, repeat=1),
+            on_trace_ready=self._write,
+            record_shapes=opts.record_shapes,
+            with_stack=opts.with_stack,
+            profile_memory=opts.profile_memory,
+        )
+        _quiet_profiler_warnings()
+        self.profiler.__enter__()
+        return self
+
+    def after_step(self, plan, timer, step: int) -> None:
+        if self.profiler is not None:
+            self.profiler.step()
+
+    def __exit__(self, *exc) -> None:
+        if self.profiler is not None:
+            self.profiler.__exit__(*exc)
+            self.profiler = None
+
+    def _write(self, profiler: torch.profiler.profile) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(self.trace_path))  # torch gzips when the name ends in .gz
+        self.written = True
+
+    def finish(self, result) -> None:
+        if not self.written:
+            result.notes.append("profiler: the schedule never completed, so no trace was written")
+            return
+        result.artifacts["trace"] = self.trace_path.name
+        result.metrics["profile"] = {**asdict(self.options), "activities": "cpu+cuda" if self.cuda else "cpu"}
+        result.notes.append(f"profiled: steps {self.options.wait + self.options.warmup + 1}-"
+                            f"{self.options.steps_needed} of the first trial are in {self.trace_path.name}; "
+                            "the profiler slows those steps, so compare timings with `perflab run`")
+
+
+def _quiet_profiler_warnings() -> None:
+    # torch warns that a schedule clears events between cycles; with repeat=1 there is one cycle.
+    import warnings
+    warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
+    logging.getLogger("torch.profiler").setLevel(logging.ERROR)
