@@ -13,6 +13,9 @@ BUILTIN_MODULES = {
     "driving": "perflab.workloads.driving",
     "resnet50": "perflab.workloads.resnet50",
     "mlp": "perflab.workloads.mlp",
+    "segmentation": "perflab.workloads.segmentation",
+    "augment": "perflab.workloads.augment",
+    "transformer": "perflab.workloads.transformer",
 }
 
 FALLBACK_BATCH = 32

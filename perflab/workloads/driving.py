@@ -3,6 +3,8 @@
 Each sample is 8 camera frames plus a command token (left/straight/right/follow); the target is the
 future trajectory as (x, y) waypoints. The dataset decodes JPEG frames, converts, resizes and normalises
 them per sample on the CPU, as a real loader does, so the input pipeline is part of what is measured.
+With `--augment gpu` (or gpu-stream) the dataset only decodes JPEG to uint8 and `DevicePreprocess` does
+the float conversion, resize and normalisation for the whole batch on the device.
 """
 from __future__ import annotations
 
@@ -74,14 +76,48 @@ def _synthetic_frame(gen: torch.Generator, size: int) -> torch.Tensor:
     return (noisy.clamp(0, 1) * 255).to(torch.uint8)
 
 
-class CameraDataset(Dataset):
-    """Per sample: decode 8 JPEG frames, uint8 -> float, resize, normalise; plus command and trajectory."""
+def preprocess(frames: torch.Tensor, image_res: int, mean: torch.Tensor = MEAN,
+               std: torch.Tensor = STD) -> torch.Tensor:
+    """uint8 frames (..., 3, H, W) -> float, resized to image_res, normalised; per sample or per batch."""
+    images = frames.float().div_(255)
+    lead = images.shape[:-3]
+    images = images.flatten(0, -4) if lead else images[None]
+    if images.shape[-1] != image_res or images.shape[-2] != image_res:
+        images = F.interpolate(images, size=(image_res, image_res), mode="bilinear", antialias=True,
+                               align_corners=False)
+    images = images.view(*lead, *images.shape[-3:]) if lead else images[0]
+    return (images - mean) / std
 
-    def __init__(self, size: int, source_res: int, image_res: int, seed: int, frame_pool: int = 32):
+
+class DevicePreprocess:
+    """The dataset's per-sample conversion, resize and normalisation, batched on the device (--augment gpu)."""
+
+    def __init__(self, image_res: int):
+        self.image_res = image_res
+        self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, batch):
+        inputs, target = batch
+        frames = inputs["images"]
+        if frames.device not in self._constants:  # once per device, outside the steady state
+            self._constants[frames.device] = (MEAN.to(frames.device), STD.to(frames.device))
+        images = preprocess(frames, self.image_res, *self._constants[frames.device])
+        return {**inputs, "images": images}, target
+
+
+class CameraDataset(Dataset):
+    """Per sample: decode 8 JPEG frames, uint8 -> float, resize, normalise; plus command and trajectory.
+
+    With `decode_only` the frames stay uint8 at the source resolution (the device preprocesses them).
+    """
+
+    def __init__(self, size: int, source_res: int, image_res: int, seed: int, frame_pool: int = 32,
+                 decode_only: bool = False):
         gen = torch.Generator().manual_seed(seed)
         self.jpegs = [encode_jpeg(_synthetic_frame(gen, source_res), quality=90) for _ in range(frame_pool)]
         self.size = size
         self.image_res = image_res
+        self.decode_only = decode_only
         self.commands = torch.randint(0, COMMANDS, (size,), generator=gen)
         # Trajectories: a smooth curve whose bend depends on the command.
         t = torch.linspace(0.1, 1.0, WAYPOINTS)
@@ -95,11 +131,9 @@ class CameraDataset(Dataset):
     def __getitem__(self, index: int):
         pool = len(self.jpegs)
         frames = [decode_jpeg(self.jpegs[(index * CAMERAS + cam * 7) % pool]) for cam in range(CAMERAS)]
-        images = torch.stack(frames).float().div_(255)
-        if images.shape[-1] != self.image_res:
-            images = F.interpolate(images, size=(self.image_res, self.image_res), mode="bilinear",
-                                   antialias=True, align_corners=False)
-        images = (images - MEAN) / STD
+        images = torch.stack(frames)
+        if not self.decode_only:
+            images = preprocess(images, self.image_res)
         return {"images": images, "command": self.commands[index]}, self.trajectories[index]
 
 
@@ -109,12 +143,17 @@ def build(cfg) -> Workload:
     image_res = int(opts.get("image_res", 224 if on_gpu else 64))
     source_res = int(opts.get("source_res", image_res + image_res // 7))
     width = int(opts.get("width", 32))
+    on_device = cfg.augment in ("gpu", "gpu-stream")
     return Workload(
         name="driving",
         model=DrivingModel(width=width),
-        dataset=CameraDataset(size=1024, source_res=source_res, image_res=image_res, seed=cfg.seed),
+        dataset=CameraDataset(size=1024, source_res=source_res, image_res=image_res, seed=cfg.seed,
+                              decode_only=on_device),
         loss_fn=nn.L1Loss(),
         optimizer_factory=lambda params: torch.optim.AdamW(params, lr=1e-4),
         description=DESCRIPTION,
-        info={"cameras": CAMERAS, "image_res": image_res, "source_res": source_res, "waypoints": WAYPOINTS},
+        gpu_augment=DevicePreprocess(image_res) if on_device else None,
+        supports_augment=True,
+        info={"cameras": CAMERAS, "image_res": image_res, "source_res": source_res, "waypoints": WAYPOINTS,
+              "preprocess": "device" if on_device else "cpu"},
     )

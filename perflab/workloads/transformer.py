@@ -1,0 +1,128 @@
+"""transformer: a small GPT-style decoder for attention kernels, activation checkpointing and sequence length.
+
+Causal self-attention goes through F.scaled_dot_product_attention, so `--sdpa flash|efficient|math` picks
+its kernel. Each block can be checkpointed (`--activation-checkpointing`: recompute its activations in
+backward instead of storing them). Options: seq_len, layers, dim, heads, vocab.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from torch.utils.data import Dataset
+
+from perflab.errors import PerflabError
+from perflab.workloads.base import Workload
+
+DESCRIPTION = "GPT-style decoder, causal SDPA attention, checkpointable blocks (seed 002); option seq_len"
+DEFAULT_BATCH = {"cpu": 4, "cuda": 16}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, dim = x.shape
+        q, k, v = self.qkv(x).split(dim, dim=2)
+        q, k, v = (t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(attended.transpose(1, 2).reshape(batch, length, dim))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attention = CausalSelfAttention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    """Token + position embeddings, `layers` blocks, final norm, tied output projection to the vocabulary."""
+
+    def __init__(self, vocab: int, seq_len: int, layers: int, dim: int, heads: int,
+                 activation_checkpointing: bool = False):
+        super().__init__()
+        self.token_embedding = nn.Embedding(vocab, dim)
+        self.position_embedding = nn.Embedding(seq_len, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.token_embedding.weight
+        self.activation_checkpointing = activation_checkpointing
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.token_embedding(tokens) + self.position_embedding(positions)
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+        return self.head(self.norm(x))
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of every position's prediction of the next token."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class TokenSequences(Dataset):
+    """Token sequences from a fixed random bigram table (learnable structure, not uniform noise).
+
+    Item i is (tokens[0:L], tokens[1:L+1]) of sequence i modulo a pool drawn once from the seed.
+    """
+
+    def __init__(self, pool: int, seq_len: int, vocab: int, seed: int, length: int = 100_000):
+        gen = torch.Generator().manual_seed(seed)
+        successors = torch.randint(0, vocab, (vocab, 4), generator=gen)  # each token has 4 likely successors
+        tokens = torch.empty(pool, seq_len + 1, dtype=torch.long)
+        tokens[:, 0] = torch.randint(0, vocab, (pool,), generator=gen)
+        choices = torch.randint(0, 4, (pool, seq_len), generator=gen)
+        for t in range(seq_len):
+            tokens[:, t + 1] = successors[tokens[:, t], choices[:, t]]
+        self.tokens = tokens
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        sequence = self.tokens[index % len(self.tokens)]
+        return sequence[:-1], sequence[1:]
+
+
+def build(cfg) -> Workload:
+    on_gpu = cfg.device == "cuda"
+    opts = cfg.workload_options
+    seq_len = int(opts.get("seq_len", 1024 if on_gpu else 64))
+    layers = int(opts.get("layers", 6 if on_gpu else 2))
+    dim = int(opts.get("dim", 512 if on_gpu else 64))
+    heads = int(opts.get("heads", 8 if on_gpu else 4))
+    vocab = int(opts.get("vocab", 8192 if on_gpu else 512))
+    if dim % heads:
+        raise PerflabError(f"transformer: dim ({dim}) must be a multiple of heads ({heads})")
+    model = GPT(vocab, seq_len, layers, dim, heads, activation_checkpointing=cfg.activation_checkpointing)
+    return Workload(
+        name="transformer",
+        model=model,
+        dataset=TokenSequences(pool=256, seq_len=seq_len, vocab=vocab, seed=cfg.seed),
+        loss_fn=next_token_loss,
+        optimizer_factory=lambda params: torch.optim.AdamW(params, lr=3e-4),
+        description=DESCRIPTION,
+        supports_activation_checkpointing=True,
+        uses_attention=True,
+        default_data="device",
+        info={"seq_len": seq_len, "layers": layers, "dim": dim, "heads": heads, "vocab": vocab,
+              "activation_checkpointing": cfg.activation_checkpointing},
+    )
