@@ -58,6 +58,8 @@ class RunConfig:
     # quality gate: None means "on whenever a lever differs from the fp32 eager baseline"
     check_quality: Optional[bool] = None
     quality_steps: int = 8
+    quality_rtol: Optional[float] = None  # inference relative error allowed; None: by precision
+    quality_loss_rtol: Optional[float] = None  # training final-loss relative delta; None: by precision
 
     # training checkpoints (perflab/checkpoint.py): save every N timed steps; resume before warm-up
     checkpoint_every: Optional[int] = None
@@ -82,6 +84,9 @@ class RunConfig:
         _positive("steps", self.steps)
         _positive("trials", self.trials)
         _positive("quality-steps", self.quality_steps)
+        for name, value in (("quality-rtol", self.quality_rtol), ("quality-loss-rtol", self.quality_loss_rtol)):
+            if value is not None and not value > 0:
+                raise PerflabError(f"--{name} must be a positive number, got {value!r}")
         if self.checkpoint_every is not None:
             _positive("checkpoint-every", self.checkpoint_every)
         if (self.checkpoint_every or self.resume_from) and self.mode != "train":

@@ -27,7 +27,8 @@ VALUE_OPTIONS: dict[str, Callable[[str], Any]] = {
     "workload": str, "mode": str, "batch_size": int, "steps": int, "warmup": int, "trials": int,
     "device": str, "seed": int, "data": str, "workers": int, "prefetch_factor": int, "prefetcher": str,
     "precision": str, "compile": str, "augment": str, "pipeline": str, "optimizer_impl": str, "sdpa": str,
-    "quality_steps": int, "checkpoint_every": int, "resume_from": str,
+    "quality_steps": int, "quality_rtol": float, "quality_loss_rtol": float,
+    "checkpoint_every": int, "resume_from": str,
 }
 # dest -> options that are on/off switches.
 SWITCH_OPTIONS = ["sync_phases", "persistent_workers", "pin_memory", "non_blocking", "channels_last",
@@ -97,8 +98,12 @@ def add_run_options(parser: argparse.ArgumentParser, lists: bool = False) -> Non
     parser_group = parser.add_argument_group("quality gate")
     switch("--check-quality", "check_quality", "compare outputs/losses with the fp32 eager baseline "
            "(default: on whenever a lever can change numerics)", negatable=True)
-    opt("--quality-steps", "quality_steps", "training steps compared by the quality gate (default: 8)",
-        metavar="N")
+    opt("--quality-steps", "quality_steps", "training steps (train) or batches (infer) the quality gate "
+        "compares (default: 8)", metavar="N")
+    opt("--quality-rtol", "quality_rtol", "inference: relative output error allowed (default by precision: "
+        "fp32 1e-5, tf32 1e-3, bf16/fp16 1e-2; see docs/quality.md)", metavar="X")
+    opt("--quality-loss-rtol", "quality_loss_rtol", "training: relative final-loss delta allowed (default by "
+        "precision; see docs/quality.md)", metavar="X")
     if not lists:
         parser_group = parser.add_argument_group("checkpoints (training)")
         opt("--checkpoint-every", "checkpoint_every", "save model, optimizer, scaler, RNG states and step to "
