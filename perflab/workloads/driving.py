@@ -8,6 +8,8 @@ the float conversion, resize and normalisation for the whole batch on the device
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,9 @@ from torch.utils.data import Dataset
 from torchvision.io import decode_jpeg, encode_jpeg
 
 from perflab.workloads.base import Workload
+
+# torchvision 0.29 deprecates its JPEG codec in favour of TorchCodec; it still works and is what we measure.
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
 
 DESCRIPTION = "8-camera CNN + command token -> trajectory (seed 000); JPEG-decoding loader"
 DEFAULT_BATCH = {"cpu": 8, "cuda": 32}

@@ -1,0 +1,68 @@
+import json
+import os
+
+import pytest
+
+from perflab.errors import PerflabError
+from perflab.results import SCHEMA_VERSION, Result, Trial, write_json_atomic
+
+
+def make_result() -> Result:
+    trial = Trial(wall_s=1.0, steps=2, samples=8, throughput_samples_per_s=8.0, step_ms=[500.0, 500.0],
+                  phase_ms={"forward": 400.0})
+    metrics = {"throughput_samples_per_s": {"median": 8.0}}
+    return Result(config={"workload": "mlp"}, environment={"torch": "x"}, workload={"name": "mlp"},
+                  trials=[trial], metrics=metrics)
+
+
+def test_result_round_trips_through_json(tmp_path):
+    result = make_result()
+    path = result.save(tmp_path)
+    loaded = Result.load(tmp_path)
+    assert path == tmp_path / "result.json"
+    assert loaded.trials[0] == result.trials[0]
+    assert loaded.throughput == 8.0
+    assert loaded.schema_version == SCHEMA_VERSION
+    assert loaded.path == str(path)
+
+
+def test_result_file_has_the_documented_top_level_keys(tmp_path):
+    make_result().save(tmp_path)
+    data = json.loads((tmp_path / "result.json").read_text())
+    for key in ("schema_version", "perflab_version", "command", "config", "environment", "workload",
+                "trials", "metrics", "timing", "levers", "quality", "diagnosis", "created_utc"):
+        assert key in data
+
+
+def test_atomic_write_keeps_the_old_file_when_serialising_fails(tmp_path):
+    target = tmp_path / "result.json"
+    write_json_atomic(target, {"ok": 1})
+    with pytest.raises(TypeError):
+        write_json_atomic(target, {"bad": object()})
+    assert json.loads(target.read_text()) == {"ok": 1}
+    assert os.listdir(tmp_path) == ["result.json"]  # no temp file left behind
+
+
+def test_loading_a_corrupt_file_says_so(tmp_path):
+    (tmp_path / "result.json").write_text('{"schema_version": 1, "conf')
+    with pytest.raises(PerflabError, match="not valid JSON"):
+        Result.load(tmp_path)
+
+
+def test_loading_a_non_result_names_the_missing_keys(tmp_path):
+    (tmp_path / "result.json").write_text('{"hello": 1}')
+    with pytest.raises(PerflabError, match="missing schema_version"):
+        Result.load(tmp_path)
+
+
+def test_loading_a_newer_schema_asks_for_an_upgrade(tmp_path):
+    data = make_result().to_dict()
+    data["schema_version"] = SCHEMA_VERSION + 1
+    (tmp_path / "result.json").write_text(json.dumps(data))
+    with pytest.raises(PerflabError, match="upgrade perflab"):
+        Result.load(tmp_path)
+
+
+def test_loading_a_missing_path_explains_what_to_pass(tmp_path):
+    with pytest.raises(PerflabError, match="give a run directory"):
+        Result.load(tmp_path / "nope")
