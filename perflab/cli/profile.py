@@ -1,0 +1,69 @@
+"""perflab profile: a run with a scheduled torch.profiler capture, the nsys command, and the diagnosis."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from rich.markup import escape
+
+from perflab.cli import console
+from perflab.cli._options import add_run_options, config_from_args
+from perflab.diagnose import DIAGNOSIS_FILE, diagnose
+from perflab.harness.runner import resolve_config, run
+from perflab.profile.capture import CaptureOptions, ProfilerCapture
+from perflab.profile.nsys import nsys_command, nsys_hooks, save_nsys_command
+from perflab.report.diagnosis import print_diagnosis
+from perflab.report.progress import RichReporter
+from perflab.report.terminal import print_result
+from perflab.results import write_json_atomic
+from perflab.rundir import run_dir
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "profile", help="trace a few steps (torch.profiler, NVTX), print the nsys command, diagnose",
+        description="Run a workload with a scheduled torch.profiler capture of a few timed steps; save "
+                    "runs/<id>/ with result.json, trace.json (open in Perfetto) and diagnosis.json; print the "
+                    "diagnosis and the Nsight Systems command for the same run.")
+    add_run_options(parser)
+    group = parser.add_argument_group("profiler")
+    group.add_argument("--wait", type=int, default=1, metavar="N", help="timed steps skipped first (default: 1)")
+    group.add_argument("--warmup-steps", type=int, default=2, metavar="N",
+                       help="profiler warm-up steps, recorded then discarded (default: 2)")
+    group.add_argument("--active", type=int, default=3, metavar="N", help="steps in the trace (default: 3)")
+    group.add_argument("--record-shapes", action=argparse.BooleanOptionalAction, default=True,
+                       help="input shapes on ops: FLOPs and bytes for the roofline (default: on)")
+    group.add_argument("--with-stack", action="store_true", help="Python stacks on ops (bigger trace)")
+    group.add_argument("--profile-memory", action="store_true", help="allocations and frees (bigger trace)")
+    group.add_argument("--gzip-trace", action="store_true", help="write trace.json.gz instead of trace.json")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    options = CaptureOptions(wait=args.wait, warmup=args.warmup_steps, active=args.active,
+                             record_shapes=args.record_shapes, with_stack=args.with_stack,
+                             profile_memory=args.profile_memory, gzip=args.gzip_trace)
+    cfg = resolve_config(config_from_args(args), None)
+    options.check(cfg.steps)
+    argv = sys.argv[1:]
+    with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
+        capture = ProfilerCapture(out, options)
+        result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter, command=["perflab"] + argv,
+                     hooks=[capture] + nsys_hooks(args.nsys))
+        command = nsys_command(out, argv[1:] if argv[:1] == ["profile"] else argv, options.wait + options.warmup,
+                               options.active)
+        result.artifacts["nsys_command"] = save_nsys_command(out, command).name
+        diagnosis = diagnose(capture.trace_path, result) if capture.written else None
+        if diagnosis is not None:
+            result.diagnosis = diagnosis.to_dict()
+            write_json_atomic(out / DIAGNOSIS_FILE, result.diagnosis)
+            result.artifacts["diagnosis"] = DIAGNOSIS_FILE
+        result.save(out)
+    print_result(console, result)
+    if diagnosis is not None:
+        print_diagnosis(console, diagnosis)
+    console.print(f"trace: [bold]{escape(str(capture.trace_path))}[/] (open in https://ui.perfetto.dev)")
+    console.print("Nsight Systems, for the same run (where nsys is installed):\n  " + escape(shlex.join(command)),
+                  highlight=False, soft_wrap=True)
+    return 0

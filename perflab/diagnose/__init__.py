@@ -1,0 +1,60 @@
+"""Diagnose: parse a trace once, run one small rule per bottleneck class, and name the verdict.
+
+    diagnosis = perflab.diagnose.diagnose_path("runs/<id>/")   # or a trace.json / trace.json.gz
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Union
+
+from perflab.diagnose.findings import CLASS_SLUGS, Context, Finding
+from perflab.diagnose.summary import summarize
+from perflab.diagnose.trace import ParsedTrace, load_trace
+from perflab.diagnose.verdict import Diagnosis, decide, run_rules
+from perflab.errors import PerflabError
+
+DIAGNOSIS_FILE = "diagnosis.json"
+TRACE_NAMES = ("trace.json", "trace.json.gz")
+
+
+def diagnose(trace: Union[str, Path, ParsedTrace], result=None) -> Diagnosis:
+    """The diagnosis of one trace, using the run's Result (phase shares, memory, NVML) when given."""
+    parsed = trace if isinstance(trace, ParsedTrace) else load_trace(trace)
+    precision = result.config.get("precision") if result is not None else None
+    ctx = Context(trace=parsed, profile=summarize(parsed, precision), result=result)
+    diagnosis = decide(ctx, run_rules(ctx))
+    diagnosis.source = {"trace": parsed.path, "result": getattr(result, "path", None)}
+    return diagnosis
+
+
+def find_trace(path: Union[str, Path]) -> tuple[Path, Optional[Path]]:
+    """(trace file, result.json or None) for a run directory or a trace file.
+
+    Next to a trace file `X.json[.gz]`, `X.result.json` (fixtures) or the run's `result.json` is used.
+    """
+    path = Path(path)
+    if path.is_dir():
+        trace = next((path / name for name in TRACE_NAMES if (path / name).is_file()), None)
+        if trace is None:
+            raise PerflabError(f"{path} has no trace.json: record one with `perflab profile` (a `perflab run` "
+                               "directory has result.json only)")
+        result = path / "result.json"
+        return trace, result if result.is_file() else None
+    if not path.is_file():
+        raise PerflabError(f"no such run directory or trace: {path}")
+    stem = path.name.removesuffix(".gz").removesuffix(".json")
+    for candidate in (path.parent / f"{stem}.result.json", path.parent / "result.json"):
+        if candidate.is_file() and (candidate.name != "result.json" or path.name in TRACE_NAMES):
+            return path, candidate
+    return path, None
+
+
+def diagnose_path(path: Union[str, Path]):
+    """(Diagnosis, Result or None) for a run directory or a trace file."""
+    from perflab.results import Result
+    trace, result_path = find_trace(path)
+    result = Result.load(result_path) if result_path else None
+    return diagnose(trace, result), result
+
+
+__all__ = ["diagnose", "diagnose_path", "find_trace", "Diagnosis", "Finding", "CLASS_SLUGS", "DIAGNOSIS_FILE"]

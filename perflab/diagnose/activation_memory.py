@@ -1,0 +1,32 @@
+"""Activation memory: the peak of device memory sits near capacity, so the next batch size would not fit."""
+from __future__ import annotations
+
+from typing import Optional
+
+from perflab.diagnose.findings import ACTIVATION_MEMORY, Context, Finding, clamp, rounded
+
+THRESHOLD_PCT = 90.0  # peak reserved memory as a share of the device's total
+
+
+def activation_memory(ctx: Context) -> Optional[Finding]:
+    memory = ctx.metrics.get("memory") or {}
+    peak_mb, total_mb = memory.get("peak_reserved_mb"), memory.get("device_total_mb")
+    source = "result.json (torch.cuda.max_memory_reserved)"
+    if not (peak_mb and total_mb) and ctx.trace.memory_peaks:
+        peak_mb, total_mb = ctx.trace.memory_peaks.get("reserved_mb"), ctx.trace.gpu_total_mb
+        source = "trace memory events (profile_memory)"
+    if not (peak_mb and total_mb):
+        return None
+    used_pct = 100 * peak_mb / total_mb
+    if used_pct < THRESHOLD_PCT:
+        return None
+    levers = ["activation-checkpointing"]
+    if ctx.config("precision", "fp32") in ("fp32", "tf32"):
+        levers += ["bf16", "fp16"]
+    return Finding(
+        cls=ACTIVATION_MEMORY, confidence=clamp(0.5 + (used_pct - THRESHOLD_PCT) / 20),
+        summary=f"peak device memory {peak_mb:,.0f} MiB is {used_pct:.0f}% of {total_mb:,.0f} MiB: the next batch "
+                "size will not fit",
+        evidence=rounded({"peak_reserved_mb": float(peak_mb), "device_total_mb": float(total_mb),
+                          "used_pct": used_pct, "source": source}),
+        levers=ctx.rank_levers(levers), advice=["a smaller batch (with gradient accumulation to keep the effective one)"])

@@ -1,0 +1,51 @@
+"""Compute bound: matmul/conv (tensor-core) kernels dominate a busy device."""
+from __future__ import annotations
+
+from typing import Optional
+
+from perflab.diagnose.findings import COMPUTE_BOUND, Context, Finding, clamp, rounded
+
+BUSY_THRESHOLD_PCT = 50.0
+SHARE_THRESHOLD_PCT = 50.0  # matmul/conv share of kernel time (GPU) or compute-phase time (CPU)
+GOOD_ROOF_PCT = 70.0  # at this share of the roofline, "already good" is the honest answer
+
+
+def compute_bound(ctx: Context) -> Optional[Finding]:
+    if ctx.on_gpu:
+        gpu = ctx.profile.gpu
+        share = gpu.kernel_kind_pct.get("matmul/conv", 0.0)
+        if gpu.busy_pct < BUSY_THRESHOLD_PCT or share < SHARE_THRESHOLD_PCT:
+            return None
+        evidence = {"gpu_busy_pct": gpu.busy_pct, "matmul_conv_kernel_time_pct": share}
+        confidence = clamp(1.2 * gpu.busy_pct / 100 * share / 100)
+        summary = f"the GPU is busy {gpu.busy_pct:.0f}% of the time, {share:.0f}% of it in matmul/conv kernels"
+    else:
+        share = ctx.profile.host.op_mix_pct.get("matmul/conv", 0.0)
+        if share < SHARE_THRESHOLD_PCT:
+            return None
+        evidence = {"matmul_conv_op_time_pct": share}
+        confidence = clamp(1.1 * share / 100)
+        summary = f"{share:.0f}% of compute time is matmul/conv ops"
+    advice = []
+    rows = [row for row in ctx.profile.roofline if row.get("pct_of_roof") is not None]
+    if rows:
+        best = rows[0]
+        evidence.update(top_op=f"{best['op']} {best['shapes']}", top_op_achieved_tflops=best["achieved_tflops"],
+                        top_op_pct_of_roofline=best["pct_of_roof"], ceiling_source=best["ceiling_source"])
+        if best["pct_of_roof"] >= GOOD_ROOF_PCT:
+            advice.append(f"the heaviest op already reaches {best['pct_of_roof']:.0f}% of its roofline: this is "
+                          "already good; only lower precision or less work helps")
+    mfu = (ctx.metrics.get("flops") or {}).get("mfu_pct")
+    if mfu is not None:
+        evidence["mfu_pct"] = mfu
+    levers = []
+    if ctx.config("precision", "fp32") in ("fp32", "tf32"):
+        levers += ["bf16", "tf32", "fp16"]
+    if any("conv" in name for name in ctx.trace.cpu_ops.names):
+        levers.append("channels-last")
+    if any("attention" in name or "fmha" in name for name in ctx.trace.kernels.names + ctx.trace.cpu_ops.names):
+        levers.append("sdpa-flash")
+    levers.append("compile")
+    advice.append("better kernels: torch.compile(mode='max-autotune'), SDPA/flash attention where attention runs")
+    return Finding(cls=COMPUTE_BOUND, confidence=confidence, summary=summary, evidence=rounded(evidence),
+                   levers=ctx.rank_levers(levers), advice=advice)

@@ -1,0 +1,92 @@
+"""Findings: what one rule concludes, the class names of the bottleneck map, and the rules' shared inputs."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from perflab.diagnose.summary import TraceProfile
+from perflab.diagnose.trace import ParsedTrace
+
+INPUT_PIPELINE = "input pipeline"
+H2D_COPIES = "host-to-device copies"
+LAUNCH_OVERHEAD = "launch / framework overhead"
+HOST_DEVICE_SYNC = "host-device sync"
+MEMORY_BANDWIDTH = "memory bandwidth"
+COMPUTE_BOUND = "compute bound"
+ACTIVATION_MEMORY = "activation memory"
+COLLECTIVES = "collectives"
+NO_CLEAR_BOTTLENECK = "no clear bottleneck"
+
+# Short names for file names and the command line (fixtures are named <slug>__<what>.json.gz).
+CLASS_SLUGS = {
+    "input_pipeline": INPUT_PIPELINE, "h2d": H2D_COPIES, "launch": LAUNCH_OVERHEAD, "sync": HOST_DEVICE_SYNC,
+    "memory_bandwidth": MEMORY_BANDWIDTH, "compute": COMPUTE_BOUND, "activation_memory": ACTIVATION_MEMORY,
+    "collectives": COLLECTIVES, "none": NO_CLEAR_BOTTLENECK,
+}
+# Levers that need a CUDA device; never proposed for a CPU run.
+CUDA_ONLY_LEVERS = {"pin-memory", "prefetcher-stream", "tf32", "fp16", "cuda-graphs", "augment-gpu",
+                    "augment-gpu-stream", "pipeline-streams", "sdpa-flash"}
+
+
+@dataclass
+class Finding:
+    """One rule's conclusion: a class from the map, how sure, the numbers behind it, what to try."""
+
+    cls: str
+    confidence: float  # 0..1
+    summary: str
+    evidence: dict[str, Any]
+    levers: list[str]  # lever names (`perflab levers`), best first
+    advice: list[str] = field(default_factory=list)  # actions that are not levers (remove a sync, cache data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Context:
+    """What every rule reads: the parsed trace, its summary (computed once), and the run's result if known."""
+
+    trace: ParsedTrace
+    profile: TraceProfile
+    result: Any = None  # perflab.Result or None
+
+    def config(self, key: str, default: Any = None) -> Any:
+        if self.result is None:
+            return default
+        value = self.result.config.get(key, default)
+        return default if value is None else value
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.profile.gpu is not None
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.result.metrics if self.result is not None else {}
+
+    def rank_levers(self, names: list[str]) -> list[str]:
+        """Drop levers already on in this run and CUDA-only levers on a CPU run; keep the order, no repeats."""
+        active = set(self.result.levers) if self.result is not None else set()
+        ranked = []
+        for name in names:
+            if name in active or name in ranked or (not self.on_gpu and name in CUDA_ONLY_LEVERS):
+                continue
+            ranked.append(name)
+        return ranked
+
+
+def clamp(value: float, low: float = 0.0, high: float = 0.95) -> float:
+    return max(low, min(high, value))
+
+
+def rounded(evidence: dict[str, Any]) -> dict[str, Any]:
+    """Evidence numbers to 3 significant digits, so diagnosis.json reads well."""
+    out = {}
+    for key, value in evidence.items():
+        out[key] = float(f"{value:.3g}") if isinstance(value, float) else value
+    return out
+
+
+def optional_pct(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.0f}%"

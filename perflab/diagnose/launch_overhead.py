@@ -1,0 +1,41 @@
+"""Launch / framework overhead: many short kernels or ops; the device waits while the host dispatches."""
+from __future__ import annotations
+
+from typing import Optional
+
+from perflab.diagnose.findings import LAUNCH_OVERHEAD, Context, Finding, clamp, rounded
+
+GPU_IDLE_THRESHOLD_PCT = 15.0  # GPU idle while the host launches (no data/copy/sync wait)
+CPU_OVERHEAD_THRESHOLD_PCT = 50.0  # share of compute phases in small ops and Python between ops
+CPU_OPS_PER_STEP = 100.0
+
+
+def launch_overhead(ctx: Context) -> Optional[Finding]:
+    levers = ["cuda-graphs", "compile"]
+    if ctx.config("mode") == "train" or ctx.profile.host.phase_ms_per_step.get("optimizer"):
+        levers += ["fused-optimizer", "foreach-optimizer"]
+    advice = ["a larger batch amortises the per-op cost", "torch.compile(mode='reduce-overhead') adds CUDA graphs"]
+    if ctx.on_gpu:
+        gpu = ctx.profile.gpu
+        idle = gpu.idle_split_pct["launch / framework overhead"]
+        if idle < GPU_IDLE_THRESHOLD_PCT:
+            return None
+        evidence = {"gpu_idle_while_host_launches_pct": idle, "gpu_busy_pct": gpu.busy_pct,
+                    "kernels_per_step": gpu.kernels_per_step, "median_kernel_us": gpu.median_kernel_us,
+                    "short_kernel_count_pct": gpu.short_kernel_count_pct,
+                    "launch_queue_median_us": gpu.launch_queue_median_us}
+        confidence = clamp(0.3 + idle / 60 + 0.15 * gpu.short_kernel_count_pct / 100)
+        summary = (f"the GPU idled {idle:.0f}% of the time while the host launched {gpu.kernels_per_step:.0f} kernels "
+                   f"per step (median {gpu.median_kernel_us:.1f} µs, {gpu.short_kernel_count_pct:.0f}% under 10 µs)")
+    else:
+        host = ctx.profile.host
+        overhead = host.op_mix_pct.get("small ops and framework overhead", 0.0)
+        if overhead < CPU_OVERHEAD_THRESHOLD_PCT or host.ops_per_step < CPU_OPS_PER_STEP:
+            return None
+        evidence = {"small_ops_and_overhead_pct": overhead, "ops_per_step": host.ops_per_step,
+                    "median_op_self_us": host.median_op_self_us}
+        confidence = clamp(0.2 + 0.7 * overhead / 100)
+        summary = (f"{overhead:.0f}% of compute time is small ops and framework overhead ({host.ops_per_step:.0f} ops "
+                   f"per step, median {host.median_op_self_us or 0:.1f} µs each)")
+    return Finding(cls=LAUNCH_OVERHEAD, confidence=confidence, summary=summary, evidence=rounded(evidence),
+                   levers=ctx.rank_levers(levers), advice=advice)

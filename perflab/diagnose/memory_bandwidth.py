@@ -1,0 +1,47 @@
+"""Memory bandwidth: the busy time goes to low-intensity kernels (elementwise, reductions, copies)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from perflab.diagnose.findings import MEMORY_BANDWIDTH, Context, Finding, clamp, rounded
+
+BUSY_THRESHOLD_PCT = 50.0
+SHARE_THRESHOLD_PCT = 50.0  # of kernel time (GPU) or compute-phase time (CPU)
+
+
+def memory_bandwidth(ctx: Context) -> Optional[Finding]:
+    if ctx.on_gpu:
+        gpu = ctx.profile.gpu
+        share = gpu.kernel_kind_pct.get("elementwise/reduction", 0.0)
+        if gpu.busy_pct < BUSY_THRESHOLD_PCT or share < SHARE_THRESHOLD_PCT:
+            return None
+        top = [row["name"][:60] for row in gpu.kernel_table if row["kind"] == "elementwise/reduction"][:3]
+        evidence = {"gpu_busy_pct": gpu.busy_pct, "elementwise_reduction_kernel_time_pct": share,
+                    "top_memory_bound_kernels": top}
+        confidence = clamp(1.2 * gpu.busy_pct / 100 * share / 100)
+        summary = (f"the GPU is busy {gpu.busy_pct:.0f}% of the time and {share:.0f}% of kernel time is elementwise/"
+                   "reduction kernels (low arithmetic intensity: memory-bandwidth bound)")
+    else:
+        share = ctx.profile.host.op_mix_pct.get("large elementwise/other ops", 0.0)
+        if share < SHARE_THRESHOLD_PCT:
+            return None
+        evidence = {"large_elementwise_op_time_pct": share}
+        confidence = clamp(1.1 * share / 100)
+        summary = f"{share:.0f}% of compute time is large elementwise/reduction ops (memory-bandwidth bound)"
+    memory_bound_rows = [row for row in ctx.profile.roofline if row.get("bound") == "memory"]
+    if memory_bound_rows:
+        evidence["memory_bound_matmul_conv_achieved_gbps"] = memory_bound_rows[0]["achieved_gbps"]
+    levers = ["compile"]
+    if _has_convolutions(ctx):
+        levers.append("channels-last")
+    if ctx.config("precision", "fp32") in ("fp32", "tf32"):
+        levers += ["bf16", "fp16"]
+    return Finding(cls=MEMORY_BANDWIDTH, confidence=confidence, summary=summary, evidence=rounded(evidence),
+                   levers=ctx.rank_levers(levers),
+                   advice=["fuse elementwise chains (torch.compile) so each tensor is read and written once",
+                           "lower precision halves the bytes moved"])
+
+
+def _has_convolutions(ctx: Context) -> bool:
+    ops = ctx.trace.cpu_ops
+    return any("conv" in name for name in ops.names)

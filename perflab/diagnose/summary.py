@@ -1,0 +1,341 @@
+"""The numbers every rule reads, computed once from a parsed trace: the step window, GPU busy/idle and
+its split, the kernel and copy tables, host phases and the CPU op mix."""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from perflab.diagnose.intervals import Intervals, intervals_of
+from perflab.diagnose.trace import EventTable, ParsedTrace
+
+PHASES = ("data", "h2d", "augment", "forward", "backward", "optimizer", "step")
+COMPUTE_PHASES = ("augment", "forward", "backward", "optimizer", "step")
+SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"}
+ITEM_OPS = {"aten::item", "aten::_local_scalar_dense"}
+SHORT_KERNEL_US = 10.0
+LARGE_CPU_OP_US = 20.0
+IDLE_CAUSES = ("waiting for data", "waiting on H2D copies", "host-device syncs", "launch / framework overhead",
+               "other")
+
+_COMPUTE_KERNEL = re.compile(r"gemm|cutlass|wgmma|xmma|\bmma|conv(?!ert)|winograd|implicit|flash|fmha|attention|"
+                             r"triton_tem|triton_mm|dot_kernel|cublas", re.IGNORECASE)
+_MEMORY_KERNEL = re.compile(r"elementwise|reduce|norm|softmax|copy|cat|transpose|nchwToNhwc|nhwcToNchw|bn_|pool|"
+                            r"index|scatter|gather|fill|triton_poi|triton_red|triton_per|adam|sgd|foreach|"
+                            r"upsample|embedding|dropout|relu|gelu|silu|sigmoid|tanh", re.IGNORECASE)
+_COMPUTE_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::addmv", "aten::mv",
+                "aten::dot", "aten::mkldnn_convolution", "aten::convolution_backward", "aten::_convolution",
+                "aten::convolution", "aten::cudnn_convolution", "aten::_scaled_dot_product_flash_attention",
+                "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_attention_math",
+                "aten::_flash_attention_forward", "aten::mkldnn_linear", "aten::_mkldnn_convolution",
+                "aten::_slow_conv2d_forward", "aten::_slow_conv2d_backward", "aten::slow_conv_dilated2d"}
+
+
+def kernel_kind(name: str) -> str:
+    """matmul/conv, elementwise/reduction, communication or other, from the kernel's name."""
+    if "nccl" in name.lower():
+        return "communication"
+    if _COMPUTE_KERNEL.search(name) and not re.search(r"bn_|nchwToNhwc|nhwcToNchw", name):
+        return "matmul/conv"
+    if _MEMORY_KERNEL.search(name):
+        return "elementwise/reduction"
+    return "other"
+
+
+def memcpy_kind(name: str) -> str:
+    """'H2D pageable', 'H2D pinned', 'D2H pageable', 'D2D', ... from a kineto memcpy name."""
+    direction = next((d for d in ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP") if d in name), "?")
+    label = {"HtoD": "H2D", "DtoH": "D2H", "DtoD": "D2D", "HtoH": "H2H", "PtoP": "P2P"}.get(direction, "copy")
+    if "Pageable" in name:
+        return f"{label} pageable"
+    if "Pinned" in name:
+        return f"{label} pinned"
+    return label
+
+
+@dataclass
+class GpuProfile:
+    busy_pct: float  # share of the window with at least one kernel running
+    copy_only_pct: float  # copies running, no kernel
+    idle_pct: float  # neither kernels nor copies
+    idle_split_pct: dict[str, float]  # share of the window with no kernel, by cause (IDLE_CAUSES)
+    kernels_per_step: float
+    kernel_ms_per_step: float
+    short_kernel_count_pct: float  # kernels under SHORT_KERNEL_US
+    short_kernel_time_pct: float
+    median_kernel_us: float
+    kernel_kind_pct: dict[str, float]  # share of kernel time by kind
+    kernel_table: list[dict[str, Any]]
+    memcpy_table: list[dict[str, Any]]
+    launch_queue_median_us: Optional[float]  # launch call end -> kernel start; small means the GPU waits on the host
+    sync_calls_per_step: dict[str, float]
+    d2h_copies_per_step: float
+
+
+@dataclass
+class HostProfile:
+    phase_ms_per_step: dict[str, float]
+    phase_share_pct: dict[str, float]
+    ops_per_step: float
+    item_calls_per_step: float  # aten::item / _local_scalar_dense outside the optimizer phase
+    compute_phase_ms_per_step: float
+    op_mix_pct: dict[str, float]  # share of compute-phase time: matmul/conv, large elementwise, small ops and overhead
+    median_op_self_us: Optional[float]
+    op_table: list[dict[str, Any]]
+
+
+@dataclass
+class TraceProfile:
+    device: str  # "cuda" when the trace holds GPU activity, else "cpu"
+    steps: int
+    window_ms: float
+    step_ms: float
+    host: HostProfile
+    gpu: Optional[GpuProfile] = None
+    roofline: list[dict[str, Any]] = field(default_factory=list)
+    gpu_name: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def step_window(trace: ParsedTrace) -> tuple[float, float, int]:
+    """(start, end, steps) of the ProfilerStep# ranges, or of all host events when there are none."""
+    ann = trace.annotations
+    steps = ann.mask(lambda n: n.startswith("ProfilerStep#"))
+    if steps.any():
+        start, end = float(ann.start_us[steps].min()), float(ann.end_us[steps].max())
+        return start, end, int(steps.sum())
+    tables = [t for t in (trace.cpu_ops, trace.annotations, trace.runtime, trace.kernels) if len(t)]
+    if not tables:
+        return 0.0, 0.0, 0
+    return (float(min(t.start_us.min() for t in tables)), float(max(t.end_us.max() for t in tables)), 1)
+
+
+def summarize(trace: ParsedTrace, precision: Optional[str] = None) -> TraceProfile:
+    """All shared numbers for the rules, from one pass over the parsed trace."""
+    start, end, steps = step_window(trace)
+    notes = []
+    if trace.has_gpu:
+        start, end = _gpu_window(trace, start, end, notes)
+    window_us = max(end - start, 1e-9)
+    steps = max(steps, 1)
+    host = _host_profile(trace, start, end, steps, window_us)
+    gpu = _gpu_profile(trace, start, end, steps, window_us) if trace.has_gpu else None
+    from perflab.diagnose.roofline import roofline_rows
+    return TraceProfile(device="cuda" if trace.has_gpu else "cpu", steps=steps, window_ms=window_us / 1e3,
+                        step_ms=window_us / 1e3 / steps, host=host, gpu=gpu, roofline=roofline_rows(trace, precision=precision),
+                        gpu_name=trace.gpu_name, notes=notes)
+
+
+def _gpu_window(trace: ParsedTrace, start: float, end: float, notes: list[str]) -> tuple[float, float]:
+    """Extend the window to the last GPU activity; start it at the first kernel if the GPU was still busy with
+    work launched before the capture (a long launch queue), which the trace does not show."""
+    gpu_end = max(float(t.end_us.max()) for t in (trace.kernels, trace.memcpys) if len(t))
+    end = max(end, gpu_end)
+    if len(trace.kernels):
+        queue = _launch_queue_us(trace)
+        first = float(trace.kernels.start_us[0])
+        if queue is not None and len(queue) and queue[0] > 50.0 and first > start:
+            notes.append("the GPU was still running work launched before the capture; the window starts at the "
+                         "first recorded kernel")
+            start = first
+    return start, end
+
+
+def _launch_queue_us(trace: ParsedTrace) -> Optional[np.ndarray]:
+    """Per kernel (in start order), time from the end of its launch call to its start; None without links."""
+    rt, k = trace.runtime, trace.kernels
+    if not len(rt) or not len(k) or (k.correlation < 0).all():
+        return None
+    order = np.argsort(rt.correlation)
+    sorted_corr = rt.correlation[order]
+    pos = np.clip(np.searchsorted(sorted_corr, k.correlation), 0, len(sorted_corr) - 1)
+    found = sorted_corr[pos] == k.correlation
+    launch_end = rt.end_us[order][pos]
+    return np.where(found, k.start_us - launch_end, np.nan)
+
+
+def _phase_intervals(trace: ParsedTrace, names) -> Intervals:
+    ann = trace.annotations
+    return intervals_of(ann, ann.mask(lambda n: n in names))
+
+
+def _host_profile(trace: ParsedTrace, start: float, end: float, steps: int, window_us: float) -> HostProfile:
+    ann = trace.annotations
+    in_window = (ann.start_us >= start) & (ann.start_us < end)
+    phase_ms = {}
+    for name in PHASES:
+        selected = in_window & ann.mask(lambda n, name=name: n == name)
+        if selected.any():
+            phase_ms[name] = float(ann.dur_us[selected].sum()) / 1e3 / steps
+    step_ms = window_us / 1e3 / steps
+    compute = _phase_intervals(trace, COMPUTE_PHASES).clip(start, end)
+    ops = trace.cpu_ops
+    op_in_window = (ops.start_us >= start) & (ops.start_us < end)
+    items = op_in_window & ops.mask(lambda n: n == "aten::item")
+    optimizer = _phase_intervals(trace, ("optimizer",))
+    items &= ~optimizer.contains(ops.start_us)  # optimizers read CPU step counters with .item(): no device sync
+    self_us = _self_times(ops)
+    in_compute = op_in_window & compute.contains(ops.start_us)
+    compute_us = compute.total if len(compute) else 0.0
+    op_mix, op_table, median_self = {}, [], None
+    if in_compute.any() and compute_us > 0:
+        is_compute_op = ops.mask(lambda n: n in _COMPUTE_OPS)
+        large = self_us >= LARGE_CPU_OP_US
+        matmul_us = float(self_us[in_compute & is_compute_op].sum())
+        elementwise_us = float(self_us[in_compute & ~is_compute_op & large].sum())
+        op_mix = {"matmul/conv": 100 * matmul_us / compute_us,
+                  "large elementwise/other ops": 100 * elementwise_us / compute_us,
+                  "small ops and framework overhead": max(0.0, 100 * (1 - (matmul_us + elementwise_us) / compute_us))}
+        median_self = float(np.median(self_us[in_compute]))
+        op_table = _op_table(ops, self_us, in_compute, compute_us, steps)
+    return HostProfile(
+        phase_ms_per_step=phase_ms,
+        phase_share_pct={name: 100 * ms / step_ms for name, ms in phase_ms.items()},
+        ops_per_step=float(in_compute.sum()) / steps,
+        item_calls_per_step=float(items.sum()) / steps,
+        compute_phase_ms_per_step=compute_us / 1e3 / steps,
+        op_mix_pct=op_mix,
+        median_op_self_us=median_self,
+        op_table=op_table,
+    )
+
+
+def _self_times(ops: EventTable) -> np.ndarray:
+    """Exclusive time of each CPU op: its duration minus its direct children's, per thread."""
+    self_us = ops.dur_us.copy()
+    for tid in np.unique(ops.tid):
+        index = np.flatnonzero(ops.tid == tid)  # already in start order
+        stack: list[int] = []
+        for i in index:
+            start = ops.start_us[i]
+            while stack and ops.end_us[stack[-1]] <= start:
+                stack.pop()
+            if stack:
+                self_us[stack[-1]] -= min(ops.dur_us[i], ops.end_us[stack[-1]] - start)
+            stack.append(i)
+    return np.clip(self_us, 0, None)
+
+
+def _op_table(ops: EventTable, self_us: np.ndarray, selected: np.ndarray, total_us: float, steps: int,
+              top: int = 10) -> list[dict[str, Any]]:
+    ids = ops.name_id[selected]
+    totals = np.bincount(ids, weights=self_us[selected], minlength=len(ops.names))
+    counts = np.bincount(ids, minlength=len(ops.names))
+    rows = []
+    for name_id in np.argsort(-totals)[:top]:
+        if counts[name_id] == 0:
+            break
+        rows.append({"name": ops.names[name_id], "calls_per_step": counts[name_id] / steps,
+                     "self_ms_per_step": totals[name_id] / 1e3 / steps,
+                     "mean_self_us": totals[name_id] / counts[name_id], "share_pct": 100 * totals[name_id] / total_us})
+    return rows
+
+
+def _gpu_profile(trace: ParsedTrace, start: float, end: float, steps: int, window_us: float) -> GpuProfile:
+    k, mc = trace.kernels, trace.memcpys
+    kernel_busy = intervals_of(k).clip(start, end)
+    copies = intervals_of(mc).clip(start, end)
+    any_busy = Intervals.of(kernel_busy, copies)
+    gaps = kernel_busy.complement(start, end)
+    split_us = _idle_split(trace, gaps, start, end)
+    kinds = [kernel_kind(name) for name in k.names]
+    kind_of = np.array([kinds[i] for i in k.name_id]) if len(k) else np.array([])
+    kernel_total = float(k.dur_us.sum()) or 1e-9
+    queue = _launch_queue_us(trace)
+    queue_median = float(np.nanmedian(queue)) if queue is not None and np.isfinite(queue).any() else None
+    rt = trace.runtime
+    rt_in = (rt.start_us >= start) & (rt.start_us < end)
+    sync_counts = {}
+    for name in SYNC_CALLS:
+        count = int((rt_in & rt.mask(lambda n, name=name: n == name)).sum())
+        if count:
+            sync_counts[name] = count / steps
+    d2h = mc.mask(lambda n: "DtoH" in n)
+    return GpuProfile(
+        busy_pct=100 * kernel_busy.total / window_us,
+        copy_only_pct=100 * (any_busy.total - kernel_busy.total) / window_us,
+        idle_pct=100 * (1 - any_busy.total / window_us),
+        idle_split_pct={cause: 100 * us / window_us for cause, us in split_us.items()},
+        kernels_per_step=len(k) / steps,
+        kernel_ms_per_step=kernel_total / 1e3 / steps,
+        short_kernel_count_pct=100 * float((k.dur_us < SHORT_KERNEL_US).mean()) if len(k) else 0.0,
+        short_kernel_time_pct=100 * float(k.dur_us[k.dur_us < SHORT_KERNEL_US].sum()) / kernel_total,
+        median_kernel_us=float(np.median(k.dur_us)) if len(k) else 0.0,
+        kernel_kind_pct={kind: 100 * float(k.dur_us[kind_of == kind].sum()) / kernel_total
+                         for kind in sorted(set(kinds))} if len(k) else {},
+        kernel_table=_kernel_table(k, kinds, kernel_total, steps),
+        memcpy_table=_memcpy_table(mc, kernel_busy, steps),
+        launch_queue_median_us=queue_median,
+        sync_calls_per_step=sync_counts,
+        d2h_copies_per_step=float(d2h.sum()) / steps,
+    )
+
+
+def _idle_split(trace: ParsedTrace, gaps: Intervals, start: float, end: float) -> dict[str, float]:
+    """Split the time with no kernel running by what the host was doing, in priority order.
+
+    Data wait, then host-to-device copies (the h2d phase or an H2D copy in flight), then syncs (a sync call,
+    .item(), or a device-to-host copy), then launch/framework work (any CPU op or runtime call). A gap that
+    begins while the host sits in a sync is the sync's fault as a whole: the queue ran dry because the host
+    was waiting, and the launches after it only refill it.
+    """
+    ann, ops, rt, mc = trace.annotations, trace.cpu_ops, trace.runtime, trace.memcpys
+    data = _phase_intervals(trace, ("data",))
+    h2d = Intervals.of(_phase_intervals(trace, ("h2d",)), intervals_of(mc, mc.mask(lambda n: "HtoD" in n)))
+    sync = Intervals.of(intervals_of(rt, rt.mask(lambda n: n in SYNC_CALLS)),
+                        intervals_of(ops, ops.mask(lambda n: n in ITEM_OPS)),
+                        intervals_of(mc, mc.mask(lambda n: "DtoH" in n)))
+    host_busy = Intervals.of(intervals_of(ops), intervals_of(rt), _phase_intervals(trace, COMPUTE_PHASES))
+    layers = [("waiting for data", data), ("waiting on H2D copies", h2d), ("host-device syncs", sync),
+              ("launch / framework overhead", host_busy)]
+    covered = Intervals(np.empty(0), np.empty(0))
+    previous = np.zeros(len(gaps))
+    per_gap = {}
+    for cause, layer in layers:
+        covered = Intervals.of(covered, layer)
+        now = covered.overlap_each(gaps)
+        per_gap[cause] = now - previous
+        previous = now
+    per_gap["other"] = (gaps.end - gaps.start) - previous
+    began_in_sync = sync.contains(gaps.start) & ~data.contains(gaps.start)
+    for cause in ("launch / framework overhead", "other"):
+        per_gap["host-device syncs"] = per_gap["host-device syncs"] + np.where(began_in_sync, per_gap[cause], 0.0)
+        per_gap[cause] = np.where(began_in_sync, 0.0, per_gap[cause])
+    return {cause: float(per_gap[cause].sum()) for cause in IDLE_CAUSES}
+
+
+def _kernel_table(k: EventTable, kinds: list[str], total_us: float, steps: int, top: int = 10) -> list[dict]:
+    if not len(k):
+        return []
+    totals = np.bincount(k.name_id, weights=k.dur_us, minlength=len(k.names))
+    counts = np.bincount(k.name_id, minlength=len(k.names))
+    rows = []
+    for name_id in np.argsort(-totals)[:top]:
+        rows.append({"name": k.names[name_id], "kind": kinds[name_id], "count_per_step": counts[name_id] / steps,
+                     "ms_per_step": totals[name_id] / 1e3 / steps, "mean_us": totals[name_id] / counts[name_id],
+                     "share_pct": 100 * totals[name_id] / total_us})
+    return rows
+
+
+def _memcpy_table(mc: EventTable, kernel_busy: Intervals, steps: int) -> list[dict]:
+    if not len(mc):
+        return []
+    kinds = np.array([memcpy_kind(mc.names[i]) for i in mc.name_id])
+    rows = []
+    for kind in sorted(set(kinds)):
+        mask = kinds == kind
+        dur_us = float(mc.dur_us[mask].sum())
+        copied = Intervals.union(mc.start_us[mask], mc.end_us[mask])
+        overlapped = kernel_busy.overlap(copied)
+        total_bytes = float(mc.extra[mask].sum())
+        rows.append({"kind": kind, "count_per_step": float(mask.sum()) / steps, "ms_per_step": dur_us / 1e3 / steps,
+                     "mb_per_step": total_bytes / 2**20 / steps,
+                     "gbps": total_bytes / (dur_us * 1e3) if dur_us else None,
+                     "overlap_with_compute_pct": 100 * overlapped / copied.total if copied.total else 0.0})
+    return rows

@@ -1,0 +1,83 @@
+"""The verdict: run every rule over one parsed trace and name the bottleneck, or say there is none."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+from perflab.diagnose.activation_memory import activation_memory
+from perflab.diagnose.collectives import collectives
+from perflab.diagnose.compute import compute_bound
+from perflab.diagnose.copies import host_to_device_copies
+from perflab.diagnose.findings import NO_CLEAR_BOTTLENECK, Context, Finding
+from perflab.diagnose.input_pipeline import input_pipeline
+from perflab.diagnose.launch_overhead import launch_overhead
+from perflab.diagnose.memory_bandwidth import memory_bandwidth
+from perflab.diagnose.sync import host_device_sync
+
+# One function per rule family; each returns a Finding or None. Order breaks confidence ties.
+RULES: list[Callable[[Context], Optional[Finding]]] = [
+    input_pipeline, host_to_device_copies, host_device_sync, launch_overhead, activation_memory,
+    memory_bandwidth, compute_bound, collectives,
+]
+MIN_CONFIDENCE = 0.5  # below this, no finding is named as the bottleneck
+BUSY_ENOUGH_PCT = 95.0
+
+
+@dataclass
+class Diagnosis:
+    """The verdict (bottleneck class, confidence, evidence, ranked levers), every finding, and the trace summary."""
+
+    bottleneck: str
+    confidence: float
+    headline: str
+    evidence: dict[str, Any]
+    levers: list[str]
+    advice: list[str]
+    findings: list[dict[str, Any]]
+    profile: dict[str, Any]
+    source: dict[str, Optional[str]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Diagnosis":
+        known = set(cls.__dataclass_fields__)
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
+def run_rules(ctx: Context) -> list[Finding]:
+    """Every rule's finding, most confident first."""
+    findings = [finding for rule in RULES if (finding := rule(ctx)) is not None]
+    return sorted(findings, key=lambda f: -f.confidence)
+
+
+def decide(ctx: Context, findings: list[Finding]) -> Diagnosis:
+    """Name the most confident finding, or 'no clear bottleneck' with what the numbers do say."""
+    profile = ctx.profile
+    busy = profile.gpu.busy_pct if profile.gpu else None
+    common = {"findings": [f.to_dict() for f in findings], "profile": profile.to_dict()}
+    if findings and findings[0].confidence >= MIN_CONFIDENCE:
+        top = findings[0]
+        evidence = dict(top.evidence)
+        if busy is not None:
+            evidence.setdefault("gpu_busy_pct", round(busy, 1))
+        util = (ctx.metrics.get("gpu") or {}).get("util_mean_pct")
+        if util is not None:
+            evidence.setdefault("nvml_util_mean_pct", round(util, 1))
+        return Diagnosis(bottleneck=top.cls, confidence=round(top.confidence, 2), headline=top.summary,
+                         evidence=evidence, levers=top.levers, advice=top.advice, **common)
+    if busy is not None and busy >= BUSY_ENOUGH_PCT:
+        headline = f"no clear bottleneck (GPU busy {busy:.0f}% ≥ {BUSY_ENOUGH_PCT:.0f}%)"
+        confidence = 0.8
+    elif busy is not None:
+        headline = f"no clear bottleneck: GPU busy {busy:.0f}%, and no rule explains the idle time with confidence"
+        confidence = 0.4
+    else:
+        headline = "no clear bottleneck: no rule fired with confidence on this CPU trace"
+        confidence = 0.5
+    levers = sorted({lever for f in findings for lever in f.levers}, key=lambda n: [
+        f.levers.index(n) if n in f.levers else 99 for f in findings])
+    return Diagnosis(bottleneck=NO_CLEAR_BOTTLENECK, confidence=confidence, headline=headline,
+                     evidence={"gpu_busy_pct": round(busy, 1)} if busy is not None else {},
+                     levers=levers, advice=[], **common)

@@ -1,0 +1,144 @@
+"""The diagnosis for people: rich tables on the terminal, and a Markdown section for report.md."""
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from perflab.diagnose.verdict import Diagnosis
+
+
+def _as_dict(diag: Union[Diagnosis, dict]) -> dict[str, Any]:
+    return diag.to_dict() if isinstance(diag, Diagnosis) else diag
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}" if abs(value) >= 0.01 or value == 0 else f"{value:.3g}"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def _lever_flags() -> dict[str, str]:
+    try:
+        from perflab.levers import all_levers
+        return {lever.name: lever.flag for lever in all_levers()}
+    except Exception:  # the report still prints if a lever module fails to import
+        return {}
+
+
+def _breakdown(profile: dict[str, Any]) -> list[tuple[str, Optional[float]]]:
+    """(label, % of the window) rows: busy, then the idle split (GPU), or host phases (CPU)."""
+    gpu = profile.get("gpu")
+    if gpu:
+        rows = [("GPU busy (kernels)", gpu["busy_pct"]), ("copies only", gpu["copy_only_pct"])]
+        rows += [(f"idle: {cause}", pct) for cause, pct in gpu["idle_split_pct"].items()]
+        return rows
+    return [(f"host phase: {name}", pct) for name, pct in profile["host"]["phase_share_pct"].items()]
+
+
+def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
+    """The verdict, its evidence and levers, the time breakdown and the top kernels/ops."""
+    d = _as_dict(diag)
+    profile = d["profile"]
+    flags = _lever_flags()
+    console.print(f"[bold]diagnosis:[/] [bold magenta]{d['bottleneck']}[/] (confidence {d['confidence']:.2f}) — "
+                  f"{escape(d['headline'])}", highlight=False)
+    verdict = Table(show_header=False, title=f"{profile['device']} trace · {profile['steps']} steps · "
+                    f"{profile['step_ms']:.2f} ms per step", title_justify="left")
+    verdict.add_column("what", style="bold")
+    verdict.add_column("value")
+    for key, value in d["evidence"].items():
+        verdict.add_row(key, escape(_num(value)))
+    for rank, lever in enumerate(d["levers"], 1):
+        verdict.add_row(f"lever {rank}", escape(f"{lever}  ({flags.get(lever, 'see perflab levers')})"))
+    for advice in d["advice"]:
+        verdict.add_row("also", escape(advice))
+    console.print(verdict)
+    breakdown = Table(title="where the time goes (share of the profiled steps)", title_justify="left")
+    breakdown.add_column("part")
+    breakdown.add_column("share", justify="right")
+    for label, pct in _breakdown(profile):
+        breakdown.add_row(label, f"{_num(pct)}%")
+    console.print(breakdown)
+    console.print(_top_table(profile))
+    gpu = profile.get("gpu")
+    if gpu and gpu["memcpy_table"]:
+        console.print(_memcpy_table(gpu["memcpy_table"]))
+    others = [f for f in d["findings"] if f["cls"] != d["bottleneck"]]
+    for finding in others:
+        console.print(f"[dim]also considered: {finding['cls']} ({finding['confidence']:.2f}): "
+                      f"{escape(finding['summary'])}[/]")
+
+
+def _top_table(profile: dict[str, Any]) -> Table:
+    gpu = profile.get("gpu")
+    if gpu:
+        table = Table(title=f"top kernels ({gpu['kernels_per_step']:.0f} per step, "
+                      f"{gpu['short_kernel_count_pct']:.0f}% shorter than 10 µs)", title_justify="left")
+        for column in ("kernel", "kind", "per step", "ms/step", "mean µs", "share"):
+            table.add_column(column, justify="left" if column in ("kernel", "kind") else "right")
+        for row in gpu["kernel_table"]:
+            table.add_row(escape(row["name"][:70]), row["kind"], _num(row["count_per_step"]), _num(row["ms_per_step"], 3),
+                          _num(row["mean_us"]), f"{_num(row['share_pct'])}%")
+        return table
+    host = profile["host"]
+    table = Table(title=f"top CPU ops by self time ({host['ops_per_step']:.0f} ops per step)", title_justify="left")
+    for column in ("op", "calls/step", "self ms/step", "mean µs", "share"):
+        table.add_column(column, justify="left" if column == "op" else "right")
+    for row in host["op_table"]:
+        table.add_row(escape(row["name"][:70]), _num(row["calls_per_step"]), _num(row["self_ms_per_step"], 3),
+                      _num(row["mean_self_us"]), f"{_num(row['share_pct'])}%")
+    return table
+
+
+def _memcpy_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="memory copies", title_justify="left")
+    for column in ("kind", "per step", "ms/step", "MB/step", "GB/s", "overlap with compute"):
+        table.add_column(column, justify="left" if column == "kind" else "right")
+    for row in rows:
+        table.add_row(row["kind"], _num(row["count_per_step"]), _num(row["ms_per_step"], 3), _num(row["mb_per_step"]),
+                      _num(row["gbps"]), f"{_num(row['overlap_with_compute_pct'])}%")
+    return table
+
+
+def diagnosis_markdown(diag: Union[Diagnosis, dict]) -> str:
+    """The diagnosis as a Markdown section (## Diagnosis) for the run's report.md."""
+    d = _as_dict(diag)
+    profile = d["profile"]
+    flags = _lever_flags()
+    lines = ["## Diagnosis", "",
+             f"**{d['bottleneck']}** (confidence {d['confidence']:.2f}): {d['headline']}", "",
+             f"{profile['device']} trace, {profile['steps']} profiled steps, {profile['step_ms']:.2f} ms per step.", ""]
+    if d["evidence"]:
+        lines += ["| evidence | value |", "|---|---|"]
+        lines += [f"| {key} | {_num(value)} |" for key, value in d["evidence"].items()]
+        lines.append("")
+    if d["levers"]:
+        lines.append("Levers to try, best first:")
+        lines += [f"{rank}. `{lever}` ({flags.get(lever, 'see perflab levers')})"
+                  for rank, lever in enumerate(d["levers"], 1)]
+        lines.append("")
+    lines += [f"- {advice}" for advice in d["advice"]]
+    if d["advice"]:
+        lines.append("")
+    lines += ["| where the time goes | share |", "|---|---|"]
+    lines += [f"| {label} | {_num(pct)}% |" for label, pct in _breakdown(profile)]
+    lines.append("")
+    gpu = profile.get("gpu")
+    if gpu and gpu["kernel_table"]:
+        lines += ["| top kernel | kind | per step | ms/step | mean µs | share |", "|---|---|---|---|---|---|"]
+        lines += [f"| `{row['name'][:60]}` | {row['kind']} | {_num(row['count_per_step'])} | "
+                  f"{_num(row['ms_per_step'], 3)} | {_num(row['mean_us'])} | {_num(row['share_pct'])}% |"
+                  for row in gpu["kernel_table"][:5]]
+        lines.append("")
+    others = [f for f in d["findings"] if f["cls"] != d["bottleneck"]]
+    if others:
+        lines.append("Also considered: " + "; ".join(f"{f['cls']} ({f['confidence']:.2f})" for f in others) + ".")
+        lines.append("")
+    return "\n".join(lines)
