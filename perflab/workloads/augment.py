@@ -90,20 +90,36 @@ class BatchAugment:
         """uint8 (B, C, H, W) -> float32 (B, C, S, S): crop, resize, rotate, blur, normalise."""
         if images.dim() != 4:
             raise ValueError(f"BatchAugment expects a (B, C, H, W) batch, got shape {tuple(images.shape)}")
+        return self.apply(images, self.draw(images))
+
+    def draw(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-sample random parameters for a batch, drawn on its device: crop corner, angle, blur sigma."""
+        batch, _, height, width = images.shape
+        device, gen, crop = images.device, self.generator(images.device), self.crop_size
+        if crop > min(height, width):
+            raise ValueError(f"crop {crop} is larger than the {height}x{width} images")
+        low, high = self.blur_sigma
+        return {
+            "top": torch.randint(0, height - crop + 1, (batch,), generator=gen, device=device),
+            "left": torch.randint(0, width - crop + 1, (batch,), generator=gen, device=device),
+            "angle_deg": (torch.rand(batch, generator=gen, device=device) * 2 - 1) * self.degrees,
+            "sigma": torch.rand(batch, generator=gen, device=device) * (high - low) + low,
+        }
+
+    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The augmentations with given parameters (deterministic; tests compare devices with it)."""
         pixels = images.float().div_(255)
-        pixels = self.crop_resize_rotate(pixels)
-        pixels = self.blur(pixels)
+        pixels = self.crop_resize_rotate(pixels, params["top"], params["left"], params["angle_deg"])
+        pixels = self.blur(pixels, params["sigma"])
         mean, std = self._mean_std(pixels.device)
         return pixels.sub_(mean).div_(std)
 
-    def crop_resize_rotate(self, pixels: torch.Tensor) -> torch.Tensor:
+    def crop_resize_rotate(self, pixels: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
+                           angle_deg: torch.Tensor) -> torch.Tensor:
+        """One grid_sample for the batch: output pixel -> rotated crop coordinate -> source pixel."""
         batch, channels, height, width = pixels.shape
-        device, gen, crop = pixels.device, self.generator(pixels.device), self.crop_size
-        if crop > min(height, width):
-            raise ValueError(f"crop {crop} is larger than the {height}x{width} images")
-        top = torch.randint(0, height - crop + 1, (batch,), generator=gen, device=device).float()
-        left = torch.randint(0, width - crop + 1, (batch,), generator=gen, device=device).float()
-        angle = (torch.rand(batch, generator=gen, device=device) * 2 - 1) * math.radians(self.degrees)
+        crop = self.crop_size
+        top, left, angle = top.to(pixels.dtype), left.to(pixels.dtype), torch.deg2rad(angle_deg.to(pixels.dtype))
         # Output pixel -> rotated crop coordinate u in [-1, 1] (normalised, align_corners=False).
         cos, sin, zero = torch.cos(angle), torch.sin(angle), torch.zeros_like(angle)
         rotation = torch.stack([torch.stack([cos, -sin, zero], dim=1), torch.stack([sin, cos, zero], dim=1)], dim=1)
@@ -119,14 +135,12 @@ class BatchAugment:
         grid = torch.where(inside_crop, grid, torch.full_like(grid, 2.0))  # rotated-in corners read zeros
         return F.grid_sample(pixels, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
-    def blur(self, pixels: torch.Tensor) -> torch.Tensor:
+    def blur(self, pixels: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         """Separable Gaussian blur with a per-sample sigma: two depthwise convolutions over B*C channels."""
         batch, channels, height, width = pixels.shape
-        gen, radius = self.generator(pixels.device), self.blur_kernel // 2
-        low, high = self.blur_sigma
-        sigma = torch.rand(batch, 1, generator=gen, device=pixels.device) * (high - low) + low
+        radius = self.blur_kernel // 2
         offsets = torch.arange(self.blur_kernel, device=pixels.device, dtype=pixels.dtype) - radius
-        kernel = torch.exp(-0.5 * (offsets / sigma) ** 2)
+        kernel = torch.exp(-0.5 * (offsets / sigma.to(pixels.dtype).view(batch, 1)) ** 2)
         kernel = (kernel / kernel.sum(dim=1, keepdim=True)).repeat_interleave(channels, dim=0)
         flat = F.pad(pixels.reshape(1, batch * channels, height, width), [radius] * 4, mode="reflect")
         flat = F.conv2d(flat, kernel.view(-1, 1, self.blur_kernel, 1), groups=batch * channels)

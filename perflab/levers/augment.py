@@ -1,0 +1,116 @@
+"""--augment cpu|gpu|gpu-stream: where a workload's augmentations run (seed 004, part 2).
+
+- cpu: the workload's per-sample pipeline in the dataset (DataLoader workers with --workers N). This is
+  what a workload that declares augmentations does by default; the lever only makes it explicit.
+- gpu: the dataset returns raw uint8 images and the workload's batched `gpu_augment` runs on the run's
+  device, timed as the "augment" phase. On a CPU run it is the same batched transform on CPU tensors
+  (one vectorised call per batch in the main process), which is what the CPU tests exercise.
+- gpu-stream: as gpu, but the copy and augmentation of batch N+1 run on a side CUDA stream while batch
+  N trains (a device feeder, like the stream prefetcher). CUDA only.
+
+The workload's `build(cfg)` reads `cfg.augment` to choose its dataset; this lever checks the workload
+declared support and wires the device side. None of these change the model's numerics (the quality
+gate feeds baseline and candidate the same augmented batches), so none of them trigger the gate; the
+random augmentations themselves differ between the CPU and device paths (different random streams).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from perflab.harness.data import map_tensors
+from perflab.levers import Lever, first_refusal, needs_cuda
+from perflab.levers.data_path import _needs_loader
+from perflab.levers.prefetcher import StreamPrefetcher
+
+INPUT = ("input pipeline", "host-to-device copies")
+
+
+def _needs_augment_support(cfg, workload, device) -> Optional[str]:
+    if not workload.supports_augment:
+        return (f"{workload.name} declares no augmentations (Workload.supports_augment is False); "
+                "use a workload that does, e.g. --workload augment or driving")
+    if cfg.augment in ("gpu", "gpu-stream") and workload.gpu_augment is None:
+        return (f"{workload.name} has no batched gpu_augment; its build(cfg) must set Workload.gpu_augment "
+                "when cfg.augment is gpu or gpu-stream")
+    return None
+
+
+def _refuse_two_feeders(cfg, workload, device) -> Optional[str]:
+    if cfg.prefetcher == "stream":
+        return "gpu-stream already copies each batch on its side stream; drop --prefetcher stream"
+    return None
+
+
+def in_memory_format(batch: Any, memory_format: Optional[torch.memory_format]) -> Any:
+    """4-D float tensors of a batch in `memory_format` (channels-last), others untouched."""
+    if memory_format is None:
+        return batch
+    return map_tensors(batch, lambda t: t.contiguous(memory_format=memory_format)
+                       if t.dim() == 4 and t.is_floating_point() else t)
+
+
+def device_augment(plan) -> Callable[[Any], Any]:
+    """The workload's batched augmentation, with its output in the plan's memory format."""
+    augment = plan.workload.gpu_augment
+    return lambda batch: in_memory_format(augment(batch), plan.memory_format)
+
+
+class AugmentingPrefetcher(StreamPrefetcher):
+    """Copies batch N+1 to the device and augments it on a side stream while batch N trains.
+
+    StreamPrefetcher provides the stream semantics: the compute stream waits on the side stream before
+    it takes a batch, and `record_stream` keeps the augmented tensors' memory from being reused by the
+    side stream while compute still reads them. Intermediates (the uint8 copy) live and die on the side
+    stream, so they need no record.
+    """
+
+    def __init__(self, host_batches: Iterator[Any], device: torch.device, augment: Callable[[Any], Any]):
+        super().__init__(host_batches, device)
+        self.augment = augment
+        # Anything the augmentation reads that was made on the compute stream must be ready first.
+        self.copy_stream.wait_stream(torch.cuda.current_stream(device))
+
+    def _preload(self) -> None:
+        super()._preload()
+        with torch.cuda.stream(self.copy_stream):
+            self.pending = self.augment(self.pending)
+
+
+def _apply_cpu(plan, cfg) -> None:
+    plan.notes.append("augment cpu: per-sample augmentations run in the dataset (add --workers N to parallelise)")
+
+
+def _apply_gpu(plan, cfg) -> None:
+    plan.gpu_transform = device_augment(plan)
+
+
+def _apply_gpu_stream(plan, cfg) -> None:
+    plan.pin_memory = True
+    augment = device_augment(plan)
+    plan.device_feeder = lambda host_batches: AugmentingPrefetcher(host_batches, plan.device, augment)
+    plan.notes.append("augment gpu-stream: augmentation runs on a side stream, overlapped with the step; "
+                      "it shows in no phase of its own")
+
+
+def _augment_is(mode: str):
+    return lambda cfg: cfg.augment == mode
+
+
+LEVERS = [
+    Lever("augment-cpu", "--augment cpu", "per-sample augmentation on the CPU, in the dataset / DataLoader workers",
+          "a workload that declares augmentations", ("input pipeline",), 16, _augment_is("cpu"),
+          _needs_augment_support, _apply_cpu),
+    Lever("augment-gpu", "--augment gpu",
+          "batched, vectorised augmentation on the device (per-sample randomness); uint8 host batches",
+          "a workload with a batched gpu_augment (on a CPU run: the same batched transform on the CPU)",
+          INPUT, 16, _augment_is("gpu"), _needs_augment_support, _apply_gpu),
+    Lever("augment-gpu-stream", "--augment gpu-stream",
+          "batched device augmentation of the next batch on a side CUDA stream, overlapped with the step",
+          "CUDA, a DataLoader data source, a workload with a batched gpu_augment", INPUT, 16,
+          _augment_is("gpu-stream"),
+          first_refusal(needs_cuda("--augment gpu-stream"), _needs_augment_support,
+                        _needs_loader("--augment gpu-stream"), _refuse_two_feeders),
+          _apply_gpu_stream),
+]
