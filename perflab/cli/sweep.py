@@ -1,0 +1,131 @@
+"""perflab sweep: run a grid of configurations (comma lists) or --auto-batch, one saved point at a time."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from perflab.cli import console, err_console
+from perflab.cli._options import add_run_options, grid_from_args
+from perflab.errors import PerflabError
+from perflab.report.terminal import fmt
+from perflab.sweep import SweepObserver, SweepSummary, read_rows, run_auto_batch, run_sweep
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "sweep", help="run a grid of configs (comma lists) or --auto-batch; plots and the best point",
+        description="Run every combination of the comma-separated options (e.g. --batch 8,16,32 --precision "
+                    "fp32,bf16). Each finished point is appended to <out>/sweep.jsonl at once; an "
+                    "out-of-memory point is recorded as 'oom' and the sweep goes on; --resume skips finished "
+                    "points. Plots throughput, p50/p95 latency and peak memory against the batch size.")
+    add_run_options(parser, lists=True)
+    group = parser.add_argument_group("sweep")
+    group.add_argument("--auto-batch", action="store_true",
+                       help="double the batch (from --batch or the workload default) until out of memory or "
+                            "throughput grows by less than --growth-pct")
+    group.add_argument("--growth-pct", type=float, default=5.0, metavar="PCT",
+                       help="auto-batch stops when doubling gains less than this (default: 5)")
+    group.add_argument("--max-batch", type=int, default=4096, metavar="N", help="auto-batch upper bound")
+    group.add_argument("--max-p95-ms", type=float, default=None, metavar="MS",
+                       help="also name the fastest point whose p95 step latency is at most MS")
+    group.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping finished points")
+    parser.set_defaults(handler=handle)
+
+
+class RichSweepProgress(SweepObserver):
+    """One bar over points; each finished point printed as a line above it."""
+
+    def __init__(self):
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console)
+        self.task = self.progress.add_task("sweep", total=None)
+
+    def __enter__(self) -> "RichSweepProgress":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def begin(self, total: Optional[int], already_done: int) -> None:
+        self.progress.update(self.task, total=total)
+        if already_done:
+            self.progress.console.print(f"[dim]resuming: {already_done} point(s) already done[/]")
+
+    def point_started(self, label: str) -> None:
+        self.progress.update(self.task, description=f"sweep: {label}")
+
+    def point_finished(self, row: dict[str, Any], reused: bool) -> None:
+        self.progress.advance(self.task)
+        self.progress.console.print(f"  {row['label']}: {_status_text(row)}" + (" [dim](recorded)[/]" if reused else ""),
+                                    highlight=False)
+
+
+def _status_text(row: dict[str, Any]) -> str:
+    if row["status"] == "ok":
+        return f"{fmt(row['throughput'])} samples/s, p95 {fmt(row['p95_ms'], 2)} ms"
+    return f"[red]{row['status']}[/]: {row.get('error') or ''}"
+
+
+def handle(args: argparse.Namespace) -> int:
+    configs, axes = grid_from_args(args)
+    out = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-sweep"
+    command = ["perflab"] + sys.argv[1:]
+    common = dict(resume=args.resume, max_p95_ms=args.max_p95_ms, command=command)
+    try:
+        with RichSweepProgress() as progress:
+            if args.auto_batch:
+                if "batch_size" in axes:
+                    raise PerflabError("--auto-batch doubles the batch itself; give at most one --batch (the start)")
+                summary = run_auto_batch(configs, out, args.growth_pct, args.max_batch, axes=axes,
+                                         observer=progress, **common)
+            else:
+                summary = run_sweep(configs, out, axes=axes, observer=progress, **common)
+    except KeyboardInterrupt:
+        done = len(read_rows(out)) if (out / "sweep.jsonl").exists() else 0
+        err_console.print(f"[yellow]interrupted[/]: {done} finished point(s) are kept in {out}/sweep.jsonl; "
+                          f"run the same command with --resume --out {out} to continue")
+        return 130
+    print_summary(summary)
+    if summary.rows and all(row["status"] == "error" for row in summary.rows):
+        raise PerflabError(f"every point failed; the first: {summary.rows[0]['error']}")
+    return 0
+
+
+def print_summary(summary: SweepSummary) -> None:
+    params = list(dict.fromkeys(name for row in summary.rows for name in row["params"]))
+    table = Table(title=f"sweep · {len(summary.rows)} points · {summary.out}", title_justify="left")
+    for name in ["#"] + params + ["status", "samples/s", "p50 ms", "p95 ms", "peak MiB", "MFU %"]:
+        table.add_column(name.replace("_size", ""), justify="right")
+    for row in summary.rows:
+        mark = " ★" if summary.best and row["key"] == summary.best["key"] else ""
+        ok = row["status"] == "ok"
+        table.add_row(str(row["index"]), *[_cell(row["params"].get(name)) for name in params], row["status"],
+                      (fmt(row["throughput"]) + mark) if ok else "", fmt(row.get("p50_ms"), 2) if ok else "",
+                      fmt(row.get("p95_ms"), 2) if ok else "", fmt(row.get("peak_memory_mb"), 0) if ok else "",
+                      fmt(row.get("mfu_pct")) if ok else "")
+    console.print(table)
+    if summary.best:
+        console.print(f"best throughput: [bold]{summary.best['label']}[/] "
+                      f"({fmt(summary.best['throughput'])} samples/s)", highlight=False)
+    if summary.max_p95_ms is not None:
+        bounded = summary.best_under_bound
+        text = (f"[bold]{bounded['label']}[/] ({fmt(bounded['throughput'])} samples/s, p95 "
+                f"{fmt(bounded['p95_ms'], 2)} ms)" if bounded else "[red]no point meets the bound[/]")
+        console.print(f"best with p95 ≤ {summary.max_p95_ms:g} ms: {text}", highlight=False)
+    for path in summary.plots.values():
+        console.print(f"plot: {summary.out / path}")
+    console.print(f"saved [bold]{summary.out}/sweep.jsonl[/] and sweep.csv; `perflab report {summary.out}` "
+                  "writes report.md and report.html")
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)

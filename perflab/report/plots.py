@@ -1,0 +1,139 @@
+"""PNG plots (matplotlib's Agg canvas, no display needed): sweep curves and step-time breakdowns."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from matplotlib.figure import Figure
+
+PHASE_ORDER = ["data_wait", "h2d", "augment", "forward", "backward", "optimizer", "step", "checkpoint",
+               "unattributed"]
+PHASE_COLORS = {"data_wait": "#d62728", "h2d": "#ff7f0e", "augment": "#bcbd22", "forward": "#1f77b4",
+                "backward": "#2ca02c", "optimizer": "#9467bd", "step": "#17becf", "checkpoint": "#8c564b",
+                "unattributed": "#c7c7c7"}
+DPI = 110
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
+
+
+def _x_axis(rows: Sequence[dict[str, Any]], axes: Sequence[str]) -> str:
+    return "batch_size" if "batch_size" in axes or not axes else axes[0]
+
+
+def _series(rows: Sequence[dict[str, Any]], axes: Sequence[str], x_name: str) -> dict[str, list[dict[str, Any]]]:
+    """Rows grouped by the values of every swept axis except the x axis: one line per group."""
+    others = [name for name in axes if name != x_name]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        label = ", ".join(f"{name.replace('_size', '')}={_text(row['params'].get(name))}" for name in others)
+        groups.setdefault(label or "all", []).append(row)
+    return groups
+
+
+def _numeric(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def _line_plot(rows: Sequence[dict[str, Any]], axes: Sequence[str], path: Path, title: str, ylabel: str,
+               curves: Sequence[tuple[str, str, str]]) -> Path:
+    """One line per group and per (metric key, suffix, linestyle) in `curves`; OOM points marked with x."""
+    x_name = _x_axis(rows, axes)
+    fig = Figure(figsize=(7, 4.2), dpi=DPI)
+    ax = fig.subplots()
+    xs_all = [row["params"].get(x_name) for row in rows]
+    numeric = _numeric(xs_all)
+    for color_index, (group, members) in enumerate(_series(rows, axes, x_name).items()):
+        color = f"C{color_index % 10}"
+        ok = [row for row in members if row["status"] == "ok"]
+        if numeric:
+            ok.sort(key=lambda row: row["params"][x_name])
+        xs = [row["params"][x_name] if numeric else _text(row["params"][x_name]) for row in ok]
+        for key, suffix, style in curves:
+            ys = [row.get(key) for row in ok]
+            if xs and all(y is not None for y in ys):
+                ax.plot(xs, ys, style, color=color, marker="o", label=f"{group}{suffix}")
+        oom = [row["params"][x_name] if numeric else _text(row["params"][x_name]) for row in members
+               if row["status"] == "oom"]
+        if oom:
+            ax.plot(oom, [0] * len(oom), linestyle="none", marker="x", markersize=10, color=color,
+                    label=f"{group}: out of memory")
+    if numeric and xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 4:
+        ax.set_xscale("log", base=2)
+        ticks = sorted(set(xs_all))
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_xlabel(x_name.replace("_", " "))
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def sweep_plots(rows: Sequence[dict[str, Any]], axes: Sequence[str], out: Path) -> dict[str, Path]:
+    """Throughput, p50/p95 latency and peak memory against the batch size (or the first swept axis)."""
+    out = Path(out)
+    x_name = _x_axis(rows, axes).replace("_size", "")
+    memory_kind = next((row.get("memory_kind") for row in rows if row["status"] == "ok"), "peak memory")
+    return {
+        "throughput": _line_plot(rows, axes, out / f"throughput_vs_{x_name}.png", f"throughput vs {x_name}",
+                                 "samples/s (median of trials)", [("throughput", "", "-")]),
+        "latency": _line_plot(rows, axes, out / f"latency_vs_{x_name}.png", f"step latency vs {x_name}",
+                              "ms per step", [("p50_ms", " p50", "-"), ("p95_ms", " p95", "--")]),
+        "memory": _line_plot(rows, axes, out / f"memory_vs_{x_name}.png", f"peak memory vs {x_name}",
+                             f"MiB ({memory_kind})", [("peak_memory_mb", "", "-")]),
+    }
+
+
+def phase_breakdown_plot(breakdowns: dict[str, dict[str, float]], path: Path,
+                         title: str = "step-time breakdown (mean per step)") -> Path:
+    """One horizontal stacked bar per label (a run, or base and candidate) of phase milliseconds."""
+    names = sorted({name for phases in breakdowns.values() for name in phases},
+                   key=lambda n: (PHASE_ORDER.index(n) if n in PHASE_ORDER else len(PHASE_ORDER), n))
+    fig = Figure(figsize=(7, 1.2 + 0.7 * len(breakdowns)), dpi=DPI)
+    ax = fig.subplots()
+    labels = list(breakdowns)
+    left = [0.0] * len(labels)
+    for index, name in enumerate(names):
+        widths = [breakdowns[label].get(name, 0.0) for label in labels]
+        ax.barh(labels, widths, left=left, label=name, color=PHASE_COLORS.get(name, f"C{index % 10}"))
+        left = [a + b for a, b in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, bbox_inches="tight")
+    return path
+
+
+def latency_histogram(step_ms: dict[str, Sequence[float]], path: Path) -> Optional[Path]:
+    """Distribution of per-step latency (one histogram per label), with p50 and p95 marked."""
+    import numpy as np
+
+    values = {label: list(ms) for label, ms in step_ms.items() if len(ms)}
+    if not values:
+        return None
+    fig = Figure(figsize=(7, 3.4), dpi=DPI)
+    ax = fig.subplots()
+    everything = np.concatenate([np.asarray(v) for v in values.values()])
+    bins = np.linspace(everything.min(), everything.max() or 1.0, 40)
+    for index, (label, ms) in enumerate(values.items()):
+        color = f"C{index}"
+        ax.hist(ms, bins=bins, alpha=0.5, color=color, label=label)
+        for point, style in ((50, "-"), (95, "--")):
+            ax.axvline(float(np.percentile(ms, point)), color=color, linestyle=style, linewidth=1)
+    ax.set_xlabel("ms per step (solid: p50, dashed: p95)")
+    ax.set_ylabel("steps")
+    ax.set_title("per-step latency")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+

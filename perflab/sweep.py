@@ -1,0 +1,369 @@
+"""Sweeps: run a grid of configs (or double the batch until it stops paying), one saved point at a time.
+
+Layout of a sweep directory:
+
+    sweep.json                  what was swept, the base config, the best points (rewritten as it goes)
+    sweep.jsonl                 one line per finished point, appended and fsynced at once
+    sweep.csv                   the same rows as a table (rewritten after each point)
+    points/<label>/result.json  each successful point's full result
+    *.png                       throughput, latency and memory vs batch
+
+A point is identified by a hash of its resolved config, so `resume` skips exactly the points already
+recorded (ok or oom) and a kill at any moment loses at most the point that was running.
+"""
+from __future__ import annotations
+
+import csv
+import gc
+import hashlib
+import io
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+
+import torch
+
+import perflab
+from perflab.checkpoint import checkpoint_hooks
+from perflab.config import RunConfig
+from perflab.errors import PerflabError
+from perflab.harness.progress import Reporter
+from perflab.harness.runner import resolve_config
+from perflab.results import Result, write_json_atomic
+
+SWEEP_JSON = "sweep.json"
+SWEEP_JSONL = "sweep.jsonl"
+SWEEP_CSV = "sweep.csv"
+POINTS_DIR = "points"
+DONE_STATUSES = ("ok", "oom")
+CSV_METRICS = ["throughput", "throughput_ci_low", "throughput_ci_high", "p50_ms", "p95_ms", "p99_ms",
+               "peak_memory_mb", "gpu_util_pct", "mfu_pct", "quality", "elapsed_s", "error"]
+_OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
+                     torch.cuda.OutOfMemoryError})
+
+
+class SweepObserver:
+    """Progress callbacks; the CLI draws them as a progress bar, the library ignores them."""
+
+    def begin(self, total: Optional[int], already_done: int) -> None:
+        pass
+
+    def point_started(self, label: str) -> None:
+        pass
+
+    def point_finished(self, row: dict[str, Any], reused: bool) -> None:
+        pass
+
+
+@dataclass
+class SweepSummary:
+    """What a sweep produced: every row (finished points), the best ones, and the files written."""
+
+    out: Path
+    axes: list[str]
+    rows: list[dict[str, Any]]
+    best: Optional[dict[str, Any]]
+    best_under_bound: Optional[dict[str, Any]]
+    max_p95_ms: Optional[float]
+    plots: dict[str, str] = field(default_factory=dict)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """torch's OutOfMemoryError, or the RuntimeError older code paths raise with 'out of memory'."""
+    return isinstance(err, _OOM_ERRORS) or (isinstance(err, RuntimeError) and "out of memory" in str(err))
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def point_key(cfg: RunConfig) -> str:
+    """A stable id of a resolved config (everything but its output directory)."""
+    data = cfg.to_dict()
+    data.pop("out", None)
+    return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
+
+
+def point_params(cfg: RunConfig, axes: Sequence[str]) -> dict[str, Any]:
+    """The swept values of a point, always including the batch size."""
+    data = cfg.to_dict()
+    names = list(axes) + ([] if "batch_size" in axes else ["batch_size"])
+    return {name: data[name] for name in names}
+
+
+def point_label(cfg: RunConfig, axes: Sequence[str]) -> str:
+    short = {"batch_size": "batch", "precision": "", "workers": "workers", "pin_memory": "pin"}
+    parts = [f"{short.get(name, name)}{'' if short.get(name) == '' else '='}{_value_text(value)}"
+             for name, value in point_params(cfg, axes).items()]
+    return " ".join(parts)
+
+
+def _dir_name(label: str, key: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-." else "_" for c in label.replace(" ", "_").replace("=", "-"))
+    return f"{safe}-{key[:6]}"
+
+
+def result_row(result: Result) -> dict[str, Any]:
+    """The flat summary of one point's result that sweep.jsonl and sweep.csv hold."""
+    m = result.metrics
+    throughput = m["throughput_samples_per_s"]
+    memory = m.get("memory") or {}
+    gpu = m.get("gpu") or {}
+    flops = m.get("flops") or {}
+    return {
+        "throughput": throughput["median"],
+        "throughput_ci_low": throughput.get("ci95_low"),
+        "throughput_ci_high": throughput.get("ci95_high"),
+        "p50_ms": m["latency_ms"]["p50"],
+        "p95_ms": m["latency_ms"]["p95"],
+        "p99_ms": m["latency_ms"].get("p99"),
+        "peak_memory_mb": memory.get("peak_allocated_mb", memory.get("host_peak_rss_mb")),
+        "memory_kind": "GPU peak allocated" if "peak_allocated_mb" in memory else "host peak RSS (process)",
+        "gpu_util_pct": gpu.get("util_mean_pct"),
+        "mfu_pct": flops.get("mfu_pct"),
+        "quality": (result.quality or {}).get("verdict"),
+    }
+
+
+def read_rows(path: Union[str, Path]) -> list[dict[str, Any]]:
+    """Rows of a sweep.jsonl; a partial last line (a kill during a write) is ignored; last write of a key wins."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SWEEP_JSONL
+    if not path.is_file():
+        raise PerflabError(f"no sweep at {path}: give a directory made by `perflab sweep`")
+    lines = path.read_text().splitlines()
+    rows: dict[str, dict[str, Any]] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break  # interrupted while appending: that point was not finished
+            raise PerflabError(f"{path} line {number} is not valid JSON; delete that line and resume") from None
+        rows[row["key"]] = row
+    return sorted(rows.values(), key=lambda row: row["index"])
+
+
+def _trim_partial_line(path: Path) -> None:
+    """Cut a trailing partial line so that appended rows start on a line of their own."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as stream:
+            stream.truncate(data.rfind(b"\n") + 1)
+
+
+def best_points(rows: Iterable[dict[str, Any]], max_p95_ms: Optional[float] = None
+                ) -> tuple[Optional[dict[str, Any]], Optional[dict[str, Any]]]:
+    """The fastest point by throughput, and the fastest whose p95 step latency is within the bound."""
+    ok = [row for row in rows if row["status"] == "ok"]
+    best = max(ok, key=lambda row: row["throughput"], default=None)
+    if max_p95_ms is None:
+        return best, None
+    bounded = [row for row in ok if row["p95_ms"] <= max_p95_ms]
+    return best, max(bounded, key=lambda row: row["throughput"], default=None)
+
+
+class Sweep:
+    """A sweep directory being filled: runs points (or reuses recorded ones) and records each at once."""
+
+    def __init__(self, out: Union[str, Path], axes: Sequence[str], resume: bool = False,
+                 max_p95_ms: Optional[float] = None, observer: Optional[SweepObserver] = None,
+                 command: Optional[list[str]] = None, reporter_factory: Callable[[], Reporter] = Reporter,
+                 description: Optional[dict[str, Any]] = None):
+        self.out = Path(out)
+        self.axes = list(axes)
+        self.max_p95_ms = max_p95_ms
+        self.observer = observer or SweepObserver()
+        self.command = command or []
+        self.reporter_factory = reporter_factory
+        self.description = description or {}
+        self.jsonl = self.out / SWEEP_JSONL
+        self._prepare(resume)
+        self.rows: dict[str, dict[str, Any]] = {row["key"]: row for row in read_rows(self.jsonl)} \
+            if self.jsonl.exists() else {}
+        self.next_index = max((row["index"] for row in self.rows.values()), default=-1) + 1
+        self._write_meta()
+
+    def _prepare(self, resume: bool) -> None:
+        if self.out.exists() and not self.out.is_dir():
+            raise PerflabError(f"--out {self.out} exists and is not a directory; choose another --out")
+        if self.jsonl.exists() and not resume:
+            raise PerflabError(f"--out {self.out} already holds a sweep; add --resume to continue it, "
+                               "or choose another --out")
+        try:
+            (self.out / POINTS_DIR).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise PerflabError(f"cannot write to --out {self.out}: {err.strerror}") from None
+        _trim_partial_line(self.jsonl)
+
+    @property
+    def done(self) -> list[dict[str, Any]]:
+        return sorted(self.rows.values(), key=lambda row: row["index"])
+
+    def point(self, config: RunConfig) -> dict[str, Any]:
+        """Run one point, or return its recorded row if it was finished before (ok or oom)."""
+        cfg = resolve_config(config, None)
+        key = point_key(cfg)
+        recorded = self.rows.get(key)
+        if recorded is not None and recorded["status"] in DONE_STATUSES:
+            self.observer.point_finished(recorded, reused=True)
+            return recorded
+        label = point_label(cfg, self.axes)
+        self.observer.point_started(label)
+        row = self._measure(cfg, key, label)
+        self._record(row)
+        self.observer.point_finished(row, reused=False)
+        return row
+
+    def _measure(self, cfg: RunConfig, key: str, label: str) -> dict[str, Any]:
+        point_dir = self.out / POINTS_DIR / _dir_name(label, key)
+        point_dir.mkdir(parents=True, exist_ok=True)
+        row: dict[str, Any] = {"index": self.next_index, "key": key, "label": label,
+                               "params": point_params(cfg, self.axes), "config": cfg.to_dict()}
+        began = time.perf_counter()
+        failure: Optional[tuple[str, str]] = None
+        try:
+            result = perflab.run(cfg.workload, cfg.replace(out=str(point_dir)), reporter=self.reporter_factory(),
+                                 command=self.command, hooks=checkpoint_hooks(cfg, point_dir))
+            result.save(point_dir)
+        except PerflabError as err:
+            failure = ("error", str(err))
+        except (RuntimeError, MemoryError) as err:
+            if not is_out_of_memory(err):
+                shutil.rmtree(point_dir, ignore_errors=True)
+                raise
+            failure = ("oom", str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+        except BaseException:
+            shutil.rmtree(point_dir, ignore_errors=True)
+            raise
+        # Outside the except block, so the traceback (and the tensors its frames hold) can be freed.
+        if failure is not None:
+            shutil.rmtree(point_dir, ignore_errors=True)
+            free_memory()
+            row.update(status=failure[0], error=failure[1], dir=None)
+        else:
+            row.update(status="ok", error=None, dir=str(point_dir.relative_to(self.out)), **result_row(result))
+            del result
+            free_memory()
+        row["elapsed_s"] = time.perf_counter() - began
+        return row
+
+    def _record(self, row: dict[str, Any]) -> None:
+        with open(self.jsonl, "a") as stream:
+            stream.write(json.dumps(row, allow_nan=True) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        self.rows[row["key"]] = row
+        self.next_index += 1
+        self._write_csv()
+        self._write_meta()
+
+    def _write_csv(self) -> None:
+        params = list(dict.fromkeys(name for row in self.done for name in row["params"]))
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(["index", "label", "status"] + params + CSV_METRICS)
+        for row in self.done:
+            writer.writerow([row["index"], row["label"], row["status"]]
+                            + [_value_text(row["params"].get(name)) for name in params]
+                            + ["" if row.get(name) is None else row[name] for name in CSV_METRICS])
+        temp = self.out / f".{SWEEP_CSV}.tmp"
+        temp.write_text(buffer.getvalue())
+        os.replace(temp, self.out / SWEEP_CSV)
+
+    def _write_meta(self, plots: Optional[dict[str, str]] = None) -> None:
+        best, bounded = best_points(self.done, self.max_p95_ms)
+        meta = {"kind": "sweep", "axes": self.axes, "command": self.command, "max_p95_ms": self.max_p95_ms,
+                "points_done": len(self.rows), "best": best and best["key"],
+                "best_under_bound": bounded and bounded["key"], "plots": plots or {}, **self.description}
+        write_json_atomic(self.out / SWEEP_JSON, meta)
+
+    def finish(self, plots: bool = True) -> SweepSummary:
+        """Name the best points and draw the plots; safe to call on a partial sweep."""
+        rows = self.done
+        files: dict[str, str] = {}
+        if plots and any(row["status"] == "ok" for row in rows):
+            from perflab.report.plots import sweep_plots
+            files = {name: str(path.relative_to(self.out)) for name, path in sweep_plots(rows, self.axes,
+                                                                                           self.out).items()}
+        self._write_meta(files)
+        best, bounded = best_points(rows, self.max_p95_ms)
+        return SweepSummary(self.out, self.axes, rows, best, bounded, self.max_p95_ms, files)
+
+
+def swept_axes(configs: Sequence[RunConfig]) -> list[str]:
+    """The config fields whose values differ between configs (in RunConfig field order)."""
+    dicts = [cfg.to_dict() for cfg in configs]
+    if not dicts:
+        return []
+    return [name for name in dicts[0] if name != "out"
+            and len({json.dumps(d[name], sort_keys=True, default=str) for d in dicts}) > 1]
+
+
+def _describe(configs: Sequence[RunConfig], kind: str, **extra: Any) -> dict[str, Any]:
+    base = resolve_config(configs[0], None).to_dict()
+    return {"mode": kind, "base_config": base, "points_planned": len(configs) if kind == "grid" else None, **extra}
+
+
+def run_sweep(configs: Sequence[RunConfig], out: Union[str, Path], axes: Optional[Sequence[str]] = None,
+              resume: bool = False, max_p95_ms: Optional[float] = None, observer: Optional[SweepObserver] = None,
+              command: Optional[list[str]] = None, plots: bool = True,
+              reporter_factory: Callable[[], Reporter] = Reporter) -> SweepSummary:
+    """Run every config (skipping those already recorded in `out` when resuming); returns the summary."""
+    if not configs:
+        raise PerflabError("the sweep has no points: give at least one value per option")
+    axes = list(axes) if axes is not None else swept_axes(configs)
+    sweep = Sweep(out, axes, resume, max_p95_ms, observer, command, reporter_factory,
+                  _describe(configs, "grid"))
+    sweep.observer.begin(len(configs), sum(1 for cfg in configs
+                                           if point_key(resolve_config(cfg, None)) in sweep.rows))
+    for cfg in configs:
+        sweep.point(cfg)
+    return sweep.finish(plots)
+
+
+def run_auto_batch(configs: Sequence[RunConfig], out: Union[str, Path], growth_pct: float = 5.0,
+                   max_batch: int = 4096, axes: Optional[Sequence[str]] = None, resume: bool = False,
+                   max_p95_ms: Optional[float] = None, observer: Optional[SweepObserver] = None,
+                   command: Optional[list[str]] = None, plots: bool = True,
+                   reporter_factory: Callable[[], Reporter] = Reporter) -> SweepSummary:
+    """For each config, double the batch from its own (or the workload default) until a point runs out of
+    memory, throughput grows by less than `growth_pct` percent, or the batch would pass `max_batch`."""
+    if not configs:
+        raise PerflabError("the sweep has no points: give at least one value per option")
+    if growth_pct < 0:
+        raise PerflabError(f"--growth-pct must be 0 or more, got {growth_pct}")
+    axes = [name for name in (axes if axes is not None else swept_axes(configs)) if name != "batch_size"]
+    axes = ["batch_size"] + axes
+    sweep = Sweep(out, axes, resume, max_p95_ms, observer, command, reporter_factory,
+                  _describe(configs, "auto-batch", growth_pct=growth_pct, max_batch=max_batch))
+    sweep.observer.begin(None, 0)
+    for base in configs:
+        batch = resolve_config(base, None).batch_size
+        previous: Optional[float] = None
+        while batch <= max_batch:
+            row = sweep.point(base.replace(batch_size=batch))
+            if row["status"] != "ok":
+                break
+            if previous is not None and row["throughput"] < previous * (1 + growth_pct / 100):
+                break
+            previous = row["throughput"]
+            batch *= 2
+    return sweep.finish(plots)
