@@ -40,7 +40,7 @@ def handle_workloads(args: argparse.Namespace) -> int:
 def handle_levers(args: argparse.Namespace) -> int:
     table = Table(title="levers", title_justify="left")
     for column in ("name", "flag", "what it does", "needs", "addresses"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("name", "flag"))
     for lever in all_levers():
         table.add_row(lever.name, lever.flag, lever.summary, lever.needs, ", ".join(lever.addresses))
     console.print(table)
