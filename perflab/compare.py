@@ -1,0 +1,343 @@
+"""Compare a baseline run with a candidate: the seed 002 performance report and an accept/reject decision.
+
+Statistics: each change comes with a 95% percentile-bootstrap confidence interval of the ratio
+candidate/base of a statistic, resampling each side independently (seeded, so reports are reproducible):
+throughput resamples the per-trial throughputs (statistic: median), latency resamples the per-step
+latencies pooled over trials (statistic: p50 or p95). A change is significant when its interval excludes
+zero. The decision:
+
+1. the candidate failed its quality gate -> reject, whatever the speed;
+2. throughput significantly lower by more than the minimum effect -> reject (a regression);
+3. throughput significantly higher by more than the minimum effect -> accept;
+4. anything else -> no significant change (a speed-up inside the noise is not a win).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from perflab.errors import PerflabError
+from perflab.results import Result, resolve_result_path, write_json_atomic
+
+COMPARE_FILE = "compare.json"
+CONFIDENCE = 0.95
+RESAMPLES = 4000
+MIN_EFFECT_PCT = 2.0
+METHOD = (f"{int(CONFIDENCE * 100)}% percentile-bootstrap confidence interval ({RESAMPLES} resamples, seeded) "
+          "of the candidate/base ratio: throughput from per-trial values (median), latency from per-step "
+          "values pooled over trials (p50, p95); significant when the interval excludes no change")
+# Config fields that say where or how a run was stored, not what was measured.
+IGNORED_CONFIG = {"out", "resume_from", "checkpoint_every"}
+
+
+@dataclass
+class MetricChange:
+    """One row of the report: both values, the change, and its confidence interval when trials allow one."""
+
+    name: str
+    unit: str
+    better: str  # "higher" or "lower"
+    base: Optional[float]
+    candidate: Optional[float]
+    change_pct: Optional[float] = None
+    ci_low_pct: Optional[float] = None
+    ci_high_pct: Optional[float] = None
+    significant: Optional[bool] = None  # None: no interval (a single value per side)
+    note: str = ""
+
+    @property
+    def improved(self) -> bool:
+        return bool(self.significant) and ((self.change_pct or 0) > 0) == (self.better == "higher")
+
+
+@dataclass
+class Comparison:
+    base: dict[str, Any]  # path, label, config, environment, levers, metrics needed by reports
+    candidate: dict[str, Any]
+    metrics: list[MetricChange]
+    decision: str  # accept | reject | no significant change
+    reasons: list[str]
+    warnings: list[str]
+    config_changes: dict[str, list[Any]]
+    phases: list[dict[str, Any]]
+    kernels: Optional[list[dict[str, Any]]]
+    kernel_note: str
+    quality: dict[str, Any]
+    method: str = METHOD
+    min_effect_pct: float = MIN_EFFECT_PCT
+    kind: str = "compare"
+
+    def metric(self, name: str) -> MetricChange:
+        return next(m for m in self.metrics if m.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Comparison":
+        data = dict(data)
+        data["metrics"] = [MetricChange(**m) for m in data["metrics"]]
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    def save(self, directory: Union[str, Path]) -> Path:
+        path = Path(directory) / COMPARE_FILE
+        write_json_atomic(path, self.to_dict())
+        return path
+
+
+def load_comparison(path: Union[str, Path]) -> Comparison:
+    path = Path(path)
+    path = path / COMPARE_FILE if path.is_dir() else path
+    try:
+        return Comparison.from_dict(json.loads(path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise PerflabError(f"{path} is not a perflab comparison ({type(err).__name__}); re-run perflab compare") from None
+
+
+def load_result(path: Union[str, Path]) -> Result:
+    """Result.load, with a one-line error for files that parse but do not hold a usable result."""
+    try:
+        result = Result.load(path)
+        trials = result.trials
+        if not trials or not all(trial.step_ms is not None for trial in trials):
+            raise ValueError("no trials")
+        result.metrics["throughput_samples_per_s"]["median"]
+        result.metrics["latency_ms"]["p50"]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise PerflabError(f"{resolve_result_path(path)} is not a complete perflab result (missing trials or "
+                           "metrics); re-run it") from None
+    return result
+
+
+def bootstrap_ratio_ci(base: np.ndarray, candidate: np.ndarray, statistic: Callable, seed: int = 0,
+                       resamples: int = RESAMPLES, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Percentile-bootstrap interval of statistic(candidate) / statistic(base), sides resampled independently."""
+    rng = np.random.default_rng(seed)
+    base_stats = statistic(rng.choice(base, size=(resamples, base.size), replace=True), axis=1)
+    cand_stats = statistic(rng.choice(candidate, size=(resamples, candidate.size), replace=True), axis=1)
+    ratios = cand_stats / base_stats
+    tail = (1 - confidence) / 2 * 100
+    return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
+
+
+def _p95(values: np.ndarray, axis: int) -> np.ndarray:
+    return np.percentile(values, 95, axis=axis)
+
+
+def _p50(values: np.ndarray, axis: int) -> np.ndarray:
+    return np.median(values, axis=axis)
+
+
+def _change(name: str, unit: str, better: str, base: Optional[float], cand: Optional[float],
+            samples: Optional[tuple[list[float], list[float], Callable]] = None, note: str = "") -> MetricChange:
+    row = MetricChange(name, unit, better, base, cand, note=note)
+    if base is None or cand is None or not base:
+        return row
+    row.change_pct = 100 * (cand / base - 1)
+    if samples is None:
+        return row
+    base_values, cand_values, statistic = (np.asarray(samples[0], float), np.asarray(samples[1], float), samples[2])
+    if base_values.size < 2 or cand_values.size < 2:
+        row.note = (note + "; " if note else "") + "one value per side: no interval (use --trials 3 or more)"
+        return row
+    low, high = bootstrap_ratio_ci(base_values, cand_values, statistic)
+    row.ci_low_pct, row.ci_high_pct = 100 * (low - 1), 100 * (high - 1)
+    row.significant = low > 1 or high < 1
+    return row
+
+
+def _memory_mb(result: Result) -> tuple[Optional[float], str]:
+    memory = result.metrics.get("memory") or {}
+    if "peak_allocated_mb" in memory:
+        return memory["peak_allocated_mb"], "peak allocated on the GPU"
+    return memory.get("host_peak_rss_mb"), "host peak RSS of the whole process (coarse)"
+
+
+def metric_changes(base: Result, cand: Result) -> list[MetricChange]:
+    """Throughput, p50/p95 latency, GPU utilisation, peak memory and MFU, base vs candidate."""
+    base_steps = [ms for trial in base.trials for ms in trial.step_ms]
+    cand_steps = [ms for trial in cand.trials for ms in trial.step_ms]
+    base_memory, memory_note = _memory_mb(base)
+    cand_memory, _ = _memory_mb(cand)
+    gpu_base, gpu_cand = (base.metrics.get("gpu") or {}), (cand.metrics.get("gpu") or {})
+    flops_base, flops_cand = (base.metrics.get("flops") or {}), (cand.metrics.get("flops") or {})
+    return [
+        _change("throughput", "samples/s", "higher", base.throughput, cand.throughput,
+                ([t.throughput_samples_per_s for t in base.trials], [t.throughput_samples_per_s for t in cand.trials],
+                 np.median)),
+        _change("p50 latency", "ms/step", "lower", base.metrics["latency_ms"]["p50"], cand.metrics["latency_ms"]["p50"],
+                (base_steps, cand_steps, _p50)),
+        _change("p95 latency", "ms/step", "lower", base.metrics["latency_ms"]["p95"], cand.metrics["latency_ms"]["p95"],
+                (base_steps, cand_steps, _p95)),
+        _change("GPU utilisation", "%", "higher", gpu_base.get("util_mean_pct"), gpu_cand.get("util_mean_pct"),
+                note="NVML mean over the trials; one value per run"),
+        _change("peak memory", "MiB", "lower", base_memory, cand_memory, note=memory_note),
+        _change("MFU", "%", "higher", flops_base.get("mfu_pct"), flops_cand.get("mfu_pct"),
+                note="follows throughput when FLOPs per sample and the peak are the same"),
+    ]
+
+
+def config_changes(base: Result, cand: Result) -> dict[str, list[Any]]:
+    keys = sorted((set(base.config) | set(cand.config)) - IGNORED_CONFIG)
+    return {key: [base.config.get(key), cand.config.get(key)] for key in keys
+            if base.config.get(key) != cand.config.get(key)}
+
+
+def comparability_warnings(base: Result, cand: Result) -> list[str]:
+    """Loud warnings for comparisons across machines, software or workloads."""
+    warnings = []
+    env_b, env_c = base.environment, cand.environment
+    gpu_b = (env_b.get("gpu") or {}).get("name") or f"CPU ({env_b.get('cpu_count')} cores)"
+    gpu_c = (env_c.get("gpu") or {}).get("name") or f"CPU ({env_c.get('cpu_count')} cores)"
+    if gpu_b != gpu_c:
+        warnings.append(f"DIFFERENT HARDWARE: base ran on {gpu_b}, candidate on {gpu_c}; the change mixes the "
+                        "machine with the levers")
+    for key, what in (("torch", "torch versions"), ("cuda_runtime", "CUDA runtimes"), ("driver", "drivers")):
+        if env_b.get(key) != env_c.get(key):
+            warnings.append(f"DIFFERENT {what.upper()}: {env_b.get(key)} vs {env_c.get(key)}")
+    for key in ("workload", "mode"):
+        if base.config.get(key) != cand.config.get(key):
+            warnings.append(f"DIFFERENT {key.upper()}: {base.config.get(key)} vs {cand.config.get(key)}; "
+                            "these runs measure different things")
+    if base.config.get("batch_size") != cand.config.get("batch_size"):
+        warnings.append(f"batch sizes differ ({base.config.get('batch_size')} vs {cand.config.get('batch_size')}): "
+                        "throughput is per sample, but latency is per step of a different batch")
+    return warnings
+
+
+def phase_changes(base: Result, cand: Result) -> list[dict[str, Any]]:
+    """Mean ms per step of every phase, base vs candidate, largest absolute change first."""
+    base_phases, cand_phases = base.metrics.get("phases_ms") or {}, cand.metrics.get("phases_ms") or {}
+    total = cand.metrics["latency_ms"].get("mean", 0.0) - base.metrics["latency_ms"].get("mean", 0.0)
+    rows = []
+    for name in set(base_phases) | set(cand_phases):
+        b, c = base_phases.get(name, 0.0), cand_phases.get(name, 0.0)
+        rows.append({"phase": name, "base_ms": b, "candidate_ms": c, "delta_ms": c - b,
+                     "share_of_change_pct": 100 * (c - b) / total if abs(total) > 1e-9 else None})
+    return sorted(rows, key=lambda row: -abs(row["delta_ms"]))
+
+
+def trace_path(result: Result) -> Optional[Path]:
+    if not result.path:
+        return None
+    directory = Path(result.path).parent
+    names = [result.artifacts.get("trace")] if getattr(result, "artifacts", None) else []
+    for name in names + ["trace.json", "trace.json.gz"]:
+        if name and (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def kernel_ms_per_step(path: Path) -> dict[str, float]:
+    """GPU time per profiled step of each kernel name in a trace (empty for a CPU-only trace)."""
+    from perflab.diagnose.summary import step_window
+    from perflab.diagnose.trace import load_trace
+
+    trace = load_trace(path)
+    kernels = trace.kernels
+    steps = max(step_window(trace)[2], 1)
+    totals = np.bincount(kernels.name_id, weights=kernels.dur_us, minlength=len(kernels.names)) if len(kernels) \
+        else np.zeros(0)
+    return {name: float(totals[i]) / 1e3 / steps for i, name in enumerate(kernels.names) if i < totals.size}
+
+
+def kernel_changes(base: Result, cand: Result, top: int = 12) -> tuple[Optional[list[dict[str, Any]]], str]:
+    """The kernels whose GPU time per step changed most, from both runs' traces (perflab.diagnose.trace)."""
+    paths = trace_path(base), trace_path(cand)
+    if not all(paths):
+        return None, "kernels: not compared (both runs need a trace: record them with `perflab profile`)"
+    try:
+        base_kernels, cand_kernels = kernel_ms_per_step(paths[0]), kernel_ms_per_step(paths[1])
+    except ImportError:
+        return None, "kernels: not compared (this perflab has no trace parser, perflab.diagnose.trace)"
+    except PerflabError as err:
+        return None, f"kernels: not compared ({err})"
+    if not base_kernels and not cand_kernels:
+        return None, "kernels: not compared (the traces hold no GPU kernels: CPU runs)"
+    rows = [{"kernel": name, "base_ms": base_kernels.get(name, 0.0), "candidate_ms": cand_kernels.get(name, 0.0),
+             "delta_ms": cand_kernels.get(name, 0.0) - base_kernels.get(name, 0.0)}
+            for name in set(base_kernels) | set(cand_kernels)]
+    rows.sort(key=lambda row: -abs(row["delta_ms"]))
+    return rows[:top], (f"kernels: GPU time per profiled step from {paths[0].name} and {paths[1].name}; "
+                        f"top {min(top, len(rows))} of {len(rows)} by absolute change")
+
+
+def decide(throughput: MetricChange, quality: Optional[dict[str, Any]], min_effect_pct: float
+           ) -> tuple[str, list[str]]:
+    """accept | reject | no significant change, with the reasons in the order they were weighed."""
+    if quality and quality.get("verdict") == "fail":
+        return "reject", [f"the candidate failed the quality gate: {quality.get('reason', 'no reason recorded')}"]
+    change = throughput.change_pct or 0.0
+    interval = (f"{change:+.1f}% (95% CI {throughput.ci_low_pct:+.1f}% to {throughput.ci_high_pct:+.1f}%)"
+                if throughput.ci_low_pct is not None else f"{change:+.1f}% (no interval)")
+    if throughput.significant and change < -min_effect_pct:
+        return "reject", [f"throughput is significantly lower: {interval}"]
+    if throughput.significant and change > min_effect_pct:
+        reasons = [f"throughput is significantly higher: {interval}"]
+        if quality and quality.get("verdict") == "pass":
+            reasons.append(f"quality gate passed: {quality.get('reason', '')}")
+        return "accept", reasons
+    if throughput.significant is None:
+        return "no significant change", [f"throughput {interval}: too few trials to tell a change from noise"]
+    if throughput.significant:
+        return "no significant change", [f"throughput {interval}: significant but smaller than the "
+                                         f"{min_effect_pct:g}% minimum effect"]
+    return "no significant change", [f"throughput {interval}: the interval includes no change (inside the noise)"]
+
+
+def _summary(result: Result) -> dict[str, Any]:
+    """What a report needs from one side, so compare.json stands alone when the runs move."""
+    cfg = result.config
+    return {"path": result.path, "label": describe_config(cfg, result.levers), "config": cfg,
+            "environment": result.environment, "levers": result.levers, "quality": result.quality,
+            "metrics": {key: result.metrics.get(key) for key in ("throughput_samples_per_s", "latency_ms",
+                                                                  "phases_ms", "memory", "gpu", "flops")},
+            "step_ms": [ms for trial in result.trials for ms in trial.step_ms], "created_utc": result.created_utc}
+
+
+def describe_config(cfg: dict[str, Any], levers: list[str]) -> str:
+    return (f"{cfg.get('workload')} {cfg.get('mode')} batch {cfg.get('batch_size')} {cfg.get('precision')}"
+            + (f" + {', '.join(levers)}" if levers else ""))
+
+
+def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFECT_PCT) -> Comparison:
+    """The full comparison of two results: metric changes, decision, phases, kernels and warnings."""
+    metrics = metric_changes(base, cand)
+    quality = _quality_summary(base, cand)
+    decision, reasons = decide(metrics[0], cand.quality, min_effect_pct)
+    warnings = comparability_warnings(base, cand)
+    if cand.quality is None and config_changes(base, cand).keys() & {"precision", "compile", "cuda_graphs",
+                                                                     "channels_last", "augment"}:
+        reasons.append("no quality check recorded for the candidate: its numerics were not verified "
+                       "(run it with --check-quality)")
+    kernels, kernel_note = kernel_changes(base, cand)
+    return Comparison(base=_summary(base), candidate=_summary(cand), metrics=metrics, decision=decision,
+                      reasons=reasons, warnings=warnings, config_changes=config_changes(base, cand),
+                      phases=phase_changes(base, cand), kernels=kernels, kernel_note=kernel_note,
+                      quality=quality, min_effect_pct=min_effect_pct)
+
+
+def _quality_summary(base: Result, cand: Result) -> dict[str, Any]:
+    quality = cand.quality or {}
+    numbers = {k: v for k, v in (quality.get("metrics") or {}).items() if isinstance(v, (int, float))}
+    return {"verdict": quality.get("verdict", "not checked"), "reason": quality.get("reason", ""),
+            "numbers": numbers, "base_verdict": (base.quality or {}).get("verdict", "not checked")}
+
+
+def regression_exceeds(comparison: Comparison, threshold_pct: float) -> bool:
+    """True for a significant throughput slow-down larger than `threshold_pct` (the CI gate)."""
+    throughput = comparison.metric("throughput")
+    return bool(throughput.significant) and (throughput.change_pct or 0.0) < -abs(threshold_pct)
+
+
+def compare_paths(base: Union[str, Path], candidate: Union[str, Path],
+                  min_effect_pct: float = MIN_EFFECT_PCT) -> Comparison:
+    return compare_results(load_result(base), load_result(candidate), min_effect_pct)
+
+
+__all__ = ["Comparison", "MetricChange", "compare_results", "compare_paths", "regression_exceeds",
+           "load_comparison", "load_result", "bootstrap_ratio_ci"]

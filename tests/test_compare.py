@@ -1,0 +1,157 @@
+"""perflab compare: changes with confidence intervals, the decision, the CI gate, and clear errors."""
+import copy
+import json
+
+import pytest
+import torch
+
+from perflab import RunConfig, run
+from perflab.cli import main
+from perflab.compare import compare_results, load_comparison, regression_exceeds
+from perflab.harness.runner import aggregate
+from perflab.results import Result, Trial
+
+
+@pytest.fixture(autouse=True)
+def one_cpu_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def measured() -> Result:
+    """One real tiny run; the comparisons below derive candidates from it."""
+    return run("mlp", RunConfig(workload="mlp", device="cpu", steps=3, trials=3, warmup=1, batch_size=32))
+
+
+def with_throughputs(result: Result, throughputs: list[float]) -> Result:
+    """A copy of `result` whose trials ran at the given throughputs, with steady steps and phases to match."""
+    derived = copy.deepcopy(result)
+    trials = []
+    for trial, throughput in zip(result.trials, throughputs):
+        step_ms = 1000 * trial.samples / trial.steps / throughput
+        phase_total = sum(trial.phase_ms.values()) or 1.0
+        trials.append(Trial(wall_s=trial.samples / throughput, steps=trial.steps, samples=trial.samples,
+                            throughput_samples_per_s=throughput, step_ms=[step_ms] * trial.steps,
+                            phase_ms={k: v / phase_total * step_ms for k, v in trial.phase_ms.items()}))
+    derived.trials = trials
+    derived.metrics.update(aggregate(trials, result.config["batch_size"]))
+    return derived
+
+
+def saved(result: Result, directory) -> str:
+    directory.mkdir(parents=True, exist_ok=True)
+    result.save(directory)
+    return str(directory)
+
+
+def test_identical_runs_are_no_significant_change(measured):
+    comparison = compare_results(measured, measured)
+    assert comparison.decision == "no significant change"
+    assert comparison.metric("throughput").change_pct == pytest.approx(0.0)
+    assert comparison.metric("throughput").significant is False
+    assert comparison.warnings == []
+
+
+def test_clear_speedup_is_accepted_with_its_interval(measured):
+    base = with_throughputs(measured, [1000.0, 1010.0, 990.0])
+    candidate = with_throughputs(measured, [1500.0, 1520.0, 1490.0])
+    comparison = compare_results(base, candidate)
+    assert comparison.decision == "accept"
+    throughput = comparison.metric("throughput")
+    assert throughput.change_pct == pytest.approx(50.0)
+    assert 30 < throughput.ci_low_pct <= 50 <= throughput.ci_high_pct < 60
+    assert comparison.metric("p50 latency").improved
+    assert comparison.phases[0]["delta_ms"] < 0  # the phases account for the time saved
+
+
+def test_speedup_inside_the_noise_is_not_accepted(measured):
+    base = with_throughputs(measured, [1000.0, 1200.0, 1400.0])
+    candidate = with_throughputs(measured, [1050.0, 1250.0, 1450.0])
+    comparison = compare_results(base, candidate)
+    assert comparison.decision == "no significant change"
+    assert "noise" in comparison.reasons[0]
+
+
+def test_quality_failure_rejects_whatever_the_speed(measured):
+    base = with_throughputs(measured, [1000.0, 1010.0, 990.0])
+    candidate = with_throughputs(measured, [3000.0, 3030.0, 2970.0])
+    candidate.quality = {"verdict": "fail", "reason": "relative output error 3.1e-01 > 1e-02 tolerance",
+                         "metrics": {"rel_error": 0.31}}
+    comparison = compare_results(base, candidate)
+    assert comparison.decision == "reject"
+    assert "quality gate" in comparison.reasons[0]
+    assert comparison.quality["numbers"] == {"rel_error": 0.31}
+
+
+def test_significant_slowdown_is_rejected_and_trips_the_gate(measured):
+    base = with_throughputs(measured, [1000.0, 1010.0, 990.0])
+    candidate = with_throughputs(measured, [800.0, 810.0, 790.0])
+    comparison = compare_results(base, candidate)
+    assert comparison.decision == "reject"
+    assert regression_exceeds(comparison, 10.0)
+    assert not regression_exceeds(comparison, 25.0)
+
+
+def test_fail_on_regression_sets_the_exit_code(measured, tmp_path):
+    base = saved(with_throughputs(measured, [1000.0, 1010.0, 990.0]), tmp_path / "base")
+    slower = saved(with_throughputs(measured, [800.0, 810.0, 790.0]), tmp_path / "slower")
+    assert main(["compare", base, slower, "--out", str(tmp_path / "c1"), "--fail-on-regression", "10"]) == 1
+    assert main(["compare", base, slower, "--out", str(tmp_path / "c2"), "--fail-on-regression", "30"]) == 0
+    assert main(["compare", slower, base, "--out", str(tmp_path / "c3"), "--fail-on-regression", "10"]) == 0
+    saved_comparison = load_comparison(tmp_path / "c3")
+    assert saved_comparison.decision == "accept"
+    assert saved_comparison.candidate["path"].endswith("base/result.json")
+
+
+@pytest.mark.parametrize("content", ['{"schema_version": 1, "config"', "[1, 2]", '{"hello": 1}',
+                                     '{"schema_version": 1, "config": {}, "environment": {}, "trials": [{"x": 1}], '
+                                     '"metrics": {}}'])
+def test_corrupt_result_file_is_a_one_line_error(measured, tmp_path, capsys, content):
+    bad = tmp_path / "bad" / "result.json"
+    bad.parent.mkdir()
+    bad.write_text(content)
+    good = saved(measured, tmp_path / "good")
+    assert main(["compare", good, str(bad), "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "result.json" in err and "Traceback" not in err
+    assert len(err.replace(str(bad), "PATH").splitlines()) <= 2  # one message (rich may wrap a long path)
+
+
+def test_runs_on_different_gpus_are_compared_with_a_loud_warning(measured):
+    other = copy.deepcopy(measured)
+    other.environment["gpu"] = {"name": "NVIDIA H100 80GB HBM3"}
+    other.environment["torch"] = "2.4.0"
+    comparison = compare_results(measured, other)
+    assert any("DIFFERENT HARDWARE" in w for w in comparison.warnings)
+    assert any("TORCH" in w for w in comparison.warnings)
+
+
+def test_kernels_that_account_for_the_difference_come_from_both_traces(measured, tmp_path):
+    def trace(directory, kernel_us):
+        events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "ts": i * 1000, "dur": 900,
+                   "pid": 1, "tid": 1} for i in range(2)]
+        events += [{"ph": "X", "cat": "kernel", "name": name, "ts": i * 1000 + 10, "dur": dur, "pid": 0, "tid": 7,
+                    "args": {"stream": 7}} for i in range(2) for name, dur in kernel_us.items()]
+        (directory / "trace.json").write_text(json.dumps({"traceEvents": events}))
+        result = copy.deepcopy(measured)
+        result.save(directory)
+        return result
+
+    base_dir, cand_dir = tmp_path / "base", tmp_path / "cand"
+    base_dir.mkdir(), cand_dir.mkdir()
+    base = trace(base_dir, {"sgemm_fp32": 400, "relu": 50})
+    candidate = trace(cand_dir, {"sgemm_bf16": 150, "relu": 50})
+    comparison = compare_results(base, candidate)
+    assert comparison.kernels is not None, comparison.kernel_note
+    by_name = {row["kernel"]: row for row in comparison.kernels}
+    assert by_name["sgemm_fp32"]["delta_ms"] == pytest.approx(-0.4)
+    assert by_name["sgemm_bf16"]["delta_ms"] == pytest.approx(0.15)
+    assert by_name["relu"]["delta_ms"] == pytest.approx(0.0)
+
+
+def test_without_traces_kernels_are_skipped_with_a_note(measured):
+    comparison = compare_results(measured, measured)
+    assert comparison.kernels is None and "trace" in comparison.kernel_note
