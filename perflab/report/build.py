@@ -1,0 +1,91 @@
+"""write_report(DIR): report.md, report.html and plots for a run, a sweep or a comparison directory."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional, Union
+
+from perflab.errors import PerflabError
+from perflab.report.html import markdown_to_html
+from perflab.report.markdown import compare_markdown, run_markdown, sweep_markdown
+from perflab.report.plots import latency_histogram, phase_breakdown_plot, sweep_plots
+from perflab.results import RESULT_FILE, Result
+
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+
+
+def detect_kind(directory: Path) -> str:
+    """compare, sweep or run, from the files the directory holds."""
+    if (directory / "compare.json").is_file():
+        return "compare"
+    if (directory / "sweep.jsonl").is_file():
+        return "sweep"
+    if (directory / RESULT_FILE).is_file():
+        return "run"
+    raise PerflabError(f"{directory} holds no result.json, sweep.jsonl or compare.json: give a run, sweep or "
+                       "compare directory")
+
+
+def _names(paths: dict[str, Optional[Path]], out: Path) -> dict[str, str]:
+    return {name: str(Path(path).relative_to(out)) for name, path in paths.items() if path is not None}
+
+
+def _run_report(directory: Path, out: Path) -> str:
+    result = Result.load(directory)
+    label = f"batch {result.config.get('batch_size')}"
+    images = _names({
+        "breakdown": phase_breakdown_plot({label: result.metrics.get("phases_ms") or {}}, out / "step_breakdown.png"),
+        "latency": latency_histogram({label: [ms for t in result.trials for ms in t.step_ms]}, out / "latency_hist.png"),
+    }, out)
+    return run_markdown(result, images, str(directory))
+
+
+def _sweep_report(directory: Path, out: Path) -> str:
+    from perflab.sweep import SWEEP_JSON, read_rows
+
+    rows = read_rows(directory)
+    meta_path = directory / SWEEP_JSON
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"axes": []}
+    ok = [row for row in rows if row["status"] == "ok"]
+    images = _names(sweep_plots(rows, meta.get("axes") or [], out), out) if ok else {}
+    environment = None
+    if ok and ok[0].get("dir") and (directory / ok[0]["dir"] / RESULT_FILE).is_file():
+        environment = Result.load(directory / ok[0]["dir"]).environment
+    return sweep_markdown(meta, rows, images, environment)
+
+
+def _compare_report(directory: Path, out: Path) -> str:
+    from perflab.compare import load_comparison
+
+    comparison = load_comparison(directory)
+    base, cand = comparison.base, comparison.candidate
+    images = _names({
+        "breakdown": phase_breakdown_plot({"baseline": base["metrics"].get("phases_ms") or {},
+                                           "candidate": cand["metrics"].get("phases_ms") or {}},
+                                          out / "step_breakdown.png", "step-time breakdown: baseline vs candidate"),
+        "latency": latency_histogram({"baseline": base.get("step_ms") or [], "candidate": cand.get("step_ms") or []},
+                                     out / "latency_hist.png"),
+    }, out)
+    return compare_markdown(comparison, images)
+
+
+BUILDERS = {"run": _run_report, "sweep": _sweep_report, "compare": _compare_report}
+
+
+def write_report(directory: Union[str, Path], out: Optional[Union[str, Path]] = None) -> list[Path]:
+    """Write report.md, report.html (self-contained) and the PNG plots; returns the report files."""
+    directory = Path(directory)
+    if directory.is_file():
+        directory = directory.parent
+    if not directory.is_dir():
+        raise PerflabError(f"no directory at {directory}: give a run, sweep or compare directory")
+    out = Path(out) if out else directory
+    out.mkdir(parents=True, exist_ok=True)
+    kind = detect_kind(directory)
+    text = BUILDERS[kind](directory, out)
+    md_path, html_path = out / REPORT_MD, out / REPORT_HTML
+    md_path.write_text(text)
+    title = text.splitlines()[0].lstrip("# ").strip()
+    html_path.write_text(markdown_to_html(text, out, title))
+    return [md_path, html_path]

@@ -1,0 +1,250 @@
+"""Markdown reports of a run, a sweep and a comparison. report.html is rendered from the same text."""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional, Sequence
+
+from perflab.environment import describe_device
+from perflab.report.plots import PHASE_ORDER
+from perflab.results import Result
+
+ENV_KEYS = ["gpu", "driver", "torch", "cuda_runtime", "cudnn", "python", "cpu", "cpu_count", "torch_threads",
+            "platform", "hostname", "git_commit", "perflab"]
+
+
+def num(value: Optional[float], digits: int = 1, unit: str = "") -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.{digits}f}{unit}"
+
+
+def cell(value: Any) -> str:
+    """A value as table-cell text: pipes escaped, no line breaks."""
+    if isinstance(value, bool):
+        text = "on" if value else "off"
+    elif isinstance(value, float):
+        text = f"{value:,.4g}"
+    elif isinstance(value, dict):
+        text = ", ".join(f"{k}={cell(v)}" for k, v in value.items())
+    elif value is None:
+        text = "—"
+    else:
+        text = str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: Optional[str] = None) -> str:
+    """A GitHub-style pipe table; `align` is one letter per column (l or r)."""
+    align = align or "l" * len(headers)
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |",
+             "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    lines += ["| " + " | ".join(c if isinstance(c, str) else cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def image(alt: str, name: Optional[str]) -> str:
+    return f"![{alt}]({name})" if name else ""
+
+
+def environment_table(env: dict[str, Any]) -> str:
+    rows = []
+    for key in ENV_KEYS + sorted(set(env) - set(ENV_KEYS) - {"python_executable"}):
+        if key not in env:
+            continue
+        value = env[key]
+        if key == "gpu" and isinstance(value, dict):
+            value = f"{value.get('name')} ({num(value.get('memory_mb'), 0)} MiB, sm {value.get('capability')})"
+        rows.append([key, cell(value)])
+    return table(["", "value"], rows)
+
+
+def config_table(config: dict[str, Any], skip: Sequence[str] = ()) -> str:
+    return table(["option", "value"], [[key, cell(value)] for key, value in config.items() if key not in skip])
+
+
+def diagnosis_text(diagnosis: Optional[dict[str, Any]], run_dir: Optional[str] = None) -> str:
+    """The diagnose helper's Markdown when it is installed; otherwise the raw diagnosis, or how to get one."""
+    if not diagnosis:
+        hint = f" `perflab diagnose {run_dir}`" if run_dir else " `perflab diagnose RUN_DIR`"
+        return f"No diagnosis recorded for this run: run{hint} (or record it with `perflab profile`)."
+    try:
+        from perflab.report.diagnosis import diagnosis_markdown
+    except ImportError:
+        return "```json\n" + json.dumps(diagnosis, indent=2, default=str) + "\n```"
+    return diagnosis_markdown(diagnosis)
+
+
+def _phase_rows(metrics: dict[str, Any]) -> list[list[str]]:
+    phases, shares = metrics.get("phases_ms") or {}, metrics.get("phase_share_pct") or {}
+    names = sorted(phases, key=lambda n: (PHASE_ORDER.index(n) if n in PHASE_ORDER else 99, n))
+    return [[name, num(phases[name], 3), num(shares.get(name), 1, "%")] for name in names]
+
+
+def run_summary_rows(result: Result) -> list[list[str]]:
+    m = result.metrics
+    tp = m["throughput_samples_per_s"]
+    lat = m["latency_ms"]
+    rows = [["throughput", f"{num(tp['median'])} samples/s (95% CI {num(tp.get('ci95_low'))}–"
+                           f"{num(tp.get('ci95_high'))}; spread {num(tp.get('range_pct'))}% over {tp.get('n')} trials)"],
+            ["step latency", f"p50 {num(lat['p50'], 2)} ms · p95 {num(lat['p95'], 2)} ms · p99 {num(lat.get('p99'), 2)} ms"]]
+    flops = m.get("flops") or {}
+    if flops.get("per_sample"):
+        mfu = f"{num(flops.get('mfu_pct'))}% of {num(flops.get('peak_tflops'))} TFLOP/s ({flops.get('peak_source')})" \
+            if flops.get("mfu_pct") is not None else f"n/a ({flops.get('peak_source')})"
+        rows.append(["compute", f"{num(flops['per_sample'] / 1e9, 3)} GFLOP/sample · "
+                                f"{num(flops.get('achieved_tflops'), 3)} TFLOP/s achieved · MFU {mfu}"])
+    memory = m.get("memory") or {}
+    if "peak_allocated_mb" in memory:
+        rows.append(["GPU memory", f"peak allocated {num(memory['peak_allocated_mb'], 0)} MiB · reserved "
+                                   f"{num(memory.get('peak_reserved_mb'), 0)} of {num(memory.get('device_total_mb'), 0)} MiB"])
+    elif memory:
+        rows.append(["host memory", f"peak RSS {num(memory.get('host_peak_rss_mb'), 0)} MiB (whole process)"])
+    gpu = m.get("gpu") or {}
+    if gpu.get("samples"):
+        rows.append(["GPU (NVML)", f"utilisation mean {num(gpu.get('util_mean_pct'))}% (min "
+                                   f"{num(gpu.get('util_min_pct'), 0)}%) · SM clock {num(gpu.get('sm_clock_median_mhz'), 0)} MHz"])
+    rows.append(["levers", ", ".join(result.levers) or "none (baseline)"])
+    warm = f"{num(m.get('warmup_s'), 2)} s"
+    if m.get("compile_s") is not None:
+        warm += f" (compile/capture, first step: {num(m['compile_s'], 2)} s)"
+    rows.append(["warm-up", warm])
+    if result.quality:
+        rows.append(["quality gate", f"**{result.quality.get('verdict')}**: {result.quality.get('reason', '')}"])
+    return [[name, cell(text)] for name, text in rows]
+
+
+def run_markdown(result: Result, images: dict[str, str], run_dir: Optional[str] = None) -> str:
+    cfg = result.config
+    device = describe_device(result.environment, cfg["device"])
+    trial_rows = [[str(i + 1), num(t.throughput_samples_per_s), num(t.wall_s, 3), str(t.steps),
+                   num(sorted(t.step_ms)[len(t.step_ms) // 2] if t.step_ms else None, 2)]
+                  for i, t in enumerate(result.trials)]
+    parts = [
+        f"# perflab run: {cfg['workload']} · {cfg['mode']} · batch {cfg['batch_size']} · {cfg['precision']} · {device}",
+        f"Measured {result.created_utc or 'n/a'} with perflab {result.perflab_version}. Command: "
+        f"`{' '.join(result.command)}`",
+        "## Summary", table(["metric", "value"], run_summary_rows(result)),
+        "## Step-time breakdown", table(["phase", "ms per step", "share"], _phase_rows(result.metrics), "lrr"),
+        image("step-time breakdown", images.get("breakdown")),
+        image("per-step latency", images.get("latency")),
+        f"Phases: {result.timing.get('phases', 'n/a')}. Latency: {result.timing.get('latency', 'n/a')}.",
+        "## Trials", table(["trial", "samples/s", "wall s", "steps", "p50 ms"], trial_rows, "rrrrr"),
+    ]
+    diagnosis = diagnosis_text(result.diagnosis, run_dir)
+    parts += [diagnosis] if diagnosis.lstrip().startswith("## Diagnosis") else ["## Diagnosis", diagnosis]
+    if result.quality:
+        parts += ["## Quality gate", quality_block(result.quality)]
+    if result.notes:
+        parts += ["## Notes", "\n".join(f"- {note}" for note in result.notes)]
+    parts += ["## Configuration", config_table(cfg), "## Environment", environment_table(result.environment),
+              "## How this was measured", "\n".join(f"- **{k}**: {v}" for k, v in result.timing.items()
+                                                    if isinstance(v, str))]
+    return "\n\n".join(part for part in parts if part) + "\n"
+
+
+def quality_block(quality: dict[str, Any]) -> str:
+    numbers = {k: v for k, v in (quality.get("metrics") or {}).items() if isinstance(v, (int, float))}
+    text = f"**{quality.get('verdict', 'not checked')}**: {quality.get('reason', '')}"
+    if quality.get("baseline"):
+        text += f"\n\nBaseline: {quality['baseline']}."
+    if numbers:
+        text += "\n\n" + table(["figure", "value"], [[k, cell(v)] for k, v in numbers.items()])
+    return text
+
+
+def sweep_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], images: dict[str, str],
+                   environment: Optional[dict[str, Any]]) -> str:
+    from perflab.sweep import best_points
+
+    base = meta.get("base_config") or {}
+    axes = meta.get("axes") or []
+    best, bounded = best_points(rows, meta.get("max_p95_ms"))
+    params = list(dict.fromkeys(name for row in rows for name in row["params"]))
+    counts = {status: sum(row["status"] == status for row in rows) for status in ("ok", "oom", "error")}
+    lines = [f"- **best throughput**: {_point_text(best)}" if best else "- no point finished successfully"]
+    if meta.get("max_p95_ms") is not None:
+        lines.append(f"- **best with p95 ≤ {meta['max_p95_ms']:g} ms**: "
+                     + (_point_text(bounded) if bounded else "no point meets the bound"))
+    lines.append(f"- points: {len(rows)} finished ({counts['ok']} ok, {counts['oom']} out of memory, "
+                 f"{counts['error']} refused or failed)" + (f" of {meta['points_planned']} planned"
+                                                            if meta.get("points_planned") else ""))
+    if meta.get("mode") == "auto-batch":
+        lines.append(f"- auto-batch: doubling until out of memory or growth below {meta.get('growth_pct')}%")
+    point_rows = []
+    for row in rows:
+        ok = row["status"] == "ok"
+        star = " ★" if best and row["key"] == best["key"] else ""
+        point_rows.append([str(row["index"])] + [cell(row["params"].get(p)) for p in params] + [
+            row["status"] + star, num(row.get("throughput")) if ok else "",
+            f"{num(row.get('throughput_ci_low'))}–{num(row.get('throughput_ci_high'))}" if ok else "",
+            num(row.get("p50_ms"), 2) if ok else "", num(row.get("p95_ms"), 2) if ok else "",
+            num(row.get("peak_memory_mb"), 0) if ok else "", num(row.get("gpu_util_pct")) if ok else "",
+            num(row.get("mfu_pct")) if ok else "", cell(row.get("quality")) if ok else cell(row.get("error"))])
+    headers = ["#"] + [p.replace("_size", "") for p in params] + [
+        "status", "samples/s", "95% CI", "p50 ms", "p95 ms", "peak MiB", "GPU util %", "MFU %", "quality / error"]
+    memory_kind = next((row.get("memory_kind") for row in rows if row["status"] == "ok"), "")
+    parts = [f"# perflab sweep: {base.get('workload')} · {base.get('mode')} · over {', '.join(axes) or 'nothing'}",
+             f"Command: `{' '.join(meta.get('command') or [])}`" if meta.get("command") else "",
+             "## Result", "\n".join(lines),
+             "## Points", table(headers, point_rows, "r" * (1 + len(params)) + "l" + "r" * 7 + "l"),
+             f"Latency is per step (one batch). Peak memory: {memory_kind}." if memory_kind else "",
+             "## Plots", *(image(name, path) for name, path in images.items()),
+             "## Fixed configuration (not swept)", config_table(base, skip=list(axes) + ["out"])]
+    if environment:
+        parts += ["## Environment (first point)", environment_table(environment)]
+    return "\n\n".join(part for part in parts if part) + "\n"
+
+
+def _point_text(row: dict[str, Any]) -> str:
+    return (f"{row['label']}: {num(row['throughput'])} samples/s, p50 {num(row['p50_ms'], 2)} ms, "
+            f"p95 {num(row['p95_ms'], 2)} ms (`{row.get('dir')}`)")
+
+
+def compare_markdown(comparison, images: dict[str, str]) -> str:
+    base, cand = comparison.base, comparison.candidate
+    metric_rows = []
+    for m in comparison.metrics:
+        digits = 2 if m.unit == "ms/step" else 1
+        significant = {True: "yes, better" if m.improved else "yes, worse", False: "no", None: "—"}[m.significant]
+        metric_rows.append([f"{m.name} ({m.unit})", num(m.base, digits), num(m.candidate, digits),
+                            "n/a" if m.change_pct is None else f"{m.change_pct:+.1f}%",
+                            "—" if m.ci_low_pct is None else f"{m.ci_low_pct:+.1f}% … {m.ci_high_pct:+.1f}%",
+                            significant, cell(m.note)])
+    q = comparison.quality
+    metric_rows.append(["quality", q.get("base_verdict", "—"), q.get("verdict", "—"), "", "", "",
+                        cell(q.get("reason"))])
+    phase_rows = [[p["phase"], num(p["base_ms"], 3), num(p["candidate_ms"], 3), f"{p['delta_ms']:+.3f}",
+                   num(p.get("share_of_change_pct"), 0, "%")] for p in comparison.phases]
+    parts = [f"# perflab compare: {base['label']} → {cand['label']}",
+             f"Baseline `{base.get('path')}` · candidate `{cand.get('path')}`"]
+    if comparison.warnings:
+        parts += ["## ⚠ Warnings", "\n".join(f"- **{w}**" for w in comparison.warnings)]
+    parts += [f"## Decision: {comparison.decision.upper()}", "\n".join(f"- {r}" for r in comparison.reasons),
+              "## Performance report",
+              table(["metric", "baseline", "candidate", "change", "95% CI of change", "significant", "note"],
+                    metric_rows, "lrrrrll"),
+              f"Method: {comparison.method}. Minimum effect for a decision: {comparison.min_effect_pct:g}%."]
+    if comparison.config_changes:
+        parts += ["## What changed", table(["option", "baseline", "candidate"],
+                                           [[k, cell(v[0]), cell(v[1])] for k, v in comparison.config_changes.items()])]
+    parts += ["## Where the time went: phases",
+              table(["phase", "baseline ms", "candidate ms", "Δ ms", "share of Δ"], phase_rows, "lrrrr"),
+              image("step-time breakdown", images.get("breakdown")), image("per-step latency", images.get("latency")),
+              "## Kernels"]
+    if comparison.kernels:
+        parts.append(table(["kernel", "baseline ms", "candidate ms", "Δ ms"],
+                           [[k["kernel"], num(k["base_ms"], 3), num(k["candidate_ms"], 3), f"{k['delta_ms']:+.3f}"]
+                            for k in comparison.kernels], "lrrr"))
+    parts.append(comparison.kernel_note)
+    if q.get("numbers"):
+        parts += ["## Quality figures (candidate)", table(["figure", "value"],
+                                                          [[k, cell(v)] for k, v in q["numbers"].items()])]
+    env_keys = [k for k in ENV_KEYS if k in base["environment"] or k in cand["environment"]]
+    parts += ["## Environment", table(["", "baseline", "candidate"], [
+        [k, cell(_env_value(base["environment"].get(k))), cell(_env_value(cand["environment"].get(k)))]
+        for k in env_keys])]
+    return "\n\n".join(part for part in parts if part) + "\n"
+
+
+def _env_value(value: Any) -> Any:
+    return value.get("name") if isinstance(value, dict) and "name" in value else value
