@@ -1,0 +1,46 @@
+"""perflab rerun RESULT.json: repeat a run from its recorded config (same seed), then compare with it."""
+from __future__ import annotations
+
+import argparse
+
+from perflab.checkpoint import checkpoint_hooks
+from perflab.cli import console
+from perflab.compare import compare_results, load_result
+from perflab.config import RunConfig
+from perflab.harness.runner import run
+from perflab.report.progress import RichReporter
+from perflab.report.terminal import print_result
+from perflab.rundir import run_dir
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "rerun", help="repeat a saved run from its recorded config and seed, and compare with it",
+        description="Repeat a run from the config recorded in its result.json (workload, levers, batch, seed, "
+                    "steps, trials...), save it as a new run, and say whether it reproduced the original.")
+    parser.add_argument("result", metavar="RESULT", help="a result.json or the run directory holding it")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="run directory for the repeat (default: runs/<timestamp>-<workload>)")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    original = load_result(args.result)
+    cfg = RunConfig.from_dict(original.config).replace(out=None).validate()
+    console.print(f"rerunning {original.path} (seed {cfg.seed}, recorded {original.created_utc or 'n/a'})",
+                  highlight=False)
+    with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
+        result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter,
+                     command=["perflab", "rerun", str(args.result)], hooks=checkpoint_hooks(cfg, out))
+        result.notes.append(f"rerun of {original.path}")
+        result.save(out)
+    print_result(console, result)
+    comparison = compare_results(original, result)
+    for warning in comparison.warnings:
+        console.print(f"[bold red]WARNING:[/] {warning}", highlight=False)
+    throughput = comparison.metric("throughput")
+    verdict = "reproduced (no significant change)" if comparison.decision == "no significant change" else \
+        "[yellow]did not reproduce[/]"
+    console.print(f"vs the original: throughput {throughput.change_pct:+.1f}%: {verdict}; "
+                  f"{'; '.join(comparison.reasons)}", highlight=False)
+    return 0
