@@ -8,6 +8,7 @@ so the host-to-device copy moves a quarter of the bytes.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -83,13 +84,18 @@ class SegmentationModel(nn.Module):
         return self.decoder(features)
 
 
+def pixel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-pixel cross-entropy; labels travel as uint8 (an eighth of int64's bytes) and widen on the device."""
+    return F.cross_entropy(logits, labels.long())
+
+
 class RandomSegmentation(Dataset):
-    """A pool of random uint8 images with per-pixel labels, drawn once from a seed; items cycle the pool."""
+    """A pool of random uint8 images with uint8 per-pixel labels, drawn once from a seed; items cycle the pool."""
 
     def __init__(self, pool: int, image_size: int, classes: int, seed: int, length: int = 4096):
         gen = torch.Generator().manual_seed(seed)
         self.images = torch.randint(0, 256, (pool, 3, image_size, image_size), dtype=torch.uint8, generator=gen)
-        self.labels = torch.randint(0, classes, (pool, image_size, image_size), generator=gen)
+        self.labels = torch.randint(0, classes, (pool, image_size, image_size), dtype=torch.uint8, generator=gen)
         self.length = length
 
     def __len__(self) -> int:
@@ -106,6 +112,8 @@ def build(cfg) -> Workload:
     image_size = int(opts.get("image_size", 256 if on_gpu else 64))
     width = int(opts.get("width", 64 if on_gpu else 8))
     classes = int(opts.get("classes", 10))
+    if not 1 < classes <= 256:
+        raise PerflabError(f"segmentation: classes must be 2..256 (labels are uint8), got {classes}")
     if image_size % 16:
         raise PerflabError(f"segmentation: image_size must be a multiple of 16, got {image_size}")
     encoder, decoder = Encoder(width), Decoder(width, classes)
@@ -115,7 +123,7 @@ def build(cfg) -> Workload:
         name="segmentation",
         model=model,
         dataset=RandomSegmentation(pool=32, image_size=image_size, classes=classes, seed=cfg.seed),
-        loss_fn=nn.CrossEntropyLoss(),
+        loss_fn=pixel_cross_entropy,
         optimizer_factory=lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
         description=DESCRIPTION,
         frozen_stage=model.encoder,
