@@ -9,14 +9,12 @@ from rich.markup import escape
 
 from perflab.cli import console
 from perflab.cli._options import add_run_options, config_from_args
-from perflab.diagnose import DIAGNOSIS_FILE, diagnose
-from perflab.harness.runner import resolve_config, run
-from perflab.profile.capture import CaptureOptions, ProfilerCapture
-from perflab.profile.nsys import nsys_command, nsys_hooks, save_nsys_command
+from perflab.harness.runner import resolve_config
+from perflab.profile.capture import TRACE_FILE, CaptureOptions, profile_run
+from perflab.profile.nsys import nsys_hooks
 from perflab.report.diagnosis import print_diagnosis
 from perflab.report.progress import RichReporter
 from perflab.report.terminal import print_result
-from perflab.results import write_json_atomic
 from perflab.rundir import run_dir
 
 
@@ -47,23 +45,15 @@ def handle(args: argparse.Namespace) -> int:
     cfg = resolve_config(config_from_args(args), None)
     options.check(cfg.steps)
     argv = sys.argv[1:]
+    argv = argv[1:] if argv[:1] == ["profile"] else argv
     with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
-        capture = ProfilerCapture(out, options)
-        result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter, command=["perflab"] + argv,
-                     hooks=[capture] + nsys_hooks(args.nsys))
-        command = nsys_command(out, argv[1:] if argv[:1] == ["profile"] else argv, options.wait + options.warmup,
-                               options.active)
-        result.artifacts["nsys_command"] = save_nsys_command(out, command).name
-        diagnosis = diagnose(capture.trace_path, result) if capture.written else None
-        if diagnosis is not None:
-            result.diagnosis = diagnosis.to_dict()
-            write_json_atomic(out / DIAGNOSIS_FILE, result.diagnosis)
-            result.artifacts["diagnosis"] = DIAGNOSIS_FILE
-        result.save(out)
+        result, diagnosis, command = profile_run(cfg.workload, cfg, out, options, argv, nsys_hooks(args.nsys),
+                                                 reporter)
     print_result(console, result)
     if diagnosis is not None:
         print_diagnosis(console, diagnosis)
-    console.print(f"trace: [bold]{escape(str(capture.trace_path))}[/] (open in https://ui.perfetto.dev)")
+    trace = out / result.artifacts.get("trace", TRACE_FILE)
+    console.print(f"trace: [bold]{escape(str(trace))}[/] (open in https://ui.perfetto.dev)")
     console.print("Nsight Systems, for the same run (where nsys is installed):\n  " + escape(shlex.join(command)),
                   highlight=False, soft_wrap=True)
     return 0

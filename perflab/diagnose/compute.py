@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import COMPUTE_BOUND, Context, Finding, clamp, rounded
+from perflab.diagnose.findings import COMPUTE_BOUND, CPU_MAX_CONFIDENCE, Context, Finding, clamp, dominance, rounded
 
 BUSY_THRESHOLD_PCT = 50.0
 SHARE_THRESHOLD_PCT = 50.0  # matmul/conv share of kernel time (GPU) or compute-phase time (CPU)
@@ -17,14 +17,14 @@ def compute_bound(ctx: Context) -> Optional[Finding]:
         if gpu.busy_pct < BUSY_THRESHOLD_PCT or share < SHARE_THRESHOLD_PCT:
             return None
         evidence = {"gpu_busy_pct": gpu.busy_pct, "matmul_conv_kernel_time_pct": share}
-        confidence = clamp(1.2 * gpu.busy_pct / 100 * share / 100)
+        confidence = clamp(gpu.busy_pct / 100 * dominance(share))
         summary = f"the GPU is busy {gpu.busy_pct:.0f}% of the time, {share:.0f}% of it in matmul/conv kernels"
     else:
         share = ctx.profile.host.op_mix_pct.get("matmul/conv", 0.0)
         if share < SHARE_THRESHOLD_PCT:
             return None
         evidence = {"matmul_conv_op_time_pct": share}
-        confidence = clamp(1.1 * share / 100)
+        confidence = clamp(dominance(share), high=CPU_MAX_CONFIDENCE)
         summary = f"{share:.0f}% of compute time is matmul/conv ops"
     advice = []
     rows = [row for row in ctx.profile.roofline if row.get("pct_of_roof") is not None]

@@ -23,6 +23,9 @@ CLASS_SLUGS = {
     "memory_bandwidth": MEMORY_BANDWIDTH, "compute": COMPUTE_BOUND, "activation_memory": ACTIVATION_MEMORY,
     "collectives": COLLECTIVES, "none": NO_CLEAR_BOTTLENECK,
 }
+# On a CPU trace the op-mix rules (compute, memory bandwidth) read time shares only, with no device timeline
+# or roofline behind them, so they claim less than rules with a direct signal (data wait, syncs).
+CPU_MAX_CONFIDENCE = 0.85
 # Levers that need a CUDA device; never proposed for a CPU run.
 CUDA_ONLY_LEVERS = {"pin-memory", "prefetcher-stream", "tf32", "fp16", "cuda-graphs", "augment-gpu",
                     "augment-gpu-stream", "pipeline-streams", "sdpa-flash"}
@@ -74,6 +77,11 @@ class Context:
                 continue
             ranked.append(name)
         return ranked
+
+
+def dominance(share_pct: float) -> float:
+    """Confidence from how much one kind of work dominates: 0.3 at half the time, 0.95 from about 75%."""
+    return 0.3 + 1.3 * (share_pct - 50.0) / 50.0
 
 
 def clamp(value: float, low: float = 0.0, high: float = 0.95) -> float:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import MEMORY_BANDWIDTH, Context, Finding, clamp, rounded
+from perflab.diagnose.findings import (CPU_MAX_CONFIDENCE, MEMORY_BANDWIDTH, Context, Finding, clamp, dominance,
+                                      rounded)
 
 BUSY_THRESHOLD_PCT = 50.0
 SHARE_THRESHOLD_PCT = 50.0  # of kernel time (GPU) or compute-phase time (CPU)
@@ -18,7 +19,7 @@ def memory_bandwidth(ctx: Context) -> Optional[Finding]:
         top = [row["name"][:60] for row in gpu.kernel_table if row["kind"] == "elementwise/reduction"][:3]
         evidence = {"gpu_busy_pct": gpu.busy_pct, "elementwise_reduction_kernel_time_pct": share,
                     "top_memory_bound_kernels": top}
-        confidence = clamp(1.2 * gpu.busy_pct / 100 * share / 100)
+        confidence = clamp(gpu.busy_pct / 100 * dominance(share))
         summary = (f"the GPU is busy {gpu.busy_pct:.0f}% of the time and {share:.0f}% of kernel time is elementwise/"
                    "reduction kernels (low arithmetic intensity: memory-bandwidth bound)")
     else:
@@ -26,7 +27,7 @@ def memory_bandwidth(ctx: Context) -> Optional[Finding]:
         if share < SHARE_THRESHOLD_PCT:
             return None
         evidence = {"large_elementwise_op_time_pct": share}
-        confidence = clamp(1.1 * share / 100)
+        confidence = clamp(dominance(share), high=CPU_MAX_CONFIDENCE)
         summary = f"{share:.0f}% of compute time is large elementwise/reduction ops (memory-bandwidth bound)"
     memory_bound_rows = [row for row in ctx.profile.roofline if row.get("bound") == "memory"]
     if memory_bound_rows:

@@ -6,7 +6,7 @@ from typing import Optional
 from perflab.diagnose.findings import HOST_DEVICE_SYNC, Context, Finding, clamp, rounded
 
 GPU_IDLE_THRESHOLD_PCT = 3.0  # GPU idle after the host blocked in a sync
-CPU_CALLS_THRESHOLD = 2.0  # .item() calls per step outside the optimizer (CPU traces: no queue to drain)
+CPU_CALLS_THRESHOLD = 2.0  # .item() calls per step outside the optimizer; one per layer is a structural sync
 ADVICE = ["remove .item() / .cpu() / printing of tensors inside the step; keep running values on the device "
           "and read them once every N steps", "without syncs the step can also use cuda-graphs"]
 
@@ -44,7 +44,7 @@ def _cpu(ctx: Context) -> Optional[Finding]:
     if calls < CPU_CALLS_THRESHOLD:
         return None
     return Finding(
-        cls=HOST_DEVICE_SYNC, confidence=clamp(0.45 + 0.03 * calls, high=0.8),
+        cls=HOST_DEVICE_SYNC, confidence=clamp(0.5 + 0.04 * calls, high=0.9),
         summary=f"{calls:.0f} .item() calls per step inside the step; on a GPU each one waits for the queue to drain "
                 "(cheap on this CPU run, costly on CUDA)",
         evidence=rounded({"item_calls_per_step": calls}), levers=[], advice=list(ADVICE))

@@ -115,3 +115,45 @@ def _quiet_profiler_warnings() -> None:
     import warnings
     warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
     logging.getLogger("torch.profiler").setLevel(logging.ERROR)
+
+
+def profile_run(workload, cfg, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None,
+                argv: Optional[list[str]] = None, hooks=(), reporter=None):
+    """Run with a profiler capture, save result.json, trace, diagnosis.json and nsys_command.txt in `out_dir`.
+
+    `workload` is a Workload or a spec; `argv` are the `perflab profile` arguments (for the nsys command).
+    Returns (result, diagnosis or None, nsys command as a list).
+    """
+    from perflab.diagnose import DIAGNOSIS_FILE, diagnose
+    from perflab.harness.runner import run
+    from perflab.profile.nsys import nsys_command, save_nsys_command
+    from perflab.results import write_json_atomic
+
+    options = (options or CaptureOptions()).check(cfg.steps)
+    out_dir = Path(out_dir)
+    capture = ProfilerCapture(out_dir, options)
+    argv = list(argv) if argv is not None else _argv_for(cfg)
+    result = run(workload, cfg.replace(out=str(out_dir)), reporter=reporter, command=["perflab", "profile"] + argv,
+                 hooks=[capture, *hooks])
+    command = nsys_command(out_dir, argv, options.wait + options.warmup, options.active)
+    result.artifacts["nsys_command"] = save_nsys_command(out_dir, command).name
+    diagnosis = diagnose(capture.trace_path, result) if capture.written else None
+    if diagnosis is not None:
+        result.diagnosis = diagnosis.to_dict()
+        write_json_atomic(out_dir / DIAGNOSIS_FILE, result.diagnosis)
+        result.artifacts["diagnosis"] = DIAGNOSIS_FILE
+    result.save(out_dir)
+    return result, diagnosis, command
+
+
+def _argv_for(cfg) -> list[str]:
+    """Command-line options that reproduce the main fields of a RunConfig (for the nsys command)."""
+    argv = ["--workload", cfg.workload, "--mode", cfg.mode, "--steps", str(cfg.steps), "--trials", str(cfg.trials),
+            "--warmup", str(cfg.warmup), "--precision", cfg.precision]
+    if cfg.batch_size:
+        argv += ["--batch", str(cfg.batch_size)]
+    if cfg.device != "auto":
+        argv += ["--device", cfg.device]
+    for key, value in cfg.workload_options.items():
+        argv += ["--option", f"{key}={value}"]
+    return argv

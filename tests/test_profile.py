@@ -1,0 +1,92 @@
+"""perflab profile: scheduled capture to a Chrome trace, the nsys command, the CUDA profiler range, markers off."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from perflab import RunConfig
+from perflab.cli import main
+from perflab.diagnose.trace import load_trace
+from perflab.errors import PerflabError
+from perflab.harness.hooks import StepHook
+from perflab.harness.runner import resolve_config, run
+from perflab.profile.capture import CaptureOptions, ProfilerCapture
+from perflab.profile.nsys import CudaProfilerRange, nsys_command, parse_range, run_arguments
+
+
+def test_profile_command_saves_result_trace_diagnosis_and_nsys_command(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["profile", "--workload", "mlp", "--device", "cpu", "--batch", "8", "--steps", "4", "--trials", "1",
+                 "--warmup", "1", "--wait", "1", "--warmup-steps", "1", "--active", "2", "--out", str(out)])
+    assert code == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["artifacts"]["trace"] == "trace.json"
+    assert result["diagnosis"]["bottleneck"] == json.loads((out / "diagnosis.json").read_text())["bottleneck"]
+    assert (out / "nsys_command.txt").read_text().startswith("nsys profile -t cuda,nvtx,osrt "
+                                                             "--capture-range=cudaProfilerApi")
+    assert "diagnosis:" in capsys.readouterr().out
+    trace = load_trace(out / "trace.json")
+    step_names = {trace.annotations.names[i] for i in trace.annotations.name_id}
+    assert {"forward", "backward", "optimizer", "data"} <= step_names
+    assert len([name for name in step_names if name.startswith("ProfilerStep#")]) == 2  # --active 2
+
+
+def test_profile_refuses_a_schedule_longer_than_the_trial(tmp_path, capsys):
+    code = main(["profile", "--workload", "mlp", "--device", "cpu", "--steps", "3", "--active", "3",
+                 "--out", str(tmp_path / "run")])
+    assert code == 2
+    assert "fewer than the profiler schedule needs" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_capture_writes_gzipped_trace_when_asked(tmp_path):
+    cfg = resolve_config(RunConfig(workload="mlp", device="cpu", batch_size=8, steps=3, trials=1, warmup=0), None)
+    capture = ProfilerCapture(tmp_path, CaptureOptions(wait=0, warmup=1, active=2, gzip=True))
+    result = run("mlp", cfg, hooks=[capture])
+    assert result.artifacts["trace"] == "trace.json.gz"
+    assert len(load_trace(tmp_path / "trace.json.gz").cpu_ops) > 0
+
+
+def test_nsys_command_reruns_the_same_options_with_the_profiler_range(tmp_path):
+    argv = ["--workload", "driving", "--batch", "16", "--active", "4", "--with-stack", "--out", "x", "--wait=2"]
+    command = nsys_command(tmp_path, argv, skip=3, active=4)
+    assert command[:6] == ["nsys", "profile", "-t", "cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
+                           "--capture-range-end=stop"]
+    tail = command[command.index("perflab"):]
+    assert tail == ["perflab", "run", "--workload", "driving", "--batch", "16", "--out",
+                    str(tmp_path / "nsys_run"), "--nsys", "3:4"]
+    assert run_arguments(["--nsys", "1:2", "--mode", "infer"]) == ["--mode", "infer"]
+
+
+def test_nsys_range_must_be_skip_colon_active():
+    assert parse_range("2:3") == (2, 3)
+    with pytest.raises(PerflabError, match="SKIP:ACTIVE"):
+        parse_range("3")
+
+
+def test_cuda_profiler_range_is_a_noted_no_op_on_cpu():
+    cfg = resolve_config(RunConfig(workload="mlp", device="cpu", batch_size=8, steps=3, trials=1, warmup=0), None)
+    result = run("mlp", cfg, hooks=[CudaProfilerRange(1, 1)])
+    assert any("--nsys" in note and "CPU" in note for note in result.notes)
+
+
+@pytest.mark.cuda
+def test_cuda_profiler_range_opens_and_closes_on_cuda():
+    cfg = resolve_config(RunConfig(workload="mlp", device="cuda", steps=4, trials=1, warmup=1), None)
+    hook = CudaProfilerRange(1, 2)
+    run("mlp", cfg, hooks=[hook])
+    assert hook.recorded == 2 and not hook.running
+
+
+class MarkersOff(StepHook):
+    def start(self, plan) -> None:
+        plan.markers = False
+
+
+def test_markers_switched_off_leave_no_phase_ranges_in_the_trace(tmp_path):
+    cfg = resolve_config(RunConfig(workload="mlp", device="cpu", batch_size=8, steps=3, trials=1, warmup=0), None)
+    run("mlp", cfg, hooks=[MarkersOff(), ProfilerCapture(tmp_path, CaptureOptions(wait=0, warmup=1, active=2))])
+    trace = load_trace(tmp_path / "trace.json")
+    assert "forward" not in trace.annotations.names and len(trace.cpu_ops) > 0
