@@ -300,8 +300,8 @@ def _summary(result: Result) -> dict[str, Any]:
 
 
 def describe_config(cfg: dict[str, Any], levers: list[str]) -> str:
-    return (f"{cfg.get('workload')} {cfg.get('mode')} batch {cfg.get('batch_size')} {cfg.get('precision')}"
-            + (f" + {', '.join(levers)}" if levers else ""))
+    levers_text = ", ".join(levers) if levers else f"{cfg.get('precision')}, no levers"
+    return f"{cfg.get('workload')} {cfg.get('mode')} batch {cfg.get('batch_size')} ({levers_text})"
 
 
 def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFECT_PCT) -> Comparison:
