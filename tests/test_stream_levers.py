@@ -113,6 +113,20 @@ def test_levers_that_only_reschedule_work_do_not_trigger_the_quality_gate():
 
 # ---------------------------------------------------------------- CPU end to end
 
+def test_pipelined_model_uses_precomputed_features_only_for_the_batch_they_were_made_for():
+    from perflab.levers.pipeline import FeatureHandoff, PipelinedModel
+    workload, _ = workload_for("segmentation")
+    handoff = FeatureHandoff()
+    model = PipelinedModel(workload.model, workload.trainable_stage, handoff)
+    images = workload.dataset[0][0][None]
+    features = workload.frozen_stage(images)
+    handoff.inputs, handoff.features = images, features
+    torch.testing.assert_close(model(images), workload.trainable_stage(features))
+    assert handoff.features is None  # handed over once, then released
+    copy = images.clone()  # e.g. the quality gate's cloned batch: the whole model runs
+    torch.testing.assert_close(model(copy), workload.model(copy))
+
+
 def test_sdpa_math_runs_on_cpu_inside_its_kernel_context_and_passes_the_quality_gate():
     cfg = RunConfig(workload="transformer", device="cpu", batch_size=2, steps=2, trials=1, warmup=1, sdpa="math",
                     quality_steps=2, workload_options=dict(TINY["transformer"]))
