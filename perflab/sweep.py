@@ -171,8 +171,9 @@ def _trim_partial_line(path: Path) -> None:
 
 def best_points(rows: Iterable[dict[str, Any]], max_p95_ms: Optional[float] = None
                 ) -> tuple[Optional[dict[str, Any]], Optional[dict[str, Any]]]:
-    """The fastest point by throughput, and the fastest whose p95 step latency is within the bound."""
-    ok = [row for row in rows if row["status"] == "ok"]
+    """The fastest point by throughput, and the fastest whose p95 step latency is within the bound.
+    Points that failed their quality gate are never the best."""
+    ok = [row for row in rows if row["status"] == "ok" and row.get("quality") != "fail"]
     best = max(ok, key=lambda row: row["throughput"], default=None)
     if max_p95_ms is None:
         return best, None

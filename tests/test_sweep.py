@@ -141,7 +141,8 @@ def test_sweep_refuses_to_overwrite_a_sweep_without_resume(tmp_path):
 def test_best_points_respect_the_latency_bound():
     rows = [{"key": "a", "status": "ok", "throughput": 100.0, "p95_ms": 5.0},
             {"key": "b", "status": "ok", "throughput": 300.0, "p95_ms": 50.0},
-            {"key": "c", "status": "oom", "throughput": None, "p95_ms": None}]
+            {"key": "c", "status": "oom", "throughput": None, "p95_ms": None},
+            {"key": "d", "status": "ok", "throughput": 900.0, "p95_ms": 1.0, "quality": "fail"}]
     best, bounded = best_points(rows, max_p95_ms=10.0)
     assert best["key"] == "b" and bounded["key"] == "a"
     assert best_points(rows, max_p95_ms=1.0)[1] is None
