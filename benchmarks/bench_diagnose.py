@@ -84,8 +84,8 @@ class MarkersOff(StepHook):
 
 def marker_overhead(rows: Rows, spec: str, quick: bool) -> None:
     """Step time with markers on vs off (profiler off), alternating runs; plus the cost of one mark call."""
-    steps, pairs = (10, 2) if quick else (30, 4)
-    base = dict(workload=spec, mode="train", steps=steps, trials=3, warmup=5)
+    steps, pairs = (10, 2) if quick else (30, 3)
+    base = dict(workload=spec, mode="train", steps=steps, trials=2, warmup=5)
     if not CUDA:
         base["batch_size"] = 8
     on_ms, off_ms = [], []
