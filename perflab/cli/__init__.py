@@ -12,6 +12,7 @@ import sys
 from typing import Optional
 
 from rich.console import Console
+from rich.markup import escape
 
 from perflab.errors import PerflabError
 from perflab.version import __version__
@@ -51,7 +52,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except PerflabError as err:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]: nothing partial was saved as a result")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
 from rich.table import Table
 
 from perflab.calibrate import cache_path, calibrate, cached_ceilings, datasheet_ceilings
@@ -42,7 +43,9 @@ def handle_levers(args: argparse.Namespace) -> int:
     for column in ("name", "flag", "what it does", "needs", "addresses"):
         table.add_column(column, no_wrap=column in ("name", "flag"))
     for lever in all_levers():
-        table.add_row(lever.name, lever.flag, lever.summary, lever.needs, ", ".join(lever.addresses))
+        # escape: "[default|reduce-overhead|...]" in a flag would otherwise read as rich markup and vanish
+        table.add_row(lever.name, escape(lever.flag), escape(lever.summary), escape(lever.needs),
+                      ", ".join(lever.addresses))
     console.print(table)
     return 0
 

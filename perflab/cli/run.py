@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rich.markup import escape
+
 from perflab.checkpoint import checkpoint_hooks
 from perflab.cli import console
 from perflab.cli._options import add_run_options, config_from_args
@@ -28,4 +30,8 @@ def handle(args: argparse.Namespace) -> int:
                      hooks=list(checkpoint_hooks(cfg, out)) + nsys_hooks(args.nsys))
         result.save(out)
     print_result(console, result)
+    if result.quality and result.quality.get("verdict") == "fail":
+        console.print(f"[bold red]quality gate failed[/]: {escape(result.quality['reason'])}; the result is "
+                      "saved (tolerances: docs/quality.md)", highlight=False)
+        return 1
     return 0

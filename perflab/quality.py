@@ -1,0 +1,319 @@
+"""The quality gate: a candidate's outputs (infer) or loss trajectory (train) against the fp32 eager baseline.
+
+Both sides start from deep copies of the untouched workload (identical initial weights), run from the same
+seed on the same input batches, and step through the same plan machinery the timed run uses: the compiled
+model, the CUDA-graphed step, channels-last inputs, autocast, the gradient scaler. The baseline is the same
+config with no lever applied at all (fp32, eager, contiguous, default optimizer; TF32 off on CUDA).
+
+The inputs are the batches the candidate's own data path delivers (loader, prefetcher, GPU augmentation),
+drawn once and fed to both sides: the gate checks the model's numerics, not the data path. Dropout is
+switched off on both sides so that the comparison measures arithmetic, not random streams (compiled and
+graphed kernels draw random numbers differently from eager ones). docs/quality.md has the tolerances and
+the measurements behind them.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import math
+import time
+from contextlib import ExitStack
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from perflab.errors import PerflabError
+from perflab.harness.data import map_tensors, to_device
+from perflab.harness.loop import run_steps
+from perflab.harness.plan import StepPlan, build_plan
+from perflab.harness.timers import NullTimer
+
+# Relative output error ‖out − ref‖ / ‖ref‖ allowed in inference, by the candidate's precision. DESIGN.md's
+# values, with bf16 at 2e-2: its 8-bit mantissa measured up to 9.5e-3 on a 50-layer ResNet (docs/quality.md).
+INFER_RTOL = {"fp32": 1e-5, "tf32": 1e-3, "bf16": 2e-2, "fp16": 1e-2}
+# Relative final-loss delta allowed after `quality_steps` training steps, by precision: 5-20x the largest
+# delta measured on workloads whose training is not chaotic (docs/quality.md).
+TRAIN_LOSS_RTOL = {"fp32": 1e-4, "tf32": 2e-3, "bf16": 1e-2, "fp16": 1e-2}
+# Some trainings amplify rounding chaotically (a random-init ResNet-50 with BatchNorm on a small batch turns a
+# 1e-7 weight nudge into a several-% loss change within 8 steps). So the gate also runs the baseline with its
+# weights nudged at fp32 rounding level, and allows NOISE_FACTOR x the largest loss delta that run shows.
+ROUNDING_NOISE = 2.0**-23
+NOISE_FACTOR = 3.0
+BASELINE = "fp32 eager, no levers (TF32 off, contiguous, default optimizer), same seed, weights and inputs"
+
+
+def precision_tolerance(cfg) -> dict[str, Any]:
+    """The tolerance before any noise floor: the user's override, or the default for the precision."""
+    if cfg.mode == "infer":
+        override, table, flag = cfg.quality_rtol, INFER_RTOL, "--quality-rtol"
+    else:
+        override, table, flag = cfg.quality_loss_rtol, TRAIN_LOSS_RTOL, "--quality-loss-rtol"
+    if override is not None:
+        return {"rtol": float(override), "source": flag}
+    return {"rtol": table[cfg.precision], "source": f"{cfg.precision} default"}
+
+
+def run_quality_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
+    """Compare the candidate (cfg's levers) with the fp32 eager baseline; returns the verdict and figures."""
+    began = time.perf_counter()
+    tolerance = precision_tolerance(cfg)
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):  # the timed run's random state is not the gate's business
+        levers, inputs, candidate = _run_candidate(workload, cfg, device)
+        inputs = [_contiguous(batch) for batch in inputs]
+        baseline = _observe(_plan(workload, cfg, device, levers=[]), inputs, cfg.seed)
+        if cfg.mode == "train" and tolerance["source"] != "--quality-loss-rtol":
+            nudged = _observe(_plan(workload, cfg, device, levers=[], perturb_seed=cfg.seed + 1), inputs, cfg.seed)
+            tolerance = _with_noise_floor(tolerance, baseline, nudged)
+    del inputs
+    _release_memory(device)
+    if cfg.mode == "infer":
+        verdict = judge_outputs(baseline, candidate, tolerance["rtol"], tolerance["source"], workload.is_classifier)
+    else:
+        verdict = judge_losses(baseline, candidate, tolerance["rtol"], tolerance["source"])
+    verdict.update(mode=cfg.mode, baseline=BASELINE, candidate={"levers": levers, "precision": cfg.precision},
+                   tolerances=tolerance, seconds=round(time.perf_counter() - began, 3))
+    verdict["batches" if cfg.mode == "infer" else "steps"] = cfg.quality_steps
+    return verdict
+
+
+def _run_candidate(workload, cfg, device: torch.device) -> tuple[list[str], list[Any], list[Any]]:
+    """The candidate's lever names, the input batches its data path delivers, and what its steps computed."""
+    plan = _plan(workload, cfg, device, levers=None)
+    try:
+        inputs = _candidate_inputs(plan, cfg.seed, cfg.quality_steps)
+        return list(plan.levers), inputs, _observe(plan, inputs, cfg.seed)
+    finally:
+        plan.cleanup()
+
+
+def _with_noise_floor(tolerance: dict[str, Any], baseline: list[float], nudged: list[float]) -> dict[str, Any]:
+    """Raise the loss tolerance to NOISE_FACTOR x the baseline's own sensitivity to rounding, if larger."""
+    pairs = list(zip(baseline, nudged))
+    finite = all(math.isfinite(a) and math.isfinite(b) for a, b in pairs)
+    floor = max(abs(b - a) / abs(a) if a else abs(b - a) for a, b in pairs) if finite else None
+    tolerance = dict(tolerance, precision_rtol=tolerance["rtol"], noise_floor=floor, noise_factor=NOISE_FACTOR)
+    if floor is not None and NOISE_FACTOR * floor > tolerance["rtol"]:
+        tolerance.update(rtol=NOISE_FACTOR * floor, source=f"noise floor {NOISE_FACTOR:g} x {floor:.1e}")
+    return tolerance
+
+
+def _plan(workload, cfg, device: torch.device, levers, perturb_seed: Optional[int] = None) -> StepPlan:
+    """A plan over a private deep copy of the workload (the dataset is shared: it is only read).
+
+    With `perturb_seed`, every floating-point weight is nudged by relative noise at fp32 rounding level.
+    """
+    private = copy.deepcopy(workload, memo={id(workload.dataset): workload.dataset})
+    _disable_dropout(private.model)
+    if perturb_seed is not None:
+        gen = torch.Generator().manual_seed(perturb_seed)
+        with torch.no_grad():
+            for tensor in private.model.parameters():
+                if tensor.is_floating_point():
+                    noise = torch.randn(tensor.shape, generator=gen).to(tensor.device, tensor.dtype)
+                    tensor.mul_(1 + ROUNDING_NOISE * noise)
+    return build_plan(private, cfg, device, levers)
+
+
+def _disable_dropout(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        elif isinstance(module, nn.MultiheadAttention):
+            module.dropout = 0.0
+
+
+def _candidate_inputs(plan: StepPlan, seed: int, count: int) -> list[Any]:
+    """`count` batches as the candidate's model receives them: through its loader, copies and transforms."""
+    stream = plan.batches(seed)
+    batches = []
+    with torch.no_grad():
+        for _ in range(count):
+            batch = next(stream)
+            if not plan.batches_on_device:
+                batch = plan.to_device(batch)
+            if plan.gpu_transform is not None:
+                batch = plan.gpu_transform(batch)
+            batches.append(batch)
+        if plan.device.type == "cuda":
+            torch.cuda.synchronize(plan.device)  # side-stream copies/augmentation done before we clone
+        batches = [map_tensors(batch, lambda tensor: tensor.clone(memory_format=torch.preserve_format))
+                   for batch in batches]
+    del stream  # stops the loader's workers
+    return batches
+
+
+def _contiguous(batch: Any) -> Any:
+    """The baseline's inputs: the same values in the default (contiguous) layout."""
+    return map_tensors(batch, lambda tensor: tensor.contiguous())
+
+
+class _Recorder:
+    """Wraps the plan's model and loss so the gate sees what the step computed.
+
+    A CUDA-graphed step calls the wrappers only while capturing; the tensors recorded then are the graph's
+    static outputs, which every replay rewrites, so reading them after a replay reads that replay's values.
+    A custom `step_fn` that calls neither may expose `last_output` / `last_loss` instead.
+    """
+
+    def __init__(self, plan: StepPlan):
+        self.step_fn = plan.step_fn
+        self.model, self.loss_fn = plan.model, plan.loss_fn
+        self.output: Any = None
+        self.loss: Optional[torch.Tensor] = None
+        plan.model = self.forward
+        if plan.loss_fn is not None:
+            plan.loss_fn = self.compute_loss
+
+    def forward(self, inputs: Any) -> Any:
+        self.output = self.model(inputs)
+        return self.output
+
+    def compute_loss(self, output: Any, target: Any) -> torch.Tensor:
+        self.loss = self.loss_fn(output, target)
+        return self.loss
+
+    def read(self, mode: str) -> Any:
+        """The last step's outputs (as one float64 CPU vector per tensor) or loss (a float)."""
+        if mode == "infer":
+            output = getattr(self.step_fn, "last_output", None)
+            output = self.output if output is None else output
+            if output is None:
+                raise PerflabError("the quality gate cannot see this step's outputs (its step function calls "
+                                   "neither the model nor sets last_output); add --no-check-quality")
+            tensors: list[torch.Tensor] = []
+            map_tensors(output, lambda tensor: tensors.append(tensor.detach().to("cpu", torch.float64)) or tensor)
+            return tensors
+        loss = getattr(self.step_fn, "last_loss", None)
+        loss = self.loss if loss is None else loss
+        if loss is None:
+            raise PerflabError("the quality gate cannot see this step's loss (its step function calls neither "
+                               "the loss nor sets last_loss); add --no-check-quality")
+        return float(loss.detach().float())
+
+
+def _observe(plan: StepPlan, inputs: list[Any], seed: int) -> list[Any]:
+    """Run one step per input batch through the plan, then clean it up; per step, the outputs or the loss."""
+    try:
+        return _steps(plan, inputs, seed)
+    finally:
+        plan.cleanup()
+
+
+def _steps(plan: StepPlan, inputs: list[Any], seed: int) -> list[Any]:
+    plan.data_source, plan.device_feeder, plan.gpu_transform = "device", None, None  # inputs are ready
+    plan.markers = False
+    recorder = _Recorder(plan)
+    torch.manual_seed(seed)
+    observed = []
+    with ExitStack() as stack:
+        for context in plan.run_contexts:
+            stack.enter_context(context())
+        if plan.mode == "infer":
+            stack.enter_context(torch.inference_mode())
+        batches = iter(inputs)
+        for _ in inputs:
+            run_steps(plan, batches, 1, NullTimer())
+            observed.append(recorder.read(plan.mode))
+    return observed
+
+
+def _release_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _non_finite(tensors: list[torch.Tensor]) -> int:
+    return int(sum((~torch.isfinite(tensor)).sum() for tensor in tensors))
+
+
+def _relative_error(out: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
+    out_flat = torch.cat([tensor.flatten() for tensor in out])
+    ref_flat = torch.cat([tensor.flatten() for tensor in ref])
+    if out_flat.shape != ref_flat.shape:
+        return math.inf
+    diff, norm = float(torch.linalg.vector_norm(out_flat - ref_flat)), float(torch.linalg.vector_norm(ref_flat))
+    return diff / norm if norm > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def top1_flips(out: torch.Tensor, ref: torch.Tensor, rtol: float) -> tuple[int, int, int]:
+    """(samples, argmax disagreements, decisive disagreements) for (N, classes) logits.
+
+    A disagreement is decisive when the baseline preferred its own class over the candidate's by more than
+    rtol × ‖baseline logits of that sample‖: a flip between classes closer than the tolerated error is a
+    near-tie, not a quality loss (common with random-init classifiers, whose logits are nearly equal).
+    """
+    ref_top, out_top = ref.argmax(dim=1), out.argmax(dim=1)
+    flipped = ref_top != out_top
+    rows = torch.arange(ref.shape[0])
+    margin = ref[rows, ref_top] - ref[rows, out_top]
+    decisive = flipped & (margin > rtol * torch.linalg.vector_norm(ref, dim=1))
+    return ref.shape[0], int(flipped.sum()), int(decisive.sum())
+
+
+def judge_outputs(baseline: list[list[torch.Tensor]], candidate: list[list[torch.Tensor]], rtol: float,
+                  source: str, is_classifier: bool) -> dict[str, Any]:
+    """Inference verdict: NaN/inf fails; then max per-batch relative error, then decisive top-1 flips."""
+    errors = [_relative_error(out, ref) for out, ref in zip(candidate, baseline)]
+    metrics: dict[str, Any] = {"rel_error": max(errors), "rel_error_per_batch": errors,
+                               "non_finite_candidate": sum(_non_finite(out) for out in candidate),
+                               "non_finite_baseline": sum(_non_finite(ref) for ref in baseline)}
+    top1 = _top1(baseline, candidate, rtol) if is_classifier else None
+    if top1:
+        metrics.update(top1)
+    limit = f"{rtol:.1e} ({source})"
+    if metrics["non_finite_baseline"]:
+        return _verdict("fail", f"the fp32 eager baseline itself produced {metrics['non_finite_baseline']} "
+                        "NaN/inf values: the workload is unstable, not the lever", metrics)
+    if metrics["non_finite_candidate"]:
+        return _verdict("fail", f"candidate outputs contain {metrics['non_finite_candidate']} NaN/inf values "
+                        "(overflow? fp16 tops out at 65504)", metrics)
+    if metrics["rel_error"] > rtol:
+        return _verdict("fail", f"relative output error {metrics['rel_error']:.2e} > {limit} tolerance",
+                        metrics)
+    if top1 and top1["top1_decisive_flips"]:
+        return _verdict("fail", f"top-1 class changed on {top1['top1_decisive_flips']} of {top1['top1_samples']}"
+                        " samples where the baseline was not a near-tie", metrics)
+    reason = f"relative output error {metrics['rel_error']:.2e} <= {limit}"
+    if top1:
+        reason += f"; top-1 agreement {100 * top1['top1_agreement']:.1f}% over {top1['top1_samples']} samples"
+    return _verdict("pass", reason, metrics)
+
+
+def _top1(baseline, candidate, rtol: float) -> Optional[dict[str, Any]]:
+    """Top-1 figures over every batch, when the first output tensor is (N, classes) logits."""
+    totals = [0, 0, 0]
+    for out, ref in zip(candidate, baseline):
+        if ref[0].dim() != 2 or out[0].shape != ref[0].shape:
+            return None
+        totals = [a + b for a, b in zip(totals, top1_flips(out[0], ref[0], rtol))]
+    samples, flips, decisive = totals
+    return {"top1_agreement": 1 - flips / samples, "top1_samples": samples, "top1_flips": flips,
+            "top1_decisive_flips": decisive}
+
+
+def judge_losses(baseline: list[float], candidate: list[float], rtol: float, source: str) -> dict[str, Any]:
+    """Training verdict: any NaN/inf loss fails; then the relative delta of the final loss."""
+    deltas = [abs(c - b) / abs(b) if b else abs(c - b) for b, c in zip(baseline, candidate)]
+    metrics: dict[str, Any] = {
+        "baseline_losses": baseline, "candidate_losses": candidate,
+        "final_loss_baseline": baseline[-1], "final_loss_candidate": candidate[-1],
+        "final_loss_rel_delta": deltas[-1], "max_loss_rel_delta": max(deltas),
+    }
+    if not all(math.isfinite(loss) for loss in baseline):
+        return _verdict("fail", "the fp32 eager baseline's loss itself went NaN/inf: the workload is unstable, "
+                        "not the lever", metrics)
+    bad = [step for step, loss in enumerate(candidate) if not math.isfinite(loss)]
+    if bad:
+        return _verdict("fail", f"candidate loss is NaN/inf from step {bad[0]} of {len(candidate)}", metrics)
+    summary = (f"final loss {candidate[-1]:.5g} vs baseline {baseline[-1]:.5g} after {len(candidate)} steps: "
+               f"relative delta {deltas[-1]:.2e}")
+    if deltas[-1] > rtol:
+        return _verdict("fail", f"{summary} > {rtol:.1e} ({source}) tolerance", metrics)
+    return _verdict("pass", f"{summary} <= {rtol:.1e} ({source})", metrics)
+
+
+def _verdict(verdict: str, reason: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    return {"verdict": verdict, "reason": reason, "metrics": metrics}
