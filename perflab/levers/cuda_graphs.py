@@ -1,6 +1,7 @@
 """--cuda-graphs: capture the whole static-shape step once and replay it (no per-kernel launch cost)."""
 from __future__ import annotations
 
+import itertools
 from typing import Any, Optional
 
 import torch
@@ -45,6 +46,7 @@ class GraphedStep:
 
     def _capture(self, batch: Any) -> None:
         self.static_batch = map_tensors(batch, lambda tensor: tensor.clone())
+        saved = _training_state(self.plan) if self.plan.mode == "train" else None
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -54,12 +56,43 @@ class GraphedStep:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self._eager_step(self.static_batch)
+        if saved is not None:
+            _restore_training_state(self.plan, saved)
 
     def __call__(self, batch: Any) -> None:
         if self.graph is None:
             self._capture(batch)
         copy_into(self.static_batch, batch)
         self.graph.replay()
+
+
+def _training_state(plan) -> tuple[list[torch.Tensor], dict]:
+    """Clones of the weights, buffers and optimizer state, taken before the warm-up iterations train."""
+    model = plan.eager_model
+    tensors = [tensor.detach().clone() for tensor in itertools.chain(model.parameters(), model.buffers())]
+    optimizer_state = {param: {key: value.clone() for key, value in state.items() if torch.is_tensor(value)}
+                       for param, state in plan.optimizer.state.items()}
+    return tensors, optimizer_state
+
+
+def _restore_training_state(plan, saved: tuple[list[torch.Tensor], dict]) -> None:
+    """Undo the warm-up iterations in place (the graph keeps its addresses), so a graphed run trains the same
+    steps as eager. Optimizer state the warm-up created is zeroed: a fresh state for SGD without dampening,
+    Adam and AdamW (their first step from zeros equals their first step from nothing)."""
+    tensors, optimizer_state = saved
+    model = plan.eager_model
+    with torch.no_grad():
+        for live, old in zip(itertools.chain(model.parameters(), model.buffers()), tensors):
+            live.copy_(old)
+        for param, state in plan.optimizer.state.items():
+            for key, value in state.items():
+                if not torch.is_tensor(value):
+                    continue
+                old = optimizer_state.get(param, {}).get(key)
+                if old is None:
+                    value.zero_()
+                else:
+                    value.copy_(old)
 
 
 def _refuse(cfg, workload, device) -> Optional[str]:
