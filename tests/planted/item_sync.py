@@ -22,7 +22,9 @@ class CheckedStack(nn.Module):
 
 
 def build(cfg) -> Workload:
-    width = size(cfg, cpu=128, cuda=1024)
+    # On CUDA each layer must take the GPU longer than the host needs to launch the next one; only then
+    # does the sync (not launch overhead) leave the GPU idle.
+    width = size(cfg, cpu=128, cuda=4096)
     return Workload(name="planted-item-sync", model=CheckedStack(width),
                     dataset=RandomItems(512, (width,), (width,), cfg.seed), loss_fn=nn.MSELoss(),
                     default_data="device", description="planted: .item() after every layer")
