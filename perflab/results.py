@@ -68,7 +68,11 @@ class Result:
                                f"understands ({SCHEMA_VERSION}); upgrade perflab")
         known = set(cls.__dataclass_fields__) - {"path", "trials"}
         fields = {key: value for key, value in data.items() if key in known}
-        return cls(trials=[Trial(**trial) for trial in data["trials"]], **fields)
+        try:
+            trials = [Trial(**trial) for trial in data["trials"]]
+        except TypeError as err:
+            raise PerflabError(f"{source} has malformed trials ({err}); re-run to regenerate it") from None
+        return cls(trials=trials, **fields)
 
     def save(self, directory: Union[str, Path]) -> Path:
         """Write `result.json` into `directory` atomically; returns its path."""
