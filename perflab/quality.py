@@ -62,9 +62,9 @@ def run_quality_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
     with torch.random.fork_rng(devices=devices):  # the timed run's random state is not the gate's business
         levers, inputs, candidate = _run_candidate(workload, cfg, device)
         inputs = [_contiguous(batch) for batch in inputs]
-        baseline = _observe(_plan(workload, cfg, device, levers=[]), inputs, cfg.seed)
+        baseline = _observe(_plan(workload, cfg, device, levers=[]), inputs, cfg)
         if cfg.mode == "train" and tolerance["source"] != "--quality-loss-rtol":
-            nudged = _observe(_plan(workload, cfg, device, levers=[], perturb_seed=cfg.seed + 1), inputs, cfg.seed)
+            nudged = _observe(_plan(workload, cfg, device, levers=[], perturb_seed=cfg.seed + 1), inputs, cfg)
             tolerance = _with_noise_floor(tolerance, baseline, nudged)
     del inputs
     _release_memory(device)
@@ -79,11 +79,15 @@ def run_quality_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
 
 
 def _run_candidate(workload, cfg, device: torch.device) -> tuple[list[str], list[Any], list[Any]]:
-    """The candidate's lever names, the input batches its data path delivers, and what its steps computed."""
+    """The candidate's lever names, the batches its steps received, and what its steps computed.
+
+    The candidate runs exactly as timed: its own loader, prefetcher, GPU augmentation or stream pipeline
+    deliver the batches; the recorder keeps a copy of each, which becomes the baseline's input.
+    """
     plan = _plan(workload, cfg, device, levers=None)
     try:
-        inputs = _candidate_inputs(plan, cfg.seed, cfg.quality_steps)
-        return list(plan.levers), inputs, _observe(plan, inputs, cfg.seed)
+        recorder = _Recorder(plan)
+        return list(plan.levers), *_steps(plan, recorder, plan.batches(cfg.seed), cfg)
     finally:
         plan.cleanup()
 
@@ -124,58 +128,56 @@ def _disable_dropout(model: nn.Module) -> None:
             module.dropout = 0.0
 
 
-def _candidate_inputs(plan: StepPlan, seed: int, count: int) -> list[Any]:
-    """`count` batches as the candidate's model receives them: through its loader, copies and transforms."""
-    stream = plan.batches(seed)
-    batches = []
-    with torch.no_grad():
-        for _ in range(count):
-            batch = next(stream)
-            if not plan.batches_on_device:
-                batch = plan.to_device(batch)
-            if plan.gpu_transform is not None:
-                batch = plan.gpu_transform(batch)
-            batches.append(batch)
-        if plan.device.type == "cuda":
-            torch.cuda.synchronize(plan.device)  # side-stream copies/augmentation done before we clone
-        batches = [map_tensors(batch, lambda tensor: tensor.clone(memory_format=torch.preserve_format))
-                   for batch in batches]
-    del stream  # stops the loader's workers
-    return batches
-
-
 def _contiguous(batch: Any) -> Any:
     """The baseline's inputs: the same values in the default (contiguous) layout."""
     return map_tensors(batch, lambda tensor: tensor.contiguous())
 
 
-class _Recorder:
-    """Wraps the plan's model and loss so the gate sees what the step computed.
+def _clone(batch: Any) -> Any:
+    return map_tensors(batch, lambda tensor: tensor.detach().clone())
 
-    A CUDA-graphed step calls the wrappers only while capturing; the tensors recorded then are the graph's
-    static outputs, which every replay rewrites, so reading them after a replay reads that replay's values.
-    A custom `step_fn` that calls neither may expose `last_output` / `last_loss` instead.
+
+class _Recorder:
+    """Wraps the plan's model, loss and step function so the gate sees what each step received and computed.
+
+    A CUDA-graphed step calls the model and loss only while capturing; the tensors recorded then are the
+    graph's static outputs, which every replay rewrites, so reading them after a replay reads that replay's
+    values. A custom `step_fn` that calls neither may expose `last_output` / `last_loss` instead.
     """
 
     def __init__(self, plan: StepPlan):
-        self.step_fn = plan.step_fn
-        self.model, self.loss_fn = plan.model, plan.loss_fn
+        self.model, self.loss_fn, self.step_fn = plan.model, plan.loss_fn, plan.step_fn
         self.output: Any = None
         self.loss: Optional[torch.Tensor] = None
+        self.inputs: Any = None
+        self.target: Any = None
+        self.batch: Any = None
         plan.model = self.forward
         if plan.loss_fn is not None:
             plan.loss_fn = self.compute_loss
+        if plan.step_fn is not None:
+            plan.step_fn = self.step
 
     def forward(self, inputs: Any) -> Any:
+        self.inputs = _clone(inputs)
         self.output = self.model(inputs)
         return self.output
 
     def compute_loss(self, output: Any, target: Any) -> torch.Tensor:
+        self.target = _clone(target)
         self.loss = self.loss_fn(output, target)
         return self.loss
 
+    def step(self, batch: Any) -> None:
+        self.batch = _clone(batch)
+        self.step_fn(batch)
+
+    def step_batch(self) -> Any:
+        """The batch the last step received (inputs, target)."""
+        return self.batch if self.step_fn is not None else (self.inputs, self.target)
+
     def read(self, mode: str) -> Any:
-        """The last step's outputs (as one float64 CPU vector per tensor) or loss (a float)."""
+        """The last step's outputs (as float64 CPU tensors) or loss (a float)."""
         if mode == "infer":
             output = getattr(self.step_fn, "last_output", None)
             output = self.output if output is None else output
@@ -193,30 +195,30 @@ class _Recorder:
         return float(loss.detach().float())
 
 
-def _observe(plan: StepPlan, inputs: list[Any], seed: int) -> list[Any]:
-    """Run one step per input batch through the plan, then clean it up; per step, the outputs or the loss."""
+def _observe(plan: StepPlan, inputs: list[Any], cfg) -> list[Any]:
+    """Run the plan on the given device batches, one step each, then clean it up; per step, what it computed."""
     try:
-        return _steps(plan, inputs, seed)
+        plan.data_source, plan.device_feeder, plan.gpu_transform = "device", None, None  # inputs are ready
+        return _steps(plan, _Recorder(plan), iter(inputs), cfg)[1]
     finally:
         plan.cleanup()
 
 
-def _steps(plan: StepPlan, inputs: list[Any], seed: int) -> list[Any]:
-    plan.data_source, plan.device_feeder, plan.gpu_transform = "device", None, None  # inputs are ready
+def _steps(plan: StepPlan, recorder: _Recorder, batches, cfg) -> tuple[list[Any], list[Any]]:
+    """`cfg.quality_steps` steps through the timed loop's code; (batches received, outputs or losses)."""
     plan.markers = False
-    recorder = _Recorder(plan)
-    torch.manual_seed(seed)
-    observed = []
+    received, observed = [], []
     with ExitStack() as stack:
         for context in plan.run_contexts:
             stack.enter_context(context())
         if plan.mode == "infer":
             stack.enter_context(torch.inference_mode())
-        batches = iter(inputs)
-        for _ in inputs:
+        torch.manual_seed(cfg.seed)
+        for _ in range(cfg.quality_steps):
             run_steps(plan, batches, 1, NullTimer())
             observed.append(recorder.read(plan.mode))
-    return observed
+            received.append(recorder.step_batch())
+    return received, observed
 
 
 def _release_memory(device: torch.device) -> None:

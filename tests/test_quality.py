@@ -96,6 +96,14 @@ def test_gate_passes_bf16_training_and_records_both_loss_trajectories():
     assert quality["tolerances"]["noise_floor"] is not None
 
 
+def test_gate_feeds_the_baseline_the_batches_the_candidates_gpu_augmentation_made():
+    # --augment gpu: the dataset yields raw uint8 images and the candidate's data path augments them at
+    # random; the baseline must train on exactly those augmented batches, so fp32 losses match exactly
+    quality = gate("augment", augment="gpu", batch_size=4)
+    assert quality["verdict"] == "pass", quality["reason"]
+    assert quality["metrics"]["baseline_losses"] == quality["metrics"]["candidate_losses"]
+
+
 def test_gate_fails_a_lever_that_changes_the_weights(monkeypatch):
     plant(monkeypatch, optimizer_levers, "foreach-optimizer", scale_first_layer)
     quality = gate(optimizer_impl="foreach")
