@@ -101,7 +101,7 @@ def add_run_options(parser: argparse.ArgumentParser, lists: bool = False) -> Non
     opt("--quality-steps", "quality_steps", "training steps (train) or batches (infer) the quality gate "
         "compares (default: 8)", metavar="N")
     opt("--quality-rtol", "quality_rtol", "inference: relative output error allowed (default by precision: "
-        "fp32 1e-5, tf32 1e-3, bf16/fp16 1e-2; see docs/quality.md)", metavar="X")
+        "fp32 1e-5, tf32 1e-3, bf16 2e-2, fp16 1e-2; see docs/quality.md)", metavar="X")
     opt("--quality-loss-rtol", "quality_loss_rtol", "training: relative final-loss delta allowed (default by "
         "precision; see docs/quality.md)", metavar="X")
     if not lists:
