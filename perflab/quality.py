@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from perflab.errors import PerflabError
-from perflab.harness.data import map_tensors, to_device
+from perflab.harness.data import map_tensors
 from perflab.harness.loop import run_steps
 from perflab.harness.plan import StepPlan, build_plan
 from perflab.harness.timers import NullTimer
