@@ -5,8 +5,8 @@ seed on the same input batches, and step through the same plan machinery the tim
 model, the CUDA-graphed step, channels-last inputs, autocast, the gradient scaler. The baseline is the same
 config with no lever applied at all (fp32, eager, contiguous, default optimizer; TF32 off on CUDA).
 
-The inputs are the batches the candidate's own data path delivers (loader, prefetcher, GPU augmentation),
-drawn once and fed to both sides: the gate checks the model's numerics, not the data path. Dropout is
+The candidate runs through its own data path (loader, prefetcher, GPU augmentation, stream pipeline); each
+batch its steps received is copied and fed to the baseline, so both see identical inputs. Dropout is
 switched off on both sides so that the comparison measures arithmetic, not random streams (compiled and
 graphed kernels draw random numbers differently from eager ones). docs/quality.md has the tolerances and
 the measurements behind them.
