@@ -13,5 +13,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def one_cpu_thread():
+    # Two OpenMP threads on a small shared 2-core machine spin against each other; one keeps runs fast
+    # and their timings steady.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
 def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PERFLAB_CACHE_DIR", str(tmp_path / "cache"))

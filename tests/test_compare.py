@@ -3,7 +3,6 @@ import copy
 import json
 
 import pytest
-import torch
 
 from perflab import RunConfig, run
 from perflab.cli import main
@@ -12,12 +11,6 @@ from perflab.harness.runner import aggregate
 from perflab.results import Result, Trial
 
 
-@pytest.fixture(autouse=True)
-def one_cpu_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,6 @@ CHROMIUM = "/usr/bin/chromium"
 TINY = ["--workload", "mlp", "--steps", "3", "--trials", "2", "--warmup", "1", "--device", "cpu"]
 
 
-@pytest.fixture(autouse=True)
-def one_cpu_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,6 @@ from perflab.workloads import load_workload
 TINY = ["--workload", "mlp", "--steps", "4", "--trials", "2", "--warmup", "1", "--device", "cpu"]
 
 
-@pytest.fixture(autouse=True)
-def one_cpu_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def mlp_plan(seed: int = 0, **options):

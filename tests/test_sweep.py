@@ -15,13 +15,6 @@ from perflab.sweep import best_points, read_rows, run_auto_batch, run_sweep
 TINY = ["--workload", "mlp", "--steps", "3", "--trials", "2", "--warmup", "1", "--device", "cpu"]
 
 
-@pytest.fixture(autouse=True)
-def one_cpu_thread():
-    # Two OpenMP threads on a small shared machine spin against each other; one keeps the runs fast.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def counting_run(monkeypatch, fail=None, throughput=None):

@@ -285,7 +285,7 @@ def _idle_split(trace: ParsedTrace, gaps: Intervals, start: float, end: float) -
     begins while the host sits in a sync is the sync's fault as a whole: the queue ran dry because the host
     was waiting, and the launches after it only refill it.
     """
-    ann, ops, rt, mc = trace.annotations, trace.cpu_ops, trace.runtime, trace.memcpys
+    ops, rt, mc = trace.cpu_ops, trace.runtime, trace.memcpys
     data = _phase_intervals(trace, ("data",))
     h2d = Intervals.of(_phase_intervals(trace, ("h2d",)), intervals_of(mc, mc.mask(lambda n: "HtoD" in n)))
     sync = Intervals.of(intervals_of(rt, rt.mask(lambda n: n in SYNC_CALLS)),

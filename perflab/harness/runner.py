@@ -190,14 +190,14 @@ def _timed_trials(plan: StepPlan, batches, cfg: RunConfig, reporter: Reporter,
     reporter.start(f"{cfg.trials} trials x {cfg.steps} steps", cfg.trials * cfg.steps)
     for _ in range(cfg.trials):
         timer = make_timer(plan.device, cfg.sync_phases)
-        on_step = reporter.advance
-        if hooks:
-            def on_step(timer=timer) -> None:
-                nonlocal steps_done
-                for hook in hooks:
-                    hook.after_step(plan, timer, steps_done)
-                steps_done += 1
-                reporter.advance()
+
+        def after_hooks(timer=timer) -> None:
+            nonlocal steps_done
+            for hook in hooks:
+                hook.after_step(plan, timer, steps_done)
+            steps_done += 1
+            reporter.advance()
+        on_step = after_hooks if hooks else reporter.advance
         _synchronize(plan.device)
         began = time.perf_counter()
         run_steps(plan, batches, cfg.steps, timer, on_step)

@@ -11,7 +11,6 @@ Gaussian blur (7x7, random sigma), normalise. Where they run is the `--augment` 
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import torch
