@@ -5,8 +5,8 @@
 Each area is a module `benchmarks/bench_<area>.py` with `run(out: Path, quick: bool) -> list[dict]`;
 each row has area, experiment, metric, value, unit and note. Areas run one after another in their own
 process (so global CUDA state and memory do not leak between them), each under a time limit. The
-suite writes suite.json (all rows), and artifacts.tar.gz (every area's files: results, traces, plots)
-so that a device call brings back everything in two files.
+suite writes suite.json (all rows) and, as each area ends, <area>.tar.gz (its files: results, traces,
+plots), so a device call brings back everything in a few files even if it is cut short.
 """
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ def main() -> int:
     for area in areas:
         rows += run_area(area, work, args.quick, args.area_timeout)
         (args.out / "suite.json").write_text(json.dumps(rows, indent=1))
-    with tarfile.open(args.out / "artifacts.tar.gz", "w:gz") as tar:
-        tar.add(work, arcname="work")
+        with tarfile.open(args.out / f"{area}.tar.gz", "w:gz") as tar:
+            tar.add(work / area, arcname=area)
     print_table(rows)
     return 0
 
