@@ -35,7 +35,8 @@ PLANTED_RUNS = [
     ("input_pipeline__cpu_loader", "slow_loader.py", dict(batch_size=16, workload_options={"work": "cpu"})),
     ("h2d__pageable_inputs", "pageable_inputs.py", dict(batch_size=64, pin_memory=False)),
     ("launch__tiny_ops", "tiny_ops.py", dict(batch_size=1)),
-    ("sync__item_after_layer", "item_sync.py", dict(batch_size=1024 if CUDA else 64)),
+    ("sync__item_after_layer", "item_sync.py",
+     dict(batch_size=512 if CUDA else 64, mode="infer" if CUDA else "train")),
     ("memory_bandwidth__elementwise_chain", "elementwise_chain.py", dict(batch_size=32 if CUDA else 8)),
     ("compute__big_matmul", "big_matmul.py", dict(mode="infer", batch_size=8192 if CUDA else 512)),
 ]
