@@ -135,6 +135,12 @@ def _all_zero(batch: Any) -> bool:
     return bool(found) and all(found)
 
 
+def _loader_queue_depth(plan: StepPlan) -> int:
+    if plan.data_source != "loader" or plan.workers == 0:
+        return 0
+    return plan.workers * (plan.prefetch_factor or 2)  # 2: DataLoader's default prefetch factor
+
+
 def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     """Warm-up then `cfg.trials` timed trials; returns aggregate metrics, trials and timing notes."""
     device = plan.device
@@ -144,6 +150,11 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
         first_batch = next(batches)
         if _all_zero(first_batch):
             notes.append("the first batch's float inputs are all zeros: timings on zeros can be optimistic")
+        queued = _loader_queue_depth(plan)
+        if queued and cfg.steps < 4 * queued:
+            notes.append(f"the DataLoader can hold {queued} batches ready (workers x prefetch factor), and a trial "
+                         f"has only {cfg.steps} steps: trials partly served from that queue overstate a loader-bound "
+                         f"throughput; use --steps {4 * queued} or more")
         flops_per_sample = count_flops_per_sample(plan, first_batch)
         for context in plan.run_contexts:
             stack.enter_context(context())
