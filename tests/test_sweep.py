@@ -145,3 +145,21 @@ def test_every_point_failing_is_a_user_error(tmp_path, capsys):
     code = main(["sweep", *TINY, "--workload", "nonexistent", "--batch", "8,16", "--out", str(tmp_path / "s")])
     assert code == 2
     assert "unknown workload" in capsys.readouterr().err
+
+
+def test_resume_with_only_out_reuses_the_recorded_options(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["sweep", *TINY, "--batch", "8,16", "--out", str(out)]) == 0
+    jsonl = out / "sweep.jsonl"
+    first, second = jsonl.read_text().splitlines()
+    jsonl.write_text(first + "\n")  # as if the sweep had been killed during its second point
+    assert main(["sweep", "--resume", "--out", str(out)]) == 0
+    rows = read_rows(out)
+    assert [row["params"]["batch_size"] for row in rows] == [8, 16]
+    assert rows[0] == json.loads(first), "the finished point was kept, not re-run"
+    assert "resuming with the recorded options" in capsys.readouterr().out
+
+
+def test_resume_of_a_directory_without_a_sweep_is_a_clear_error(tmp_path, capsys):
+    assert main(["sweep", "--resume", "--out", str(tmp_path)]) == 2
+    assert "holds no sweep" in capsys.readouterr().err

@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in results, so runs can be repeated
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 
 from rich.markup import escape
 
@@ -44,7 +43,7 @@ def handle(args: argparse.Namespace) -> int:
                              profile_memory=args.profile_memory, gzip=args.gzip_trace)
     cfg = resolve_config(config_from_args(args), None)
     options.check(cfg.steps)
-    argv = sys.argv[1:]
+    argv = args.argv
     argv = argv[1:] if argv[:1] == ["profile"] else argv
     with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
         result, diagnosis, command = profile_run(cfg.workload, cfg, out, options, argv, nsys_hooks(args.nsys),

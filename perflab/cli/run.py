@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rich.markup import escape
 
@@ -26,7 +25,7 @@ def register(subparsers) -> None:
 def handle(args: argparse.Namespace) -> int:
     cfg = resolve_config(config_from_args(args), None)
     with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
-        result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter, command=["perflab"] + sys.argv[1:],
+        result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter, command=["perflab"] + args.argv,
                      hooks=list(checkpoint_hooks(cfg, out)) + nsys_hooks(args.nsys))
         result.save(out)
     print_result(console, result)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import json
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -11,10 +11,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from perflab.cli import console, err_console
-from perflab.cli._options import add_run_options, grid_from_args
+from perflab.cli._options import SWITCH_OPTIONS, VALUE_OPTIONS, add_run_options, grid_from_args
 from perflab.errors import PerflabError
 from perflab.report.terminal import fmt
-from perflab.sweep import SweepObserver, SweepSummary, read_rows, run_auto_batch, run_sweep
+from perflab.sweep import SWEEP_JSON, SweepObserver, SweepSummary, read_rows, run_auto_batch, run_sweep
 
 
 def register(subparsers) -> None:
@@ -34,7 +34,9 @@ def register(subparsers) -> None:
     group.add_argument("--max-batch", type=int, default=4096, metavar="N", help="auto-batch upper bound")
     group.add_argument("--max-p95-ms", type=float, default=None, metavar="MS",
                        help="also name the fastest point whose p95 step latency is at most MS")
-    group.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping finished points")
+    group.add_argument("--resume", action="store_true",
+                       help="continue the sweep in --out, skipping finished points; with no other options, "
+                            "the options recorded in --out are used")
     parser.set_defaults(handler=handle)
 
 
@@ -73,10 +75,36 @@ def _status_text(row: dict[str, Any]) -> str:
     return f"[red]{row['status']}[/]: {row.get('error') or ''}"
 
 
+def _gave_sweep_options(args: argparse.Namespace) -> bool:
+    given = [getattr(args, dest, None) for dest in list(VALUE_OPTIONS) + SWITCH_OPTIONS + ["workload_options"]]
+    return any(value is not None for value in given) or args.auto_batch or args.max_p95_ms is not None
+
+
+def recorded_sweep_args(args: argparse.Namespace) -> Optional[tuple[argparse.Namespace, list[str]]]:
+    """`--resume --out DIR` alone: the options of the sweep recorded in DIR/sweep.json, and its command."""
+    if not args.resume or args.out is None or _gave_sweep_options(args):
+        return None
+    meta_path = Path(args.out) / SWEEP_JSON
+    if not meta_path.is_file():
+        raise PerflabError(f"--resume: {args.out} holds no sweep (no {SWEEP_JSON}); check --out")
+    command = json.loads(meta_path.read_text()).get("command") or []
+    if command[1:2] != ["sweep"]:
+        raise PerflabError(f"--resume: {meta_path} does not record how the sweep was started; "
+                           "give the sweep's options again with --resume")
+    from perflab.cli import build_parser
+    restored = build_parser().parse_args(command[1:])
+    restored.resume, restored.out = True, args.out
+    return restored, command
+
+
 def handle(args: argparse.Namespace) -> int:
+    command = ["perflab"] + args.argv
+    recorded = recorded_sweep_args(args)
+    if recorded is not None:
+        args, command = recorded
+        console.print(f"[dim]resuming with the recorded options: {' '.join(command[1:])}[/]", highlight=False)
     configs, axes = grid_from_args(args)
     out = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-sweep"
-    command = ["perflab"] + sys.argv[1:]
     common = dict(resume=args.resume, max_p95_ms=args.max_p95_ms, command=command)
     try:
         with RichSweepProgress() as progress:
@@ -90,7 +118,7 @@ def handle(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         done = len(read_rows(out)) if (out / "sweep.jsonl").exists() else 0
         err_console.print(f"[yellow]interrupted[/]: {done} finished point(s) are kept in {out}/sweep.jsonl; "
-                          f"run the same command with --resume --out {out} to continue")
+                          f"run `perflab sweep --resume --out {out}` to continue")
         return 130
     print_summary(summary)
     if summary.rows and all(row["status"] == "error" for row in summary.rows):
