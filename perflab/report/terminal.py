@@ -42,7 +42,9 @@ def result_table(result: Result) -> Table:
                       f"{fmt(flops['achieved_tflops'], 3)} TFLOP/s achieved · {mfu}")
     memory = m.get("memory") or {}
     if "peak_allocated_mb" in memory:
-        table.add_row("GPU memory", f"peak allocated {fmt(memory['peak_allocated_mb'], 0)} MiB · reserved "
+        warm = memory.get("peak_allocated_incl_warmup_mb")
+        warm_text = f" (with warm-up {fmt(warm, 0)} MiB)" if warm and warm > 1.05 * memory["peak_allocated_mb"] else ""
+        table.add_row("GPU memory", f"peak allocated {fmt(memory['peak_allocated_mb'], 0)} MiB{warm_text} · reserved "
                       f"{fmt(memory['peak_reserved_mb'], 0)} MiB of {fmt(memory['device_total_mb'], 0)} MiB")
     elif memory:
         table.add_row("host memory", f"peak RSS {fmt(memory['host_peak_rss_mb'], 0)} MiB (whole process)")
