@@ -7,9 +7,7 @@ torch.load(weights_only=True).
 """
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -18,6 +16,7 @@ import torch
 
 from perflab.errors import PerflabError
 from perflab.harness.hooks import StepHook
+from perflab.results import atomic_file
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT_VERSION = 1
@@ -62,14 +61,8 @@ def save_checkpoint(path: Union[str, Path], plan, step: int) -> Path:
         "scaler": plan.scaler.state_dict() if plan.scaler is not None else None,
         "rng": rng_state(),
     }
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(handle)
-    try:
+    with atomic_file(path) as temp:
         torch.save(state, temp)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
     return path
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 from perflab.errors import PerflabError
 
@@ -106,17 +107,26 @@ def resolve_result_path(path: Union[str, Path]) -> Path:
     return path
 
 
-def write_json_atomic(path: Union[str, Path], data: Any) -> None:
-    """Write JSON to a temp file in the same directory, fsync, then rename over `path`."""
+@contextmanager
+def atomic_file(path: Union[str, Path]) -> Iterator[Path]:
+    """Yield a temp path beside `path`; when the body succeeds it replaces `path`, otherwise it is removed.
+
+    A reader (or a kill mid-write) never sees a half-written file."""
     path = Path(path)
     handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(handle)
     try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(data, stream, indent=2, allow_nan=True)
-            stream.write("\n")
-            stream.flush()
-            os.fsync(stream.fileno())
+        yield Path(temp)
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Union[str, Path], data: Any) -> None:
+    """Write JSON to a temp file in the same directory, fsync, then rename over `path`."""
+    with atomic_file(path) as temp, open(temp, "w") as stream:
+        json.dump(data, stream, indent=2, allow_nan=True)
+        stream.write("\n")
+        stream.flush()
+        os.fsync(stream.fileno())

@@ -33,7 +33,7 @@ from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.harness.progress import Reporter
 from perflab.harness.runner import resolve_config
-from perflab.results import Result, write_json_atomic
+from perflab.results import Result, atomic_file, write_json_atomic
 
 SWEEP_JSON = "sweep.json"
 SWEEP_JSONL = "sweep.jsonl"
@@ -285,9 +285,8 @@ class Sweep:
             writer.writerow([row["index"], row["label"], row["status"]]
                             + [_value_text(row["params"].get(name)) for name in params]
                             + ["" if row.get(name) is None else row[name] for name in CSV_METRICS])
-        temp = self.out / f".{SWEEP_CSV}.tmp"
-        temp.write_text(buffer.getvalue())
-        os.replace(temp, self.out / SWEEP_CSV)
+        with atomic_file(self.out / SWEEP_CSV) as temp:
+            temp.write_text(buffer.getvalue())
 
     def _write_meta(self, plots: Optional[dict[str, str]] = None) -> None:
         best, bounded = best_points(self.done, self.max_p95_ms)
