@@ -17,7 +17,6 @@ import copy
 import gc
 import math
 import time
-from contextlib import ExitStack
 from typing import Any, Optional
 
 import torch
@@ -208,11 +207,7 @@ def _steps(plan: StepPlan, recorder: _Recorder, batches, cfg) -> tuple[list[Any]
     """`cfg.quality_steps` steps through the timed loop's code; (batches received, outputs or losses)."""
     plan.markers = False
     received, observed = [], []
-    with ExitStack() as stack:
-        for context in plan.run_contexts:
-            stack.enter_context(context())
-        if plan.mode == "infer":
-            stack.enter_context(torch.inference_mode())
+    with plan.stepping():
         torch.manual_seed(cfg.seed)
         for _ in range(cfg.quality_steps):
             run_steps(plan, batches, 1, NullTimer())

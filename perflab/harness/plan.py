@@ -52,6 +52,16 @@ class StepPlan:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    @contextlib.contextmanager
+    def stepping(self) -> Iterator[None]:
+        """What every run of steps wears: the levers' run contexts, and inference_mode when inferring."""
+        with contextlib.ExitStack() as stack:
+            for context in self.run_contexts:
+                stack.enter_context(context())
+            if self.mode == "infer":
+                stack.enter_context(torch.inference_mode())
+            yield
+
     def to_device(self, batch: Any) -> Any:
         return to_device(batch, self.device, self.non_blocking and self.pin_memory, self.memory_format)
 

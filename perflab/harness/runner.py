@@ -156,10 +156,7 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
                          f"has only {cfg.steps} steps: trials partly served from that queue overstate a loader-bound "
                          f"throughput; use --steps {4 * queued} or more")
         flops_per_sample = count_flops_per_sample(plan, first_batch)
-        for context in plan.run_contexts:
-            stack.enter_context(context())
-        if plan.mode == "infer":
-            stack.enter_context(torch.inference_mode())
+        stack.enter_context(plan.stepping())
         warmup = _warm_up(plan, batches, cfg.warmup, reporter)
         warmup_peak_mb = None
         if device.type == "cuda":
