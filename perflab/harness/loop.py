@@ -30,17 +30,16 @@ def run_steps(plan: StepPlan, batches: Iterator[Any], steps: int, timer,
             with timer.phase("step"), mark("step"):
                 plan.step_fn(batch)
         elif train:
-            train_step(plan, batch, timer)
+            train_step(plan, batch, timer, mark)
         else:
-            infer_step(plan, batch, timer)
+            infer_step(plan, batch, timer, mark)
         if on_step is not None:
             on_step()
     timer.finish()
 
 
-def train_step(plan: StepPlan, batch: Any, timer) -> None:
+def train_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     inputs, target = batch
-    mark = phase_marker(plan.markers)
     with timer.phase("forward"), mark("forward"), plan.autocast():
         loss = plan.loss_fn(plan.model(inputs), target)
     with timer.phase("backward"), mark("backward"):
@@ -54,8 +53,7 @@ def train_step(plan: StepPlan, batch: Any, timer) -> None:
         plan.optimizer.zero_grad(set_to_none=True)
 
 
-def infer_step(plan: StepPlan, batch: Any, timer) -> None:
+def infer_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     inputs, _ = batch
-    mark = phase_marker(plan.markers)
     with timer.phase("forward"), mark("forward"), plan.autocast():
         plan.model(inputs)
