@@ -34,15 +34,19 @@ def map_tensors(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Bat
     return batch
 
 
+def in_memory_format(batch: Batch, memory_format: Optional[torch.memory_format]) -> Batch:
+    """4-D float tensors of a batch in `memory_format` (channels-last), others untouched."""
+    if memory_format is None:
+        return batch
+    return map_tensors(batch, lambda t: t.contiguous(memory_format=memory_format)
+                       if t.dim() == 4 and t.is_floating_point() else t)
+
+
 def to_device(batch: Batch, device: torch.device, non_blocking: bool,
               memory_format: Optional[torch.memory_format] = None) -> Batch:
     """Copy a batch to the device; 4-D float tensors take `memory_format` when given."""
-    def move(tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.to(device, non_blocking=non_blocking)
-        if memory_format is not None and tensor.dim() == 4 and tensor.is_floating_point():
-            tensor = tensor.contiguous(memory_format=memory_format)
-        return tensor
-    return map_tensors(batch, move)
+    moved = map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=non_blocking))
+    return in_memory_format(moved, memory_format)
 
 
 def make_loader(dataset, batch_size: int, workers: int, pin_memory: bool, persistent_workers: bool,

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from perflab.harness.data import map_tensors
+from perflab.harness.data import in_memory_format
 from perflab.levers import Lever, first_refusal, needs_cuda
 from perflab.levers.data_path import _needs_loader
 from perflab.levers.prefetcher import StreamPrefetcher
@@ -41,14 +41,6 @@ def _refuse_two_feeders(cfg, workload, device) -> Optional[str]:
     if cfg.prefetcher == "stream":
         return "gpu-stream already copies each batch on its side stream; drop --prefetcher stream"
     return None
-
-
-def in_memory_format(batch: Any, memory_format: Optional[torch.memory_format]) -> Any:
-    """4-D float tensors of a batch in `memory_format` (channels-last), others untouched."""
-    if memory_format is None:
-        return batch
-    return map_tensors(batch, lambda t: t.contiguous(memory_format=memory_format)
-                       if t.dim() == 4 and t.is_floating_point() else t)
 
 
 def device_augment(plan) -> Callable[[Any], Any]:
