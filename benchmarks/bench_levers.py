@@ -123,7 +123,7 @@ def run_variant(rows: Rows, out: Path, experiment: Experiment, label: str, chang
     cfg = perflab.RunConfig(workload=experiment.workload, out=str(run_dir), **{**experiment.settings, **changes})
     began = time.perf_counter()
     try:
-        result = perflab.run(experiment.workload, cfg, command=["benchmarks.bench_levers", name, label])
+        result = perflab.run(experiment.workload, cfg, command=["benchmarks", name, label])
     except Exception as err:  # a failed variant is a finding; the area goes on
         traceback.print_exc()
         rows.add(name, f"{label} throughput", None, "samples/s", f"failed: {type(err).__name__}: {err}"[:300])
@@ -137,9 +137,12 @@ def run_variant(rows: Rows, out: Path, experiment: Experiment, label: str, chang
     shares = result.metrics["phase_share_pct"]
     top = max(shares, key=shares.get) if shares else "?"
     compile_s = result.metrics.get("compile_s")
+    peak_mb = result.metrics["memory"].get("peak_allocated_mb")
     note = (f"spread {tp['range_pct']:.1f}% · CI95 {tp['ci95_low']:.0f}–{tp['ci95_high']:.0f} · "
-            f"top phase {top} {shares.get(top, 0):.0f}% · {quality_text(result)} · "
-            f"{time.perf_counter() - began:.0f}s wall" + (f" · compile {compile_s:.0f}s" if compile_s else ""))
+            f"p95 {result.metrics['latency_ms']['p95']:.2f} ms · top phase {top} {shares.get(top, 0):.0f}% · "
+            + (f"peak {peak_mb:.0f} MiB · " if peak_mb is not None else "")
+            + f"{quality_text(result)} · {time.perf_counter() - began:.0f}s wall"
+            + (f" · compile {compile_s:.0f}s" if compile_s else ""))
     if label in experiment.notes:
         note += f" · {experiment.notes[label]}"
     rows.add(name, f"{label} throughput", tp["median"], "samples/s", note)
@@ -151,23 +154,28 @@ def run_variant(rows: Rows, out: Path, experiment: Experiment, label: str, chang
 
 
 def run(out: Path, quick: bool) -> list[dict]:
-    """Every experiment in order; returns the rows (also written to out/rows.json as they come)."""
+    """Every seed experiment in order; returns the rows (also written to out/rows.json as they come)."""
+    return run_experiments("levers", out, experiments(torch.cuda.is_available(), quick))
+
+
+def run_experiments(area: str, out: Path, plan: list[Experiment]) -> list[dict]:
+    """Each experiment's variants in order, the first as baseline; rows written to out/rows.json as they come."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = Rows("levers", out)
+    rows = Rows(area, out)
     cuda = torch.cuda.is_available()
     began = time.perf_counter()
-    for experiment in experiments(cuda, quick):
+    for experiment in plan:
         baseline = None
         for index, (label, changes) in enumerate(experiment.variants):
             reason = skip_reason(changes, cuda)
             if reason:
                 rows.add(experiment.name, f"{label} throughput", None, "samples/s", reason)
                 continue
-            print(f"[levers] {experiment.name} · {label} (t={time.perf_counter() - began:.0f}s)", flush=True)
+            print(f"[{area}] {experiment.name} · {label} (t={time.perf_counter() - began:.0f}s)", flush=True)
             summary = run_variant(rows, out, experiment, label, changes, baseline)
             if index == 0:
                 baseline = summary
-    print(f"[levers] done in {time.perf_counter() - began:.0f}s", flush=True)
+    print(f"[{area}] done in {time.perf_counter() - began:.0f}s", flush=True)
     return rows.rows
 
 
