@@ -47,6 +47,8 @@ class Result:
     artifacts: dict[str, str] = field(default_factory=dict)  # name -> file in the run dir (trace, ...)
     schema_version: int = SCHEMA_VERSION
     perflab_version: str = ""
+    status: str = "complete"  # complete | interrupted (Ctrl-C; finished trials kept) | invalid (NaN/inf)
+    status_reason: str = ""
     path: Optional[str] = field(default=None, compare=False)
 
     @property
@@ -113,7 +115,7 @@ def atomic_file(path: Union[str, Path]) -> Iterator[Path]:
 
     A reader (or a kill mid-write) never sees a half-written file."""
     path = Path(path)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(handle)
     try:
         yield Path(temp)

@@ -11,7 +11,8 @@ from perflab.cli import console
 from perflab.environment import collect_environment
 from perflab.harness.runner import resolve_device
 from perflab.levers import all_levers
-from perflab.workloads import builtin_descriptions
+from perflab.workloads import builtin_descriptions, builtin_settings
+from perflab.workloads.settings import describe
 
 
 def register(subparsers) -> None:
@@ -30,9 +31,11 @@ def register(subparsers) -> None:
 def handle_workloads(args: argparse.Namespace) -> int:
     table = Table(title="built-in workloads", title_justify="left")
     table.add_column("name", style="bold")
-    table.add_column("description")
+    table.add_column("description and --option KEY=VALUE settings")
+    settings = builtin_settings()
     for name, description in builtin_descriptions().items():
-        table.add_row(name, description)
+        lines = [escape(description)] + [f"  [dim]{escape(describe(option))}[/]" for option in settings[name]]
+        table.add_row(name, "\n".join(lines))
     console.print(table)
     console.print("Your own: --workload path/to/file.py:build or package.module:build (see README).")
     return 0

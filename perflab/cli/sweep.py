@@ -122,8 +122,13 @@ def handle(args: argparse.Namespace) -> int:
                           f"run `perflab sweep --resume --out {out}` to continue")
         return 130
     print_summary(summary)
-    if summary.rows and all(row["status"] == "error" for row in summary.rows):
+    failed = [row for row in summary.rows if row["status"] in ("error", "invalid")]
+    if summary.rows and len(failed) == len(summary.rows):
         raise PerflabError(f"every point failed; the first: {summary.rows[0]['error']}")
+    if failed:
+        err_console.print(f"[yellow]{len(failed)} of {len(summary.rows)} point(s) failed or diverged[/] (status "
+                          "error/invalid in the table); the others are kept", highlight=False)
+        return 1
     return 0
 
 

@@ -42,6 +42,7 @@ def train_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     inputs, target = batch
     with timer.phase("forward"), mark("forward"), plan.autocast():
         loss = plan.loss_fn(plan.model(inputs), target)
+    plan.last_value = loss  # kept, not read: checked for NaN/inf once after the trial
     with timer.phase("backward"), mark("backward"):
         (plan.scaler.scale(loss) if plan.scaler is not None else loss).backward()
     with timer.phase("optimizer"), mark("optimizer"):
@@ -56,4 +57,4 @@ def train_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
 def infer_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     inputs, _ = batch
     with timer.phase("forward"), mark("forward"), plan.autocast():
-        plan.model(inputs)
+        plan.last_value = plan.model(inputs)  # kept, not read: checked for NaN/inf once after the trial

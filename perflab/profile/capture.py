@@ -139,7 +139,7 @@ def profile_run(workload, cfg, out_dir: Union[str, Path], options: Optional[Capt
     result = run(workload, cfg, reporter=reporter, command=command, hooks=[capture])
     nsys = nsys_command(out_dir, cfg, options.wait + options.warmup, options.active)
     result.artifacts["nsys_command"] = save_nsys_command(out_dir, nsys).name
-    diagnosis = diagnose(capture.trace_path, result) if capture.written else None
+    diagnosis = diagnose(capture.trace_path, result) if capture.written and result.trials else None
     if diagnosis is not None:
         result.diagnosis = diagnosis.to_dict()
         write_json_atomic(out_dir / DIAGNOSIS_FILE, result.diagnosis)
