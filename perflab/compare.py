@@ -14,7 +14,7 @@ zero. The decision:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -71,6 +71,8 @@ class Comparison:
     method: str = METHOD
     min_effect_pct: float = MIN_EFFECT_PCT
     kind: str = "compare"
+    noisy: list[str] = field(default_factory=list)  # why the timings are not clean (busy machine, ...)
+    accept_noisy: bool = False
 
     def metric(self, name: str) -> MetricChange:
         return next(m for m in self.metrics if m.name == name)
@@ -305,12 +307,38 @@ def describe_config(cfg: dict[str, Any], levers: list[str]) -> str:
     return f"{cfg.get('workload')} {cfg.get('mode')} batch {cfg.get('batch_size')} ({levers_text})"
 
 
-def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFECT_PCT) -> Comparison:
-    """The full comparison of two results: metric changes, decision, phases, kernels and warnings."""
+def contamination(base: Result, cand: Result) -> list[str]:
+    """Why either run's timings are not clean: the machine was busy, or it did not finish cleanly."""
+    found = []
+    for side, result in (("base", base), ("candidate", cand)):
+        record = result.metrics.get("interference") or {}
+        if record.get("busy"):
+            found.append(f"the {side} ran on a busy machine (other processes: up to "
+                         f"{record.get('other_cpu_cores_max') or 0:.1f} CPU cores"
+                         f"{', GPU pids ' + str(record['gpu_neighbours']) if record.get('gpu_neighbours') else ''})")
+        if result.status != "complete":
+            found.append(f"the {side} is marked {result.status}: {result.status_reason}")
+    return found
+
+
+def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFECT_PCT,
+                    accept_noisy: bool = False) -> Comparison:
+    """The full comparison of two results: metric changes, decision, phases, kernels and warnings.
+
+    When either run was contaminated (a busy machine, an interrupted or invalid run), no change is called
+    significant unless `accept_noisy`."""
     metrics = metric_changes(base, cand)
     quality = _quality_summary(base, cand)
     decision, reasons = decide(metrics[0], cand.quality, min_effect_pct)
     warnings = comparability_warnings(base, cand)
+    contaminated = contamination(base, cand)
+    if contaminated:
+        warnings.append("NOISY MEASUREMENT: " + "; ".join(contaminated))
+        quality_failed = (cand.quality or {}).get("verdict") == "fail"  # a quality failure is not noise
+        if not accept_noisy and not quality_failed:
+            decision = "no significant change"
+            reasons = [f"speed not judged: {'; '.join(contaminated)}; re-run both on a quiet machine, or pass "
+                       "--accept-noisy to judge anyway"] + reasons
     if cand.quality is None and config_changes(base, cand).keys() & set(numerics_fields()):
         reasons.append("no quality check recorded for the candidate: its numerics were not verified "
                        "(run it with --check-quality)")
@@ -318,7 +346,7 @@ def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFE
     return Comparison(base=_summary(base), candidate=_summary(cand), metrics=metrics, decision=decision,
                       reasons=reasons, warnings=warnings, config_changes=config_changes(base, cand),
                       phases=phase_changes(base, cand), kernels=kernels, kernel_note=kernel_note,
-                      quality=quality, min_effect_pct=min_effect_pct)
+                      quality=quality, min_effect_pct=min_effect_pct, noisy=contaminated, accept_noisy=accept_noisy)
 
 
 def _quality_summary(base: Result, cand: Result) -> dict[str, Any]:
@@ -329,14 +357,17 @@ def _quality_summary(base: Result, cand: Result) -> dict[str, Any]:
 
 
 def regression_exceeds(comparison: Comparison, threshold_pct: float) -> bool:
-    """True for a significant throughput slow-down larger than `threshold_pct` (the CI gate)."""
+    """True for a significant throughput slow-down larger than `threshold_pct` (the CI gate); never on
+    contaminated timings unless they were accepted (a busy CI machine is not a regression)."""
+    if comparison.noisy and not comparison.accept_noisy:
+        return False
     throughput = comparison.metric("throughput")
     return bool(throughput.significant) and (throughput.change_pct or 0.0) < -abs(threshold_pct)
 
 
 def compare_paths(base: Union[str, Path], candidate: Union[str, Path],
-                  min_effect_pct: float = MIN_EFFECT_PCT) -> Comparison:
-    return compare_results(load_result(base), load_result(candidate), min_effect_pct)
+                  min_effect_pct: float = MIN_EFFECT_PCT, accept_noisy: bool = False) -> Comparison:
+    return compare_results(load_result(base), load_result(candidate), min_effect_pct, accept_noisy)
 
 
 __all__ = ["Comparison", "MetricChange", "compare_results", "compare_paths", "regression_exceeds",

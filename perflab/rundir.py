@@ -20,6 +20,8 @@ from perflab.errors import PerflabError
 RUNS_ROOT = Path("runs")
 RESULT_FILE = "result.json"
 KEEP_ON_INTERRUPT = ("checkpoint.pt", RESULT_FILE)
+# Files that mark a directory as perflab's output: only such a directory may be emptied by --overwrite.
+OUTPUT_MARKERS = (RESULT_FILE, "compare.json", "sweep.json", "tune.json", "checkpoint.pt")
 TEMP_PATTERN = ".*.tmp"
 
 
@@ -60,10 +62,13 @@ def _claim(path: Path, overwrite: bool, resume_from: Optional[str]) -> None:
             if entry.name != "checkpoint.pt":
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         return
+    marker = next((name for name in OUTPUT_MARKERS if (path / name).exists()), None)
+    if marker is None:  # never empty a folder perflab did not write, --overwrite or not
+        raise PerflabError(f"--out {path} already holds {len(entries)} file(s) that perflab did not write; choose "
+                           "a new or empty directory")
     if not overwrite:
-        what = "a run (result.json)" if (path / RESULT_FILE).exists() else f"{len(entries)} file(s)"
-        raise PerflabError(f"--out {path} already holds {what}; choose another --out, or add --overwrite to empty "
-                           "it first")
+        raise PerflabError(f"--out {path} already holds a perflab output ({marker}); choose another --out, or add "
+                           "--overwrite to empty it first")
     for entry in entries:
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 

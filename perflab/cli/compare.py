@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from perflab.cli import console
+from perflab.errors import writing
 from perflab.compare import MIN_EFFECT_PCT, Comparison, compare_paths, regression_exceeds
 from perflab.report.terminal import fmt
 from perflab.rundir import run_dir
@@ -31,13 +32,17 @@ def register(subparsers) -> None:
     parser.add_argument("--min-effect", type=float, default=MIN_EFFECT_PCT, metavar="PCT",
                         help=f"smallest throughput change that counts as a win or a loss (default: {MIN_EFFECT_PCT:g})")
     parser.add_argument("--report", action="store_true", help="also write report.md and report.html in --out")
+    parser.add_argument("--overwrite", action="store_true", help="reuse an --out directory that already holds a "
+                        "comparison: empty it first")
+    parser.add_argument("--accept-noisy", action="store_true",
+                        help="judge the speed even when a run was taken on a busy machine or did not finish cleanly")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    comparison = compare_paths(args.base, args.candidate, args.min_effect)
+    comparison = compare_paths(args.base, args.candidate, args.min_effect, args.accept_noisy)
     out_arg = args.out or str(Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-compare")
-    with run_dir(out_arg, "compare") as out:
+    with run_dir(out_arg, "compare", args.overwrite) as out, writing(out, "the comparison"):
         path = comparison.save(out)
         files = []
         if args.report:
@@ -45,6 +50,10 @@ def handle(args: argparse.Namespace) -> int:
             files = write_report(out)
     print_comparison(comparison)
     console.print(f"saved [bold]{path}[/]" + "".join(f", {f}" for f in files))
+    if args.fail_on_regression is not None and comparison.noisy and not comparison.accept_noisy:
+        console.print("[yellow]regression gate: not judged, the timings are contaminated[/] (" +
+                      "; ".join(comparison.noisy) + "); re-run on a quiet machine or add --accept-noisy",
+                      highlight=False)
     if args.fail_on_regression is not None and regression_exceeds(comparison, args.fail_on_regression):
         change = comparison.metric("throughput").change_pct
         console.print(f"[bold red]regression gate: throughput {change:+.1f}% is a significant slow-down beyond "

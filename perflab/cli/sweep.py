@@ -12,7 +12,7 @@ from rich.table import Table
 
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, gave_run_options, grid_from_args
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, writing
 from perflab.report.terminal import fmt
 from perflab.sweep import SWEEP_JSON, SweepObserver, SweepSummary, read_rows, run_auto_batch, run_sweep
 
@@ -108,7 +108,7 @@ def handle(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-sweep"
     common = dict(resume=args.resume, max_p95_ms=args.max_p95_ms, command=command)
     try:
-        with RichSweepProgress() as progress:
+        with RichSweepProgress() as progress, writing(out, "the sweep"):
             if args.auto_batch:
                 if "batch_size" in axes:
                     raise PerflabError("--auto-batch doubles the batch itself; give at most one --batch (the start)")
