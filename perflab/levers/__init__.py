@@ -22,7 +22,7 @@ class Lever:
     flag: str  # how to switch it on from the CLI
     summary: str
     needs: str  # human text: what it requires
-    addresses: tuple[str, ...]  # bottleneck classes from the map in DESIGN.md
+    addresses: tuple[str, ...]  # bottleneck classes, as the diagnosis names them (docs/diagnose.md)
     order: int  # application order: data path < precision < layout < optimizer < compile < graphs
     is_active: Callable  # (cfg) -> bool
     refusal: Refusal  # (cfg, workload, device) -> reason or None

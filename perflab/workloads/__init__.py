@@ -6,7 +6,7 @@ from types import ModuleType
 
 from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
-from perflab.workloads.plugin import load_user_build
+from perflab.workloads.plugin import is_plugin_spec, load_user_build
 
 # One line here per built-in workload; each module has DESCRIPTION, DEFAULT_BATCH and build(cfg).
 BUILTIN_MODULES = {
@@ -37,15 +37,11 @@ def default_batch(spec: str, device: str) -> int:
     return FALLBACK_BATCH
 
 
-def is_user_spec(spec: str) -> bool:
-    return ":" in spec or spec.endswith(".py")
-
-
 def load_workload(spec: str, cfg) -> Workload:
     """Build the workload named by `spec` for a config whose device and batch size are resolved."""
     if spec in BUILTIN_MODULES:
         build = builtin_module(spec).build
-    elif is_user_spec(spec):
+    elif is_plugin_spec(spec):
         build = load_user_build(spec)
     else:
         names = ", ".join(BUILTIN_MODULES)

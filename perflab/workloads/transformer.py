@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
 
-DESCRIPTION = "GPT-style decoder, causal SDPA attention, checkpointable blocks (seed 002); option seq_len"
+DESCRIPTION = "GPT-style decoder, causal SDPA attention, checkpointable blocks; option seq_len"
 DEFAULT_BATCH = {"cpu": 4, "cuda": 16}
 
 
