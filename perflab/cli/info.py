@@ -11,6 +11,7 @@ from perflab.cli import console
 from perflab.environment import collect_environment
 from perflab.harness.runner import resolve_device
 from perflab.levers import all_levers
+from perflab.report.levers_table import print_levers
 from perflab.workloads import builtin_descriptions
 
 
@@ -39,14 +40,7 @@ def handle_workloads(args: argparse.Namespace) -> int:
 
 
 def handle_levers(args: argparse.Namespace) -> int:
-    table = Table(title="levers", title_justify="left")
-    for column in ("name", "flag", "what it does", "needs", "addresses"):
-        table.add_column(column, no_wrap=column in ("name", "flag"))
-    for lever in all_levers():
-        # escape: "[default|reduce-overhead|...]" in a flag would otherwise read as rich markup and vanish
-        table.add_row(lever.name, escape(lever.flag), escape(lever.summary), escape(lever.needs),
-                      ", ".join(lever.addresses))
-    console.print(table)
+    print_levers(console, all_levers())
     return 0
 
 

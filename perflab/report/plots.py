@@ -48,8 +48,8 @@ def _numeric(values: Sequence[Any]) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
-def _line_plot(rows: Sequence[dict[str, Any]], axes: Sequence[str], path: Path, title: str, ylabel: str,
-               curves: Sequence[tuple[str, str, str]]) -> Path:
+def _line_figure(rows: Sequence[dict[str, Any]], axes: Sequence[str], title: str, ylabel: str,
+                 curves: Sequence[tuple[str, str, str]]) -> Figure:
     """One line per group and per (metric key, suffix, linestyle) in `curves`; OOM points marked with x."""
     x_name = _x_axis(rows, axes)
     fig = Figure(figsize=(7, 4.2), dpi=DPI)
@@ -84,28 +84,43 @@ def _line_plot(rows: Sequence[dict[str, Any]], axes: Sequence[str], path: Path, 
     ax.grid(True, alpha=0.3)
     _legend_if_several(ax, fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return fig
 
 
-def sweep_plots(rows: Sequence[dict[str, Any]], axes: Sequence[str], out: Path) -> dict[str, Path]:
-    """Throughput, p50/p95 latency and peak memory against the batch size (or the first swept axis)."""
-    out = Path(out)
+def sweep_figures(rows: Sequence[dict[str, Any]], axes: Sequence[str]) -> dict[str, tuple[str, Figure]]:
+    """name -> (PNG file name, figure): throughput, p50/p95 latency and peak memory against the batch size
+    (or the first swept axis)."""
     x_name = _x_axis(rows, axes).replace("_size", "")
     memory_kind = next((row.get("memory_kind") for row in rows if row["status"] == "ok"), None)
     return {
-        "throughput": _line_plot(rows, axes, out / f"throughput_vs_{x_name}.png", f"throughput vs {x_name}",
-                                 "samples/s (median of trials)", [("throughput", "", "-")]),
-        "latency": _line_plot(rows, axes, out / f"latency_vs_{x_name}.png", f"step latency vs {x_name}",
-                              "ms per step", [("p50_ms", " p50", "-"), ("p95_ms", " p95", "--")]),
-        "memory": _line_plot(rows, axes, out / f"memory_vs_{x_name}.png",
-                             f"peak memory vs {x_name}" + (f": {memory_kind}" if memory_kind else ""),
-                             "peak memory (MiB)", [("peak_memory_mb", "", "-")]),
+        "throughput": (f"throughput_vs_{x_name}.png", _line_figure(
+            rows, axes, f"throughput vs {x_name}", "samples/s (median of trials)", [("throughput", "", "-")])),
+        "latency": (f"latency_vs_{x_name}.png", _line_figure(
+            rows, axes, f"step latency vs {x_name}", "ms per step", [("p50_ms", " p50", "-"), ("p95_ms", " p95", "--")])),
+        "memory": (f"memory_vs_{x_name}.png", _line_figure(
+            rows, axes, f"peak memory vs {x_name}" + (f": {memory_kind}" if memory_kind else ""), "peak memory (MiB)",
+            [("peak_memory_mb", "", "-")])),
     }
+
+
+def sweep_plots(rows: Sequence[dict[str, Any]], axes: Sequence[str], out: Path) -> dict[str, Path]:
+    """Write the sweep's figures as PNGs in `out`; returns name -> path."""
+    paths = {}
+    for name, (file_name, fig) in sweep_figures(rows, axes).items():
+        paths[name] = Path(out) / file_name
+        fig.savefig(paths[name])
+    return paths
 
 
 def phase_breakdown_plot(breakdowns: dict[str, dict[str, float]], path: Path,
                          title: str = "step-time breakdown (mean per step)") -> Path:
+    """Write the phase breakdown figure as a PNG at `path`."""
+    phase_breakdown_figure(breakdowns, title).savefig(path, bbox_inches="tight")
+    return path
+
+
+def phase_breakdown_figure(breakdowns: dict[str, dict[str, float]],
+                           title: str = "step-time breakdown (mean per step)") -> Figure:
     """One horizontal stacked bar per label (a run, or base and candidate) of phase milliseconds."""
     names = sorted({name for phases in breakdowns.values() for name in phases}, key=phase_sort_key)
     fig = Figure(figsize=(7, 1.2 + 0.7 * len(breakdowns)), dpi=DPI)
@@ -117,15 +132,24 @@ def phase_breakdown_plot(breakdowns: dict[str, dict[str, float]], path: Path,
         ax.barh(labels, widths, left=left, label=name, color=PHASE_COLORS.get(name, f"C{index % 10}"))
         left = [a + b for a, b in zip(left, widths)]
     ax.invert_yaxis()
+    ax.set_xlim(0, max(left) * HEADROOM if left and max(left) > 0 else 1.0)  # bars end inside the frame
     ax.set_xlabel("ms per step")
     ax.set_title(title)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")
-    return path
+    return fig
 
 
 def latency_histogram(step_ms: dict[str, Sequence[float]], path: Path) -> Optional[Path]:
+    """Write the latency histogram as a PNG at `path`; None (and no file) when there are no steps."""
+    fig = latency_figure(step_ms)
+    if fig is None:
+        return None
+    fig.savefig(path)
+    return path
+
+
+def latency_figure(step_ms: dict[str, Sequence[float]]) -> Optional[Figure]:
     """Distribution of per-step latency (one histogram per label), with p50 and p95 marked."""
     import numpy as np
 
@@ -150,6 +174,5 @@ def latency_histogram(step_ms: dict[str, Sequence[float]], path: Path) -> Option
     ax.set_title("per-step latency")
     _legend_if_several(ax, fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return fig
 
