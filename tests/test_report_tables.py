@@ -61,3 +61,34 @@ def test_compare_at_80_columns_keeps_columns_readable_and_the_quality_reason_who
     assert LONG_REASON in " ".join(text.split())
     reason_lines = [line for line in text.splitlines() if "relative output error" in line]
     assert reason_lines and not reason_lines[0].startswith("│")
+
+
+def sweep_summary(params: dict) -> "SweepSummary":
+    from perflab.sweep import SweepSummary
+
+    rows = [{"index": i, "key": str(i), "label": " ".join(f"{k}={v}" for k, v in {**params, "batch": batch}.items()),
+             "params": {**params, "batch_size": batch}, "status": "ok", "throughput": 12345.6, "p50_ms": 12.34,
+             "p95_ms": 123.45, "peak_memory_mb": 23456.0, "mfu_pct": 45.6, "memory_kind": "GPU peak allocated"}
+            for i, batch in enumerate((8, 16, 32))]
+    return SweepSummary(Path("runs/20261123-081307-sweep"), list(params) + ["batch_size"], rows, rows[2], None, None, {})
+
+
+def test_sweep_at_80_columns_keeps_every_number_whole():
+    from perflab.report.sweep_table import print_sweep_summary
+
+    summary = sweep_summary({"precision": "bf16", "channels_last": True, "compile": "max-autotune"})
+    text = rendered(80, lambda console: print_sweep_summary(console, summary))
+    column_widths(text)  # the right edge is there
+    assert "…" not in text
+    for number in ("12,345.6", "12.34", "123.45", "23,456", "45.6"):
+        assert text.count(number) >= 3, number
+    assert "2 ★" in text
+
+
+def test_sweep_on_a_wide_terminal_has_a_column_per_swept_option():
+    from perflab.report.sweep_table import sweep_table
+
+    console = Console(width=160, record=True, color_system=None)
+    console.print(sweep_table(sweep_summary({"precision": "bf16", "channels_last": True}), 160))
+    header = next(line for line in console.export_text().splitlines() if "samples/s" in line)
+    assert "precision" in header and "channels_last" in header and "batch" in header
