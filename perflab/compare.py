@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
+from perflab.config import numerics_fields
 from perflab.errors import PerflabError
 from perflab.harness.stats import RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
 from perflab.results import Result, resolve_result_path, write_json_atomic
@@ -33,7 +34,7 @@ METHOD = (f"{int(CONFIDENCE * 100)}% percentile-bootstrap confidence interval ({
           "of the candidate/base ratio: throughput from per-trial values (median), latency from per-step "
           "values pooled over trials (p50, p95); significant when the interval excludes no change")
 # Config fields that say where or how a run was stored, not what was measured.
-IGNORED_CONFIG = {"out", "resume_from", "checkpoint_every"}
+IGNORED_CONFIG = {"out", "resume_from", "checkpoint_every", "nsys"}
 
 
 @dataclass
@@ -318,8 +319,7 @@ def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFE
     quality = _quality_summary(base, cand)
     decision, reasons = decide(metrics[0], cand.quality, min_effect_pct)
     warnings = comparability_warnings(base, cand)
-    if cand.quality is None and config_changes(base, cand).keys() & {"precision", "compile", "cuda_graphs",
-                                                                     "channels_last", "augment"}:
+    if cand.quality is None and config_changes(base, cand).keys() & set(numerics_fields()):
         reasons.append("no quality check recorded for the candidate: its numerics were not verified "
                        "(run it with --check-quality)")
     kernels, kernel_note = kernel_changes(base, cand)

@@ -28,7 +28,6 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import torch
 
 import perflab
-from perflab.checkpoint import checkpoint_hooks
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.harness.progress import Reporter
@@ -242,7 +241,7 @@ class Sweep:
         failure: Optional[tuple[str, str]] = None
         try:
             result = perflab.run(cfg.workload, cfg.replace(out=str(point_dir)), reporter=self.reporter_factory(),
-                                 command=self.command, hooks=checkpoint_hooks(cfg, point_dir))
+                                 command=self.command)
             result.save(point_dir)
         except PerflabError as err:
             failure = ("error", str(err))

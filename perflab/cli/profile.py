@@ -10,7 +10,6 @@ from perflab.cli import console
 from perflab.cli._options import add_run_options, config_from_args
 from perflab.harness.runner import resolve_config
 from perflab.profile.capture import TRACE_FILE, CaptureOptions, profile_run
-from perflab.profile.nsys import nsys_hooks
 from perflab.report.diagnosis import print_diagnosis
 from perflab.report.progress import RichReporter
 from perflab.report.terminal import print_result
@@ -23,7 +22,7 @@ def register(subparsers) -> None:
         description="Run a workload with a scheduled torch.profiler capture of a few timed steps; save "
                     "runs/<id>/ with result.json, trace.json (open in Perfetto) and diagnosis.json; print the "
                     "diagnosis and the Nsight Systems command for the same run.")
-    add_run_options(parser)
+    add_run_options(parser, "profile")
     group = parser.add_argument_group("profiler")
     group.add_argument("--wait", type=int, default=1, metavar="N", help="timed steps skipped first (default: 1)")
     group.add_argument("--warmup-steps", type=int, default=2, metavar="N",
@@ -43,11 +42,9 @@ def handle(args: argparse.Namespace) -> int:
                              profile_memory=args.profile_memory, gzip=args.gzip_trace)
     cfg = resolve_config(config_from_args(args), None)
     options.check(cfg.steps)
-    argv = args.argv
-    argv = argv[1:] if argv[:1] == ["profile"] else argv
     with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
-        result, diagnosis, command = profile_run(cfg.workload, cfg, out, options, argv, nsys_hooks(args.nsys),
-                                                 reporter)
+        result, diagnosis, command = profile_run(cfg.workload, cfg, out, options, reporter=reporter,
+                                                 command=["perflab"] + args.argv)
     print_result(console, result)
     if diagnosis is not None:
         print_diagnosis(console, diagnosis)

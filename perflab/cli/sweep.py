@@ -10,7 +10,7 @@ from typing import Any, Optional
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from perflab.cli import console, err_console
-from perflab.cli._options import SWITCH_OPTIONS, VALUE_OPTIONS, add_run_options, grid_from_args
+from perflab.cli._options import add_run_options, gave_run_options, grid_from_args
 from perflab.errors import PerflabError
 from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
@@ -24,8 +24,10 @@ def register(subparsers) -> None:
                     "fp32,bf16). Each finished point is appended to <out>/sweep.jsonl at once; an "
                     "out-of-memory point is recorded as 'oom' and the sweep goes on; --resume skips finished "
                     "points. Plots throughput, p50/p95 latency and peak memory against the batch size.")
-    add_run_options(parser, lists=True)
+    add_run_options(parser, "sweep")
     group = parser.add_argument_group("sweep")
+    group.add_argument("--out", default=None, metavar="DIR",
+                       help="sweep directory (default: runs/<timestamp>-sweep)")
     group.add_argument("--auto-batch", action="store_true",
                        help="double the batch (from --batch or the workload default) until out of memory or "
                             "throughput grows by less than --growth-pct")
@@ -76,8 +78,7 @@ def _status_text(row: dict[str, Any]) -> str:
 
 
 def _gave_sweep_options(args: argparse.Namespace) -> bool:
-    given = [getattr(args, dest, None) for dest in list(VALUE_OPTIONS) + SWITCH_OPTIONS + ["workload_options"]]
-    return any(value is not None for value in given) or args.auto_batch or args.max_p95_ms is not None
+    return gave_run_options(args) or args.auto_batch or args.max_p95_ms is not None
 
 
 def recorded_sweep_args(args: argparse.Namespace) -> Optional[tuple[argparse.Namespace, list[str]]]:

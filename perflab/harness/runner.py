@@ -67,6 +67,7 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
     if not isinstance(workload, Workload):
         workload = load_workload(cfg.workload, cfg)
     levers = check_levers(cfg, workload, device)
+    hooks = [*hooks, *config_hooks(cfg)]
     gate = quality_gate_enabled(cfg, levers)
     # The gate runs after the timed run (so compilation is timed where a user pays for it, in warm-up),
     # from a copy of the weights taken before anything trained them. The dataset is shared, not copied.
@@ -104,6 +105,16 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
     for hook in hooks:
         hook.finish(result)
     return result
+
+
+def config_hooks(cfg: RunConfig) -> list[StepHook]:
+    """The hooks the config itself asks for: checkpoints (--checkpoint-every, --resume-from) and --nsys."""
+    from perflab.checkpoint import checkpoint_hooks
+    from perflab.profile.nsys import nsys_hooks
+
+    if cfg.checkpoint_every and not cfg.out:
+        raise PerflabError("checkpoint_every needs a directory for checkpoint.pt: set RunConfig.out (--out)")
+    return [*checkpoint_hooks(cfg, cfg.out or "."), *nsys_hooks(cfg.nsys)]
 
 
 def quality_gate_enabled(cfg: RunConfig, levers) -> bool:

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import torch
 
 from perflab.harness.data import map_tensors
-from perflab.levers import Lever, first_refusal, needs_cuda
+from perflab.levers import Lever
 
 WARMUP_ITERATIONS = 3  # eager iterations on a side stream before capture, as the CUDA graphs docs ask
 
@@ -98,8 +98,6 @@ def _restore_training_state(plan, saved: tuple[list[torch.Tensor], dict]) -> Non
 def _refuse(cfg, workload, device) -> Optional[str]:
     if cfg.mode == "train" and cfg.precision == "fp16":
         return "fp16 training's gradient scaler synchronises with the host; use --precision bf16 with graphs"
-    if cfg.augment == "gpu-stream" or cfg.pipeline == "streams":
-        return "a captured step cannot also run work on a second stream; drop --augment gpu-stream/--pipeline"
     return None
 
 
@@ -113,8 +111,6 @@ def _apply(plan, cfg) -> None:
 
 
 LEVERS = [
-    Lever("cuda-graphs", "--cuda-graphs", "capture the step as a CUDA graph and replay it",
-          "CUDA, static shapes, no host syncs in the step", ("launch / framework overhead",), 70,
-          lambda cfg: cfg.cuda_graphs, first_refusal(needs_cuda("--cuda-graphs"), _refuse), _apply,
-          changes_numerics=True),
+    Lever("cuda-graphs", "cuda_graphs", True, "capture the step as a CUDA graph and replay it",
+          "CUDA, static shapes, no host syncs in the step", ("launch / framework overhead",), 70, _apply, _refuse),
 ]
