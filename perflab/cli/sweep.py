@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,6 +13,7 @@ from perflab.cli._options import add_run_options, gave_run_options, grid_from_ar
 from perflab.errors import PerflabError
 from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
+from perflab.rundir import default_run_dir
 from perflab.sweep import SWEEP_JSON, SweepObserver, SweepSummary, read_rows, run_auto_batch, run_sweep
 
 
@@ -105,7 +105,7 @@ def handle(args: argparse.Namespace) -> int:
         args, command = recorded
         console.print(f"[dim]resuming with the recorded options: {' '.join(command[1:])}[/]", highlight=False)
     configs, axes = grid_from_args(args)
-    out = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-sweep"
+    out = Path(args.out) if args.out else default_run_dir("sweep")
     common = dict(resume=args.resume, max_p95_ms=args.max_p95_ms, command=command)
     try:
         with RichSweepProgress() as progress:
