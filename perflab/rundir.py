@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from perflab.errors import PerflabError
+from perflab.workloads.plugin import is_plugin_spec, plugin_name
 
 RUNS_ROOT = Path("runs")
 RESULT_FILE = "result.json"
@@ -26,7 +27,9 @@ TEMP_PATTERN = ".*.tmp"
 
 
 def default_run_dir(name: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name.split(":")[-1].split("/")[-1])
+    """runs/<timestamp>-<name>; a plugin spec (`path/to/file.py:build`) is named after its file or module."""
+    name = plugin_name(name) if is_plugin_spec(name) else name
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     return RUNS_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}"
 
 

@@ -89,7 +89,8 @@ def point_key(cfg: RunConfig) -> str:
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _value_text(value: Any) -> str:
+def value_text(value: Any) -> str:
+    """A swept value as text (tables, labels, plots): on/off for switches, none for unset."""
     if isinstance(value, bool):
         return "on" if value else "off"
     return "none" if value is None else str(value)
@@ -104,7 +105,7 @@ def point_params(cfg: RunConfig, axes: Sequence[str]) -> dict[str, Any]:
 
 def point_label(cfg: RunConfig, axes: Sequence[str]) -> str:
     short = {"batch_size": "batch", "precision": "", "workers": "workers", "pin_memory": "pin"}
-    parts = [f"{short.get(name, name)}{'' if short.get(name) == '' else '='}{_value_text(value)}"
+    parts = [f"{short.get(name, name)}{'' if short.get(name) == '' else '='}{value_text(value)}"
              for name, value in point_params(cfg, axes).items()]
     return " ".join(parts)
 
@@ -118,7 +119,6 @@ def result_row(result: Result) -> dict[str, Any]:
     """The flat summary of one point's result that sweep.jsonl and sweep.csv hold."""
     m = result.metrics
     throughput = m["throughput_samples_per_s"]
-    memory = m.get("memory") or {}
     gpu = m.get("gpu") or {}
     flops = m.get("flops") or {}
     return {
@@ -128,8 +128,8 @@ def result_row(result: Result) -> dict[str, Any]:
         "p50_ms": m["latency_ms"]["p50"],
         "p95_ms": m["latency_ms"]["p95"],
         "p99_ms": m["latency_ms"].get("p99"),
-        "peak_memory_mb": memory.get("peak_allocated_mb", memory.get("host_peak_rss_mb")),
-        "memory_kind": "GPU peak allocated" if "peak_allocated_mb" in memory else "host peak RSS (process)",
+        "peak_memory_mb": result.peak_memory.mb,
+        "memory_kind": result.peak_memory.label,
         "gpu_util_pct": gpu.get("util_mean_pct"),
         "mfu_pct": flops.get("mfu_pct"),
         "quality": (result.quality or {}).get("verdict"),
@@ -286,7 +286,7 @@ class Sweep:
         writer.writerow(["index", "label", "status"] + params + CSV_METRICS)
         for row in self.done:
             writer.writerow([row["index"], row["label"], row["status"]]
-                            + [_value_text(row["params"].get(name)) for name in params]
+                            + [value_text(row["params"].get(name)) for name in params]
                             + ["" if row.get(name) is None else row[name] for name in CSV_METRICS])
         with atomic_file(self.out / SWEEP_CSV) as temp:
             temp.write_text(buffer.getvalue())

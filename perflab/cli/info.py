@@ -12,6 +12,7 @@ from perflab.environment import collect_environment
 from perflab.errors import PerflabError
 from perflab.harness.runner import resolve_device
 from perflab.levers import all_levers
+from perflab.report.levers_table import print_levers
 from perflab.workloads import builtin_descriptions, builtin_settings
 from perflab.workloads.settings import describe
 
@@ -43,14 +44,7 @@ def handle_workloads(args: argparse.Namespace) -> int:
 
 
 def handle_levers(args: argparse.Namespace) -> int:
-    table = Table(title="levers", title_justify="left")
-    for column in ("name", "flag", "what it does", "needs", "addresses"):
-        table.add_column(column, no_wrap=column in ("name", "flag"))
-    for lever in all_levers():
-        # escape: "[default|reduce-overhead|...]" in a flag would otherwise read as rich markup and vanish
-        table.add_row(lever.name, escape(lever.flag), escape(lever.summary), escape(lever.needs),
-                      ", ".join(lever.addresses))
-    console.print(table)
+    print_levers(console, all_levers())
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
+from perflab.harness.phases import marker_name
 from perflab.harness.plan import StepPlan
 from perflab.profile.markers import phase_marker
 
@@ -18,7 +19,7 @@ def run_steps(plan: StepPlan, batches: Iterator[Any], steps: int, timer,
     mark = phase_marker(plan.markers)
     for _ in range(steps):
         timer.step_start()
-        with timer.host_phase("data_wait"), mark("data"):
+        with timer.host_phase("data_wait"), mark(marker_name("data_wait")):
             batch = next(batches)
         if not plan.batches_on_device:
             with timer.phase("h2d"), mark("h2d"):

@@ -6,6 +6,7 @@ calls `after_step`, which advances the profiler's schedule. The Chrome trace lan
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -81,7 +82,7 @@ class ProfilerCapture(StepHook):
             with_stack=opts.with_stack,
             profile_memory=opts.profile_memory,
         )
-        _quiet_profiler_warnings()
+        _quiet_profiler_warnings(self.cuda)
         self.profiler.__enter__()
         return self
 
@@ -110,11 +111,20 @@ class ProfilerCapture(StepHook):
                             "the profiler slows those steps, so compare timings with `perflab run`")
 
 
-def _quiet_profiler_warnings() -> None:
+# Kineto's log levels run VERBOSE 0 … ERROR 4, USDT 5; above the last, it prints nothing.
+KINETO_SILENT = "6"
+
+
+def _quiet_profiler_warnings(cuda: bool) -> None:
     # torch warns that a schedule clears events between cycles; with repeat=1 there is one cycle.
     import warnings
     warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
     logging.getLogger("torch.profiler").setLevel(logging.ERROR)
+    if not cuda:
+        # On a CPU-only run Kineto still probes for a GPU and prints "gpuGetDeviceCount failed" and USDT
+        # start/stop lines on stderr; none concern a CPU trace. Kineto reads this once, when it first starts;
+        # a level the user set is kept.
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_SILENT)
 
 
 def profile_run(workload, cfg, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None,

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
-from perflab.workloads.plugin import load_user_build
+from perflab.workloads.plugin import is_plugin_spec, load_user_build
 from perflab.workloads.settings import check_settings
 
 # One line here per built-in workload; each module has DESCRIPTION, DEFAULT_BATCH and build(cfg).
@@ -40,13 +40,9 @@ def default_batch(spec: str, device: str) -> int:
     return FALLBACK_BATCH
 
 
-def is_user_spec(spec: str) -> bool:
-    return ":" in spec or spec.endswith(".py")
-
-
 def check_spec(spec: str) -> None:
     """Refuse a workload name that is neither built in nor a plugin spec (before any work starts)."""
-    if spec in BUILTIN_MODULES or is_user_spec(spec):
+    if spec in BUILTIN_MODULES or is_plugin_spec(spec):
         return
     names = ", ".join(BUILTIN_MODULES)
     raise PerflabError(f"unknown workload {spec!r}: use one of {names}, "

@@ -1,4 +1,4 @@
-"""augment: image classifier with a heavy augmentation pipeline (seed 004, part 2).
+"""augment: image classifier with a heavy augmentation pipeline.
 
 Augmentations: random crop (half the image side), resize back to full size, random rotation (±45°),
 Gaussian blur (7x7, random sigma), normalise. Where they run is the `--augment` lever:
@@ -23,7 +23,7 @@ from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
 from perflab.workloads.settings import ByDevice, resolve_settings, setting
 
-DESCRIPTION = "CNN classifier with heavy augmentation: crop, resize, rotate, blur (seed 004 part 2); --augment"
+DESCRIPTION = "CNN classifier with heavy augmentation: crop, resize, rotate, blur; --augment"
 DEFAULT_BATCH = {"cpu": 8, "cuda": 32}
 CLASSES = 10
 DEGREES = 45.0

@@ -1,4 +1,4 @@
-"""driving: multi-camera end-to-end driving model (seed 000).
+"""driving: multi-camera end-to-end driving model.
 
 Each sample is 8 camera frames plus a command token (left/straight/right/follow); the target is the
 future trajectory as (x, y) waypoints. The dataset decodes JPEG frames, converts, resizes and normalises
@@ -22,7 +22,7 @@ from perflab.workloads.settings import ByDevice, resolve_settings, setting
 # torchvision 0.29 deprecates its JPEG codec in favour of TorchCodec; it still works and is what we measure.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
 
-DESCRIPTION = "8-camera CNN + command token -> trajectory (seed 000); JPEG-decoding loader"
+DESCRIPTION = "8-camera CNN + command token -> trajectory; JPEG-decoding loader"
 DEFAULT_BATCH = {"cpu": 8, "cuda": 32}
 CAMERAS = 8
 COMMANDS = 4

@@ -1,4 +1,4 @@
-"""mlp: the two-layer network of seed 003 (1024 -> 512 -> 10); the smallest workload."""
+"""mlp: a two-layer network (1024 -> 512 -> 10); the smallest workload."""
 from __future__ import annotations
 
 import torch
@@ -9,7 +9,7 @@ from torch.utils.data import Dataset
 from perflab.workloads.base import Workload
 from perflab.workloads.settings import resolve_settings, setting
 
-DESCRIPTION = "Two-layer MLP 1024->512->10 (seed 003); tiny, for tests and CPU demos"
+DESCRIPTION = "Two-layer MLP 1024->512->10; tiny, for tests and CPU demos"
 DEFAULT_BATCH = {"cpu": 64, "cuda": 256}
 
 

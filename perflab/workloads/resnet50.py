@@ -1,4 +1,4 @@
-"""resnet50: torchvision ResNet-50 image classification (seed 001), random weights, synthetic images."""
+"""resnet50: torchvision ResNet-50 image classification, random weights, synthetic images."""
 from __future__ import annotations
 
 import torch
@@ -9,7 +9,7 @@ from torchvision.models import resnet50
 from perflab.workloads.base import Workload
 from perflab.workloads.settings import resolve_settings, setting
 
-DESCRIPTION = "torchvision ResNet-50 classifier (seed 001); batches pre-staged on the device by default"
+DESCRIPTION = "torchvision ResNet-50 classifier; batches pre-staged on the device by default"
 DEFAULT_BATCH = {"cpu": 8, "cuda": 64}
 
 

@@ -1,4 +1,4 @@
-"""segmentation: frozen pre-trained-style CNN encoder + trainable decoder, per-pixel labels (seed 004, part 1).
+"""segmentation: frozen pre-trained-style CNN encoder + trainable decoder, per-pixel labels.
 
 The encoder is frozen (requires_grad False, always in eval mode) and only the decoder trains, so the
 encoder of batch N+1 can run on its own CUDA stream while the decoder trains on batch N
@@ -16,7 +16,7 @@ from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
 from perflab.workloads.settings import ByDevice, resolve_settings, setting
 
-DESCRIPTION = "frozen CNN encoder + trainable decoder, per-pixel labels (seed 004 part 1); --pipeline streams"
+DESCRIPTION = "frozen CNN encoder + trainable decoder, per-pixel labels; --pipeline streams"
 DEFAULT_BATCH = {"cpu": 4, "cuda": 8}
 
 

@@ -16,7 +16,7 @@ from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
 from perflab.workloads.settings import ByDevice, resolve_settings, setting
 
-DESCRIPTION = "GPT-style decoder, causal SDPA attention, checkpointable blocks (seed 002); option seq_len"
+DESCRIPTION = "GPT-style decoder, causal SDPA attention, checkpointable blocks; option seq_len"
 DEFAULT_BATCH = {"cpu": 4, "cuda": 16}
 
 
