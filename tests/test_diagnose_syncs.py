@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from perflab import RunConfig
 from perflab.cli import main
 from perflab.diagnose import diagnose, diagnose_path
-from perflab.diagnose.syncs import EXPLICIT_SYNC
+from perflab.diagnose.sync_sites import EXPLICIT_SYNC
 from perflab.errors import PerflabError
+from perflab.harness.runner import resolve_config
+from perflab.profile.capture import CaptureOptions, profile_run
 from perflab.report.diagnosis import diagnosis_markdown
-from test_diagnose import FIXTURES, _x, kernel, launch, steps, write_trace
+from test_diagnose import FIXTURES, PLANTED, _x, kernel, launch, steps, write_trace
 
 GPU = FIXTURES / "gpu"
 CPU = FIXTURES / "cpu"
@@ -272,3 +275,24 @@ def test_input_pipeline_after_workers_lost_advises_caching_or_gpu_augmentation()
 def test_tried_and_lost_refuses_an_unknown_lever_name():
     with pytest.raises(PerflabError, match="unknown lever.*pinned-memory"):
         diagnose(GPU / "h2d__pageable_inputs.json.gz", tried_and_lost={"pinned-memory"})
+
+
+def test_diagnose_command_takes_the_levers_tried_and_lost(capsys):
+    trace = GPU / "input_pipeline__cpu_loader.json.gz"
+    assert main(["diagnose", str(trace), "--tried-and-lost", "workers,persistent-workers"]) == 0
+    out = capsys.readouterr().out
+    assert "tried and lost" in out and "cache decoded" in out
+    assert main(["diagnose", str(trace), "--tried-and-lost", "wrokers"]) == 2
+    assert "unknown lever(s) in tried_and_lost: wrokers" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("workload, op", [("cpu_sync_per_block.py", "aten::to"), ("nonzero_router.py", "aten::nonzero")])
+def test_live_gpu_runs_of_the_planted_sync_workloads_are_host_device_sync(tmp_path, workload, op):
+    cfg = resolve_config(RunConfig(workload=str(PLANTED / workload), device="cuda", mode="infer", batch_size=512,
+                                   steps=4, trials=1, warmup=3), None)
+    _, diagnosis, _ = profile_run(cfg.workload, cfg, tmp_path, CaptureOptions(wait=1, warmup=1, active=2,
+                                                                               with_stack=True))
+    assert diagnosis.bottleneck == "host-device sync", diagnosis.headline
+    assert op in diagnosis.profile["syncs"]["by_op_per_step"]
+    assert all("cuda-graphs" not in f["levers"] for f in diagnosis.findings)

@@ -67,12 +67,12 @@ def find_trace(path: Union[str, Path]) -> tuple[Path, Optional[Path]]:
     return path, None
 
 
-def diagnose_path(path: Union[str, Path]):
+def diagnose_path(path: Union[str, Path], tried_and_lost: Iterable[str] = ()):
     """(Diagnosis, Result or None) for a run directory or a trace file."""
     from perflab.results import Result
     trace, result_path = find_trace(path)
     result = Result.load(result_path) if result_path else None
-    return diagnose(trace, result), result
+    return diagnose(trace, result, tried_and_lost), result
 
 
 __all__ = ["diagnose", "diagnose_path", "find_trace", "Diagnosis", "Finding", "CLASS_SLUGS", "DIAGNOSIS_FILE"]

@@ -10,7 +10,7 @@ import numpy as np
 
 from perflab.diagnose.intervals import Intervals, intervals_of
 from perflab.diagnose.phases import COMPUTE_PHASES, PHASES, loader_intervals, phase_intervals
-from perflab.diagnose.syncs import SyncProfile, SyncSite, find_sync_sites, sync_profile, sync_shadow
+from perflab.diagnose.sync_sites import SyncProfile, SyncSite, find_sync_sites, sync_profile, sync_shadow
 from perflab.diagnose.trace import EventTable, ParsedTrace
 
 ITEM_OPS = {"aten::item", "aten::_local_scalar_dense"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from perflab.diagnose.findings import HOST_DEVICE_SYNC, Context, Finding, clamp, gain, rounded
-from perflab.diagnose.syncs import EXPLICIT_SYNC, SyncProfile
+from perflab.diagnose.sync_sites import EXPLICIT_SYNC, SyncProfile
 
 GPU_IDLE_THRESHOLD_PCT = 3.0  # GPU idle charged to syncs
 CPU_CALLS_THRESHOLD = 2.0  # sync ops per step outside the optimizer; one per layer is a structural sync

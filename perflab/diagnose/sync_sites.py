@@ -27,12 +27,13 @@ from perflab.diagnose.trace import EventTable, ParsedTrace
 BLOCKING_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                   "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"}
 COPY_CALLS = {"cudaMemcpy", "cudaMemcpyAsync", "cuMemcpyDtoH_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpy", "cuMemcpyAsync"}
-# Ops that make the host wait for the device on CUDA: a value read on the host, or an output whose size depends
-# on the data. repeat_interleave syncs without output_size; bincount/histc read the range of their input.
+# Ops that always make the host wait for the device on CUDA (a CPU trace counts these): a value read on the
+# host, or an output whose size depends on the data (bincount reads its input's maximum). Ops that sync only
+# with some arguments (repeat_interleave without output_size, histc without a range) are left to the GPU
+# trace, where their blocking calls show them.
 SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal", "aten::nonzero",
             "aten::argwhere", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
-            "aten::unique_dim", "aten::unique_consecutive", "aten::repeat_interleave", "aten::bincount",
-            "aten::histc", "aten::tolist"}
+            "aten::unique_dim", "aten::unique_consecutive", "aten::bincount"}
 EXPLICIT_SYNC = "explicit synchronize (no op)"  # the site's name when no op encloses the blocking call
 
 
