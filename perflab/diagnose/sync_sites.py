@@ -164,9 +164,13 @@ def _cpu_sites(trace: ParsedTrace) -> list[SyncSite]:
     context = _Context(trace)
     sites = []
     for index in candidates:
-        inside = ((ops.tid[candidates] == ops.tid[index]) & (ops.start_us[candidates] <= ops.start_us[index])
-                  & (ops.end_us[candidates] >= ops.end_us[index]) & (candidates != index))
-        if inside.any():  # the nonzero inside masked_select is the same sync
+        start, end = ops.start_us[candidates], ops.end_us[candidates]
+        # an enclosing candidate (of two with the same span, the one listed first): the nonzero inside
+        # masked_select, the _local_scalar_dense inside item, are the same sync
+        encloses = ((ops.tid[candidates] == ops.tid[index]) & (start <= ops.start_us[index])
+                    & (end >= ops.end_us[index])
+                    & ((start < ops.start_us[index]) | (end > ops.end_us[index]) | (candidates < index)))
+        if encloses.any():
             continue
         sites.append(context.site(start=float(ops.start_us[index]), returned=float(ops.end_us[index]),
                                   tid=int(ops.tid[index]), op=ops.name(index), calls=()))
