@@ -296,3 +296,20 @@ def test_live_gpu_runs_of_the_planted_sync_workloads_are_host_device_sync(tmp_pa
     assert diagnosis.bottleneck == "host-device sync", diagnosis.headline
     assert op in diagnosis.profile["syncs"]["by_op_per_step"]
     assert all("cuda-graphs" not in f["levers"] for f in diagnosis.findings)
+
+
+def test_equally_confident_findings_are_ranked_by_the_share_of_the_step_they_explain(tmp_path):
+    events = steps(2, 1000)  # 40% waiting for data, 45% waiting on a pageable copy: both saturate confidence
+    for i in range(2):
+        base = i * 1000
+        events += [_x("user_annotation", "data", base, 400), _x("user_annotation", "h2d", base + 400, 450),
+                   _x("cuda_runtime", "cudaMemcpyAsync", base + 405, 440, correlation=50 + i),
+                   _x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", base + 410, 435, tid=7, bytes=2**26,
+                      correlation=50 + i),
+                   _x("user_annotation", "forward", base + 850, 150), launch(base + 852, 60 + i),
+                   kernel("ampere_sgemm_64x64_nn", base + 858, 140, 60 + i)]
+    diagnosis = diagnose(write_trace(tmp_path / "t.json", events))
+    confidences = {f["cls"]: f["confidence"] for f in diagnosis.findings}
+    assert confidences["input pipeline"] == confidences["host-to-device copies"] == 0.95
+    assert diagnosis.bottleneck == "host-to-device copies"
+    assert [f["cls"] for f in diagnosis.findings][:2] == ["host-to-device copies", "input pipeline"]
