@@ -13,7 +13,6 @@ from perflab.diagnose.phases import COMPUTE_PHASES, PHASES, loader_intervals, ph
 from perflab.diagnose.sync_sites import SyncProfile, SyncSite, find_sync_sites, sync_profile, sync_shadow
 from perflab.diagnose.trace import EventTable, ParsedTrace
 
-ITEM_OPS = {"aten::item", "aten::_local_scalar_dense"}
 SHORT_KERNEL_US = 10.0
 LARGE_CPU_OP_US = 20.0
 IDLE_CAUSES = ("waiting for data", "waiting on H2D copies", "host-device syncs", "launch / framework overhead",
