@@ -23,7 +23,7 @@ ADVICE_BY_OP = {
     "aten::nonzero": "torch.nonzero / boolean indexing has a data-dependent size: route with fixed sizes "
                      "(masks, torch.topk, one-hot matmuls, nonzero_static(size=...))",
     "aten::masked_select": "masked_select has a data-dependent size: multiply by the mask instead",
-    "aten::to": ".cpu() / .tolist() / .numpy() of a device tensor: accumulate statistics on the device and copy "
+    "aten::to": ".cpu() / .tolist() of a device tensor: accumulate statistics on the device and copy "
                 "once every N steps (non_blocking into pinned memory)",
     "aten::repeat_interleave": "repeat_interleave with tensor repeats: pass output_size=",
     "aten::unique": "unique has a data-dependent size: bincount with minlength, or precompute",
