@@ -90,10 +90,11 @@ def _counts(syncs: SyncProfile) -> dict:
 
 
 def _top(syncs: SyncProfile, count: int = 3) -> str:
-    """'12 aten::item at model.py(20): forward, ...' for the most frequent sources."""
+    """'12 aten::item, in model.py(20): forward' for the most frequent sources."""
     parts = [f"{n:g} {op}" for op, n in list(syncs.by_op_per_step.items())[:count]]
-    if syncs.by_python_per_step:
-        parts.append(f"first from {next(iter(syncs.by_python_per_step))}")
+    frames = list(syncs.by_python_per_step)
+    if frames:
+        parts.append(f"{'in' if len(frames) == 1 else 'most in'} {frames[0]}")
     return ", ".join(parts)
 
 
