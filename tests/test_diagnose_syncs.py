@@ -93,8 +93,6 @@ def test_syncs_that_hold_the_host_in_lockstep_come_before_launch_overhead():
     # nonzero_router on the H100: 12 nonzero per step, little idle right after each, most idle while the host
     # launches the next block's kernels one by one. CUDA graphs and compile cannot capture that step.
     diagnosis, _ = diagnose_path(GPU / "sync__nonzero_router.json.gz")
-    if not (GPU / "sync__nonzero_router.json.gz").exists():
-        pytest.skip(RECORD_HINT)
     assert diagnosis.bottleneck == "host-device sync"
     assert "remove the syncs first" in diagnosis.headline
     launch = finding(diagnosis, "launch / framework overhead")
