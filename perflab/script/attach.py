@@ -112,7 +112,7 @@ class ScriptProbe:
             torch_optimizer.register_optimizer_step_pre_hook(self._optimizer_starts),
             torch_optimizer.register_optimizer_step_post_hook(self._optimizer_ends),
             torch_module.register_module_forward_pre_hook(self._forward_starts),
-            torch_module.register_module_forward_hook(self._forward_ends, always_call=True),
+            torch_module.register_module_forward_hook(self._forward_ends, with_kwargs=True, always_call=True),
         ]
         self.patches.replace(torch_dataloader._BaseDataLoaderIter, "__next__", self._timed_next)
         self.patches.replace(torch.Tensor, "to", self._timed_copy)
@@ -150,16 +150,16 @@ class ScriptProbe:
         if self.model is None and next(module.parameters(), None) is not None:
             self.model = module
         if module is self.model:
-            if self.batch_size is None:
-                self.batch_size = _leading_dim(args)
             self.detector.model_call_started()
         if self.forward_phase is None:
             self.forward_phase = OpenPhase(self.timeline, "forward")
 
-    def _forward_ends(self, module: torch.nn.Module, args, output) -> None:
+    def _forward_ends(self, module: torch.nn.Module, args, kwargs, output) -> None:
         if self.depth == 1 and self.forward_phase is not None:
             self.forward_phase.close()
             self.forward_phase = None
+        if self.depth == 1 and self.batch_size is None and module is self.model:
+            self.batch_size = _leading_dim((args, kwargs))  # model(x) or model(**batch)
         self.depth = max(0, self.depth - 1)
 
     # patched methods -------------------------------------------------------------------------------
@@ -225,7 +225,7 @@ class ScriptProbe:
         return __exit__
 
 
-def _leading_dim(args: tuple) -> Optional[int]:
-    """Dimension 0 of the first tensor in a module call's positional arguments (its batch size, usually)."""
-    tensors = tensors_in(args)
+def _leading_dim(call: Any) -> Optional[int]:
+    """Dimension 0 of the first tensor in a module call's arguments (its batch size, usually)."""
+    tensors = tensors_in(call)
     return int(tensors[0].shape[0]) if tensors and tensors[0].dim() > 0 else None
