@@ -155,4 +155,4 @@ def test_probe_puts_back_every_patched_method_and_removes_its_hooks():
     assert probe.model is model and probe.batch_size == 5 and timeline.boundaries == 2
     assert (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.backward, "to" in vars(torch.Tensor)) == before
     model(torch.randn(5, 4))
-    assert timeline.boundaries == 2  # no hook left behind
+    assert timeline.boundaries == 2 and not model._forward_hooks and not model._forward_pre_hooks  # none left behind

@@ -2,8 +2,9 @@
 
 While attached, and with nothing changed in the script:
 - optimizer steps (torch's global optimizer step hooks) are timed as "optimizer" and end a training step;
-- calls of the outermost module (global module forward hooks, tracking the call depth) are timed as
-  "forward"; the first outermost module with parameters is the model, whose calls end inference steps;
+- the model is the first outermost module with parameters (found by global module forward hooks that track
+  the call depth, then replaced by hooks on the model alone); its calls are timed as "forward", and end
+  inference steps;
 - `Tensor.backward` is timed as "backward";
 - `DataLoader` iterators' `__next__` is timed as the data wait ("data_wait", marker "data");
 - `.to()` / `.cuda()` that move a loader's tensors (or, once steps run, any CPU tensor) to a device are
@@ -97,7 +98,9 @@ class ScriptProbe:
         self.timeline = timeline
         self.patches = Patches()
         self.handles: list = []
-        self.depth = 0
+        self.global_handles: list = []
+        self.depth = 0  # of module calls, while the global hooks look for the model
+        self.model_depth = 0
         self.model: Optional[torch.nn.Module] = None
         self.forward_phase: Optional[OpenPhase] = None
         self.optimizer_phase: Optional[OpenPhase] = None
@@ -111,8 +114,10 @@ class ScriptProbe:
         self.handles = [
             torch_optimizer.register_optimizer_step_pre_hook(self._optimizer_starts),
             torch_optimizer.register_optimizer_step_post_hook(self._optimizer_ends),
-            torch_module.register_module_forward_pre_hook(self._forward_starts),
-            torch_module.register_module_forward_hook(self._forward_ends, with_kwargs=True, always_call=True),
+        ]
+        self.global_handles = [
+            torch_module.register_module_forward_pre_hook(self._any_call_starts),
+            torch_module.register_module_forward_hook(self._any_call_ends, with_kwargs=True, always_call=True),
         ]
         self.patches.replace(torch_dataloader._BaseDataLoaderIter, "__next__", self._timed_next)
         self.patches.replace(torch.Tensor, "to", self._timed_copy)
@@ -122,9 +127,9 @@ class ScriptProbe:
         return self
 
     def __exit__(self, *exc) -> None:
-        for handle in self.handles:
+        for handle in self.handles + self.global_handles:
             handle.remove()
-        self.handles = []
+        self.handles, self.global_handles = [], []
         self.patches.restore()
         for phase in (self.forward_phase, self.optimizer_phase):  # left open by an exception or Ctrl-C
             if phase is not None:
@@ -143,24 +148,49 @@ class ScriptProbe:
         self.optimizer_steps += 1
         self.detector.optimizer_stepped(optimizer)
 
-    def _forward_starts(self, module: torch.nn.Module, args) -> None:
-        self.depth += 1
-        if self.depth != 1:
+    def _any_call_starts(self, module: torch.nn.Module, args) -> None:
+        # Global hooks run on every module call (and take nn.Module's slow path), so they only look for the
+        # model: the first outermost module with parameters. Its own hooks take over from there.
+        if _compiling():  # inside torch.compile's tracing the hook folds away instead of breaking the graph
             return
-        if self.model is None and next(module.parameters(), None) is not None:
-            self.model = module
-        if module is self.model:
+        self.depth += 1
+        if self.depth == 1 and self.model is None and next(module.parameters(), None) is not None:
+            self._model_call_starts(module, args)
+
+    def _any_call_ends(self, module: torch.nn.Module, args, kwargs, output) -> None:
+        if _compiling():
+            return
+        self.depth = max(0, self.depth - 1)
+        if self.depth == 0 and self.model is None and self.model_depth:
+            self._model_call_ends(module, args, kwargs, output)
+            self._adopt(module)
+
+    def _adopt(self, model: torch.nn.Module) -> None:
+        """The model is found: hooks on it alone replace the global ones, which then cost nothing."""
+        for handle in self.global_handles:
+            handle.remove()  # safe inside a hook: nn.Module iterates over a copy of the hooks
+        self.global_handles = []
+        self.model = model
+        self.handles += [model.register_forward_pre_hook(self._model_call_starts),
+                         model.register_forward_hook(self._model_call_ends, with_kwargs=True, always_call=True)]
+
+    def _model_call_starts(self, module: torch.nn.Module, args) -> None:
+        if _compiling():
+            return
+        self.model_depth += 1
+        if self.model_depth == 1:
             self.detector.model_call_started()
-        if self.forward_phase is None:
             self.forward_phase = OpenPhase(self.timeline, "forward")
 
-    def _forward_ends(self, module: torch.nn.Module, args, kwargs, output) -> None:
-        if self.depth == 1 and self.forward_phase is not None:
+    def _model_call_ends(self, module: torch.nn.Module, args, kwargs, output) -> None:
+        if _compiling():
+            return
+        if self.model_depth == 1 and self.forward_phase is not None:
             self.forward_phase.close()
             self.forward_phase = None
-        if self.depth == 1 and self.batch_size is None and module is self.model:
-            self.batch_size = _leading_dim((args, kwargs))  # model(x) or model(**batch)
-        self.depth = max(0, self.depth - 1)
+            if self.batch_size is None:
+                self.batch_size = _leading_dim((args, kwargs))  # model(x) or model(**batch)
+        self.model_depth = max(0, self.model_depth - 1)
 
     # patched methods -------------------------------------------------------------------------------
     def _timed_next(self, original: Callable) -> Callable:
@@ -183,14 +213,15 @@ class ScriptProbe:
             self.batch_size = int(tensors[0].shape[0])
 
     def _is_h2d(self, tensor: torch.Tensor) -> bool:
-        # A loader's tensors always; other CPU tensors only once steps run (so model.to(device) is not a copy phase).
-        return id(tensor) in self.loader_tensors or (self.timeline.started and tensor.is_cpu)
+        # A loader's tensors always; other tensors only once steps run (so model.to(device) is not a copy phase).
+        return id(tensor) in self.loader_tensors or self.timeline.started
 
     def _timed_copy(self, original: Callable) -> Callable:
         probe = self
 
         def to(tensor, *args, **kwargs):
-            if probe._is_h2d(tensor) and tensor.is_cpu and _moves_off_cpu(args, kwargs):
+            # Cheapest test first: most .to() calls in a GPU script are on device tensors.
+            if tensor.is_cpu and probe._is_h2d(tensor) and _moves_off_cpu(args, kwargs) and not _compiling():
                 with probe.timeline.phase("h2d"), mark("h2d"):
                     return original(tensor, *args, **kwargs)
             return original(tensor, *args, **kwargs)
@@ -200,7 +231,7 @@ class ScriptProbe:
         probe = self
 
         def cuda(tensor, *args, **kwargs):
-            if tensor.is_cpu and probe._is_h2d(tensor):
+            if tensor.is_cpu and probe._is_h2d(tensor) and not _compiling():
                 with probe.timeline.phase("h2d"), mark("h2d"):
                     return original(tensor, *args, **kwargs)
             return original(tensor, *args, **kwargs)
@@ -223,6 +254,10 @@ class ScriptProbe:
                 probe.detector.step_mark_closed()
             return handled
         return __exit__
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
 
 
 def _leading_dim(call: Any) -> Optional[int]:

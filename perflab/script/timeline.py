@@ -14,7 +14,7 @@ import torch
 
 from perflab.harness.timers import make_timer
 
-MAX_RECORDED_STEPS = 20_000  # bounds the events a very long script accumulates; later steps are counted only
+MAX_RECORDED_STEPS = 5_000  # bounds the events a very long script accumulates; later steps are counted only
 
 
 class StepTimeline:
