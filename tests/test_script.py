@@ -156,3 +156,24 @@ def test_probe_puts_back_every_patched_method_and_removes_its_hooks():
     assert (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.backward, "to" in vars(torch.Tensor)) == before
     model(torch.randn(5, 4))
     assert timeline.boundaries == 2 and not model._forward_hooks and not model._forward_pre_hooks  # none left behind
+
+
+def test_module_run_with_dash_m_counts_the_users_step_marks(tmp_path, monkeypatch, capsys):
+    package = tmp_path / "userpkg_marked"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "infer.py").write_text(
+        "import torch\nfrom torch import nn\nimport perflab\n\n"
+        "model = nn.Linear(4, 2)\n"
+        "for index in range(8):\n"
+        "    with perflab.mark('step'):  # two model calls per step: only the marks say where a step ends\n"
+        "        model(torch.randn(3, 4))\n"
+        "        model(torch.randn(3, 4))\n"
+        "print('module ran as', __name__)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--warmup", "1", "--out", "run", "--", "python", "-m", "userpkg_marked.infer"]) == 0
+    assert "module ran as __main__" in capsys.readouterr().out
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["config"]["step_source"] == MARK and result["config"]["script"]["module"] is True
+    # The first step was counted by model calls until the first mark closed; the 7 marks after it are the steps.
+    assert result["metrics"]["steps_seen"] == 7 and result["trials"][0]["steps"] == 6
