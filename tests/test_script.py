@@ -41,6 +41,7 @@ def test_slow_dataloader_in_an_unmodified_script_is_diagnosed_as_input_pipeline(
     assert result["metrics"]["steps_per_s"] > 0 and result["metrics"]["steps_seen"] == 32  # 256 items / batch 8
     assert (tmp_path / "run" / "trace.json").is_file() and (tmp_path / "run" / "diagnosis.json").is_file()
     assert "diagnosis: input pipeline" in done.stdout
+    assert "in your script, workers: DataLoader(..., num_workers=N)" in done.stdout  # levers as code, not flags
 
 
 def test_item_calls_in_each_step_show_in_the_diagnosis_evidence(tmp_path):
@@ -177,3 +178,27 @@ def test_module_run_with_dash_m_counts_the_users_step_marks(tmp_path, monkeypatc
     assert result["config"]["step_source"] == MARK and result["config"]["script"]["module"] is True
     # The first step was counted by model calls until the first mark closed; the 7 marks after it are the steps.
     assert result["metrics"]["steps_seen"] == 7 and result["trials"][0]["steps"] == 6
+    assert main(["rerun", "run"]) == 2  # a script run is repeated with its own command, not from a RunConfig
+    assert "-- python -m userpkg_marked.infer" in capsys.readouterr().err
+
+
+def test_script_ending_before_the_profilers_active_steps_says_how_many_steps_it_saw(tmp_path, capsys):
+    code = main(["profile", "--out", str(tmp_path / "run"), "--", "python", str(SCRIPTS / "infer_argv_exit.py"),
+                 "--batches", "9"])  # 8 steps; the default schedule needs 5 + 1 + 2 + 3 = 11
+    assert code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the script ended after 8 steps" in out and "--active" in out and "let the script run longer" in out
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["diagnosis"] is None and "trace" not in result["artifacts"]
+
+
+def test_timeline_stops_recording_at_its_cap_and_keeps_every_recorded_step(monkeypatch):
+    monkeypatch.setattr("perflab.script.timeline.MAX_RECORDED_STEPS", 3)
+    timeline = StepTimeline()
+    for _ in range(6):
+        with timeline.phase("forward"):
+            pass
+        timeline.boundary(False)
+    step_ms, phase_ms = timeline.steps()
+    assert timeline.boundaries == 6 and len(step_ms) == 3 and all(ms > 0 for ms in step_ms)
+    assert [sorted(phases) for phases in phase_ms] == [["forward"]] * 3

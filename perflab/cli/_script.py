@@ -61,8 +61,9 @@ def handle_script(args: argparse.Namespace, capture: Optional[CaptureOptions]) -
     if result is None:
         with suppress(OSError):
             out.rmdir()  # only when empty: nothing was captured
-        if outcome.traceback or outcome.interrupted:
-            text = f"the script stopped after {outcome.steps_seen} steps, before any step after --warmup {warmup}"
+        if outcome.exit_code:
+            text = (f"the script stopped (exit {outcome.exit_code}) after {outcome.steps_seen} steps, before a step "
+                    f"after the --warmup {warmup} finished")
         else:
             text = (f"the script ran {outcome.steps_seen} steps, no more than --warmup {warmup}, so none was timed: "
                     "lower --warmup, or let the script run longer (steps are counted at optimizer steps, outermost "
@@ -72,6 +73,8 @@ def handle_script(args: argparse.Namespace, capture: Optional[CaptureOptions]) -
     print_result(console, result)
     if outcome.diagnosis is not None:
         print_diagnosis(console, outcome.diagnosis)
+        for lever, code in result.diagnosis.get("levers_in_code", {}).items():
+            console.print(f"in your script, {lever}: {escape(code)}", highlight=False)
         console.print(f"trace: [bold]{escape(str(out / result.artifacts['trace']))}[/] (open in "
                       "https://ui.perfetto.dev)")
     return outcome.exit_code

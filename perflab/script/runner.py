@@ -25,6 +25,7 @@ from perflab.profile.capture import CaptureOptions, ProfilerCapture
 from perflab.results import Result, Trial, write_json_atomic
 from perflab.script.attach import ScriptProbe
 from perflab.script.command import ScriptCommand, check_command, execute, script_traceback
+from perflab.script.levers import levers_in_code
 from perflab.script.steps import StepDetector
 from perflab.script.timeline import StepTimeline
 from perflab.version import __version__
@@ -88,11 +89,12 @@ def run_script(command: ScriptCommand, out_dir: Union[str, Path], warmup: int = 
         result.notes.append(f"the script raised {trace_text.strip().splitlines()[-1]}")
     if profiler is not None:
         outcome.shortfall = _shortfall(profiler.options, timeline.boundaries, warmup, detector)
-        profiler.finish(result)
         if outcome.shortfall:
             result.notes.append(outcome.shortfall)
-        elif profiler.written:
-            outcome.diagnosis = _diagnose(profiler, result, out_dir)
+        else:
+            profiler.finish(result)
+            if profiler.written:
+                outcome.diagnosis = _diagnose(profiler, result, out_dir)
     result.save(out_dir)
     return outcome
 
@@ -129,6 +131,7 @@ def _diagnose(profiler: ProfilerCapture, result: Result, out_dir: Path):
     from perflab.diagnose import DIAGNOSIS_FILE, diagnose
     diagnosis = diagnose(profiler.trace_path, result)
     result.diagnosis = diagnosis.to_dict()
+    result.diagnosis["levers_in_code"] = levers_in_code(diagnosis.levers)
     write_json_atomic(out_dir / DIAGNOSIS_FILE, result.diagnosis)
     result.artifacts["diagnosis"] = DIAGNOSIS_FILE
     return diagnosis

@@ -6,7 +6,6 @@ boundary to the next, so the time after the last boundary (the script's teardown
 """
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 from typing import Optional
 
@@ -24,9 +23,7 @@ class StepTimeline:
         self.timer = None
         self.device: Optional[str] = None  # "cuda" when the script had initialised CUDA at its first step
         self.boundaries = 0  # of the current step source
-        self.restarts = 0
-        self.began_s: Optional[float] = None  # host clock at the start of step 1
-        self.boundary_times_s: list[float] = []  # host clock at each boundary
+        self.unreadable: Optional[str] = None  # why the CUDA events cannot be read, if they cannot
 
     @property
     def started(self) -> bool:
@@ -36,7 +33,6 @@ class StepTimeline:
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self.device = "cuda" if cuda else "cpu"
         self.timer = make_timer(torch.device(self.device), sync_phases=False)
-        self.began_s = time.perf_counter()
         self.timer.step_start()
 
     def _recording(self) -> bool:
@@ -60,25 +56,27 @@ class StepTimeline:
             self._begin()
             return
         if restart and self.boundaries:
-            self.restarts += 1
             self.boundaries = 0
-            self.boundary_times_s = []
             self._begin()
             return
+        ends_recorded_step = self._recording()
         self.boundaries += 1
-        self.boundary_times_s.append(time.perf_counter())
-        if self._recording():
+        if ends_recorded_step:
             self.timer.finish()  # the end of the last recorded step, moved forward at every boundary
-            self.timer.step_start()
+            if self._recording():
+                self.timer.step_start()
 
     def close(self) -> None:
-        """Wait for the device so CUDA events can be read."""
+        """Wait for the device so CUDA events can be read; a script that broke the CUDA context leaves no timings."""
         if self.device == "cuda":
-            torch.cuda.synchronize()
+            try:
+                torch.cuda.synchronize()
+            except RuntimeError as err:  # e.g. a device-side assert in the script: its traceback says why
+                self.unreadable = str(err).splitlines()[0]
 
     def steps(self) -> tuple[list[float], list[dict[str, float]]]:
         """(step_ms, phase_ms) of every completed, recorded step, in order."""
-        if self.timer is None or self.boundaries == 0:
+        if self.timer is None or self.boundaries == 0 or self.unreadable:
             return [], []
         recorded = min(self.boundaries, MAX_RECORDED_STEPS)
         return self.timer.step_ms()[:recorded], self.timer.phase_ms()[:recorded]
