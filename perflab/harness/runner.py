@@ -210,7 +210,7 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
                 "non_finite": None, "timing": {"data_source": plan.data_source}, **warmup}
     metrics = aggregate(trials, plan.batch_size)
     metrics.update(warmup)
-    metrics["memory"] = _memory(device)
+    metrics["memory"] = memory_metrics(device)
     if warmup_peak_mb is not None:
         metrics["memory"]["peak_allocated_incl_warmup_mb"] = max(warmup_peak_mb, metrics["memory"]["peak_allocated_mb"])
         if plan.step_fn is not None or cfg.compile == "reduce-overhead":
@@ -347,7 +347,8 @@ def aggregate(trials: list[Trial], batch_size: int) -> dict[str, Any]:
     }
 
 
-def _memory(device: torch.device) -> dict[str, float]:
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """Peak allocated and reserved device memory (CUDA), or the host process's peak RSS (CPU)."""
     if device.type == "cuda":
         return {
             "peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
