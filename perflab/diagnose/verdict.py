@@ -9,6 +9,7 @@ from perflab.diagnose.collectives import collectives
 from perflab.diagnose.compute import compute_bound
 from perflab.diagnose.copies import host_to_device_copies
 from perflab.diagnose.findings import NO_CLEAR_BOTTLENECK, Context, Finding
+from perflab.diagnose.inference_queue import inference_queue
 from perflab.diagnose.input_pipeline import input_pipeline
 from perflab.diagnose.launch_overhead import launch_overhead
 from perflab.diagnose.memory_bandwidth import memory_bandwidth
@@ -17,8 +18,10 @@ from perflab.diagnose.sync import host_device_sync
 # One function per rule family; each returns a Finding or None. Order breaks confidence ties.
 RULES: list[Callable[[Context], Optional[Finding]]] = [
     input_pipeline, host_to_device_copies, host_device_sync, launch_overhead, activation_memory,
-    memory_bandwidth, compute_bound, collectives,
+    memory_bandwidth, compute_bound, collectives, inference_queue,
 ]
+# The rules that read only the result's metrics (a serve result has no trace).
+RESULT_RULES: list[Callable[[Context], Optional[Finding]]] = [inference_queue]
 MIN_CONFIDENCE = 0.5  # below this, no finding is named as the bottleneck
 BUSY_ENOUGH_PCT = 95.0
 
@@ -48,15 +51,16 @@ class Diagnosis:
 
 def run_rules(ctx: Context) -> list[Finding]:
     """Every rule's finding, most confident first."""
-    findings = [finding for rule in RULES if (finding := rule(ctx)) is not None]
+    rules = RULES if ctx.profile is not None else RESULT_RULES
+    findings = [finding for rule in rules if (finding := rule(ctx)) is not None]
     return sorted(findings, key=lambda f: -f.confidence)
 
 
 def decide(ctx: Context, findings: list[Finding]) -> Diagnosis:
     """Name the most confident finding, or 'no clear bottleneck' with what the numbers do say."""
     profile = ctx.profile
-    busy = profile.gpu.busy_pct if profile.gpu else None
-    common = {"findings": [f.to_dict() for f in findings], "profile": profile.to_dict()}
+    busy = profile.gpu.busy_pct if profile is not None and profile.gpu else None
+    common = {"findings": [f.to_dict() for f in findings], "profile": profile.to_dict() if profile else {}}
     if findings and findings[0].confidence >= MIN_CONFIDENCE:
         top = findings[0]
         evidence = dict(top.evidence)
@@ -73,6 +77,9 @@ def decide(ctx: Context, findings: list[Finding]) -> Diagnosis:
     elif busy is not None:
         headline = f"no clear bottleneck: GPU busy {busy:.0f}%, and no rule explains the idle time with confidence"
         confidence = 0.4
+    elif profile is None:
+        headline = "no clear bottleneck: the serve metrics show no queueing or batching problem"
+        confidence = 0.5
     else:
         headline = "no clear bottleneck: no rule fired with confidence on this CPU trace"
         confidence = 0.5

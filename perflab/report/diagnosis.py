@@ -49,8 +49,9 @@ def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
     flags = _lever_flags()
     console.print(f"[bold]diagnosis:[/] [bold magenta]{d['bottleneck']}[/] (confidence {d['confidence']:.2f}) — "
                   f"{escape(d['headline'])}", highlight=False)
-    verdict = Table(show_header=False, title=f"{profile['device']} trace · {profile['steps']} steps · "
-                    f"{profile['step_ms']:.2f} ms per step", title_justify="left")
+    title = (f"{profile['device']} trace · {profile['steps']} steps · {profile['step_ms']:.2f} ms per step"
+             if profile else "from the result's metrics (no trace)")
+    verdict = Table(show_header=False, title=title, title_justify="left")
     verdict.add_column("what", style="bold")
     verdict.add_column("value")
     for key, value in d["evidence"].items():
@@ -60,6 +61,8 @@ def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
     for advice in d["advice"]:
         verdict.add_row("also", escape(advice))
     console.print(verdict)
+    if not profile:  # a diagnosis from a result alone (perflab serve): no trace breakdown to show
+        return
     breakdown = Table(title="where the time goes (share of the profiled steps)", title_justify="left")
     breakdown.add_column("part")
     breakdown.add_column("share", justify="right")
@@ -114,7 +117,8 @@ def diagnosis_markdown(diag: Union[Diagnosis, dict]) -> str:
     flags = _lever_flags()
     lines = ["## Diagnosis", "",
              f"**{d['bottleneck']}** (confidence {d['confidence']:.2f}): {d['headline']}", "",
-             f"{profile['device']} trace, {profile['steps']} profiled steps, {profile['step_ms']:.2f} ms per step.", ""]
+             f"{profile['device']} trace, {profile['steps']} profiled steps, {profile['step_ms']:.2f} ms per step."
+             if profile else "From the result's metrics (no trace).", ""]
     if d["evidence"]:
         lines += ["| evidence | value |", "|---|---|"]
         lines += [f"| {key} | {_num(value)} |" for key, value in d["evidence"].items()]
@@ -127,6 +131,8 @@ def diagnosis_markdown(diag: Union[Diagnosis, dict]) -> str:
     lines += [f"- {advice}" for advice in d["advice"]]
     if d["advice"]:
         lines.append("")
+    if not profile:
+        return "\n".join(lines)
     lines += ["| where the time goes | share |", "|---|---|"]
     lines += [f"| {label} | {_num(pct)}% |" for label, pct in _breakdown(profile)]
     lines.append("")

@@ -1,0 +1,249 @@
+"""serve(): build the model after levers, warm every instance, measure the harness's own capacity, then run the
+scenario's points (fixed rates, or the max-QPS search), saving result.json after every point."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Union
+
+import numpy as np
+import torch
+
+from perflab.config import RunConfig
+from perflab.environment import collect_environment
+from perflab.errors import PerflabError
+from perflab.harness.data import make_loader
+from perflab.harness.nvml import NvmlSampler
+from perflab.harness.runner import describe_workload, resolve_config, resolve_device, seed_everything
+from perflab.levers import check_levers
+from perflab.results import Result
+from perflab.serve import loadgen, schedule
+from perflab.serve.capacity import measure_capacity
+from perflab.serve.config import ServeConfig
+from perflab.serve.engine import ModelEngine
+from perflab.serve.metrics import summarize_point
+from perflab.serve.search import find_max_qps
+from perflab.serve.server import Engine, Server
+from perflab.version import __version__
+from perflab.workloads import Workload, load_workload
+
+POOL_SAMPLES = 128  # samples loaded into host memory before the load starts (LoadGen's performance sample set)
+ESTIMATE_BATCHES = 3
+BEHIND_FLOOR_MS = 1.0
+SEARCH_TOLERANCE = 0.05
+
+
+def serve_run_config(run_cfg: RunConfig, serve_cfg: ServeConfig, workload: Union[Workload, str, None] = None
+                     ) -> RunConfig:
+    """The run config of a serve session: inference (whatever its mode said), batch size = max batch, device
+    resolved."""
+    return resolve_config(run_cfg.replace(mode="infer", batch_size=serve_cfg.max_batch), workload)
+
+
+def behind_threshold_ms(serve_cfg: ServeConfig) -> float:
+    """Issue lateness (p99) past which the load generator counts as behind its schedule."""
+    return max(BEHIND_FLOOR_MS, 0.1 * serve_cfg.p99_ms)
+
+
+class Session:
+    """A serve session's state: the server, its settings, and the result rewritten after each point."""
+
+    def __init__(self, server: Server, cfg: RunConfig, serve_cfg: ServeConfig, result: Result, out: Optional[Path],
+                 samples: int, device_index: Optional[int], on_point: Callable[[dict], None]):
+        self.server = server
+        self.cfg = cfg
+        self.serve_cfg = serve_cfg
+        self.result = result
+        self.out = out
+        self.samples = samples
+        self.device_index = device_index
+        self.on_point = on_point
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return self.result.metrics["serve"]
+
+    def save(self) -> None:
+        if self.out is not None:
+            self.result.save(self.out)
+
+    def point(self, scenario: str, rate: Optional[float] = None, queries: Optional[int] = None,
+              duration_s: Optional[float] = None) -> dict[str, Any]:
+        """Run one point, add it to the result, save."""
+        sc, max_batch = self.serve_cfg, self.cfg.batch_size
+        timeout_s = sc.batch_timeout_ms / 1000
+        index = len(self.record["points"])
+        seed = sc.sample_seed + index
+        with NvmlSampler(self.device_index) as sampler:
+            if scenario == "server":
+                arrivals = schedule.poisson_arrivals(rate, duration_s, sc.min_queries, sc.schedule_seed + index)
+                order = schedule.sample_order(len(arrivals), self.samples, seed)
+                log = loadgen.run_scheduled(self.server, arrivals, order, max_batch, timeout_s)
+            elif scenario == "offline":
+                order = schedule.sample_order(queries, self.samples, seed)
+                log = loadgen.run_offline(self.server, queries, order, max_batch, timeout_s)
+            else:
+                order = schedule.sample_order(loadgen.SINGLE_STREAM_CAP, self.samples, seed)
+                log = loadgen.run_single_stream(self.server, sc.duration_s, sc.min_queries, order)
+        point = summarize_point(log, scenario, rate, max_batch, sc.instances, behind_threshold_ms(sc),
+                                sampler.summary(), self.cfg.gpu_cost_per_hour)
+        point["index"] = index
+        point["schedule_seed"] = sc.schedule_seed + index if scenario == "server" else None
+        point["meets_bound"] = bool(point["latency_ms"]["p99"] <= sc.p99_ms)
+        point["passed"] = point["meets_bound"] and not point["behind_schedule"]
+        point["padded_samples"] = sum(getattr(engine, "padded_samples", 0) for engine in self.server.engines)
+        for engine in self.server.engines:
+            engine.padded_samples = 0
+        self.record["points"].append(point)
+        self.save()
+        self.on_point(point)
+        return point
+
+
+def _estimate_samples_per_s(engine: Engine, max_batch: int, samples: int) -> float:
+    """Samples/s of back-to-back full batches on one instance: where the first rate and query counts start."""
+    ids = np.arange(max_batch) % samples
+    began = time.perf_counter()
+    for _ in range(ESTIMATE_BATCHES):
+        engine.serve(ids)
+    return ESTIMATE_BATCHES * max_batch / (time.perf_counter() - began)
+
+
+def _load_pool(workload: Workload, seed: int) -> Any:
+    """The model inputs of the first POOL_SAMPLES samples, stacked (targets are not served)."""
+    count = min(POOL_SAMPLES, len(workload.dataset))
+    loader = make_loader(workload.dataset, count, 0, False, False, None, workload.collate_fn, seed)
+    inputs, _ = next(iter(loader))
+    return inputs, count
+
+
+def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, Path]] = None,
+          workload: Union[Workload, str, None] = None, engines: Optional[list[Engine]] = None,
+          on_point: Callable[[dict], None] = lambda point: None, command: Optional[list[str]] = None) -> Result:
+    """Serve a workload under the scenario of `serve_cfg`; `engines` replaces the model (tests, capacity)."""
+    serve_cfg.validate()
+    cfg = serve_run_config(run_cfg, serve_cfg, workload)
+    device = resolve_device(cfg.device)
+    seed_everything(cfg.seed)
+    if not isinstance(workload, Workload):
+        workload = load_workload(cfg.workload, cfg)
+    if not workload.supports_inference:
+        raise PerflabError(f"{workload.name} is a training-only workload: it has no inference mode to serve; "
+                           "choose another --workload")
+    pool, samples = _load_pool(workload, serve_cfg.sample_seed)
+    notes: list[str] = []
+    plan = None
+    if engines is None:
+        from perflab.harness.plan import build_plan
+        plan = build_plan(workload, cfg, device, check_levers(cfg, workload, device))
+        graphs = cfg.cuda_graphs and device.type == "cuda"
+        engines = [ModelEngine(plan, pool, cfg.batch_size, pad_to_buckets=cfg.compile is not None, graphs=graphs)
+                   for _ in range(serve_cfg.instances)]
+        if engines[0].sizes is not None:
+            notes.append(f"batches are padded up to {engines[0].sizes} so that only those shapes are "
+                         "compiled/captured (in warm-up); padded_samples counts the padding")
+    result = Result(config={**cfg.to_dict(), "serve": serve_cfg.to_dict()}, environment=collect_environment(device),
+                    workload=describe_workload(workload, None), trials=[], metrics={}, levers=[],
+                    notes=notes, command=list(command if command is not None else sys.argv),
+                    created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), perflab_version=__version__)
+    with ExitStack() as stack:
+        stack.enter_context(cpu_threads_for(serve_cfg.instances, device.type))
+        if plan is not None:
+            stack.callback(plan.cleanup)
+            result.levers = list(plan.levers)
+        server = Server(engines, plan.stepping if plan is not None else _nothing)
+        stack.callback(server.close)
+        server.warm_up(cfg.warmup)
+        estimate = _estimate_in_thread(server, cfg.batch_size, samples)
+        result.metrics["serve"] = _record_head(serve_cfg, cfg, engines, estimate)
+        session = Session(server, cfg, serve_cfg, result, Path(out) if out else None, samples,
+                          device.index if device.type == "cuda" else None, on_point)
+        session.record["capacity"] = measure_capacity(cfg.batch_size, serve_cfg.batch_timeout_ms / 1000,
+                                                      serve_cfg.instances)
+        session.save()
+        _run_scenario(session, estimate)
+        session.record["complete"] = True
+        _diagnose(result)
+        session.save()
+    return result
+
+
+@contextmanager
+def cpu_threads_for(instances: int, device_type: str) -> Iterator[None]:
+    """On a CPU, leave a core to the load generator: OpenMP workers spinning on every core starve the thread
+    that issues queries (its lateness then counts against the model)."""
+    if device_type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(before, ((os.cpu_count() or 2) - 1) // instances)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _nothing():
+    from contextlib import nullcontext
+    return nullcontext()
+
+
+def _estimate_in_thread(server: Server, max_batch: int, samples: int) -> float:
+    """The estimate runs on instance 0's own thread (compiled graphs and CUDA graphs live there)."""
+    found: list[float] = []
+    serving = server.on_every_instance(
+        lambda engine: found.append(_estimate_samples_per_s(engine, max_batch, samples)))
+    serving.wait()
+    return max(found) * len(server.engines)
+
+
+def _record_head(serve_cfg: ServeConfig, cfg: RunConfig, engines: list, estimate: float) -> dict[str, Any]:
+    return {
+        "scenario": serve_cfg.scenario,
+        "schedule_seed": serve_cfg.schedule_seed,
+        "sample_seed": serve_cfg.sample_seed,
+        "settings": {"max_batch": cfg.batch_size, "batch_timeout_ms": serve_cfg.batch_timeout_ms,
+                     "instances": serve_cfg.instances, "p99_ms": serve_cfg.p99_ms,
+                     "duration_s": serve_cfg.duration_s, "min_queries": serve_cfg.min_queries,
+                     "buckets": getattr(engines[0], "sizes", None),
+                     "behind_schedule_ms": behind_threshold_ms(serve_cfg)},
+        "estimated_samples_per_s": estimate,
+        "points": [],
+        "max_qps": None,
+        "search": None,
+        "capacity": None,
+        "complete": False,
+    }
+
+
+def _run_scenario(session: Session, estimate: float) -> None:
+    sc = session.serve_cfg
+    if sc.scenario == "offline":
+        queries = max(sc.min_queries, math.ceil(estimate * sc.duration_s))
+        session.point("offline", queries=queries)
+    elif sc.scenario == "single-stream":
+        session.point("single-stream")
+    elif sc.find_max_qps:
+        def passes(rate: float) -> bool:  # both minimums, as LoadGen: the duration and the query count
+            duration_s = max(sc.duration_s, sc.min_queries / rate)
+            return session.point("server", rate=rate, duration_s=duration_s)["passed"]
+        outcome = find_max_qps(passes, round(estimate / 2, 1), SEARCH_TOLERANCE)
+        session.record["max_qps"] = outcome.max_qps
+        session.record["search"] = {"lowest_failing_qps": outcome.lowest_failing_qps, "tolerance": SEARCH_TOLERANCE,
+                                    "tried": [{"qps": rate, "passed": passed} for rate, passed in outcome.tried],
+                                    "start_qps": outcome.tried[0][0]}
+    elif sc.rates():  # each was checked against --duration and --min-queries by ServeConfig.validate
+        for rate in sc.rates():
+            session.point("server", rate=rate, duration_s=sc.duration_s)
+    else:
+        rate = round(estimate / 2, 1)
+        session.point("server", rate=rate, duration_s=max(sc.duration_s, sc.min_queries / rate))
+
+
+def _diagnose(result: Result) -> None:
+    from perflab.diagnose import diagnose_result
+    result.diagnosis = diagnose_result(result).to_dict()
