@@ -30,6 +30,9 @@ class ServeConfig:
                                 "(widen, then bisect, as LoadGen's peak finder)", LOAD, False, commands=SERVE)
     p99_ms: float = option("--p99-ms", float, "the p99 latency bound a server point must meet (default: 15)", LOAD,
                            15.0, above=0, metavar="MS", commands=SERVE)
+    search_tolerance_pct: float = option("--search-tolerance-pct", float, "the search stops when the bracket around "
+                                         "the max QPS is narrower than this, in percent (default: 5)", LOAD, 5.0,
+                                         above=0, metavar="PCT", commands=SERVE)
     duration_s: float = option("--duration", float, "seconds of load per point (default: 1)", LOAD, 1.0, above=0,
                                metavar="SECONDS", commands=SERVE)
     min_queries: int = option("--min-queries", int, "queries per point at least, so a short lucky run cannot pass "

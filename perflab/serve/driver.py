@@ -34,7 +34,6 @@ from perflab.workloads import Workload, load_workload
 POOL_SAMPLES = 128  # samples loaded into host memory before the load starts (LoadGen's performance sample set)
 ESTIMATE_BATCHES = 3
 BEHIND_FLOOR_MS = 1.0
-SEARCH_TOLERANCE = 0.05
 
 
 def serve_run_config(run_cfg: RunConfig, serve_cfg: ServeConfig, workload: Union[Workload, str, None] = None
@@ -135,6 +134,8 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
         raise PerflabError(f"{workload.name} is a training-only workload: it has no inference mode to serve; "
                            "choose another --workload")
     pool, samples = _load_pool(workload, serve_cfg.sample_seed)
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     plan = None
     if engines is None:
@@ -231,9 +232,10 @@ def _run_scenario(session: Session, estimate: float) -> None:
         def passes(rate: float) -> bool:  # both minimums, as LoadGen: the duration and the query count
             duration_s = max(sc.duration_s, sc.min_queries / rate)
             return session.point("server", rate=rate, duration_s=duration_s)["passed"]
-        outcome = find_max_qps(passes, round(estimate / 2, 1), SEARCH_TOLERANCE)
+        tolerance = sc.search_tolerance_pct / 100
+        outcome = find_max_qps(passes, round(estimate / 2, 1), tolerance)
         session.record["max_qps"] = outcome.max_qps
-        session.record["search"] = {"lowest_failing_qps": outcome.lowest_failing_qps, "tolerance": SEARCH_TOLERANCE,
+        session.record["search"] = {"lowest_failing_qps": outcome.lowest_failing_qps, "tolerance": tolerance,
                                     "tried": [{"qps": rate, "passed": passed} for rate, passed in outcome.tried],
                                     "start_qps": outcome.tried[0][0]}
     elif sc.rates():  # each was checked against --duration and --min-queries by ServeConfig.validate
