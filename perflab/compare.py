@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from perflab.config import numerics_fields
+from perflab.cost import cost_per_million
 from perflab.errors import PerflabError
 from perflab.results import Result, resolve_result_path, write_json_atomic
 
@@ -179,7 +180,20 @@ def metric_changes(base: Result, cand: Result) -> list[MetricChange]:
         _change("peak memory", "MiB", "lower", base_memory, cand_memory, note=memory_note),
         _change("MFU", "%", "higher", flops_base.get("mfu_pct"), flops_cand.get("mfu_pct"),
                 note="follows throughput when FLOPs per sample and the peak are the same"),
+        *_cost_change(base, cand),
     ]
+
+
+def _cost_change(base: Result, cand: Result) -> list[MetricChange]:
+    """Cost per million samples, when both runs were given --gpu-cost-per-hour (the prices may differ)."""
+    prices = base.config.get("gpu_cost_per_hour"), cand.config.get("gpu_cost_per_hour")
+    if None in prices:
+        return []
+    per_trial = [[cost_per_million(price, t.throughput_samples_per_s) for t in result.trials]
+                 for price, result in zip(prices, (base, cand))]
+    return [_change("cost per million samples", "per 1M", "lower", base.metrics.get("cost_per_million_samples"),
+                    cand.metrics.get("cost_per_million_samples"), (per_trial[0], per_trial[1], np.median),
+                    note=f"at {prices[0]:g} and {prices[1]:g} per hour")]
 
 
 def config_changes(base: Result, cand: Result) -> dict[str, list[Any]]:
@@ -296,7 +310,8 @@ def _summary(result: Result) -> dict[str, Any]:
     return {"path": result.path, "label": describe_config(cfg, result.levers), "config": cfg,
             "environment": result.environment, "levers": result.levers, "quality": result.quality,
             "metrics": {key: result.metrics.get(key) for key in ("throughput_samples_per_s", "latency_ms",
-                                                                  "phases_ms", "memory", "gpu", "flops")},
+                                                                  "phases_ms", "memory", "gpu", "flops",
+                                                                  "cost_per_million_samples")},
             "step_ms": [ms for trial in result.trials for ms in trial.step_ms], "created_utc": result.created_utc}
 
 

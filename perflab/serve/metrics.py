@@ -7,6 +7,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from perflab.cost import cost_per_million
+
 PERCENTILES = (50, 90, 95, 99, 99.9)
 # A query's life, in order; the parts add up to its latency (done - scheduled).
 COMPONENTS = ("issue_delay", "queue_wait", "batch_formation", "copy_in", "compute", "copy_out")
@@ -102,13 +104,6 @@ def lateness(log: QueryLog) -> dict[str, float]:
     if late_ms.size == 0:
         return {"p99_ms": float("nan"), "max_ms": float("nan")}
     return {"p99_ms": float(np.percentile(late_ms, 99)), "max_ms": float(late_ms.max())}
-
-
-def cost_per_million(cost_per_hour: Optional[float], per_second: float) -> Optional[float]:
-    """What a million queries (or samples) cost at `per_second`, for a machine priced per hour."""
-    if cost_per_hour is None or not per_second > 0:
-        return None
-    return cost_per_hour / 3600.0 / per_second * 1e6
 
 
 def summarize_point(log: QueryLog, scenario: str, offered_qps: Optional[float], max_batch: int, instances: int,
