@@ -34,10 +34,12 @@ def latency_vs_load(serve: dict[str, Any], path: Path, title: str = "") -> Optio
     if serve.get("max_qps"):
         ax.axvline(serve["max_qps"], color="green", linewidth=0.8, linestyle="--",
                    label=f"max QPS {serve['max_qps']:,.0f}")
-    failed = [p for p in points if not p["passed"]]
-    if failed:
-        ax.plot([p["offered_qps"] for p in failed], [p["latency_ms"]["p99"] for p in failed], linestyle="none",
-                marker="x", color="red", label="failed point")
+    for label, marker, color, chosen in (
+            ("p99 over the bound", "x", "red", [p for p in points if not p["meets_bound"]]),
+            ("load generator behind (invalid)", "^", "orange", [p for p in points if p["behind_schedule"]])):
+        if chosen:
+            ax.plot([p["offered_qps"] for p in chosen], [p["latency_ms"]["p99"] for p in chosen], linestyle="none",
+                    marker=marker, color=color, markerfacecolor="none", markersize=9, label=label)
     ax.set_yscale("log")
     ax.set_xlabel("offered load (queries/s, Poisson arrivals)")
     ax.set_ylabel("latency ms (log)")
@@ -74,7 +76,7 @@ def batch_fill(serve: dict[str, Any], path: Path) -> Optional[Path]:
 
 def time_breakdown(serve: dict[str, Any], path: Path) -> Optional[Path]:
     """Stacked bars per point: a query's mean time in each part, on average and in the p99 tail."""
-    points = serve["points"]
+    points = sorted(serve["points"], key=lambda p: (p["offered_qps"] is not None, p["offered_qps"] or 0))
     if not points:
         return None
     fig = Figure(figsize=(7, 1.6 + 0.5 * len(points)), dpi=DPI)

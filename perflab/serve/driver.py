@@ -2,11 +2,10 @@
 scenario's points (fixed rates, or the max-QPS search), saving result.json after every point."""
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
@@ -17,23 +16,19 @@ from perflab.config import RunConfig
 from perflab.environment import collect_environment
 from perflab.errors import PerflabError
 from perflab.harness.data import make_loader
-from perflab.harness.nvml import NvmlSampler
 from perflab.harness.runner import describe_workload, resolve_config, resolve_device, seed_everything
 from perflab.levers import check_levers
 from perflab.results import Result
-from perflab.serve import loadgen, schedule
 from perflab.serve.capacity import measure_capacity
 from perflab.serve.config import ServeConfig
-from perflab.serve.engine import ModelEngine
-from perflab.serve.metrics import summarize_point
-from perflab.serve.search import find_max_qps
+from perflab.serve.engine import ModelEngine, batch_shapes
+from perflab.serve.session import Session, behind_threshold_ms, run_scenario
 from perflab.serve.server import Engine, Server
 from perflab.version import __version__
 from perflab.workloads import Workload, load_workload
 
 POOL_SAMPLES = 128  # samples loaded into host memory before the load starts (LoadGen's performance sample set)
 ESTIMATE_BATCHES = 3
-BEHIND_FLOOR_MS = 1.0
 
 
 def serve_run_config(run_cfg: RunConfig, serve_cfg: ServeConfig, workload: Union[Workload, str, None] = None
@@ -43,64 +38,14 @@ def serve_run_config(run_cfg: RunConfig, serve_cfg: ServeConfig, workload: Union
     return resolve_config(run_cfg.replace(mode="infer", batch_size=serve_cfg.max_batch), workload)
 
 
-def behind_threshold_ms(serve_cfg: ServeConfig) -> float:
-    """Issue lateness (p99) past which the load generator counts as behind its schedule."""
-    return max(BEHIND_FLOOR_MS, 0.1 * serve_cfg.p99_ms)
-
-
-class Session:
-    """A serve session's state: the server, its settings, and the result rewritten after each point."""
-
-    def __init__(self, server: Server, cfg: RunConfig, serve_cfg: ServeConfig, result: Result, out: Optional[Path],
-                 samples: int, device_index: Optional[int], on_point: Callable[[dict], None]):
-        self.server = server
-        self.cfg = cfg
-        self.serve_cfg = serve_cfg
-        self.result = result
-        self.out = out
-        self.samples = samples
-        self.device_index = device_index
-        self.on_point = on_point
-
-    @property
-    def record(self) -> dict[str, Any]:
-        return self.result.metrics["serve"]
-
-    def save(self) -> None:
-        if self.out is not None:
-            self.result.save(self.out)
-
-    def point(self, scenario: str, rate: Optional[float] = None, queries: Optional[int] = None,
-              duration_s: Optional[float] = None) -> dict[str, Any]:
-        """Run one point, add it to the result, save."""
-        sc, max_batch = self.serve_cfg, self.cfg.batch_size
-        timeout_s = sc.batch_timeout_ms / 1000
-        index = len(self.record["points"])
-        seed = sc.sample_seed + index
-        with NvmlSampler(self.device_index) as sampler:
-            if scenario == "server":
-                arrivals = schedule.poisson_arrivals(rate, duration_s, sc.min_queries, sc.schedule_seed + index)
-                order = schedule.sample_order(len(arrivals), self.samples, seed)
-                log = loadgen.run_scheduled(self.server, arrivals, order, max_batch, timeout_s)
-            elif scenario == "offline":
-                order = schedule.sample_order(queries, self.samples, seed)
-                log = loadgen.run_offline(self.server, queries, order, max_batch, timeout_s)
-            else:
-                order = schedule.sample_order(loadgen.SINGLE_STREAM_CAP, self.samples, seed)
-                log = loadgen.run_single_stream(self.server, sc.duration_s, sc.min_queries, order)
-        point = summarize_point(log, scenario, rate, max_batch, sc.instances, behind_threshold_ms(sc),
-                                sampler.summary(), self.cfg.gpu_cost_per_hour)
-        point["index"] = index
-        point["schedule_seed"] = sc.schedule_seed + index if scenario == "server" else None
-        point["meets_bound"] = bool(point["latency_ms"]["p99"] <= sc.p99_ms)
-        point["passed"] = point["meets_bound"] and not point["behind_schedule"]
-        point["padded_samples"] = sum(getattr(engine, "padded_samples", 0) for engine in self.server.engines)
-        for engine in self.server.engines:
-            engine.padded_samples = 0
-        self.record["points"].append(point)
-        self.save()
-        self.on_point(point)
-        return point
+def _single_query_ms(engine: Engine) -> float:
+    """The fastest of a few lone queries: the latency floor no load can beat."""
+    times = []
+    for _ in range(ESTIMATE_BATCHES):
+        began = time.perf_counter()
+        engine.serve(np.zeros(1, dtype=int))
+        times.append(1000 * (time.perf_counter() - began))
+    return min(times)
 
 
 def _estimate_samples_per_s(engine: Engine, max_batch: int, samples: int) -> float:
@@ -142,8 +87,8 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
         from perflab.harness.plan import build_plan
         plan = build_plan(workload, cfg, device, check_levers(cfg, workload, device))
         graphs = cfg.cuda_graphs and device.type == "cuda"
-        engines = [ModelEngine(plan, pool, cfg.batch_size, pad_to_buckets=cfg.compile is not None, graphs=graphs)
-                   for _ in range(serve_cfg.instances)]
+        sizes = batch_shapes(serve_cfg.scenario, cfg.batch_size) if graphs or cfg.compile else None
+        engines = [ModelEngine(plan, pool, cfg.batch_size, sizes, graphs) for _ in range(serve_cfg.instances)]
         if engines[0].sizes is not None:
             notes.append(f"batches are padded up to {engines[0].sizes} so that only those shapes are "
                          "compiled/captured (in warm-up); padded_samples counts the padding")
@@ -156,17 +101,18 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
         if plan is not None:
             stack.callback(plan.cleanup)
             result.levers = list(plan.levers)
-        server = Server(engines, plan.stepping if plan is not None else _nothing)
+        server = Server(engines, plan.stepping if plan is not None else nullcontext)
         stack.callback(server.close)
         server.warm_up(cfg.warmup)
         estimate = _estimate_in_thread(server, cfg.batch_size, samples)
         result.metrics["serve"] = _record_head(serve_cfg, cfg, engines, estimate)
+        result.metrics["serve"]["single_query_ms"] = _single_query_in_thread(server)
         session = Session(server, cfg, serve_cfg, result, Path(out) if out else None, samples,
                           device.index if device.type == "cuda" else None, on_point)
         session.record["capacity"] = measure_capacity(cfg.batch_size, serve_cfg.batch_timeout_ms / 1000,
                                                       serve_cfg.instances)
         session.save()
-        _run_scenario(session, estimate)
+        run_scenario(session, estimate)
         session.record["complete"] = True
         _diagnose(result)
         session.save()
@@ -188,18 +134,19 @@ def cpu_threads_for(instances: int, device_type: str) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _nothing():
-    from contextlib import nullcontext
-    return nullcontext()
-
-
 def _estimate_in_thread(server: Server, max_batch: int, samples: int) -> float:
-    """The estimate runs on instance 0's own thread (compiled graphs and CUDA graphs live there)."""
+    """Every instance serves full batches on its own thread at once (compiled and captured graphs live there)."""
     found: list[float] = []
     serving = server.on_every_instance(
         lambda engine: found.append(_estimate_samples_per_s(engine, max_batch, samples)))
     serving.wait()
-    return max(found) * len(server.engines)
+    return sum(found)  # the instances ran at once, as they serve
+
+
+def _single_query_in_thread(server: Server) -> float:
+    found: list[float] = []
+    server.on_instance(0, lambda engine: found.append(_single_query_ms(engine))).wait()
+    return found[0]
 
 
 def _record_head(serve_cfg: ServeConfig, cfg: RunConfig, engines: list, estimate: float) -> dict[str, Any]:
@@ -219,31 +166,6 @@ def _record_head(serve_cfg: ServeConfig, cfg: RunConfig, engines: list, estimate
         "capacity": None,
         "complete": False,
     }
-
-
-def _run_scenario(session: Session, estimate: float) -> None:
-    sc = session.serve_cfg
-    if sc.scenario == "offline":
-        queries = max(sc.min_queries, math.ceil(estimate * sc.duration_s))
-        session.point("offline", queries=queries)
-    elif sc.scenario == "single-stream":
-        session.point("single-stream")
-    elif sc.find_max_qps:
-        def passes(rate: float) -> bool:  # both minimums, as LoadGen: the duration and the query count
-            duration_s = max(sc.duration_s, sc.min_queries / rate)
-            return session.point("server", rate=rate, duration_s=duration_s)["passed"]
-        tolerance = sc.search_tolerance_pct / 100
-        outcome = find_max_qps(passes, round(estimate / 2, 1), tolerance)
-        session.record["max_qps"] = outcome.max_qps
-        session.record["search"] = {"lowest_failing_qps": outcome.lowest_failing_qps, "tolerance": tolerance,
-                                    "tried": [{"qps": rate, "passed": passed} for rate, passed in outcome.tried],
-                                    "start_qps": outcome.tried[0][0]}
-    elif sc.rates():  # each was checked against --duration and --min-queries by ServeConfig.validate
-        for rate in sc.rates():
-            session.point("server", rate=rate, duration_s=sc.duration_s)
-    else:
-        rate = round(estimate / 2, 1)
-        session.point("server", rate=rate, duration_s=max(sc.duration_s, sc.min_queries / rate))
 
 
 def _diagnose(result: Result) -> None:

@@ -1,8 +1,9 @@
 """One model instance: samples gathered into a pinned host buffer, copied to the device on the instance's own
 CUDA stream, the model (after levers) run on them, and the results copied back to the host.
 
-With --compile or --cuda-graphs a batch is padded up to a bucket (1, 2, 4, ... max batch) so that only a few
-shapes are ever compiled or captured, all in warm-up; eager models run the exact batch size."""
+With --compile or --cuda-graphs a batch is padded up to a bucket so that only a few shapes are ever compiled or
+captured, all in warm-up: 1, 2, 4, ... max batch in the server scenario, max batch alone offline, 1 in
+single-stream. Eager models run the exact batch size."""
 from __future__ import annotations
 
 import time
@@ -24,6 +25,11 @@ def buckets(max_batch: int) -> list[int]:
     return sizes + [max_batch]
 
 
+def batch_shapes(scenario: str, max_batch: int) -> list[int]:
+    """The batch sizes a scenario forms, once padded: offline takes full batches, single-stream one query."""
+    return {"offline": [max_batch], "single-stream": [1]}.get(scenario) or buckets(max_batch)
+
+
 def first_tensor(tree: Any) -> torch.Tensor:
     found: list[torch.Tensor] = []
     map_tensors(tree, lambda t: found.append(t) or t)
@@ -33,11 +39,12 @@ def first_tensor(tree: Any) -> torch.Tensor:
 class ModelEngine:
     """A model instance over a pool of samples already in host memory (LoadGen's loaded sample set)."""
 
-    def __init__(self, plan: StepPlan, pool: Any, max_batch: int, pad_to_buckets: bool, graphs: bool):
+    def __init__(self, plan: StepPlan, pool: Any, max_batch: int, sizes: Optional[list[int]], graphs: bool):
+        """`sizes`: the padded batch sizes (None: run each batch at its own size); `graphs`: capture each."""
         self.plan = plan
         self.pool = pool  # the model inputs of every loaded sample, stacked along dim 0
         self.max_batch = max_batch
-        self.sizes = buckets(max_batch) if pad_to_buckets or graphs else None
+        self.sizes = sizes
         self.cuda = plan.device.type == "cuda"
         self.stream = torch.cuda.Stream(plan.device) if self.cuda else None
         self.host_buffer = map_tensors(pool, lambda t: torch.empty((max_batch, *t.shape[1:]), dtype=t.dtype,

@@ -19,8 +19,9 @@ class SearchOutcome:
 
 
 def find_max_qps(passes: Callable[[float], bool], start_qps: float, tolerance: float = 0.05,
-                 max_points: int = MAX_POINTS) -> SearchOutcome:
-    """Search the highest rate for which `passes(rate)` holds, to within `tolerance` (relative)."""
+                 max_points: int = MAX_POINTS, lowest_qps: float = 0.0) -> SearchOutcome:
+    """Search the highest rate for which `passes(rate)` holds, to within `tolerance` (relative); halving stops
+    at `lowest_qps` (or 1/64 of the start)."""
     tried: list[tuple[float, bool]] = []
 
     def attempt(rate: float) -> bool:
@@ -41,7 +42,8 @@ def find_max_qps(passes: Callable[[float], bool], start_qps: float, tolerance: f
                 high = rate
     else:
         high = rate
-        while low is None and len(tried) < max_points and rate > start_qps * LOWEST_FRACTION:
+        floor = max(lowest_qps, start_qps * LOWEST_FRACTION)
+        while low is None and len(tried) < max_points and rate / 2 >= floor:
             rate /= 2
             if attempt(rate):
                 low = rate

@@ -77,9 +77,16 @@ class Server:
             jobs.put(run)
         return Serving(self._finished, len(self._jobs))
 
+    def on_instance(self, index: int, run: Callable[[Engine], None]) -> Serving:
+        """Hand `run(engine)` to one instance's thread."""
+        self._jobs[index].put(run)
+        return Serving(self._finished, 1)
+
     def warm_up(self, rounds: int) -> None:
-        """Every instance runs every batch shape `rounds` times, in its own thread."""
-        self.on_every_instance(lambda engine: engine.warm_up(rounds)).wait()
+        """Every instance runs every batch shape `rounds` times, in its own thread, one instance after another
+        (torch.compile is not thread-safe while it compiles)."""
+        for index in range(len(self.engines)):
+            self.on_instance(index, lambda engine: engine.warm_up(rounds)).wait()
 
     def start(self, batcher: Batcher, log: QueryLog, sample_of_query: np.ndarray,
               on_done: Optional[Callable[[list[int]], None]] = None) -> Serving:
