@@ -24,7 +24,7 @@ class ServeConfig:
                            "(the throughput ceiling); single-stream: one query at a time (the latency floor) "
                            "(default: server)", LOAD, "server", choices=SCENARIOS, commands=SERVE)
     qps: Optional[str] = option("--qps", str, "server: offered queries per second; a comma list (100,200,400) "
-                                "sweeps a latency-vs-load curve (default: half the offline throughput)", LOAD,
+                                "sweeps a latency-vs-load curve (default: half the full-batch throughput)", LOAD,
                                 metavar="RATE[,RATE...]", commands=SERVE)
     find_max_qps: bool = option("--find-max-qps", bool, "server: search the highest rate whose p99 meets --p99-ms "
                                 "(widen, then bisect, as LoadGen's peak finder)", LOAD, False, commands=SERVE)
