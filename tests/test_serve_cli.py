@@ -129,3 +129,16 @@ def test_interrupted_serve_keeps_its_finished_points(tmp_path):
     record = Result.load(out).metrics["serve"]
     assert 2 <= len(record["points"]) < 7 and not record["complete"]
     assert all(point["completed"] == point["queries"] for point in record["points"])
+
+
+@pytest.mark.cuda
+def test_gpu_instances_copy_on_their_streams_and_replay_captured_graphs(tmp_path):
+    cfg = RunConfig(workload="resnet50", device="cuda", warmup=2, precision="bf16", channels_last=True,
+                    cuda_graphs=True, workload_options={"image_res": "64"})
+    result = serve(cfg, ServeConfig(qps="200", duration_s=1.0, min_queries=100, max_batch=8, instances=2), tmp_path)
+    record = result.metrics["serve"]
+    point = record["points"][0]
+    assert record["settings"]["buckets"] == [1, 2, 4, 8]
+    assert point["completed"] == point["queries"] and point["gpu"] is not None
+    assert point["time_ms"]["mean"]["copy_in"] > 0 and point["time_ms"]["mean"]["copy_out"] > 0
+    assert sum(point["time_ms"]["mean"].values()) == pytest.approx(point["latency_ms"]["mean"], rel=1e-6)
