@@ -102,8 +102,11 @@ def load_comparison(path: Union[str, Path]) -> Comparison:
 
 def load_result(path: Union[str, Path]) -> Result:
     """Result.load, with a one-line error for files that parse but do not hold a usable result."""
+    result = Result.load(path)
+    if "serve" in result.metrics:
+        raise PerflabError(f"{resolve_result_path(path)} is a `perflab serve` result; compare and rerun take `perflab "
+                           f"run` results (repeat it with: {' '.join(result.command) or 'perflab serve ...'})")
     try:
-        result = Result.load(path)
         trials = result.trials
         if not trials or not all(trial.step_ms is not None for trial in trials):
             raise ValueError("no trials")

@@ -142,3 +142,11 @@ def test_gpu_instances_copy_on_their_streams_and_replay_captured_graphs(tmp_path
     assert point["completed"] == point["queries"] and point["gpu"] is not None
     assert point["time_ms"]["mean"]["copy_in"] > 0 and point["time_ms"]["mean"]["copy_out"] > 0
     assert sum(point["time_ms"]["mean"].values()) == pytest.approx(point["latency_ms"]["mean"], rel=1e-6)
+
+
+def test_compare_and_rerun_refuse_a_serve_result_in_one_line(tmp_path, capsys):
+    out = tmp_path / "serve"
+    serve(CPU_MLP, ServeConfig(qps="100", duration_s=0.3, min_queries=30, max_batch=8), out, command=["perflab", "serve"])
+    assert main(["rerun", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a `perflab serve` result" in err and len(err.splitlines()) == 1
