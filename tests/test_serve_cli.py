@@ -74,7 +74,7 @@ def write_training_only(tmp_path: Path) -> Path:
     plugin.write_text(
         "import torch\nfrom torch.utils.data import TensorDataset\nfrom perflab import Workload\n"
         "def build(cfg):\n"
-        "    data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))\n"
+        "    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))\n"
         "    return Workload(name='train-only', model=torch.nn.Linear(4, 2), dataset=data,\n"
         "                    loss_fn=torch.nn.CrossEntropyLoss(), supports_inference=False)\n")
     return plugin
@@ -126,8 +126,9 @@ def test_interrupted_serve_keeps_its_finished_points(tmp_path):
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
     assert "finished point(s) are kept" in err
-    record = Result.load(out).metrics["serve"]
-    assert 2 <= len(record["points"]) < 7 and not record["complete"]
+    result = Result.load(out)
+    record = result.metrics["serve"]
+    assert 2 <= len(record["points"]) < 7 and not record["complete"] and result.status == "interrupted"
     assert all(point["completed"] == point["queries"] for point in record["points"])
 
 

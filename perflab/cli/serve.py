@@ -7,11 +7,13 @@ from rich.markup import escape
 
 from perflab import options
 from perflab.cli import console, err_console
+from perflab.cli._options import add_run_options
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.report.serve_table import point_row, print_serve
 from perflab.rundir import run_dir
 from perflab.serve import ServeConfig, serve, serve_run_config
+from perflab.workloads.plugin import is_plugin_spec, plugin_name
 
 
 def register(subparsers) -> None:
@@ -22,7 +24,7 @@ def register(subparsers) -> None:
                     "single-stream (one at a time). A dynamic batcher (--max-batch, --batch-timeout-ms) feeds "
                     "--instances model copies. Each point is saved to <out>/result.json as it finishes; Ctrl-C "
                     "keeps finished points. See docs/serve.md.")
-    options.add_arguments(parser, RunConfig, "serve")
+    add_run_options(parser, "serve")
     options.add_arguments(parser, ServeConfig, "serve")
     parser.set_defaults(handler=handle)
 
@@ -41,7 +43,8 @@ def handle(args: argparse.Namespace) -> int:
         console.print(f"  point {cells[0]}: {cells[1]} q/s offered, {cells[2]} achieved, p99 {cells[5]} ms, batch "
                       f"{cells[7]}: {cells[-1]}", highlight=False)
 
-    with run_dir(cfg.out, f"serve-{cfg.workload}") as out:
+    name = plugin_name(cfg.workload) if is_plugin_spec(cfg.workload) else cfg.workload
+    with run_dir(cfg.out, f"serve-{name}", args.overwrite) as out:
         console.print(f"[dim]serving {escape(cfg.workload)} ({serve_cfg.scenario}) into {out}: warm-up, the harness's "
                       "own capacity, then the points[/]", highlight=False)
         try:
@@ -49,7 +52,7 @@ def handle(args: argparse.Namespace) -> int:
                            command=["perflab"] + args.argv)
         except KeyboardInterrupt:
             if not finished:
-                raise  # nothing finished: run_dir removes the directory
+                raise  # nothing finished: run_dir removes the directory it created
             err_console.print(f"[yellow]interrupted[/]: {len(finished)} finished point(s) are kept in "
                               f"{out}/result.json")
             return 130

@@ -54,6 +54,7 @@ def inference_queue(ctx: Context) -> Optional[Finding]:
     if gpu_util is not None:
         evidence["gpu_util_pct"] = gpu_util
     advice = _advice(point, settings, serve, fill, busy, gpu_util, offered, achieved, ceiling)
+    gain = (queue_share, "share of the p99 tail latency spent waiting for a free instance")
     if queue_share >= DOMINANT_SHARE_PCT:
         summary = (f"queue wait is {queue_share:.0f}% of the tail (p99 {p99:.1f} ms at {offered:,.0f} queries/s "
                    f"offered, {achieved:,.0f} achieved): queries wait for a free instance; batches are "
@@ -64,14 +65,17 @@ def inference_queue(ctx: Context) -> Optional[Finding]:
                    f"while the instances are {busy:.0f}% busy: at {offered:,.0f} queries/s each small batch pays the "
                    f"full per-batch cost, though full batches run {ceiling:,.0f} samples/s")
         confidence = clamp(0.4 + (UNDERFILLED_PCT - fill) / 100 + (busy - BUSY_PCT) / 100)
+        gain = (queue_share + formation_share, "share of the p99 tail latency spent queueing and forming batches")
     elif formation_share >= DOMINANT_SHARE_PCT and p99 > bound:
         summary = (f"batch formation is {formation_share:.0f}% of the tail: queries wait up to --batch-timeout-ms "
                    f"{settings['batch_timeout_ms']:g} for batches to fill, past the p99 bound of {bound:g} ms")
         confidence = clamp(0.3 + formation_share / 100 * 0.6)
+        gain = (formation_share, "share of the p99 tail latency spent forming batches")
     else:
         return None
     return Finding(cls=INFERENCE_QUEUE, confidence=confidence, summary=summary, evidence=rounded(evidence),
-                   levers=ctx.rank_levers(["compile", "cuda-graphs"]) if busy >= BUSY_PCT else [], advice=advice)
+                   levers=ctx.rank_levers(["compile", "cuda-graphs"]) if busy >= BUSY_PCT else [], advice=advice,
+                   expected_gain_pct=gain[0], gain_basis=gain[1])
 
 
 def _advice(point, settings, serve, fill, busy, gpu_util, offered, achieved, ceiling) -> list[str]:

@@ -95,7 +95,9 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
     result = Result(config={**cfg.to_dict(), "serve": serve_cfg.to_dict()}, environment=collect_environment(device),
                     workload=describe_workload(workload, None), trials=[], metrics={}, levers=[],
                     notes=notes, command=list(command if command is not None else sys.argv),
-                    created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), perflab_version=__version__)
+                    created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), perflab_version=__version__,
+                    status="interrupted", status_reason="the session stopped before its last point; the finished "
+                    "points are kept")
     with ExitStack() as stack:
         stack.enter_context(cpu_threads_for(serve_cfg.instances, device.type))
         if plan is not None:
@@ -114,6 +116,7 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
         session.save()
         run_scenario(session, estimate)
         session.record["complete"] = True
+        result.status, result.status_reason = "complete", ""
         _diagnose(result)
         session.save()
     return result
