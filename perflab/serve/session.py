@@ -70,8 +70,9 @@ class Session:
         point["schedule_seed"] = sc.schedule_seed + index if scenario == "server" else None
         point["meets_bound"] = bool(point["latency_ms"]["p99"] <= sc.p99_ms)
         point["passed"] = point["meets_bound"] and not point["behind_schedule"]
-        point["padded_samples"] = sum(getattr(engine, "padded_samples", 0) for engine in self.server.engines)
-        for engine in self.server.engines:
+        padding = [engine for engine in self.server.engines if hasattr(engine, "padded_samples")]
+        point["padded_samples"] = sum(engine.padded_samples for engine in padding)
+        for engine in padding:
             engine.padded_samples = 0
         self.record["points"].append(point)
         self.save()
