@@ -8,6 +8,7 @@ from perflab.diagnose.activation_memory import activation_memory
 from perflab.diagnose.collectives import collectives
 from perflab.diagnose.compute import compute_bound
 from perflab.diagnose.copies import host_to_device_copies
+from perflab.diagnose.decode import decode_regime
 from perflab.diagnose.findings import NO_CLEAR_BOTTLENECK, Context, Finding
 from perflab.diagnose.input_pipeline import input_pipeline
 from perflab.diagnose.launch_overhead import launch_overhead
@@ -17,7 +18,7 @@ from perflab.diagnose.sync import host_device_sync
 # One function per rule family; each returns a Finding or None. Order breaks confidence ties.
 RULES: list[Callable[[Context], Optional[Finding]]] = [
     input_pipeline, host_to_device_copies, host_device_sync, launch_overhead, activation_memory,
-    memory_bandwidth, compute_bound, collectives,
+    memory_bandwidth, compute_bound, collectives, decode_regime,
 ]
 MIN_CONFIDENCE = 0.5  # below this, no finding is named as the bottleneck
 BUSY_ENOUGH_PCT = 95.0

@@ -37,6 +37,8 @@ class Workload:
     supports_augment: bool = False
     uses_attention: bool = False
     is_classifier: bool = False
+    # A workload that generates tokens declares a perflab.generation.GenerationSpec (prompts, lengths, draft).
+    generation: Optional[Any] = None
     default_data: str = "loader"  # "loader" or "device" (pre-staged synthetic batches)
     info: dict[str, Any] = field(default_factory=dict)
 
