@@ -55,11 +55,12 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=False)
         self.cache = None  # DynamicKVCache or StaticKVCache while generating
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],
+                use_cache: bool) -> torch.Tensor:
         batch, length, dim = x.shape
         q, k, v = self.qkv(x).split(dim, dim=2)
         q, k, v = (t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
-        if self.cache is not None:
+        if use_cache and self.cache is not None:
             k, v = self.cache.update(positions, k, v)
         if mask is None:  # the new tokens attend causally among themselves and to every cached one
             attended = F.scaled_dot_product_attention(q, k, v, is_causal=length > 1)
@@ -76,8 +77,9 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim, bias=False), nn.GELU(), nn.Linear(4 * dim, dim, bias=False))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        x = x + self.attention(self.norm1(x), positions, mask)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],
+                use_cache: bool) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x), positions, mask, use_cache)
         return x + self.mlp(self.norm2(x))
 
 
@@ -101,12 +103,14 @@ class Decoder(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: Optional[torch.Tensor] = None,
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Logits (batch, T, vocab) for `tokens` at `positions` (default 0..T-1, the full forward)."""
+        """Logits (batch, T, vocab) for `tokens` at `positions` through the attached caches; without positions,
+        the full forward over positions 0..T-1 (caches untouched)."""
+        use_cache = positions is not None
         if positions is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         for block in self.blocks:
-            x = block(x, positions, mask)
+            x = block(x, positions, mask, use_cache)
         return self.head(self.norm(x))
 
     def attach_caches(self, static: bool, batch: int = 0, max_seq: int = 0, dtype: Optional[torch.dtype] = None,
