@@ -69,12 +69,18 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
     confidence = clamp(0.4 + (NEAR_BOUND_PCT - pct) / 100 + (0.2 if eager_small else 0.0))
     if pct < FAR_FROM_BOUND_PCT or eager_small:
         return _finding(LAUNCH_OVERHEAD, confidence,
-                        f"{step}: the GPU waits for the host to launch each small kernel (launch-bound)", evidence,
+                        f"{step}: {_waiting(config)} (launch-bound)", evidence,
                         ["kv-cache-static", "compile"], active,
                         ["--kv-cache static --compile reduce-overhead captures the decode step as CUDA graphs",
                          "a larger decode batch reads the same weights for more tokens"])
     return _finding(MEMORY_BANDWIDTH, 0.4, f"{step}: between launch-bound and bandwidth-bound", evidence,
                     ["kv-cache-static", "compile", "int8-weight"], active, [])
+
+
+def _waiting(config: dict[str, Any]) -> str:
+    if config.get("device") == "cuda":
+        return "the GPU waits for the host to launch each small kernel"
+    return "the per-op cost of the framework dominates ops this small"
 
 
 def _finding(cls: str, confidence: float, summary: str, evidence: dict[str, Any], levers: list[str],

@@ -95,6 +95,7 @@ class Decoder(nn.Module):
         self.norm = nn.LayerNorm(size.dim)
         self.head = nn.Linear(size.dim, size.vocab, bias=False)
         self.head.weight = self.token_embedding.weight
+        self.register_buffer("static_mask_rows", None, persistent=False)  # set with static caches
         self.apply(_init_weights)
 
     @property
@@ -115,7 +116,11 @@ class Decoder(nn.Module):
 
     def attach_caches(self, static: bool, batch: int = 0, max_seq: int = 0, dtype: Optional[torch.dtype] = None,
                       device: Optional[torch.device] = None) -> None:
-        """Give every attention layer a KV cache (static: pre-allocated for `batch` x `max_seq`)."""
+        """Give every attention layer a KV cache (static: pre-allocated for `batch` x `max_seq`, with the mask rows
+        of each query position: a buffer, so a compiled step reads it in place)."""
+        if static:
+            rows = torch.ones(max_seq, max_seq, dtype=torch.bool, device=device).tril()
+            self.static_mask_rows = rows
         for block in self.blocks:
             if static:
                 block.attention.cache = StaticKVCache(batch, self.size.heads, max_seq, self.size.head_dim,
@@ -129,6 +134,7 @@ class Decoder(nn.Module):
     def detach_caches(self) -> None:
         for block in self.blocks:
             block.attention.cache = None
+        self.static_mask_rows = None
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -228,19 +228,14 @@ def stored_bytes(tensor: torch.Tensor) -> int:
 
 
 def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
-    """Bytes of weights one decode step reads: every weight once, but of an embedding table only the rows looked
-    up (`batch` of them), unless the same tensor is also a projection's weight (a tied output head)."""
-    from perflab.generation.kv_cache import StaticKVCache
-    embeddings = {id(m.weight): m for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    """Bytes of weights one decode step reads: every parameter once, but of an embedding table only the rows
+    looked up (`batch` of them), unless the same tensor is also a projection's weight (a tied output head).
+    Buffers are left out: KV caches are counted by position, and masks and tables are not weights."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     projections = {id(m.weight) for m in model.modules() if not isinstance(m, torch.nn.Embedding)
                    and isinstance(getattr(m, "weight", None), torch.Tensor)}
-    caches = {id(t) for m in model.modules() if isinstance(m, StaticKVCache) for t in m.buffers()}
-    seen: set[int] = set()
     total = 0
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if id(tensor) in seen or id(tensor) in caches:
-            continue
-        seen.add(id(tensor))
+    for tensor in model.parameters():  # shared parameters come once
         if id(tensor) in embeddings and id(tensor) not in projections:
             total += stored_bytes(tensor) * batch // tensor.shape[0]
         else:

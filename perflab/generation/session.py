@@ -33,8 +33,6 @@ class DecoderSession:
         self.length = 0
         model.attach_caches(static, batch, max_seq, dtype, device)
         self.positions = torch.arange(max_seq, device=device)
-        # mask_rows[p] is the static-cache mask of a query at position p: every position up to p, nothing after.
-        self.mask_rows = torch.ones(max_seq, max_seq, dtype=torch.bool, device=device).tril() if static else None
         self.compiled = None
         if compile_mode is not None:
             if not static:
@@ -42,7 +40,9 @@ class DecoderSession:
             self.compiled = torch.compile(self._forward, mode=compile_mode, fullgraph=True, dynamic=False)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        mask = self.mask_rows[positions].view(1, 1, tokens.shape[1], self.max_seq) if self.static else None
+        # row p of the static mask: a query at position p sees every position up to p, nothing after
+        rows = self.model.static_mask_rows
+        mask = rows[positions].view(1, 1, tokens.shape[1], self.max_seq) if self.static else None
         return self.model(tokens, positions, mask)
 
     def start(self, prompt: torch.Tensor) -> torch.Tensor:
