@@ -235,3 +235,26 @@ def test_unknown_quantization_scheme_and_misplaced_levers_exit_2(capsys):
     assert "does not generate tokens" in capsys.readouterr().err
     assert run_cli("run", "--workload", "generate", "--option", "size=tiny", *FAST) == 2
     assert "--mode infer" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+def test_compiled_static_cache_decode_with_cuda_graphs_passes_the_gate_on_a_gpu(tmp_path):
+    out = tmp_path / "graphs"
+    assert run_cli("run", *TINY, "--steps", "2", "--warmup", "2", "--trials", "2", "--device", "cuda",
+                   "--kv-cache", "static", "--compile", "reduce-overhead", "--speculative", "3",
+                   "--draft", f"{ROOT / 'examples' / 'my_causal_lm.py'}:build_draft", "--out", str(out)) == 0
+    data = json.loads((out / "result.json").read_text())
+    assert data["quality"]["verdict"] == "pass"
+    assert data["metrics"]["generation"]["bandwidth_bound"]["weight_bytes"] > 0
+
+
+@pytest.mark.cuda
+def test_int8_weight_quantization_through_torchao_on_a_gpu(tmp_path):
+    pytest.importorskip("torchao")
+    out = tmp_path / "int8"
+    assert run_cli("run", *TINY, *FAST, "--device", "cuda", "--precision", "bf16", "--quantize", "int8-weight",
+                   "--out", str(out)) == 0
+    data = json.loads((out / "result.json").read_text())
+    assert data["quality"]["verdict"] == "pass" and "int8-weight" in data["levers"]
+    fp_bytes = sum(p.numel() for p in Decoder(SIZES["tiny"]).parameters()) * 2
+    assert data["metrics"]["generation"]["bandwidth_bound"]["weight_bytes"] < fp_bytes

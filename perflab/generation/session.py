@@ -32,7 +32,7 @@ class DecoderSession:
         self.model, self.batch, self.max_seq, self.static = model, batch, max_seq, static
         self.length = 0
         model.attach_caches(static, batch, max_seq, dtype, device)
-        self.positions = torch.arange(max_seq, device=device)
+        self.device = device
         self.compiled = None
         if compile_mode is not None:
             if not static:
@@ -58,7 +58,8 @@ class DecoderSession:
         if self.length + count > self.max_seq:
             raise PerflabError(f"a request reached {self.length + count} positions, more than the {self.max_seq} "
                                "the session was sized for")
-        positions = self.positions[self.length:self.length + count]
+        # a fresh tensor (not a view of a table): a compiled step's inputs stay aligned and shaped alike
+        positions = torch.arange(self.length, self.length + count, device=self.device)
         if self.compiled is not None and count <= LARGEST_COMPILED_EXTENSION:
             logits = self.compiled(tokens, positions)
         elif self.static or self.length == 0 or count == 1:

@@ -49,7 +49,8 @@ def build(cfg) -> Workload:
     if weights == "trained":
         model, info["training"] = trained_decoder(size_name, "target", size, device)
     else:
-        model = Decoder(size)
+        with device:  # initialised where it runs: a 1b model's weights are drawn in a moment on a GPU
+            model = Decoder(size)
     draft_size = DRAFT_SIZES[size_name]
 
     def load_builtin_draft() -> Decoder:
