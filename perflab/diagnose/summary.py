@@ -11,8 +11,8 @@ import numpy as np
 from perflab.diagnose.intervals import Intervals, intervals_of
 from perflab.diagnose.trace import EventTable, ParsedTrace
 
-PHASES = ("data", "h2d", "augment", "forward", "backward", "optimizer", "step")
-COMPUTE_PHASES = ("augment", "forward", "backward", "optimizer", "step")
+PHASES = ("data", "h2d", "augment", "prefill", "decode", "forward", "backward", "optimizer", "step")
+COMPUTE_PHASES = ("augment", "prefill", "decode", "forward", "backward", "optimizer", "step")
 SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"}
 ITEM_OPS = {"aten::item", "aten::_local_scalar_dense"}

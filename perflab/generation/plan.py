@@ -206,6 +206,13 @@ class GenerationHook(StepHook):
                              "quantize": self.cfg.quantize, "speculative": self.cfg.speculative}
         if self.step.k:
             metrics["speculative"] = self.step.stats.summary(self.step.k)
+            gate = (result.quality or {}).get("metrics", {})
+            if gate.get("speculative_speedup") is not None:
+                metrics["speculative"].update(
+                    speedup_vs_plain=gate["speculative_speedup"],
+                    speedup_method=f"quality gate: plain greedy vs speculative with the same target and levers on "
+                                   f"its {result.quality['batches']} request batches (wall clock, after one "
+                                   "untimed request each)")
         finding = classify_decode(metrics, result.config, result.metrics.get("gpu"), active=result.levers)
         metrics["decode_regime"] = finding.to_dict() if finding is not None else None
         result.metrics["generation"] = metrics

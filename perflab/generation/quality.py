@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from perflab.generation.corpus import perplexity
-from perflab.generation.decode import teacher_forced_logits
+from perflab.generation.decode import generate_greedy, teacher_forced_logits
 from perflab.generation.requests import request_shape
 from perflab.harness.plan import StepPlan, build_plan
 
@@ -76,10 +76,12 @@ def _plan(workload, cfg, device: torch.device, levers) -> StepPlan:
 
 def _compare(baseline: StepPlan, candidate: StepPlan, cfg, eval_sequences: torch.Tensor) -> dict[str, Any]:
     base_logits, cand_logits, identical, first_difference = [], [], True, None
+    requests: list[tuple[torch.Tensor, int]] = []
     batches = candidate.batches(cfg.seed)
     with candidate.stepping():
         for index in range(cfg.quality_steps):
             prompt, new_tokens = request_shape(candidate.to_device(next(batches)))
+            requests.append((prompt, new_tokens))
             reference = baseline.custom_step.generate(prompt, new_tokens)
             base_logits.append(teacher_forced_logits(baseline.custom_step.target, prompt, reference).cpu())
             cand_logits.append(teacher_forced_logits(candidate.custom_step.target, prompt, reference).cpu())
@@ -91,8 +93,38 @@ def _compare(baseline: StepPlan, candidate: StepPlan, cfg, eval_sequences: torch
                     first_difference = {"request_batch": index, "token": position}
         base_ppl = perplexity(baseline.model, eval_sequences)
         cand_ppl = perplexity(candidate.model, eval_sequences)
+        speedup = _speculative_speedup(candidate, requests) if cfg.speculative is not None else {}
     return {"baseline_logits": base_logits, "candidate_logits": cand_logits, "speculative_identical": identical,
-            "first_difference": first_difference, "perplexity_baseline": base_ppl, "perplexity_candidate": cand_ppl}
+            "first_difference": first_difference, "perplexity_baseline": base_ppl, "perplexity_candidate": cand_ppl,
+            **speedup}
+
+
+def _speculative_speedup(candidate: StepPlan, requests: list[tuple[torch.Tensor, int]]) -> dict[str, Any]:
+    """Plain greedy vs speculative decoding with the candidate's own target and levers, on the gate's requests:
+    wall clock, device synchronised, after one untimed request each (compilation stays out)."""
+    step = candidate.custom_step
+
+    def plain(prompt: torch.Tensor, new_tokens: int) -> None:
+        generate_greedy(step.target, prompt, new_tokens)
+
+    def speculative(prompt: torch.Tensor, new_tokens: int) -> None:
+        step.generate(prompt, new_tokens)
+    seconds = {}
+    for name, generate in (("plain", plain), ("speculative", speculative)):
+        generate(*requests[0])
+        _synchronize(candidate.device)
+        began = time.perf_counter()
+        for prompt, new_tokens in requests:
+            generate(prompt, new_tokens)
+        _synchronize(candidate.device)
+        seconds[name] = time.perf_counter() - began
+    return {"speculative_speedup": seconds["plain"] / seconds["speculative"], "plain_s": seconds["plain"],
+            "speculative_s": seconds["speculative"]}
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def judge(figures: dict[str, Any], tolerance: dict[str, Any], speculative: bool) -> dict[str, Any]:
@@ -114,7 +146,9 @@ def judge(figures: dict[str, Any], tolerance: dict[str, Any], speculative: bool)
                "perplexity_candidate": cand_ppl, "perplexity_rel_delta": ppl_delta}
     if speculative:
         metrics.update(speculative_identical=figures["speculative_identical"],
-                       first_difference=figures["first_difference"])
+                       first_difference=figures["first_difference"],
+                       speculative_speedup=figures["speculative_speedup"], plain_s=figures["plain_s"],
+                       speculative_s=figures["speculative_s"])
     if non_finite or not math.isfinite(cand_ppl):
         return _verdict("fail", f"candidate logits contain {non_finite} NaN/inf values", metrics)
     if speculative and not figures["speculative_identical"]:

@@ -33,8 +33,9 @@ class Requests(Dataset):
                  pool: int = 64, length: int = 100_000):
         gen = torch.Generator().manual_seed(seed)
         self.prompts = SyntheticLanguage(vocab).sample(pool, prompt_lengths[1], seed=seed + 7)
-        self.prompt_len = torch.randint(prompt_lengths[0], prompt_lengths[1] + 1, (pool,), generator=gen)
-        self.output_len = torch.randint(output_lengths[0], output_lengths[1] + 1, (pool,), generator=gen)
+        # Python ints: reading a length must not show up as a tensor .item() in a profile
+        self.prompt_len = torch.randint(prompt_lengths[0], prompt_lengths[1] + 1, (pool,), generator=gen).tolist()
+        self.output_len = torch.randint(output_lengths[0], output_lengths[1] + 1, (pool,), generator=gen).tolist()
         self.length = length
 
     def __len__(self) -> int:
@@ -42,7 +43,7 @@ class Requests(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, tuple[int, int]]:
         row = index % len(self.prompts)
-        return self.prompts[row], (int(self.prompt_len[row]), int(self.output_len[row]))
+        return self.prompts[row], (self.prompt_len[row], self.output_len[row])
 
 
 def collate_requests(items: list[tuple[torch.Tensor, tuple[int, int]]]) -> tuple[torch.Tensor, int]:

@@ -83,7 +83,9 @@ def add_generation_rows(table: Table, generation: dict) -> None:
     speculative = generation.get("speculative")
     if speculative and speculative.get("acceptance_rate") is not None:
         table.add_row("speculative", f"K={speculative['k']} · acceptance {fmt(100 * speculative['acceptance_rate'])}% · "
-                      f"{fmt(speculative['tokens_per_target_forward'], 2)} tokens per target forward")
+                      f"{fmt(speculative['tokens_per_target_forward'], 2)} tokens per target forward" +
+                      (f" · {fmt(speculative['speedup_vs_plain'], 2)}x vs plain decoding (quality gate)"
+                       if speculative.get("speedup_vs_plain") is not None else ""))
     goodput = generation.get("goodput")
     if goodput:
         slo = ", ".join(f"{key} ≤ {value:g} ms" for key, value in goodput["slo_ms"].items())
