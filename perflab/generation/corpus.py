@@ -82,7 +82,14 @@ def training_steps(size: DecoderSize, on_gpu: bool) -> int:
 def train_decoder(size: DecoderSize, seed: int, device: torch.device, steps: int,
                   progress: Optional[Callable[[str], None]] = None) -> Decoder:
     """A Decoder of `size` trained on the synthetic language (AdamW, short warm-up, bf16 autocast on CUDA)."""
-    torch.manual_seed(seed)
+    # its own random stream: training on first use must not shift the run's random state
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        return _train(size, seed, device, steps, progress)
+
+
+def _train(size: DecoderSize, seed: int, device: torch.device, steps: int,
+           progress: Optional[Callable[[str], None]]) -> Decoder:
     model = Decoder(size).to(device)
     language = SyntheticLanguage(size.vocab)
     batch, length = (32, 128) if device.type == "cuda" else (8, 48)

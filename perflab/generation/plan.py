@@ -100,10 +100,10 @@ def prepare_generation(plan, cfg) -> None:
         raise PerflabError(f"requests need up to {positions} positions, the model has {spec.context_limit}: "
                            "lower --option prompt_len / output_len")
 
-    def session(of: nn.Module):
+    def session(of: nn.Module, largest_compiled: int = 1):
         return open_session(of, plan.batch_size, positions, plan.device, dtype, settings.static_cache,
-                            settings.compile_mode)
-    step = GenerationStep(target=session(model), clock=TokenClock(plan.device))
+                            settings.compile_mode, largest_compiled)
+    step = GenerationStep(target=session(model, largest_compiled=k + 1 if k else 1), clock=TokenClock(plan.device))
     if k:
         draft = load_draft(cfg, spec, plan.device, dtype)
         step.draft, step.k = session(draft), k

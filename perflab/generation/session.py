@@ -18,14 +18,11 @@ from torch import nn
 from perflab.errors import PerflabError
 from perflab.generation.decoder import Decoder
 
-LARGEST_COMPILED_EXTENSION = 16  # longer extensions (prefills) run eagerly: their lengths vary by request
-
-
 class DecoderSession:
     """Prefill and decode through the built-in Decoder and its KV caches."""
 
     def __init__(self, model: Decoder, batch: int, max_seq: int, static: bool, device: torch.device,
-                 dtype: torch.dtype, compile_mode: Optional[str] = None):
+                 dtype: torch.dtype, compile_mode: Optional[str] = None, largest_compiled: int = 1):
         if max_seq > model.size.max_seq:
             raise PerflabError(f"requests need {max_seq} positions but the decoder has {model.size.max_seq}: use "
                                "shorter prompt_len/output_len options")
@@ -33,6 +30,9 @@ class DecoderSession:
         self.length = 0
         model.attach_caches(static, batch, max_seq, dtype, device)
         self.device = device
+        # Extensions up to this many tokens (1, or K+1 when verifying drafts) run compiled, one graph per length;
+        # prefills stay eager: their lengths vary by request and would each compile a graph.
+        self.largest_compiled = largest_compiled
         self.compiled = None
         if compile_mode is not None:
             if not static:
@@ -50,9 +50,9 @@ class DecoderSession:
         for cache in self.model.caches():
             cache.reset()
         self.length = 0
-        return self.extend(prompt)
+        return self.extend(prompt, compiled=False)
 
-    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
+    def extend(self, tokens: torch.Tensor, compiled: bool = True) -> torch.Tensor:
         """Run `tokens` (batch, T) after everything cached; logits (batch, T, vocab)."""
         count = tokens.shape[1]
         if self.length + count > self.max_seq:
@@ -60,7 +60,7 @@ class DecoderSession:
                                "the session was sized for")
         # a fresh tensor (not a view of a table): a compiled step's inputs stay aligned and shaped alike
         positions = torch.arange(self.length, self.length + count, device=self.device)
-        if self.compiled is not None and count <= LARGEST_COMPILED_EXTENSION:
+        if compiled and self.compiled is not None and count <= self.largest_compiled:
             logits = self.compiled(tokens, positions)
         elif self.static or self.length == 0 or count == 1:
             logits = self._forward(tokens, positions)
@@ -79,6 +79,10 @@ class DecoderSession:
 
     def close(self) -> None:
         self.model.detach_caches()
+        if self.compiled is not None:
+            # Every session compiles the same method, so Dynamo keeps one entry per session on one code object
+            # and falls back to eager past its recompile limit: release them with the session.
+            torch._dynamo.reset()
 
 
 class CausalLMSession:
@@ -141,8 +145,8 @@ def crop_past(past: Any, length: int) -> Any:
 
 
 def open_session(model: nn.Module, batch: int, max_seq: int, device: torch.device, dtype: torch.dtype,
-                 static: bool = False, compile_mode: Optional[str] = None):
+                 static: bool = False, compile_mode: Optional[str] = None, largest_compiled: int = 1):
     """A session for `model`: the built-in Decoder's own caches, or the transformers convention."""
     if isinstance(model, Decoder):
-        return DecoderSession(model, batch, max_seq, static, device, dtype, compile_mode)
+        return DecoderSession(model, batch, max_seq, static, device, dtype, compile_mode, largest_compiled)
     return CausalLMSession(model, batch, max_seq, device)
