@@ -61,7 +61,9 @@ class DecoderSession:
         # a fresh tensor (not a view of a table): a compiled step's inputs stay aligned and shaped alike
         positions = torch.arange(self.length, self.length + count, device=self.device)
         if compiled and self.compiled is not None and count <= self.largest_compiled:
-            logits = self.compiled(tokens, positions)
+            # row-major strides whatever the tokens were sliced from: Dynamo guards on strides, so a (1, 1) slice of
+            # a (1, K) tensor would otherwise compile another graph
+            logits = self.compiled(tokens.clone(memory_format=torch.contiguous_format), positions)
         elif self.static or self.length == 0 or count == 1:
             logits = self._forward(tokens, positions)
         else:  # several new tokens after a dynamic cache: each sees the cache and the new tokens before it
