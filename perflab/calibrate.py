@@ -177,3 +177,14 @@ def peak_tflops(device: torch.device, precision: str) -> tuple[Optional[float], 
     if sheet:
         return sheet[precision], f"datasheet ({sheet['model']}, dense); run `perflab calibrate` to measure"
     return None, "none: run `perflab calibrate` once on this machine"
+
+
+def memory_bandwidth(device: torch.device) -> tuple[Optional[float], str]:
+    """(device-memory GB/s, where it came from: 'calibrated ...', 'datasheet ...' or 'none: ...')."""
+    measured = cached_ceilings(device)
+    if measured and measured.get("memory_gbps"):
+        return measured["memory_gbps"], f"calibrated {measured['measured_utc']} (copy, read + write)"
+    sheet = datasheet_ceilings(device)
+    if sheet:
+        return sheet["memory_gbps"], f"datasheet ({sheet['model']}); run `perflab calibrate` to measure"
+    return None, "none: run `perflab calibrate` once on this machine"

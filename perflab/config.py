@@ -20,10 +20,13 @@ PIPELINES = ("serial", "streams")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "math")
 DATA_SOURCES = ("auto", "loader", "device")
+KV_CACHES = ("dynamic", "static")
+QUANT_SCHEMES = ("int8-weight", "fp8", "int4-weight")
 
 MEASURE = "workload and measurement"
 DATA_PATH = "data-path levers"
 MODEL = "model and step levers"
+GENERATION = "generation levers (--workload generate, or a causal LM through perflab.generation)"
 QUALITY = "quality gate"
 CHECKPOINTS = "checkpoints (training)"
 OUTPUT = "output"
@@ -31,6 +34,7 @@ SINGLE_RUN = ("run", "profile")
 SERVE = ("serve",)
 RUN_AND_SERVE = options.RUN_COMMANDS + SERVE
 TRAIN = ("train",)
+INFER = ("infer",)
 
 SECOND_STREAM = "a captured step cannot also run work on a second stream; drop --augment gpu-stream/--pipeline"
 
@@ -119,6 +123,24 @@ class RunConfig:
                        choices=SDPA_BACKENDS, changes_numerics=("flash", "efficient", "math"),
                        needs_cuda=("flash", "efficient"), commands=RUN_AND_SERVE)
 
+    # generation (perflab/generation/): decode levers and request metrics; docs/generate.md
+    kv_cache: str = option("--kv-cache", str, "dynamic: the cache grows every token (default); static: pre-allocated "
+                           "to the longest request, so torch.compile / CUDA graphs can capture the decode step",
+                           GENERATION, "dynamic", choices=KV_CACHES, changes_numerics=("static",), modes=INFER)
+    quantize: Optional[str] = option("--quantize", str, "weight quantization through torchao (pip install "
+                                     "'perflab[quant]'): int8-weight, fp8 or int4-weight", GENERATION,
+                                     choices=QUANT_SCHEMES, metavar="SCHEME", changes_numerics=True, modes=INFER,
+                                     needs_cuda=("fp8", "int4-weight"))
+    speculative: Optional[int] = option("--speculative", int, "speculative decoding: a draft model proposes K tokens, "
+                                        "the target verifies them in one forward (greedy outputs stay identical)",
+                                        GENERATION, minimum=1, metavar="K", changes_numerics=True, modes=INFER)
+    draft: Optional[str] = option("--draft", str, "the draft model for --speculative: path/file.py:build_draft or "
+                                  "package.module:build_draft, build_draft(cfg) -> a causal LM (default: the built-in "
+                                  "draft trained with the target)", GENERATION, metavar="SPEC", sweepable=False,
+                                  modes=INFER)
+    slo: Optional[str] = option("--slo", str, "per-request latency objectives for goodput, e.g. ttft:200,tpot:50 "
+                                "(milliseconds)", GENERATION, metavar="ttft:MS,tpot:MS", sweepable=False, modes=INFER)
+
     # quality gate: None means "on whenever a lever differs from the fp32 eager baseline"
     check_quality: Optional[bool] = option("--check-quality", bool, "compare outputs/losses with the fp32 eager "
                                            "baseline (default: on whenever a lever can change numerics)", QUALITY,
@@ -155,6 +177,12 @@ class RunConfig:
     def validate(self) -> "RunConfig":
         """Raise PerflabError naming the first bad field and the accepted values."""
         options.validate(self)
+        if self.draft and self.speculative is None:  # a requirement the option table's conflicts cannot state
+            from perflab.errors import PerflabError
+            raise PerflabError("--draft is the draft model of speculative decoding: add --speculative K")
+        if self.slo:
+            from perflab.generation.metrics import parse_slo
+            parse_slo(self.slo)
         return self
 
     def to_dict(self) -> dict[str, Any]:

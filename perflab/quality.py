@@ -55,6 +55,9 @@ def precision_tolerance(cfg) -> dict[str, Any]:
 
 def run_quality_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
     """Compare the candidate (cfg's levers) with the fp32 eager baseline; returns the verdict and figures."""
+    if workload.generation is not None:
+        from perflab.generation.quality import run_generation_gate
+        return run_generation_gate(workload, cfg, device)
     began = time.perf_counter()
     tolerance = precision_tolerance(cfg)
     devices = [device] if device.type == "cuda" else []

@@ -8,6 +8,7 @@ from perflab.diagnose.activation_memory import activation_memory
 from perflab.diagnose.collectives import collectives
 from perflab.diagnose.compute import compute_bound
 from perflab.diagnose.copies import host_to_device_copies
+from perflab.diagnose.decode import decode_regime
 from perflab.diagnose.findings import NO_CLEAR_BOTTLENECK, Context, Finding
 from perflab.diagnose.inference_queue import inference_queue
 from perflab.diagnose.input_pipeline import input_pipeline
@@ -20,7 +21,7 @@ from perflab.diagnose.sync import host_device_sync
 # Order breaks ties of confidence and expected gain.
 RULES: list[Callable[[Context], Optional[Finding]]] = [
     input_pipeline, host_to_device_copies, host_device_sync, launch_overhead, activation_memory,
-    memory_bandwidth, compute_bound, collectives, inference_queue,
+    memory_bandwidth, compute_bound, collectives, inference_queue, decode_regime,
 ]
 # The rules that read only the result's metrics (a serve result has no trace).
 RESULT_RULES: list[Callable[[Context], Optional[Finding]]] = [inference_queue]

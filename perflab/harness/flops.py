@@ -13,6 +13,8 @@ def count_flops_per_sample(plan, batch: Any) -> Optional[float]:
     The optimizer step is not counted (it is O(parameters), not O(samples)). Returns None when the
     counter cannot trace the model.
     """
+    if plan.custom_step is not None:  # generation: see metrics.generation's bandwidth bound instead
+        return None
     inputs, target = plan.to_device(batch)
     model = plan.eager_model
     counter = FlopCounterMode(display=False)

@@ -27,7 +27,9 @@ def run_steps(plan: StepPlan, batches: Iterator[Any], steps: int, timer,
         if plan.gpu_transform is not None:
             with timer.phase("augment"), mark("augment"):
                 batch = plan.gpu_transform(batch)
-        if plan.step_fn is not None:
+        if plan.custom_step is not None:
+            plan.custom_step(plan, batch, timer, mark)
+        elif plan.step_fn is not None:
             with timer.phase("step"), mark("step"):
                 plan.step_fn(batch)
         elif train:

@@ -8,6 +8,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 import torch
 from torch import nn
 
+from perflab.errors import PerflabError
 from perflab.harness.data import DeviceBatches, first_batches, make_loader, to_device
 from perflab.workloads.base import Workload
 
@@ -40,6 +41,13 @@ class StepPlan:
     gpu_transform: Optional[Callable[[Any], Any]] = None
     # Replaces forward/backward/optimizer with one call on a device batch (CUDA graphs, stream pipelining).
     step_fn: Optional[Callable[[Any], None]] = None
+    # Replaces the whole step with one call that times its own phases: (plan, batch, timer, mark) -> None
+    # (generation: the prefill and every decode step of a request batch).
+    custom_step: Optional[Callable[..., None]] = None
+    # Generation workloads: the settings the generation levers fill in (perflab.generation.plan).
+    generation: Any = None
+    # StepHooks the plan itself needs around the timed trials (generation's per-token metrics).
+    hooks: list[Any] = field(default_factory=list)
     # Context managers worn around warm-up and trials (e.g. an SDPA backend choice).
     run_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
@@ -119,8 +127,17 @@ def build_plan(workload: Workload, cfg, device: torch.device, levers=None) -> St
         non_blocking=cfg.non_blocking,
         pin_memory=device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory,
     )
+    if workload.generation is not None:
+        from perflab.generation.plan import attach_settings
+        attach_settings(plan)
+    elif cfg.slo:
+        raise PerflabError(f"--slo applies to generation workloads (TTFT/TPOT per request); {workload.name} does "
+                           "not generate tokens: try --workload generate")
     if device.type == "cuda":
         # "fp32" means fp32: PyTorch lets cuDNN use TF32 by default, which would flatter the baseline.
         plan.cleanups.append(set_tf32(False))
     apply_levers(plan, cfg, levers)
+    if plan.generation is not None:
+        from perflab.generation.plan import prepare_generation
+        prepare_generation(plan, cfg)
     return plan

@@ -77,6 +77,7 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
     # from a copy of the weights taken before anything trained them. The dataset is shared, not copied.
     pristine = copy.deepcopy(workload, memo={id(workload.dataset): workload.dataset}) if gate else None
     plan = build_plan(workload, cfg, device, levers)
+    hooks += plan.hooks
     try:
         for hook in hooks:
             hook.start(plan)
@@ -221,6 +222,8 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
     metrics["cost_per_million_samples"] = cost_per_million(cfg.gpu_cost_per_hour,
                                                            metrics["throughput_samples_per_s"]["median"])
     metrics["flops"] = _flops(flops_per_sample, metrics["throughput_samples_per_s"]["median"], device, cfg)
+    if plan.generation is not None:
+        metrics["flops"]["note"] = "generation: decode is bound by memory bandwidth, see metrics.generation"
     metrics["compile_s"] = warmup["first_step_s"] if cfg.compile or cfg.cuda_graphs else None
     metrics["interference"] = summarize_load(loads)
     metrics["steady_state"] = steady

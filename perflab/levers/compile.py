@@ -11,10 +11,16 @@ from perflab.levers import Lever
 def _refuse(cfg, workload, device) -> Optional[str]:
     if cfg.warmup < 2:
         return "compilation must stay out of the numbers: use --warmup 2 or more"
+    if workload.generation is not None and cfg.kv_cache != "static":
+        return "compiling the decode step needs fixed shapes: add --kv-cache static"
     return None
 
 
 def _apply(plan, cfg) -> None:
+    if plan.generation is not None:  # generation compiles its decode step (prefill lengths vary: it stays eager)
+        plan.generation.compile_mode = cfg.compile
+        plan.notes.append("the first warm-up step includes compiling the decode step: see compile_s")
+        return
     plan.model = torch.compile(plan.model, mode=cfg.compile)
     plan.notes.append("the first warm-up step includes compilation: see compile_s")
 

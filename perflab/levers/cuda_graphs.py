@@ -101,6 +101,8 @@ def _restore_training_state(plan, saved: tuple[list[torch.Tensor], dict]) -> Non
 
 
 def _refuse(cfg, workload, device) -> Optional[str]:
+    if workload.generation is not None:
+        return "generation captures its decode step with --compile reduce-overhead --kv-cache static"
     if cfg.mode == "train" and cfg.precision == "fp16":
         return "fp16 training's gradient scaler synchronises with the host; use --precision bf16 with graphs"
     return None

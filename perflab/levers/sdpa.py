@@ -27,6 +27,13 @@ def _needs_attention(cfg, workload, device) -> Optional[str]:
     return None
 
 
+def _takes_no_mask(cfg, workload, device) -> Optional[str]:
+    if cfg.kv_cache == "static":
+        return ("FlashAttention takes no attention mask, and the static KV cache masks the positions not yet "
+                "written: use --sdpa efficient or math, or --kv-cache dynamic")
+    return None
+
+
 def _needs_half(cfg, workload, device) -> Optional[str]:
     if cfg.precision not in ("bf16", "fp16"):
         return f"FlashAttention runs in bf16/fp16 only, this run is {cfg.precision}; add --precision bf16"
@@ -41,7 +48,7 @@ LEVERS = [
     Lever("sdpa-flash", "sdpa", "flash", "FlashAttention kernel for scaled_dot_product_attention",
           "CUDA, --precision bf16/fp16, an attention workload",
           ("compute bound", "memory bandwidth", "activation memory"), 35, _apply,
-          first_refusal(_needs_attention, _needs_half)),
+          first_refusal(_needs_attention, _needs_half, _takes_no_mask)),
     Lever("sdpa-efficient", "sdpa", "efficient", "memory-efficient attention kernel for scaled_dot_product_attention",
           "CUDA, an attention workload", ("memory bandwidth", "activation memory"), 35, _apply, _needs_attention),
     Lever("sdpa-math", "sdpa", "math", "the reference (math) attention: materialises the score matrix",

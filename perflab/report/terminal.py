@@ -80,6 +80,8 @@ def result_table(result: Result) -> Table:
     if m.get("cost_per_million_samples") is not None:
         table.add_row("cost", f"{fmt(m['cost_per_million_samples'], 3)} per million samples at "
                       f"{result.config.get('gpu_cost_per_hour'):g} per hour")
+    if m.get("generation"):
+        add_generation_rows(table, m["generation"])
     warm = f"warm-up {fmt(m.get('warmup_s'), 2)} s"
     if m.get("compile_s") is not None:
         warm += f" · compile/capture (first step) {fmt(m['compile_s'], 2)} s"
@@ -88,6 +90,36 @@ def result_table(result: Result) -> Table:
         q = result.quality
         table.add_row("quality", f"{q.get('verdict', '?')}: {q.get('reason', '')}")
     return table
+
+
+def add_generation_rows(table: Table, generation: dict) -> None:
+    """TTFT, TPOT, ITL, tokens/s, the share of the bandwidth bound, speculative and goodput figures."""
+    ttft, tpot, itl = generation["ttft_ms"] or {}, generation["tpot_ms"] or {}, generation["itl_ms"] or {}
+    table.add_row("generation", f"TTFT p50 {fmt(ttft.get('p50'), 2)} ms · TPOT p50 {fmt(tpot.get('p50'), 3)} ms · "
+                  f"ITL p99 {fmt(itl.get('p99'), 3)} ms · {fmt(generation['output_tokens_per_s'])} tokens/s · "
+                  f"{fmt(generation['requests_per_s'], 2)} requests/s")
+    bound = generation.get("bandwidth_bound") or {}
+    if bound.get("pct_of_bound") is not None:
+        table.add_row("bandwidth bound", f"{fmt(bound['pct_of_bound'])}% of the bound: {fmt(bound['measured_ms_per_token'], 3)}"
+                      f" ms per decode step vs {fmt(bound['bound_ms_per_token'], 3)} ms to read "
+                      f"{fmt(bound['weight_bytes'] / 1e6, 1)} MB of weights + KV cache at {fmt(bound['memory_gbps'], 0)} "
+                      f"GB/s ({bound['memory_gbps_source']})")
+    elif bound:
+        table.add_row("bandwidth bound", f"n/a: {bound.get('memory_gbps_source')}")
+    speculative = generation.get("speculative")
+    if speculative and speculative.get("acceptance_rate") is not None:
+        table.add_row("speculative", f"K={speculative['k']} · acceptance {fmt(100 * speculative['acceptance_rate'])}% · "
+                      f"{fmt(speculative['tokens_per_target_forward'], 2)} tokens per target forward" +
+                      (f" · {fmt(speculative['speedup_vs_plain'], 2)}x vs plain decoding (quality gate)"
+                       if speculative.get("speedup_vs_plain") is not None else ""))
+    goodput = generation.get("goodput")
+    if goodput:
+        slo = ", ".join(f"{key} ≤ {value:g} ms" for key, value in goodput["slo_ms"].items())
+        table.add_row("goodput", f"{fmt(goodput['goodput_requests_per_s'], 2)} requests/s "
+                      f"({fmt(goodput['requests_meeting_slo_pct'])}% meet {slo})")
+    regime = generation.get("decode_regime")
+    if regime:
+        table.add_row("decode", f"{regime['cls']}: {regime['summary']}")
 
 
 def phase_table(result: Result) -> Table:

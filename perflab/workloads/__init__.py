@@ -19,6 +19,7 @@ BUILTIN_MODULES = {
     "segmentation": "perflab.workloads.segmentation",
     "augment": "perflab.workloads.augment",
     "transformer": "perflab.workloads.transformer",
+    "generate": "perflab.workloads.generate",
 }
 
 FALLBACK_BATCH = 32

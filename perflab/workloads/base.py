@@ -38,6 +38,8 @@ class Workload:
     uses_attention: bool = False
     is_classifier: bool = False
     supports_inference: bool = True  # False for a training-only workload (perflab serve refuses it)
+    # A workload that generates tokens declares a perflab.generation.GenerationSpec (prompts, lengths, draft).
+    generation: Optional[Any] = None
     default_data: str = "loader"  # "loader" or "device" (pre-staged synthetic batches)
     info: dict[str, Any] = field(default_factory=dict)
     # A dataset smaller than one batch is refused unless this is True: then its items repeat within batches.

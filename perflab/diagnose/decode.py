@@ -1,0 +1,89 @@
+"""Decode steps: launch-bound, memory-bandwidth-bound or compute-bound, judged against the bandwidth bound.
+
+A decode step must read every weight and the KV cache once; that many bytes at the calibrated bandwidth is the
+fastest the step can be (metrics.generation.bandwidth_bound). Near the bound (≥ 60% of it), the step is
+bandwidth-bound: only reading fewer bytes (quantization) or producing more tokens per read (speculative decoding,
+a larger batch) helps. Far above it with an eager step at a small batch, the GPU waits for the host to launch
+kernels: launch-bound. When the batch is large enough that the matmuls at peak FLOP/s take longer than the
+reads, the step is compute-bound.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from perflab.diagnose.findings import (COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH, Context, Finding, clamp,
+                                      rounded)
+
+NEAR_BOUND_PCT = 60.0  # at or above: bandwidth-bound
+FAR_FROM_BOUND_PCT = 35.0  # below, eager and small batch: launch-bound
+SMALL_BATCH = 8
+
+
+def decode_regime(ctx: Context) -> Optional[Finding]:
+    """The diagnose rule: reads result.metrics['generation'] of a generation run."""
+    generation = ctx.metrics.get("generation") if ctx.result is not None else None
+    if not generation:
+        return None
+    busy = ctx.profile.gpu.busy_pct if ctx.on_gpu else None
+    finding = classify_decode(generation, ctx.result.config, ctx.metrics.get("gpu"), ctx.result.levers, busy)
+    if finding is not None:
+        finding.levers = ctx.rank_levers(finding.levers)
+    return finding
+
+
+def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Optional[dict[str, Any]],
+                    active: list[str] = (), gpu_busy_pct: Optional[float] = None) -> Optional[Finding]:
+    """The decode regime of a generation run from its metrics, with the bound as evidence; None without a bound."""
+    bound = generation.get("bandwidth_bound") or {}
+    pct = bound.get("pct_of_bound")
+    if pct is None:
+        return None
+    batch = config.get("batch_size") or 1
+    compiled = bool(config.get("compile"))
+    evidence: dict[str, Any] = {
+        "pct_of_bandwidth_bound": pct, "measured_ms_per_token": bound["measured_ms_per_token"],
+        "bound_ms_per_token": bound["bound_ms_per_token"], "measured_over_bound": bound["measured_over_bound"],
+        "memory_gbps": bound["memory_gbps"], "memory_gbps_source": bound["memory_gbps_source"],
+        "decode_batch": batch, "compiled_decode": compiled,
+    }
+    if gpu and gpu.get("util_mean_pct") is not None:
+        evidence["nvml_util_mean_pct"] = gpu["util_mean_pct"]
+    if gpu_busy_pct is not None:
+        evidence["gpu_busy_pct"] = gpu_busy_pct
+    step = (f"a decode step takes {bound['measured_ms_per_token']:.3g} ms per token, "
+            f"{bound['measured_over_bound']:.2g}x the {bound['bound_ms_per_token']:.3g} ms it takes to read the "
+            f"weights and KV cache once at {bound['memory_gbps']:.0f} GB/s ({pct:.0f}% of the bound)")
+    compute_ms = bound.get("compute_ms_per_token")
+    if compute_ms and compute_ms > bound["bound_ms_per_token"]:
+        evidence["compute_ms_per_token_at_peak"] = compute_ms
+        return _finding(COMPUTE_BOUND, clamp(0.5 + 0.4 * min(1.0, compute_ms / bound["measured_ms_per_token"])),
+                        f"{step}; at batch {batch} the matmuls need {compute_ms:.3g} ms at peak FLOP/s, more "
+                        "than the reads: compute-bound", evidence, ["bf16", "fp8"], active,
+                        ["a smaller decode batch lowers latency; a larger one only adds throughput now"])
+    if pct >= NEAR_BOUND_PCT:
+        return _finding(MEMORY_BANDWIDTH, clamp(0.5 + (pct - NEAR_BOUND_PCT) / 80), f"{step}: bandwidth-bound",
+                        evidence, ["int8-weight", "int4-weight", "fp8", "speculative"], active,
+                        ["read fewer bytes per token (quantized weights) or make more tokens per read "
+                         "(speculative decoding, a larger decode batch)"])
+    eager_small = not compiled and batch <= SMALL_BATCH
+    confidence = clamp(0.4 + (NEAR_BOUND_PCT - pct) / 100 + (0.2 if eager_small else 0.0))
+    if pct < FAR_FROM_BOUND_PCT or eager_small:
+        return _finding(LAUNCH_OVERHEAD, confidence,
+                        f"{step}: {_waiting(config)} (launch-bound)", evidence,
+                        ["kv-cache-static", "compile"], active,
+                        ["--kv-cache static --compile reduce-overhead captures the decode step as CUDA graphs",
+                         "a larger decode batch reads the same weights for more tokens"])
+    return _finding(MEMORY_BANDWIDTH, 0.4, f"{step}: between launch-bound and bandwidth-bound", evidence,
+                    ["kv-cache-static", "compile", "int8-weight"], active, [])
+
+
+def _waiting(config: dict[str, Any]) -> str:
+    if config.get("device") == "cuda":
+        return "the GPU waits for the host to launch each small kernel"
+    return "the per-op cost of the framework dominates ops this small"
+
+
+def _finding(cls: str, confidence: float, summary: str, evidence: dict[str, Any], levers: list[str],
+             active, advice: list[str]) -> Finding:
+    return Finding(cls=cls, confidence=confidence, summary=summary, evidence=rounded(evidence),
+                   levers=[name for name in levers if name not in set(active)], advice=advice)

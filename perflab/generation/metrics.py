@@ -1,0 +1,243 @@
+"""Request timing (TTFT, TPOT, inter-token latency, goodput) and the memory-bandwidth bound of a decode step.
+
+The TokenClock records, per request batch, when it started and when each group of tokens came out: CUDA events
+on the current stream (read after the trial's final synchronize) or the host clock on a CPU. Nothing in it
+synchronises. The figures follow vLLM's `bench serve`: TTFT = first token - start; TPOT = (last - first) /
+(tokens - 1); ITL = gaps between outputs, per token (a speculative step emitting k tokens counts k gaps of a
+k-th of its time); goodput = requests per second that meet every SLO.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from perflab.errors import PerflabError
+from perflab.harness.stats import percentiles
+
+
+@dataclass
+class RequestTiming:
+    """One request batch: its shape and when its tokens came out (ms from its start)."""
+
+    batch: int
+    prompt_len: int
+    emitted_ms: list[float]
+    counts: list[int]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def ttft_ms(self) -> float:
+        return self.emitted_ms[0]
+
+    @property
+    def tpot_ms(self) -> Optional[float]:
+        later = self.output_tokens - self.counts[0]
+        return (self.emitted_ms[-1] - self.emitted_ms[0]) / later if later else None
+
+    @property
+    def inter_token_ms(self) -> list[float]:
+        gaps = []
+        for (before, after), count in zip(zip(self.emitted_ms, self.emitted_ms[1:]), self.counts[1:]):
+            gaps += [(after - before) / count] * count
+        return gaps
+
+
+class TokenClock:
+    """Marks request starts and token outputs without synchronising; read after the device is synchronised."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.requests: list[tuple[Any, list[Any], list[int], int, int]] = []
+
+    def _now(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def begin(self, batch: int, prompt_len: int) -> None:
+        self.requests.append((self._now(), [], [], batch, prompt_len))
+
+    def emit(self, count: int) -> None:
+        _, marks, counts, _, _ = self.requests[-1]
+        marks.append(self._now())
+        counts.append(count)
+
+    def clear(self) -> None:
+        self.requests.clear()
+
+    def _ms(self, start: Any, mark: Any) -> float:
+        return start.elapsed_time(mark) if self.cuda else (mark - start) * 1e3
+
+    def timings(self) -> list[RequestTiming]:
+        """Every request recorded since the last clear (call after synchronising the device)."""
+        return [RequestTiming(batch, prompt_len, [self._ms(start, mark) for mark in marks], list(counts))
+                for start, marks, counts, batch, prompt_len in self.requests if marks]
+
+
+# ---------------------------------------------------------------------------------------------- SLOs
+
+SLO_KEYS = ("ttft", "tpot")
+
+
+def parse_slo(text: Optional[str]) -> dict[str, float]:
+    """'ttft:200,tpot:50' -> {'ttft': 200.0, 'tpot': 50.0} (milliseconds)."""
+    if not text:
+        return {}
+    slo: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition(":")
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1.0
+        if not sep or key not in SLO_KEYS or number <= 0:
+            raise PerflabError(f"--slo expects ttft:MS and/or tpot:MS with positive milliseconds, e.g. "
+                               f"--slo ttft:200,tpot:50; got {text!r}")
+        slo[key] = number
+    return slo
+
+
+def meets_slo(request: RequestTiming, slo: dict[str, float]) -> bool:
+    if "ttft" in slo and request.ttft_ms > slo["ttft"]:
+        return False
+    tpot = request.tpot_ms
+    return not ("tpot" in slo and tpot is not None and tpot > slo["tpot"])
+
+
+# ---------------------------------------------------------------------------------------------- the bound
+
+@dataclass
+class BandwidthBound:
+    """What one decode step must read, and how fast the device can read it."""
+
+    weight_bytes: int  # weights one step reads, at their stored dtype (quantized weights at their packed size)
+    kv_bytes_per_position: int  # keys + values of one position, every layer, the whole batch
+    memory_gbps: Optional[float]
+    source: str
+    notes: list[str] = field(default_factory=list)
+    matmul_flops_per_step: float = 0.0  # 2 x weights x batch: the compute floor's side of the roofline
+    peak_tflops: Optional[float] = None
+
+    def step_bytes(self, cached_positions: int) -> int:
+        return self.weight_bytes + self.kv_bytes_per_position * cached_positions
+
+    def decode_bound_ms(self, request: RequestTiming) -> Optional[float]:
+        """The fastest possible time for this request's decode steps (every output after the first)."""
+        if not self.memory_gbps:
+            return None
+        steps = request.output_tokens - 1
+        # decode step i (1-based) attends to the prompt and i output tokens: prompt_len + i positions
+        positions = steps * request.prompt_len + steps * (steps + 1) / 2
+        total = steps * self.weight_bytes + self.kv_bytes_per_position * positions
+        return total / (self.memory_gbps * 1e9) * 1e3
+
+
+def summarize_requests(requests: list[RequestTiming], trial_walls: list[tuple[int, float]],
+                       bound: Optional[BandwidthBound], slo: dict[str, float]) -> dict[str, Any]:
+    """The generation metrics of a run: latencies, throughputs, the bandwidth bound and goodput.
+
+    `trial_walls` holds (request batches, wall seconds) per trial, in order: throughputs are per trial, then
+    the median over trials.
+    """
+    ttft = [r.ttft_ms for r in requests]
+    tpot = [r.tpot_ms for r in requests if r.tpot_ms is not None]
+    itl = [gap for r in requests for gap in r.inter_token_ms]
+    e2e = [r.emitted_ms[-1] for r in requests]
+    out: dict[str, Any] = {
+        "requests": sum(r.batch for r in requests), "request_batches": len(requests),
+        "output_tokens": sum(r.output_tokens * r.batch for r in requests),
+        "ttft_ms": _distribution(ttft), "tpot_ms": _distribution(tpot), "itl_ms": _distribution(itl),
+        "e2e_latency_ms": _distribution(e2e),
+        "output_tokens_per_s": _per_trial(requests, trial_walls, lambda r: r.output_tokens * r.batch),
+        "requests_per_s": _per_trial(requests, trial_walls, lambda r: r.batch),
+        "prompt_len_mean": float(np.mean([r.prompt_len for r in requests])),
+        "output_len_mean": float(np.mean([r.output_tokens for r in requests])),
+    }
+    out["bandwidth_bound"] = _bound_summary(requests, bound) if bound is not None else None
+    if slo:
+        meeting = [r for r in requests if meets_slo(r, slo)]
+        share = sum(r.batch for r in meeting) / out["requests"]
+        out["goodput"] = {"slo_ms": slo, "requests_meeting_slo_pct": 100 * share,
+                          "goodput_requests_per_s": share * out["requests_per_s"]}
+    return out
+
+
+def _distribution(values: list[float]) -> Optional[dict[str, float]]:
+    if not values:
+        return None
+    found = percentiles(values)
+    found.update(mean=float(np.mean(values)), min=float(np.min(values)), max=float(np.max(values)))
+    return found
+
+
+def _per_trial(requests: list[RequestTiming], trial_walls: list[tuple[int, float]], amount) -> float:
+    rates, start = [], 0
+    for count, wall_s in trial_walls:
+        chunk = requests[start:start + count]
+        start += count
+        if chunk and wall_s > 0:
+            rates.append(sum(amount(r) for r in chunk) / wall_s)
+    return float(np.median(rates)) if rates else 0.0
+
+
+def _bound_summary(requests: list[RequestTiming], bound: BandwidthBound) -> dict[str, Any]:
+    decoding = [r for r in requests if r.output_tokens > 1]
+    summary: dict[str, Any] = {
+        "weight_bytes": bound.weight_bytes, "kv_bytes_per_position": bound.kv_bytes_per_position,
+        "memory_gbps": bound.memory_gbps, "memory_gbps_source": bound.source, "notes": list(bound.notes),
+        "bound_ms_per_token": None, "measured_ms_per_token": None, "measured_over_bound": None, "pct_of_bound": None,
+        "compute_ms_per_token": (bound.matmul_flops_per_step / (bound.peak_tflops * 1e12) * 1e3
+                                 if bound.peak_tflops else None),
+    }
+    if not decoding or not bound.memory_gbps:
+        return summary
+    bound_ms = sum(bound.decode_bound_ms(r) for r in decoding)
+    measured_ms = sum(r.emitted_ms[-1] - r.emitted_ms[0] for r in decoding)
+    tokens = sum(r.output_tokens - 1 for r in decoding)
+    summary.update(bound_ms_per_token=bound_ms / tokens, measured_ms_per_token=measured_ms / tokens,
+                   measured_over_bound=measured_ms / bound_ms if bound_ms else None,
+                   pct_of_bound=100 * bound_ms / measured_ms if measured_ms else None,
+                   achieved_gbps=_achieved_gbps(decoding, bound, measured_ms))
+    return summary
+
+
+def _achieved_gbps(decoding: list[RequestTiming], bound: BandwidthBound, measured_ms: float) -> Optional[float]:
+    """Bytes the decode steps had to read ÷ the time they took."""
+    if measured_ms <= 0:
+        return None
+    total = sum(bound.decode_bound_ms(r) for r in decoding) * bound.memory_gbps * 1e9 / 1e3
+    return total / (measured_ms / 1e3) / 1e9
+
+
+def stored_bytes(tensor: torch.Tensor) -> int:
+    """Bytes a tensor occupies as stored: a quantized tensor subclass (torchao) counts its packed inner tensors."""
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is not None and type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        names, _ = flatten()
+        return sum(stored_bytes(getattr(tensor, name)) for name in names)
+    return tensor.numel() * tensor.element_size()
+
+
+def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
+    """Bytes of weights one decode step reads: every parameter once, but of an embedding table only the rows
+    looked up (`batch` of them), unless the same tensor is also a projection's weight (a tied output head).
+    Buffers are left out: KV caches are counted by position, and masks and tables are not weights."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    projections = {id(m.weight) for m in model.modules() if not isinstance(m, torch.nn.Embedding)
+                   and isinstance(getattr(m, "weight", None), torch.Tensor)}
+    total = 0
+    for tensor in model.parameters():  # shared parameters come once
+        if id(tensor) in embeddings and id(tensor) not in projections:
+            total += stored_bytes(tensor) * batch // tensor.shape[0]
+        else:
+            total += stored_bytes(tensor)
+    return total

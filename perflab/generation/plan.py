@@ -1,0 +1,218 @@
+"""How a generation workload plugs into the harness: its declaration, the levers' choices, and the timed step.
+
+A workload that generates declares a GenerationSpec (Workload.generation). build_plan gives the StepPlan a
+GenerationSettings that the levers fill in (static cache, compile mode, quantization, speculative K); once every
+lever has spoken, `prepare_generation` builds the step in one fixed order: weights to their stored dtype,
+quantization, caches (and the draft), compiled decode. The step (GenerationStep) runs one request batch per
+timed-loop step: the prefill and every decode step, timed per token by a TokenClock; a StepHook turns the
+clock's records into result.metrics["generation"].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from perflab.errors import PerflabError
+from perflab.generation.decode import generate_greedy
+from perflab.generation.metrics import BandwidthBound, TokenClock, parse_slo, summarize_requests, weight_bytes_per_step
+from perflab.generation.requests import request_shape
+from perflab.generation.session import open_session, output_field
+from perflab.generation.speculative import SpeculativeStats, generate_speculative
+from perflab.harness.hooks import StepHook
+
+
+@dataclass
+class GenerationSpec:
+    """What a generation workload declares: vocabulary, request lengths, the model's context, the built-in draft."""
+
+    vocab: int
+    prompt_lengths: tuple[int, int]
+    output_lengths: tuple[int, int]
+    eval_sequences: torch.Tensor  # fixed synthetic token sequences: the quality gate's perplexity set
+    context_limit: Optional[int] = None  # positions the model supports, when known
+    builtin_draft: Optional[Callable[[], nn.Module]] = None  # the draft trained with the target, if any
+    builtin_decoder: bool = False  # the model is perflab's Decoder (static cache and compiled decode apply)
+
+
+@dataclass
+class GenerationSettings:
+    """What the generation levers chose."""
+
+    static_cache: bool = False
+    compile_mode: Optional[str] = None
+    quantize: Optional[str] = None
+    speculative_k: Optional[int] = None
+
+
+@dataclass
+class GenerationStep:
+    """One request batch per call: prefill, then decode (plain greedy or speculative), timed per token."""
+
+    target: Any  # session
+    clock: TokenClock
+    draft: Any = None  # session, with speculative decoding
+    k: Optional[int] = None
+    stats: SpeculativeStats = field(default_factory=SpeculativeStats)
+
+    def __call__(self, plan, batch: Any, timer, mark: type) -> None:
+        prompt, new_tokens = request_shape(batch)
+        self.generate(prompt, new_tokens, self.clock, timer, mark)
+
+    def generate(self, prompt: torch.Tensor, new_tokens: int, clock: Optional[TokenClock] = None, *timing) -> torch.Tensor:
+        """The greedy continuation of `prompt`, `new_tokens` long (speculative when a draft is set)."""
+        if self.k:
+            return generate_speculative(self.target, self.draft, prompt, new_tokens, self.k, self.stats, clock, *timing)
+        return generate_greedy(self.target, prompt, new_tokens, clock, *timing)
+
+    def close(self) -> None:
+        self.target.close()
+        if self.draft is not None:
+            self.draft.close()
+
+
+def attach_settings(plan) -> None:
+    """Give a generation workload's plan the settings its levers fill in (before the levers run)."""
+    if plan.workload.generation is not None:
+        if plan.mode != "infer":
+            raise PerflabError(f"{plan.workload.name} generates tokens: run it with --mode infer")
+        plan.generation = GenerationSettings()
+
+
+def prepare_generation(plan, cfg) -> None:
+    """Build the generation step from the levers' settings (after every lever has run)."""
+    spec: GenerationSpec = plan.workload.generation
+    settings: GenerationSettings = plan.generation
+    dtype = plan.autocast_dtype or torch.float32
+    model = plan.model.to(dtype)  # generation stores weights in the run's precision: autocast would re-cast them
+    plan.autocast_dtype = None
+    if plan.levers and dtype != torch.float32:
+        plan.notes.append(f"generation: weights and KV cache stored in {str(dtype).removeprefix('torch.')} "
+                          "(no autocast)")
+    if settings.quantize:
+        from perflab.generation.quantize import quantize_weights
+        quantize_weights(model, settings.quantize)
+    k = settings.speculative_k
+    positions = spec.prompt_lengths[1] + spec.output_lengths[1] + (k + 1 if k else 0)
+    if spec.context_limit is not None and positions > spec.context_limit:
+        raise PerflabError(f"requests need up to {positions} positions, the model has {spec.context_limit}: "
+                           "lower --option prompt_len / output_len")
+
+    def session(of: nn.Module, largest_compiled: int = 1):
+        return open_session(of, plan.batch_size, positions, plan.device, dtype, settings.static_cache,
+                            settings.compile_mode, largest_compiled)
+    step = GenerationStep(target=session(model, largest_compiled=k + 1 if k else 1), clock=TokenClock(plan.device))
+    if k:
+        draft = load_draft(cfg, spec, plan.device, dtype)
+        step.draft, step.k = session(draft), k
+    plan.custom_step = step
+    plan.cleanups.append(step.close)
+    plan.hooks.append(GenerationHook(step, bandwidth_bound(model, spec, plan, dtype), parse_slo(cfg.slo), cfg))
+    if k:
+        plan.notes.append("speculative decoding reads the accepted count on the host once per round")
+
+
+def load_draft(cfg, spec: GenerationSpec, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """The draft for --speculative: the user's (--draft SPEC) or the workload's built-in one; same vocabulary."""
+    if cfg.draft:
+        from perflab.workloads.plugin import load_user_build
+        draft = load_user_build(cfg.draft)(cfg)
+        if not isinstance(draft, nn.Module):
+            raise PerflabError(f"--draft {cfg.draft} returned {type(draft).__name__}, expected a torch.nn.Module "
+                               "(a causal LM)")
+        origin = f"--draft {cfg.draft}"
+    elif spec.builtin_draft is not None:
+        draft, origin = spec.builtin_draft(), "the built-in draft"
+    else:
+        raise PerflabError("--speculative needs a draft model for this workload: add --draft path/file.py:build_draft")
+    draft = draft.to(device, dtype).eval()
+    vocab = probe_vocab(draft, device)
+    if vocab != spec.vocab:
+        raise PerflabError(f"{origin} has a vocabulary of {vocab} tokens and the target {spec.vocab}: a draft must "
+                           "share the target's vocabulary")
+    return draft
+
+
+def probe_vocab(model: nn.Module, device: torch.device) -> int:
+    """The vocabulary size a causal LM predicts over (the last dimension of its logits for one token)."""
+    tokens = torch.zeros(1, 1, dtype=torch.long, device=device)
+    with torch.inference_mode():
+        from perflab.generation.decoder import Decoder
+        if isinstance(model, Decoder):
+            return model(tokens).shape[-1]
+        output = model(input_ids=tokens, attention_mask=torch.ones_like(tokens), use_cache=False)
+        return output_field(output, "logits", 0).shape[-1]
+
+
+def bandwidth_bound(model: nn.Module, spec: GenerationSpec, plan, dtype: torch.dtype) -> BandwidthBound:
+    """What one decode step must read (weights + KV cache) and the device bandwidth to read it with."""
+    from perflab.calibrate import memory_bandwidth, peak_tflops
+    gbps, source = memory_bandwidth(plan.device)
+    kv = kv_bytes_per_position(model, plan.batch_size, dtype)
+    notes = [] if kv is not None else ["KV cache bytes measured from the first request's past_key_values"]
+    matmul_weights = sum(module.weight.numel() for module in model.modules() if isinstance(module, nn.Linear))
+    peak, _ = peak_tflops(plan.device, {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"))
+    return BandwidthBound(weight_bytes_per_step(model, plan.batch_size), kv or 0, gbps, source, notes,
+                          matmul_flops_per_step=2.0 * matmul_weights * plan.batch_size, peak_tflops=peak)
+
+
+def kv_bytes_per_position(model: nn.Module, batch: int, dtype: torch.dtype) -> Optional[int]:
+    """Keys + values of one position for the batch, all layers; None when only a first request can tell."""
+    from perflab.generation.decoder import Decoder
+    from perflab.generation.kv_cache import kv_cache_bytes
+    if isinstance(model, Decoder):
+        size = model.size
+        return kv_cache_bytes(size.layers, batch, size.heads, size.head_dim, 1, dtype)
+    return None
+
+
+def tensor_bytes(value: Any, depth: int = 0) -> int:
+    """Bytes of every tensor inside a (nested) past_key_values: tuples, lists or a Cache object's attributes."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if depth > 4:
+        return 0
+    if isinstance(value, (tuple, list)):
+        return sum(tensor_bytes(item, depth + 1) for item in value)
+    if hasattr(value, "__dict__"):
+        return sum(tensor_bytes(item, depth + 1) for item in vars(value).values())
+    return 0
+
+
+class GenerationHook(StepHook):
+    """Clears the clock before the timed trials; turns its records into result.metrics['generation'] at the end."""
+
+    def __init__(self, step: GenerationStep, bound: BandwidthBound, slo: dict[str, float], cfg):
+        self.step, self.bound, self.slo, self.cfg = step, bound, slo, cfg
+
+    def __enter__(self) -> "GenerationHook":
+        self.step.clock.clear()
+        self.step.stats.reset()
+        return self
+
+    def after_step(self, plan, timer, step: int) -> None:
+        if not self.bound.kv_bytes_per_position and getattr(self.step.target, "past", None) is not None:
+            session = self.step.target  # a transformers-convention model: measure its cache once
+            self.bound.kv_bytes_per_position = tensor_bytes(session.past) // max(session.length, 1)
+
+    def finish(self, result) -> None:
+        from perflab.diagnose.decode import classify_decode
+        requests = self.step.clock.timings()
+        trial_walls = [(trial.steps, trial.wall_s) for trial in result.trials]
+        metrics = summarize_requests(requests, trial_walls, self.bound, self.slo)
+        metrics["levers"] = {"kv_cache": self.cfg.kv_cache, "compile": self.cfg.compile,
+                             "quantize": self.cfg.quantize, "speculative": self.cfg.speculative}
+        if self.step.k:
+            metrics["speculative"] = self.step.stats.summary(self.step.k)
+            gate = (result.quality or {}).get("metrics", {})
+            if gate.get("speculative_speedup") is not None:
+                metrics["speculative"].update(
+                    speedup_vs_plain=gate["speculative_speedup"],
+                    speedup_method=f"quality gate: plain greedy vs speculative with the same target and levers on "
+                                   f"its {result.quality['batches']} request batches (wall clock, after one "
+                                   "untimed request each)")
+        finding = classify_decode(metrics, result.config, result.metrics.get("gpu"), active=result.levers)
+        metrics["decode_regime"] = finding.to_dict() if finding is not None else None
+        result.metrics["generation"] = metrics

@@ -1,0 +1,67 @@
+"""--quantize: weight quantization of the model's linear layers through torchao (an optional extra).
+
+torchao changed its API: newer releases take config objects (`quantize_(model, Int8WeightOnlyConfig())`), older
+ones factory functions (`quantize_(model, int8_weight_only())`). Both are supported; torchao is imported only
+when a scheme is asked for.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from perflab.errors import PerflabError
+
+INSTALL_HINT = "pip install 'perflab[quant]'"
+# scheme -> (new config class, old factory function, keyword arguments)
+SCHEMES = {
+    "int8-weight": ("Int8WeightOnlyConfig", "int8_weight_only", {}),
+    "fp8": ("Float8WeightOnlyConfig", "float8_weight_only", {}),
+    "int4-weight": ("Int4WeightOnlyConfig", "int4_weight_only", {"group_size": 128}),
+}
+INT4_KERNEL_FORMAT = "tile_packed_to_4d"  # torchao >= 0.14: the tinygemm kernel's layout (no extra packages)
+
+
+def torchao_missing() -> Optional[str]:
+    """Why torchao cannot be used here, or None."""
+    try:
+        import torchao.quantization  # noqa: F401
+    except ImportError as err:
+        return f"--quantize needs torchao, which is not importable here ({err.name or err}): {INSTALL_HINT}"
+    return None
+
+
+def scheme_refusal(scheme: str, device: torch.device, precision: str) -> Optional[str]:
+    """What the scheme needs that this run lacks (the CUDA-only schemes are refused by the option table)."""
+    if scheme == "int4-weight" and precision != "bf16":
+        return "int4-weight runs torchao's tinygemm kernel on bf16 weights: add --precision bf16"
+    if scheme == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        return f"fp8 needs a GPU with compute capability 8.9 or newer (Ada, Hopper); {torch.cuda.get_device_name(device)} is older"
+    return torchao_missing()
+
+
+def quantization_config(scheme: str) -> Any:
+    """The torchao config (new API) or factory result (old API) for `scheme`."""
+    import torchao.quantization as tq
+    new_name, old_name, kwargs = SCHEMES[scheme]
+    config_class = getattr(tq, new_name, None)
+    if config_class is not None:
+        if scheme == "int4-weight":
+            try:
+                return config_class(**kwargs, int4_packing_format=INT4_KERNEL_FORMAT)
+            except TypeError:  # before the packing-format argument: its default layout is tinygemm's
+                return config_class(**kwargs)
+        return config_class(**kwargs)
+    factory = getattr(tq, old_name, None)
+    if factory is None:
+        raise PerflabError(f"this torchao ({getattr(__import__('torchao'), '__version__', '?')}) has neither "
+                           f"{new_name} nor {old_name}: {INSTALL_HINT} installs a supported one (>= 0.8)")
+    return factory(**kwargs)
+
+
+def quantize_weights(model: nn.Module, scheme: str) -> nn.Module:
+    """Quantize every nn.Linear of `model` in place with torchao's `scheme`; returns the model."""
+    from torchao.quantization import quantize_
+    quantize_(model, quantization_config(scheme))
+    return model

@@ -1,0 +1,154 @@
+"""Sessions: one request batch's decoding state over a model, whatever its calling convention.
+
+A session starts with a prompt (the prefill), then extends by a few tokens at a time (decode, or speculative
+verification), and can roll back (rejected drafts). Two kinds:
+
+- DecoderSession: the built-in Decoder with a dynamic or static KV cache; with a static cache the small fixed-shape
+  extensions (one token, or K+1 when verifying drafts) may run through torch.compile (reduce-overhead: CUDA graphs).
+- CausalLMSession: any model with the transformers calling convention, `model(input_ids=..., attention_mask=...,
+  past_key_values=..., use_cache=True)` returning logits and past_key_values (a ModelOutput, dict or tuple).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from perflab.errors import PerflabError
+from perflab.generation.decoder import Decoder
+
+class DecoderSession:
+    """Prefill and decode through the built-in Decoder and its KV caches."""
+
+    def __init__(self, model: Decoder, batch: int, max_seq: int, static: bool, device: torch.device,
+                 dtype: torch.dtype, compile_mode: Optional[str] = None, largest_compiled: int = 1):
+        if max_seq > model.size.max_seq:
+            raise PerflabError(f"requests need {max_seq} positions but the decoder has {model.size.max_seq}: use "
+                               "shorter prompt_len/output_len options")
+        self.model, self.batch, self.max_seq, self.static = model, batch, max_seq, static
+        self.length = 0
+        model.attach_caches(static, batch, max_seq, dtype, device)
+        self.device = device
+        # Extensions up to this many tokens (1, or K+1 when verifying drafts) run compiled, one graph per length;
+        # prefills stay eager: their lengths vary by request and would each compile a graph.
+        self.largest_compiled = largest_compiled
+        self.compiled = None
+        if compile_mode is not None:
+            if not static:
+                raise PerflabError("compiling the decode step needs fixed shapes: add --kv-cache static")
+            self.compiled = torch.compile(self._forward, mode=compile_mode, fullgraph=True, dynamic=False)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # row p of the static mask: a query at position p sees every position up to p, nothing after
+        rows = self.model.static_mask_rows
+        mask = rows[positions].view(1, 1, tokens.shape[1], self.max_seq) if self.static else None
+        return self.model(tokens, positions, mask)
+
+    def start(self, prompt: torch.Tensor) -> torch.Tensor:
+        """Forget the previous request and run the prompt; logits (batch, prompt length, vocab)."""
+        for cache in self.model.caches():
+            cache.reset()
+        self.length = 0
+        return self.extend(prompt, compiled=False)
+
+    def extend(self, tokens: torch.Tensor, compiled: bool = True) -> torch.Tensor:
+        """Run `tokens` (batch, T) after everything cached; logits (batch, T, vocab)."""
+        count = tokens.shape[1]
+        if self.length + count > self.max_seq:
+            raise PerflabError(f"a request reached {self.length + count} positions, more than the {self.max_seq} "
+                               "the session was sized for")
+        # a fresh tensor (not a view of a table): a compiled step's inputs stay aligned and shaped alike
+        positions = torch.arange(self.length, self.length + count, device=self.device)
+        if compiled and self.compiled is not None and count <= self.largest_compiled:
+            # row-major strides whatever the tokens were sliced from: Dynamo guards on strides, so a (1, 1) slice of
+            # a (1, K) tensor would otherwise compile another graph
+            logits = self.compiled(tokens.clone(memory_format=torch.contiguous_format), positions)
+        elif self.static or self.length == 0 or count == 1:
+            logits = self._forward(tokens, positions)
+        else:  # several new tokens after a dynamic cache: each sees the cache and the new tokens before it
+            seen = torch.arange(self.length + count, device=tokens.device)
+            mask = (seen[None, :] <= positions[:, None]).view(1, 1, count, -1)
+            logits = self.model(tokens, positions, mask)
+        self.length += count
+        return logits
+
+    def truncate(self, length: int) -> None:
+        """Roll back to the first `length` positions."""
+        for cache in self.model.caches():
+            cache.truncate(length)
+        self.length = length
+
+    def close(self) -> None:
+        self.model.detach_caches()
+        if self.compiled is not None:
+            # Every session compiles the same method, so Dynamo keeps one entry per session on one code object
+            # and falls back to eager past its recompile limit: release them with the session.
+            torch._dynamo.reset()
+
+
+class CausalLMSession:
+    """Prefill and decode through a model with the transformers calling convention (its own cache)."""
+
+    def __init__(self, model: nn.Module, batch: int, max_seq: int, device: torch.device):
+        self.model, self.batch = model, batch
+        self.length = 0
+        self.past: Any = None
+        self.attention_mask = torch.ones(batch, max_seq, dtype=torch.long, device=device)
+
+    def start(self, prompt: torch.Tensor) -> torch.Tensor:
+        self.past, self.length = None, 0
+        return self.extend(prompt)
+
+    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
+        count = tokens.shape[1]
+        output = self.model(input_ids=tokens, attention_mask=self.attention_mask[:, :self.length + count],
+                            past_key_values=self.past, use_cache=True)
+        logits, self.past = output_field(output, "logits", 0), output_field(output, "past_key_values", 1)
+        self.length += count
+        return logits
+
+    def truncate(self, length: int) -> None:
+        self.past = crop_past(self.past, length)
+        self.length = length
+
+    def close(self) -> None:
+        self.past = None
+
+
+def output_field(output: Any, name: str, index: int) -> Any:
+    """`name` of a ModelOutput / dataclass, a dict, or position `index` of a tuple."""
+    if isinstance(output, dict) or hasattr(output, "keys"):
+        if name in output:
+            return output[name]
+    if hasattr(output, name):
+        return getattr(output, name)
+    if isinstance(output, (tuple, list)) and len(output) > index:
+        return output[index]
+    if name == "logits" and isinstance(output, torch.Tensor):
+        return output
+    raise PerflabError(f"the causal LM returned {type(output).__name__} without {name!r}: return "
+                       "logits and past_key_values (a dict, a ModelOutput, or a (logits, past) tuple)")
+
+
+def crop_past(past: Any, length: int) -> Any:
+    """Keep the first `length` positions of a cache: a transformers Cache (crop) or nested (key, value) tuples."""
+    if past is None:
+        return None
+    if hasattr(past, "crop"):
+        past.crop(length)
+        return past
+    if isinstance(past, torch.Tensor):
+        return past[..., :length, :]
+    if isinstance(past, (tuple, list)):
+        return type(past)(crop_past(item, length) for item in past)
+    raise PerflabError(f"cannot roll back a past_key_values of type {type(past).__name__} for speculative "
+                       "decoding: use a transformers Cache (with crop) or (key, value) tuples per layer")
+
+
+def open_session(model: nn.Module, batch: int, max_seq: int, device: torch.device, dtype: torch.dtype,
+                 static: bool = False, compile_mode: Optional[str] = None, largest_compiled: int = 1):
+    """A session for `model`: the built-in Decoder's own caches, or the transformers convention."""
+    if isinstance(model, Decoder):
+        return DecoderSession(model, batch, max_seq, static, device, dtype, compile_mode, largest_compiled)
+    return CausalLMSession(model, batch, max_seq, device)

@@ -1,0 +1,59 @@
+"""Generation levers: a static KV cache, weight quantization (torchao) and speculative decoding.
+
+Each records its choice in the plan's GenerationSettings; perflab.generation.plan.prepare_generation applies
+them in one fixed order once every lever has run. They apply to workloads that generate tokens
+(Workload.generation): `--workload generate`, or a causal LM given through perflab.generation.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from perflab.levers import Lever, first_refusal
+
+BANDWIDTH = "memory bandwidth"
+
+
+def needs_generation(cfg, workload, device) -> Optional[str]:
+    if workload.generation is None:
+        return f"{workload.name} does not generate tokens; try --workload generate --mode infer"
+    return None
+
+
+def _needs_builtin_decoder(cfg, workload, device) -> Optional[str]:
+    if not workload.generation.builtin_decoder:
+        return ("this model keeps its own cache (the transformers calling convention); the static cache is the "
+                "built-in decoder's: use --workload generate")
+    return None
+
+
+def _quantize_checks(cfg, workload, device) -> Optional[str]:
+    from perflab.generation.quantize import scheme_refusal
+    return scheme_refusal(cfg.quantize, device, cfg.precision)
+
+
+def _set(name: str, value_of):
+    def apply(plan, cfg) -> None:
+        setattr(plan.generation, name, value_of(cfg))
+    return apply
+
+
+def _quantize_lever(scheme: str, summary: str, needs: str) -> Lever:
+    return Lever(scheme, "quantize", scheme, summary, needs, (BANDWIDTH,), 50,
+                 _set("quantize", lambda cfg: cfg.quantize), first_refusal(needs_generation, _quantize_checks))
+
+
+LEVERS = [
+    Lever("kv-cache-static", "kv_cache", "static", "pre-allocated KV cache: fixed shapes, so --compile "
+          "reduce-overhead can capture the decode step", "a generation workload with the built-in decoder",
+          ("launch / framework overhead",), 55, _set("static_cache", lambda cfg: True),
+          first_refusal(needs_generation, _needs_builtin_decoder)),
+    _quantize_lever("int8-weight", "int8 weight-only quantization (torchao): half the bytes of bf16 per decode step",
+                    "torchao (pip install 'perflab[quant]'), a generation workload"),
+    _quantize_lever("fp8", "fp8 weight-only quantization (torchao)",
+                    "torchao, CUDA with compute capability 8.9+ (Ada, Hopper), a generation workload"),
+    _quantize_lever("int4-weight", "int4 weight-only quantization, group size 128 (torchao tinygemm)",
+                    "torchao, CUDA, --precision bf16, a generation workload"),
+    Lever("speculative", "speculative", None, "speculative decoding: a draft proposes K tokens, the target "
+          "verifies them in one forward", "a generation workload; a draft (built-in or --draft)",
+          (BANDWIDTH,), 56, _set("speculative_k", lambda cfg: cfg.speculative), needs_generation),
+]

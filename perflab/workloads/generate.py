@@ -1,0 +1,73 @@
+"""generate: a GPT-style decoder generating tokens with a KV cache (TTFT, TPOT, share of the bandwidth bound).
+
+One timed step is one request batch: the prefill of its prompts, then one decode step per output token.
+Options: size=tiny|125m|350m|1b (default tiny on a CPU, 125m on a GPU), prompt_len and output_len (a number
+or a range low-high, drawn per request batch), weights=random|trained (trained: the decoder trained briefly on
+the synthetic language, cached on first use; the default with --speculative and no --draft, whose built-in
+draft is trained on the same language). docs/generate.md has the levers and the metrics.
+"""
+from __future__ import annotations
+
+from perflab.errors import PerflabError
+from perflab.generation.corpus import SyntheticLanguage, trained_decoder
+from perflab.generation.decoder import DRAFT_SIZES, SIZES, Decoder
+from perflab.generation.plan import GenerationSpec
+from perflab.generation.requests import Requests, collate_requests, parse_lengths
+from perflab.workloads.base import Workload
+
+DESCRIPTION = ("GPT-style decoder generating tokens with a KV cache: TTFT, TPOT, % of the memory-bandwidth bound "
+               "(seed 002); options size, prompt_len, output_len, weights")
+DEFAULT_BATCH = {"cpu": 1, "cuda": 1}
+KNOWN_OPTIONS = {"size", "prompt_len", "output_len", "weights"}
+EVAL_SEQUENCES = 4  # sequences in the quality gate's perplexity set
+
+
+def build(cfg) -> Workload:
+    on_gpu = cfg.device == "cuda"
+    opts = cfg.workload_options
+    unknown = set(opts) - KNOWN_OPTIONS
+    if unknown:
+        raise PerflabError(f"generate: unknown option(s) {', '.join(sorted(unknown))}; it takes "
+                           f"{', '.join(sorted(KNOWN_OPTIONS))}")
+    size_name = opts.get("size", "125m" if on_gpu else "tiny")
+    if size_name not in SIZES:
+        raise PerflabError(f"generate: size must be one of {', '.join(SIZES)}, got {size_name!r}")
+    size = SIZES[size_name]
+    prompt_lengths = parse_lengths(opts.get("prompt_len", "128" if size_name != "tiny" else "16-32"), "prompt_len")
+    output_lengths = parse_lengths(opts.get("output_len", "128" if size_name != "tiny" else "16"), "output_len")
+    builtin_draft = cfg.speculative is not None and not cfg.draft
+    weights = opts.get("weights", "trained" if builtin_draft else "random")
+    if weights not in ("random", "trained"):
+        raise PerflabError(f"generate: weights must be random or trained, got {weights!r}")
+    if builtin_draft and weights == "random":
+        raise PerflabError("the built-in draft is trained on the synthetic language and would agree with a random "
+                           "target only by chance: drop weights=random, or give your own --draft")
+    import torch
+    device = torch.device("cuda" if on_gpu else "cpu")
+    info = {"size": size_name, **size.__dict__, "prompt_len": prompt_lengths, "output_len": output_lengths,
+            "weights": weights}
+    if weights == "trained":
+        model, info["training"] = trained_decoder(size_name, "target", size, device)
+    else:
+        with device:  # initialised where it runs: a 1b model's weights are drawn in a moment on a GPU
+            model = Decoder(size)
+    draft_size = DRAFT_SIZES[size_name]
+
+    def load_builtin_draft() -> Decoder:
+        draft, how = trained_decoder(size_name, "draft", draft_size, device)
+        info["draft"] = {**draft_size.__dict__, "training": how}
+        return draft
+    language = SyntheticLanguage(size.vocab)
+    spec = GenerationSpec(vocab=size.vocab, prompt_lengths=prompt_lengths, output_lengths=output_lengths,
+                          eval_sequences=language.sample(EVAL_SEQUENCES, min(size.max_seq, 128), seed=99),
+                          context_limit=size.max_seq, builtin_draft=load_builtin_draft, builtin_decoder=True)
+    return Workload(
+        name="generate",
+        model=model.eval(),
+        dataset=Requests(size.vocab, prompt_lengths, output_lengths, seed=cfg.seed),
+        collate_fn=collate_requests,
+        description=DESCRIPTION,
+        uses_attention=True,
+        generation=spec,
+        info=info,
+    )
