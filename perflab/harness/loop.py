@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
+from perflab.harness.calls import call_loss, call_model
 from perflab.harness.plan import StepPlan
 from perflab.profile.markers import phase_marker
 
@@ -41,7 +42,7 @@ def run_steps(plan: StepPlan, batches: Iterator[Any], steps: int, timer,
 def train_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     inputs, target = batch
     with timer.phase("forward"), mark("forward"), plan.autocast():
-        loss = plan.loss_fn(plan.model(inputs), target)
+        loss = call_loss(plan.loss_fn, call_model(plan.model, inputs), target)
     with timer.phase("backward"), mark("backward"):
         (plan.scaler.scale(loss) if plan.scaler is not None else loss).backward()
     with timer.phase("optimizer"), mark("optimizer"):
@@ -56,4 +57,4 @@ def train_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
 def infer_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     inputs, _ = batch
     with timer.phase("forward"), mark("forward"), plan.autocast():
-        plan.model(inputs)
+        call_model(plan.model, inputs)

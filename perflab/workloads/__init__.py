@@ -6,7 +6,7 @@ from types import ModuleType
 
 from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
-from perflab.workloads.plugin import load_user_build
+from perflab.workloads.plugin import build_user_workload, load_user_build
 
 # One line here per built-in workload; each module has DESCRIPTION, DEFAULT_BATCH and build(cfg).
 BUILTIN_MODULES = {
@@ -44,17 +44,13 @@ def is_user_spec(spec: str) -> bool:
 def load_workload(spec: str, cfg) -> Workload:
     """Build the workload named by `spec` for a config whose device and batch size are resolved."""
     if spec in BUILTIN_MODULES:
-        build = builtin_module(spec).build
+        workload = builtin_module(spec).build(cfg)  # perflab's own: its exceptions are bugs, and raise
     elif is_user_spec(spec):
-        build = load_user_build(spec)
+        workload = build_user_workload(spec, load_user_build(spec), cfg)
     else:
         names = ", ".join(BUILTIN_MODULES)
         raise PerflabError(f"unknown workload {spec!r}: use one of {names}, "
                            "or your own as path/to/file.py:build or package.module:build")
-    workload = build(cfg)
-    if not isinstance(workload, Workload):
-        raise PerflabError(f"{spec}: build(cfg) returned {type(workload).__name__}, "
-                           "expected a perflab.Workload(name=..., model=..., dataset=..., loss_fn=...)")
     _check_contract(spec, workload, cfg.mode)
     return workload
 
