@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import resource
 import sys
@@ -60,6 +61,8 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
         reporter: Optional[Reporter] = None, command: Optional[list[str]] = None,
         hooks: Sequence[StepHook] = ()) -> Result:
     """Measure a workload (a Workload, a workload spec, or config.workload) and return its Result."""
+    if isinstance(workload, Workload) and not workload.name:  # a plugin's gets its file's name when loaded
+        workload = dataclasses.replace(workload, name=type(workload.model).__name__)
     cfg = resolve_config(config or RunConfig(), workload)
     device = resolve_device(cfg.device)
     reporter = reporter or Reporter()
