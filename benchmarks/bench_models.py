@@ -24,6 +24,7 @@ EXAMPLES = {  # workload -> (library it needs, batch on CUDA, batch on CPU)
     "examples/hf_text_classifier.py": ("transformers", 32, 4),
     "examples/timm_model.py": ("timm", 64, 2),
 }
+SMALL_OPTIONS = {"examples/timm_model.py": {"model": "resnet18"}}  # on CPU / --quick
 
 
 def experiments(cuda: bool, quick: bool, available: list[str]) -> list[Experiment]:
@@ -37,7 +38,8 @@ def experiments(cuda: bool, quick: bool, available: list[str]) -> list[Experimen
         _, cuda_batch, cpu_batch = EXAMPLES[workload]
         for mode in ("train", "infer"):
             out.append(Experiment(f"{Path(workload).stem} {mode}", workload,
-                                  {"mode": mode, "batch_size": cuda_batch if full else cpu_batch, **timing},
+                                  {"mode": mode, "batch_size": cuda_batch if full else cpu_batch, **timing,
+                                   "workload_options": {} if full else SMALL_OPTIONS.get(workload, {})},
                                   [("fp32 eager", {}), (fast_label, fast)]))
     return out
 
