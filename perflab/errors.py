@@ -5,6 +5,11 @@ what perflab was doing, the exception, and only the frames of the user's files (
 """
 from __future__ import annotations
 
+import torch
+
+_OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
+                     torch.cuda.OutOfMemoryError})
+
 
 class PerflabError(Exception):
     """A problem with the user's input or environment, with a message that says what to do."""
@@ -31,3 +36,14 @@ class UserCodeError(PerflabError):
             lines.append("  (no frame of it is in your own files)")
         lines.append("  run with --debug (or PERFLAB_DEBUG=1) for the full traceback")
         return "\n".join(lines)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """torch's OutOfMemoryError, or the RuntimeError older code paths raise with 'out of memory'."""
+    return isinstance(err, _OOM_ERRORS) or (isinstance(err, RuntimeError) and "out of memory" in str(err))
+
+
+def is_users_fault(err: BaseException) -> bool:
+    """Whether an exception out of the user's code is that code's failure. Running out of memory is not (a
+    sweep records it as a point's outcome), and a PerflabError already says what is wrong."""
+    return not (is_out_of_memory(err) or isinstance(err, (MemoryError, PerflabError)))

@@ -153,3 +153,11 @@ def test_cuda_graphs_on_a_dict_input_model_are_refused_on_cpu_with_the_reason():
     cfg = resolve_config(RunConfig(workload=PLUGIN, device="cpu", batch_size=2, cuda_graphs=True), None)
     with pytest.raises(PerflabError, match="--cuda-graphs.*CUDA"):
         check_levers(cfg, load_workload(PLUGIN, cfg), resolve_device("cpu"))
+
+
+def test_running_out_of_memory_in_forward_is_not_called_the_users_fault():
+    """A sweep records out-of-memory as a point's outcome, so it must arrive as torch raised it."""
+    def forward(inputs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        call_model(forward, torch.ones(1))

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from perflab.errors import PerflabError, UserCodeError
+from perflab.errors import PerflabError, UserCodeError, is_users_fault
 
 
 def call_model(model: Callable, inputs: Any) -> Any:
@@ -27,9 +27,9 @@ def call_model(model: Callable, inputs: Any) -> Any:
         if isinstance(inputs, (tuple, list)):
             return model(*inputs)
         return model(inputs)
-    except PerflabError:
-        raise
     except Exception as err:
+        if not is_users_fault(err):
+            raise
         raise UserCodeError(f"calling your model's forward on {describe_value(inputs, 'a batch')}", err) from err
 
 
@@ -37,9 +37,9 @@ def call_loss(loss_fn: Callable, output: Any, target: Any) -> torch.Tensor:
     """loss_fn(output, target), with the model's output passed as it came."""
     try:
         return loss_fn(output, target)
-    except PerflabError:
-        raise
     except Exception as err:
+        if not is_users_fault(err):
+            raise
         raise UserCodeError(f"calling your loss_fn on the model's {describe_value(output, 'output')} and "
                             f"{describe_value(target, 'a target')}", err) from err
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from perflab.errors import PerflabError, UserCodeError
+from perflab.errors import UserCodeError, is_users_fault
 
 Batch = Any
 
@@ -77,9 +77,9 @@ def loader_batches(loader: DataLoader) -> Iterator[Batch]:
             batch = next(iterator)
         except StopIteration:
             return
-        except PerflabError:
-            raise
         except Exception as err:
+            if not is_users_fault(err):
+                raise
             where = f"in {loader.num_workers} DataLoader worker(s)" if loader.num_workers else "in the main process"
             raise UserCodeError(f"loading a batch of {loader.batch_size} items from your dataset (its __getitem__ "
                                 f"and the collate_fn, {where})", err) from err

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from perflab.errors import PerflabError, UserCodeError
+from perflab.errors import PerflabError, UserCodeError, is_users_fault
 from perflab.workloads.base import Workload
 
 
@@ -47,9 +47,9 @@ def build_user_workload(spec: str, build: Callable, cfg) -> Workload:
     """Call the user's build(cfg); its exceptions and a wrong return type become errors that point at it."""
     try:
         workload = build(cfg)
-    except PerflabError:
-        raise
     except Exception as err:
+        if not is_users_fault(err):
+            raise
         raise UserCodeError(f"running your {spec} (build(cfg))", err) from err
     if not isinstance(workload, Workload):
         raise PerflabError(f"{spec}: build(cfg) {_where(build)}returned {type(workload).__name__}, expected a "
@@ -80,11 +80,10 @@ def _import_file(path_text: str):
     except SyntaxError as err:
         sys.modules.pop(name, None)
         raise PerflabError(_syntax_message(f"workload file {path_text}", err)) from None
-    except PerflabError:
-        sys.modules.pop(name, None)
-        raise
     except Exception as err:
         sys.modules.pop(name, None)
+        if not is_users_fault(err):
+            raise
         raise UserCodeError(f"importing your workload file {path_text}", err) from err
     finally:
         sys.path.pop(0)
@@ -114,7 +113,7 @@ def _import_module(name: str):
         raise UserCodeError(f"importing your workload module {name}", err) from err
     except SyntaxError as err:
         raise PerflabError(_syntax_message(f"workload module {name}", err)) from None
-    except PerflabError:
-        raise
     except Exception as err:
+        if not is_users_fault(err):
+            raise
         raise UserCodeError(f"importing your workload module {name}", err) from err
