@@ -22,6 +22,8 @@ from perflab.errors import PerflabError, UserCodeError, is_users_fault
 def call_model(model: Callable, inputs: Any) -> Any:
     """Call `model` on a batch's inputs: mapping -> keywords, tuple/list -> positional, else one argument."""
     try:
+        if isinstance(inputs, torch.Tensor):  # the common case first: one C-level check per step
+            return model(inputs)
         if isinstance(inputs, Mapping):
             return model(**inputs)
         if isinstance(inputs, (tuple, list)):
