@@ -137,7 +137,7 @@ def run_variant(rows: Rows, out: Path, experiment: Experiment, label: str, chang
     shares = result.metrics["phase_share_pct"]
     top = max(shares, key=shares.get) if shares else "?"
     compile_s = result.metrics.get("compile_s")
-    peak_mb = result.metrics["memory"].get("peak_allocated_mb")
+    peak_mb = result.peak_memory.mb if result.peak_memory.on_gpu else None
     note = (f"spread {tp['range_pct']:.1f}% · CI95 {tp['ci95_low']:.0f}–{tp['ci95_high']:.0f} · "
             f"p95 {result.metrics['latency_ms']['p95']:.2f} ms · top phase {top} {shares.get(top, 0):.0f}% · "
             + (f"peak {peak_mb:.0f} MiB · " if peak_mb is not None else "")

@@ -1,11 +1,14 @@
-"""RunConfig: everything that defines a run, validated with messages a user can act on."""
+"""RunConfig: everything that defines a run. Each field is declared once, as an option (perflab/options.py):
+its flag, type, choices, default, help, group, and what it needs. Validation, the command line of run,
+profile and sweep, the argv that reproduces a run, and the levers' refusals all come from here."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
-from perflab.errors import PerflabError
+from perflab import options
+from perflab.options import Conflict, option
 
 MODES = ("train", "infer")
 DEVICES = ("auto", "cuda", "cpu")
@@ -18,89 +21,136 @@ OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "math")
 DATA_SOURCES = ("auto", "loader", "device")
 
+MEASURE = "workload and measurement"
+DATA_PATH = "data-path levers"
+MODEL = "model and step levers"
+QUALITY = "quality gate"
+CHECKPOINTS = "checkpoints (training)"
+OUTPUT = "output"
+SINGLE_RUN = ("run", "profile")
+TRAIN = ("train",)
+
+SECOND_STREAM = "a captured step cannot also run work on a second stream; drop --augment gpu-stream/--pipeline"
+
 
 @dataclass
 class RunConfig:
     """One run: the workload, how it is measured, and which levers are on."""
 
-    workload: str = "driving"
-    mode: str = "train"
-    batch_size: Optional[int] = None  # None: the workload's default for the device
-    steps: int = 30
-    warmup: int = 5
-    trials: int = 3
-    device: str = "auto"
-    seed: int = 0
-    out: Optional[str] = None
-    sync_phases: bool = False
-    data: str = "auto"  # loader: DataLoader from the dataset; device: pre-staged batches on the device
-    workload_options: dict[str, Any] = field(default_factory=dict)
+    workload: str = option("--workload", str, "built-in name (see `perflab workloads`) or path/file.py:build or "
+                           "package.module:build (default: driving)", MEASURE, "driving", metavar="NAME")
+    mode: str = option("--mode", str, "train or infer (default: train)", MEASURE, "train", choices=MODES)
+    batch_size: Optional[int] = option("--batch", int, "batch size (default: the workload's, by device)", MEASURE,
+                                       minimum=1, metavar="N")
+    steps: int = option("--steps", int, "timed steps per trial (default: 30)", MEASURE, 30, minimum=1, metavar="N")
+    warmup: int = option("--warmup", int, "untimed warm-up steps (default: 5)", MEASURE, 5, minimum=0, metavar="N")
+    trials: int = option("--trials", int, "timed trials; medians and spreads are over these (default: 3)", MEASURE,
+                         3, minimum=1, metavar="N")
+    device: str = option("--device", str, "auto, cuda or cpu (default: auto = cuda if present)", MEASURE, "auto",
+                         choices=DEVICES)
+    seed: int = option("--seed", int, "random seed for weights, data order and augmentation (default: 0)", MEASURE,
+                       0, metavar="N")
+    min_trial_s: float = option("--min-trial-s", float, "with DataLoader workers, each trial runs at least this "
+                                "many seconds (more steps than --steps if needed), so a loader-bound rate is "
+                                "measured over enough batches (default: 1.0; 0: exactly --steps)", MEASURE, 1.0,
+                                minimum=0, metavar="S")
+    sync_phases: bool = option("--sync-phases", bool, "synchronise at phase boundaries for a host-clock breakdown "
+                               "(adds syncs; off by default)", MEASURE, False)
+    # loader: DataLoader from the dataset; device: pre-staged batches on the device
+    data: str = option("--data", str, "loader: DataLoader over the dataset; device: batches pre-staged on the "
+                       "device (default: the workload's)", MEASURE, "auto", choices=DATA_SOURCES)
+    workload_options: dict[str, Any] = option("--option", str, "workload-specific setting, e.g. image_res=128 "
+                                              "(repeatable)", MEASURE, {}, key_value=True, sweepable=False)
 
     # data-path levers
-    workers: int = 0
-    persistent_workers: bool = False
-    prefetch_factor: Optional[int] = None
-    pin_memory: Optional[bool] = None  # None: on when the device is CUDA
-    non_blocking: bool = True
-    prefetcher: str = "none"
+    workers: int = option("--workers", int, "DataLoader worker processes (default: 0)", DATA_PATH, 0, minimum=0,
+                          metavar="N")
+    persistent_workers: bool = option("--persistent-workers", bool, "keep workers alive between epochs", DATA_PATH,
+                                      False)
+    prefetch_factor: Optional[int] = option("--prefetch-factor", int, "batches loaded ahead per worker", DATA_PATH,
+                                            minimum=1, metavar="N")
+    pin_memory: Optional[bool] = option("--pin-memory", bool, "page-locked host batches (default: on with CUDA)",
+                                        DATA_PATH, negatable=True, needs_cuda=(True,))
+    non_blocking: bool = option("--non-blocking", bool, "asynchronous copies from pinned memory (default: on)",
+                                DATA_PATH, True, negatable=True)
+    prefetcher: str = option("--prefetcher", str, "stream: copy the next batch on a side CUDA stream", DATA_PATH,
+                             "none", choices=PREFETCHERS, needs_cuda=("stream",), conflicts=(
+                                 Conflict("pin_memory", "the stream prefetcher needs pinned memory for asynchronous "
+                                          "copies; drop --no-pin-memory", value=False),))
 
     # model / step levers
-    precision: str = "fp32"
-    channels_last: bool = False
-    compile: Optional[str] = None
-    cuda_graphs: bool = False
-    augment: Optional[str] = None
-    pipeline: str = "serial"
-    activation_checkpointing: bool = False
-    optimizer_impl: str = "default"
-    sdpa: str = "auto"
+    precision: str = option("--precision", str, "fp32, tf32, bf16 or fp16 (default: fp32)", MODEL, "fp32",
+                            choices=PRECISIONS, changes_numerics=("tf32", "bf16", "fp16"),
+                            needs_cuda=("tf32", "fp16"))
+    channels_last: bool = option("--channels-last", bool, "NHWC memory format for convolutions", MODEL, False,
+                                 changes_numerics=True)
+    compile: Optional[str] = option("--compile", str, "torch.compile the model (mode: default; in a sweep, a list "
+                                    "of modes, none for eager)", MODEL, choices=COMPILE_MODES, const="default",
+                                    metavar="MODE", changes_numerics=True, conflicts=(
+                                        Conflict("cuda_graphs", "--compile and --cuda-graphs both capture the step; "
+                                                 "use --compile reduce-overhead for graphs"),))
+    cuda_graphs: bool = option("--cuda-graphs", bool, "capture the step as a CUDA graph and replay it", MODEL, False,
+                               changes_numerics=True, needs_cuda=True, conflicts=(
+                                   Conflict("augment", SECOND_STREAM, value="gpu-stream"),
+                                   Conflict("pipeline", SECOND_STREAM, value="streams")))
+    augment: Optional[str] = option("--augment", str, "cpu, gpu or gpu-stream augmentation (workloads that declare "
+                                    "it)", MODEL, choices=AUGMENT_MODES, needs_cuda=("gpu-stream",), conflicts=(
+                                        Conflict("prefetcher", "gpu-stream already copies each batch on its side "
+                                                 "stream; drop --prefetcher stream", value="stream",
+                                                 when="gpu-stream"),))
+    pipeline: str = option("--pipeline", str, "streams: run a frozen front stage one batch ahead on its own stream",
+                           MODEL, "serial", choices=PIPELINES, needs_cuda=("streams",), modes=TRAIN, conflicts=(
+                               Conflict("prefetcher", "the pipeline already copies each batch on its side stream; "
+                                        "drop --prefetcher stream", value="stream"),
+                               Conflict("augment", "device augmentation would run on the pipeline's features, not "
+                                        "its images; drop --augment", value=("gpu", "gpu-stream"))))
+    activation_checkpointing: bool = option("--activation-checkpointing", bool, "recompute activations in backward",
+                                            MODEL, False, modes=TRAIN)
+    optimizer_impl: str = option("--optimizer-impl", str, "default, foreach or fused", MODEL, "default",
+                                 choices=OPTIMIZER_IMPLS, changes_numerics=("fused",), modes=TRAIN)
+    sdpa: str = option("--sdpa", str, "attention backend: auto, flash, efficient or math", MODEL, "auto",
+                       choices=SDPA_BACKENDS, changes_numerics=("flash", "efficient", "math"),
+                       needs_cuda=("flash", "efficient"))
 
     # quality gate: None means "on whenever a lever differs from the fp32 eager baseline"
-    check_quality: Optional[bool] = None
-    quality_steps: int = 8
-    quality_rtol: Optional[float] = None  # inference relative error allowed; None: by precision
-    quality_loss_rtol: Optional[float] = None  # training final-loss relative delta; None: by precision
+    check_quality: Optional[bool] = option("--check-quality", bool, "compare outputs/losses with the fp32 eager "
+                                           "baseline (default: on whenever a lever can change numerics)", QUALITY,
+                                           negatable=True)
+    quality_steps: int = option("--quality-steps", int, "training steps (train) or batches (infer) the quality gate "
+                                "compares (default: 8)", QUALITY, 8, minimum=1, metavar="N")
+    quality_rtol: Optional[float] = option("--quality-rtol", float, "inference: relative output error allowed "
+                                           "(default by precision: fp32 1e-5, tf32 1e-3, bf16 2e-2, fp16 1e-2; see "
+                                           "docs/quality.md)", QUALITY, above=0, metavar="X")
+    quality_loss_rtol: Optional[float] = option("--quality-loss-rtol", float, "training: relative final-loss delta "
+                                                "allowed (default by precision; see docs/quality.md)", QUALITY,
+                                                above=0, metavar="X")
 
     # training checkpoints (perflab/checkpoint.py): save every N timed steps; resume before warm-up
-    checkpoint_every: Optional[int] = None
-    resume_from: Optional[str] = None
+    checkpoint_every: Optional[int] = option("--checkpoint-every", int, "save model, optimizer, scaler, RNG states "
+                                             "and step to <out>/checkpoint.pt every N timed steps (timed as the "
+                                             "'checkpoint' phase)", CHECKPOINTS, minimum=1, metavar="N", modes=TRAIN,
+                                             sweepable=False, commands=SINGLE_RUN)
+    resume_from: Optional[str] = option("--resume-from", str, "load a checkpoint.pt (or a run directory holding "
+                                        "one) before warm-up", CHECKPOINTS, metavar="PATH", modes=TRAIN,
+                                        sweepable=False, commands=SINGLE_RUN)
+
+    out: Optional[str] = option("--out", str, "run directory (default: runs/<timestamp>-<workload>)", OUTPUT,
+                                metavar="DIR", sweepable=False, in_argv=False, commands=SINGLE_RUN)
+    nsys: Optional[str] = option("--nsys", str, "call cudaProfilerStart/Stop around ACTIVE timed steps after SKIP "
+                                 "(default 2:3), for nsys --capture-range=cudaProfilerApi (see `perflab profile`)",
+                                 OUTPUT, const="2:3", metavar="SKIP:ACTIVE", sweepable=False, commands=SINGLE_RUN)
 
     def validate(self) -> "RunConfig":
         """Raise PerflabError naming the first bad field and the accepted values."""
-        _one_of("mode", self.mode, MODES)
-        _one_of("device", self.device, DEVICES)
-        _one_of("precision", self.precision, PRECISIONS)
-        _one_of("prefetcher", self.prefetcher, PREFETCHERS)
-        _one_of("pipeline", self.pipeline, PIPELINES)
-        _one_of("optimizer-impl", self.optimizer_impl, OPTIMIZER_IMPLS)
-        _one_of("sdpa", self.sdpa, SDPA_BACKENDS)
-        _one_of("data", self.data, DATA_SOURCES)
-        if self.compile is not None:
-            _one_of("compile", self.compile, COMPILE_MODES)
-        if self.augment is not None:
-            _one_of("augment", self.augment, AUGMENT_MODES)
-        if self.batch_size is not None:
-            _positive("batch", self.batch_size)
-        _positive("steps", self.steps)
-        _positive("trials", self.trials)
-        _positive("quality-steps", self.quality_steps)
-        for name, value in (("quality-rtol", self.quality_rtol), ("quality-loss-rtol", self.quality_loss_rtol)):
-            if value is not None and not value > 0:
-                raise PerflabError(f"--{name} must be a positive number, got {value!r}")
-        if self.checkpoint_every is not None:
-            _positive("checkpoint-every", self.checkpoint_every)
-        if (self.checkpoint_every or self.resume_from) and self.mode != "train":
-            raise PerflabError("--checkpoint-every and --resume-from apply to training runs; use --mode train")
-        if self.warmup < 0:
-            raise PerflabError(f"--warmup must be 0 or more, got {self.warmup}")
-        if self.workers < 0:
-            raise PerflabError(f"--workers must be 0 or more, got {self.workers}")
-        if self.prefetch_factor is not None:
-            _positive("prefetch-factor", self.prefetch_factor)
+        options.validate(self)
         return self
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def to_argv(self, command: str = "run") -> list[str]:
+        """The command-line options that reproduce this config (defaults omitted; --out not included)."""
+        return options.to_argv(self, command)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
@@ -112,11 +162,11 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _one_of(name: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise PerflabError(f"--{name} must be one of {', '.join(allowed)}; got {value!r}")
+def run_options() -> tuple[options.Option, ...]:
+    """Every run option, in declaration order."""
+    return options.options_of(RunConfig)
 
 
-def _positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or value <= 0:
-        raise PerflabError(f"--{name} must be a positive integer, got {value!r}")
+def numerics_fields() -> list[str]:
+    """The options that may change a run's outputs (what compare and the quality gate care about)."""
+    return [declared.name for declared in run_options() if declared.changes_numerics]

@@ -5,6 +5,9 @@ what perflab was doing, the exception, and only the frames of the user's files (
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 
 _OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
@@ -47,3 +50,14 @@ def is_users_fault(err: BaseException) -> bool:
     """Whether an exception out of the user's code is that code's failure. Running out of memory is not (a
     sweep records it as a point's outcome), and a PerflabError already says what is wrong."""
     return not (is_out_of_memory(err) or isinstance(err, (MemoryError, PerflabError)))
+
+
+@contextmanager
+def writing(target: object, what: str = "output") -> Iterator[None]:
+    """Turn an OSError while writing `what` to `target` into one clear PerflabError line."""
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise PerflabError(f"cannot write {what} to {target}: {reason}; choose a writable directory "
+                           "(--out) or free some space") from None

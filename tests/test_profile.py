@@ -12,7 +12,7 @@ from perflab.errors import PerflabError
 from perflab.harness.hooks import StepHook
 from perflab.harness.runner import resolve_config, run
 from perflab.profile.capture import CaptureOptions, ProfilerCapture
-from perflab.profile.nsys import CudaProfilerRange, nsys_command, parse_range, run_arguments
+from perflab.profile.nsys import CudaProfilerRange, nsys_command, parse_range
 
 
 def test_profile_command_saves_result_trace_diagnosis_and_nsys_command(tmp_path, capsys):
@@ -49,14 +49,51 @@ def test_capture_writes_gzipped_trace_when_asked(tmp_path):
 
 
 def test_nsys_command_reruns_the_same_options_with_the_profiler_range(tmp_path):
-    argv = ["--workload", "driving", "--batch", "16", "--active", "4", "--with-stack", "--out", "x", "--wait=2"]
-    command = nsys_command(tmp_path, argv, skip=3, active=4)
+    cfg = RunConfig(workload="driving", batch_size=16, nsys="1:2", out="x")
+    command = nsys_command(tmp_path, cfg, skip=3, active=4)
     assert command[:6] == ["nsys", "profile", "-t", "cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
                            "--capture-range-end=stop"]
     tail = command[command.index("perflab"):]
-    assert tail == ["perflab", "run", "--workload", "driving", "--batch", "16", "--out",
-                    str(tmp_path / "nsys_run"), "--nsys", "3:4"]
-    assert run_arguments(["--nsys", "1:2", "--mode", "infer"]) == ["--mode", "infer"]
+    assert tail == ["perflab", "run", "--batch", "16", "--out", str(tmp_path / "nsys_run"), "--nsys", "3:4"]
+
+
+def test_nsys_command_of_a_profiled_run_keeps_its_levers(tmp_path):
+    cfg = resolve_config(RunConfig(workload="mlp", device="cpu", batch_size=4, steps=3, trials=1, warmup=2,
+                                   compile="default", channels_last=False, precision="bf16"), None)
+    command = nsys_command(tmp_path, cfg.replace(channels_last=True), skip=1, active=1)
+    run_part = command[command.index("run"):]
+    assert ["--compile", "default"] == run_part[run_part.index("--compile"):run_part.index("--compile") + 2]
+    assert "--channels-last" in run_part and ["--precision", "bf16"] == \
+        run_part[run_part.index("--precision"):run_part.index("--precision") + 2]
+
+
+def test_library_profile_writes_the_nsys_command_with_every_lever(tmp_path):
+    from perflab.profile.capture import profile_run
+    cfg = resolve_config(RunConfig(workload="mlp", device="cpu", batch_size=8, steps=4, trials=1, warmup=1,
+                                   optimizer_impl="foreach", workers=1), None)
+    profile_run("mlp", cfg, tmp_path, CaptureOptions(wait=0, warmup=1, active=1))
+    written = (tmp_path / "nsys_command.txt").read_text()
+    assert "--optimizer-impl foreach" in written and "--workers 1" in written
+
+
+def test_profile_honours_checkpoint_every(tmp_path):
+    out = tmp_path / "run"
+    code = main(["profile", "--workload", "mlp", "--device", "cpu", "--batch", "8", "--steps", "5", "--trials", "1",
+                 "--warmup", "1", "--wait", "0", "--warmup-steps", "1", "--active", "1", "--checkpoint-every", "5",
+                 "--out", str(out)])
+    assert code == 0
+    assert (out / "checkpoint.pt").is_file()
+    assert json.loads((out / "result.json").read_text())["timing"]["checkpoint"]["saves"] == 1
+
+
+def test_library_run_honours_checkpoint_fields_and_needs_a_directory_for_them(tmp_path):
+    cfg = RunConfig(workload="mlp", device="cpu", batch_size=8, steps=2, trials=1, warmup=0, checkpoint_every=2)
+    with pytest.raises(PerflabError, match="RunConfig.out"):
+        run("mlp", cfg)
+    result = run("mlp", cfg.replace(out=str(tmp_path)))
+    assert (tmp_path / "checkpoint.pt").is_file() and result.timing["checkpoint"]["saves"] == 1
+    resumed = run("mlp", cfg.replace(checkpoint_every=None, resume_from=str(tmp_path)))
+    assert resumed.timing["checkpoint"]["resumed_at_step"] == 2
 
 
 def test_nsys_range_must_be_skip_colon_active():
@@ -89,3 +126,37 @@ def test_markers_switched_off_leave_no_phase_ranges_in_the_trace(tmp_path):
     run("mlp", cfg, hooks=[MarkersOff(), ProfilerCapture(tmp_path, CaptureOptions(wait=0, warmup=1, active=2))])
     trace = load_trace(tmp_path / "trace.json")
     assert "forward" not in trace.annotations.names and len(trace.cpu_ops) > 0
+
+
+def test_profile_on_cpu_prints_no_kineto_noise_and_writes_every_file_with_one_mode(tmp_path):
+    import os
+    import stat
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "run"
+    env = {key: value for key, value in os.environ.items() if key != "KINETO_LOG_LEVEL"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    completed = subprocess.run(
+        [sys.executable, "-m", "perflab", "profile", "--workload", "mlp", "--device", "cpu", "--batch", "8",
+         "--steps", "4", "--trials", "1", "--warmup", "1", "--wait", "1", "--warmup-steps", "1", "--active", "2",
+         "--out", str(out)], capture_output=True, text=True, env=env, timeout=300,
+        preexec_fn=lambda: os.umask(0o022))
+    assert completed.returncode == 0, completed.stderr
+    assert "gpuGetDeviceCount" not in completed.stderr + completed.stdout
+    assert "ERROR:" not in completed.stderr and "USDT:" not in completed.stderr
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in out.iterdir()}
+    assert {"result.json", "diagnosis.json", "trace.json", "nsys_command.txt"} <= set(modes)
+    assert set(modes.values()) == {0o644}, modes
+
+
+def test_a_profile_run_is_titled_as_a_profile(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "traces" / "cpu" / "compute__big_matmul.result.json"
+    shutil.copy(fixture, tmp_path / "result.json")
+    assert main(["report", str(tmp_path)]) == 0
+    assert (tmp_path / "report.md").read_text().startswith("# perflab profile: ")
+    assert "<title>perflab profile: " in (tmp_path / "report.html").read_text()

@@ -23,7 +23,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 # Commands appear in --help in this order; modules not listed come after, alphabetically.
-ORDER = ["run", "profile", "diagnose", "sweep", "compare", "report", "rerun", "tune", "info"]
+ORDER = ["run", "profile", "diagnose", "sweep", "compare", "report", "rerun", "info"]
 
 
 def _command_modules() -> list:

@@ -6,14 +6,13 @@ import shlex
 
 from rich.markup import escape
 
-from perflab.cli import console
+from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, config_from_args
+from perflab.cli._outcome import finish_run
 from perflab.harness.runner import resolve_config
-from perflab.profile.capture import TRACE_FILE, CaptureOptions, profile_run
-from perflab.profile.nsys import nsys_hooks
+from perflab.profile.capture import CaptureOptions, profile_run
 from perflab.report.diagnosis import print_diagnosis
 from perflab.report.progress import RichReporter
-from perflab.report.terminal import print_result
 from perflab.rundir import run_dir
 
 
@@ -23,7 +22,7 @@ def register(subparsers) -> None:
         description="Run a workload with a scheduled torch.profiler capture of a few timed steps; save "
                     "runs/<id>/ with result.json, trace.json (open in Perfetto) and diagnosis.json; print the "
                     "diagnosis and the Nsight Systems command for the same run.")
-    add_run_options(parser)
+    add_run_options(parser, "profile")
     group = parser.add_argument_group("profiler")
     group.add_argument("--wait", type=int, default=1, metavar="N", help="timed steps skipped first (default: 1)")
     group.add_argument("--warmup-steps", type=int, default=2, metavar="N",
@@ -43,16 +42,15 @@ def handle(args: argparse.Namespace) -> int:
                              profile_memory=args.profile_memory, gzip=args.gzip_trace)
     cfg = resolve_config(config_from_args(args), None)
     options.check(cfg.steps)
-    argv = args.argv
-    argv = argv[1:] if argv[:1] == ["profile"] else argv
-    with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
-        result, diagnosis, command = profile_run(cfg.workload, cfg, out, options, argv, nsys_hooks(args.nsys),
-                                                 reporter)
-    print_result(console, result)
+    with run_dir(args.out, cfg.workload, args.overwrite, cfg.resume_from) as out, RichReporter(console) as reporter:
+        result, diagnosis, command = profile_run(cfg.workload, cfg, out, options, reporter=reporter,
+                                                 command=["perflab"] + args.argv)
+    code = finish_run(console, err_console, result, out)
     if diagnosis is not None:
         print_diagnosis(console, diagnosis)
-    trace = out / result.artifacts.get("trace", TRACE_FILE)
-    console.print(f"trace: [bold]{escape(str(trace))}[/] (open in https://ui.perfetto.dev)")
+    if "trace" in result.artifacts:
+        console.print(f"trace: [bold]{escape(str(out / result.artifacts['trace']))}[/] (open in "
+                      "https://ui.perfetto.dev)")
     console.print("Nsight Systems, for the same run (where nsys is installed):\n  " + escape(shlex.join(command)),
                   highlight=False, soft_wrap=True)
-    return 0
+    return code

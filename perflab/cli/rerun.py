@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 
-from perflab.checkpoint import checkpoint_hooks
 from perflab.cli import console
 from perflab.compare import compare_results, load_result
 from perflab.config import RunConfig
@@ -31,7 +30,7 @@ def handle(args: argparse.Namespace) -> int:
                   highlight=False)
     with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
         result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter,
-                     command=["perflab", "rerun", str(args.result)], hooks=checkpoint_hooks(cfg, out))
+                     command=["perflab", "rerun", str(args.result)])
         result.notes.append(f"rerun of {original.path}")
         result.save(out)
     print_result(console, result)

@@ -26,9 +26,6 @@ CLASS_SLUGS = {
 # On a CPU trace the op-mix rules (compute, memory bandwidth) read time shares only, with no device timeline
 # or roofline behind them, so they claim less than rules with a direct signal (data wait, syncs).
 CPU_MAX_CONFIDENCE = 0.85
-# Levers that need a CUDA device; never proposed for a CPU run.
-CUDA_ONLY_LEVERS = {"pin-memory", "prefetcher-stream", "tf32", "fp16", "cuda-graphs", "augment-gpu",
-                    "augment-gpu-stream", "pipeline-streams", "sdpa-flash"}
 
 
 @dataclass
@@ -70,10 +67,13 @@ class Context:
 
     def rank_levers(self, names: list[str]) -> list[str]:
         """Drop levers already on in this run and CUDA-only levers on a CPU run; keep the order, no repeats."""
+        from perflab.levers import cuda_only_levers
+
         active = set(self.result.levers) if self.result is not None else set()
+        cuda_only = cuda_only_levers()
         ranked = []
         for name in names:
-            if name in active or name in ranked or (not self.on_gpu and name in CUDA_ONLY_LEVERS):
+            if name in active or name in ranked or (not self.on_gpu and name in cuda_only):
                 continue
             ranked.append(name)
         return ranked

@@ -10,9 +10,7 @@ import numpy as np
 
 from perflab.diagnose.intervals import Intervals, intervals_of
 from perflab.diagnose.trace import EventTable, ParsedTrace
-
-PHASES = ("data", "h2d", "augment", "forward", "backward", "optimizer", "step")
-COMPUTE_PHASES = ("augment", "forward", "backward", "optimizer", "step")
+from perflab.harness.phases import COMPUTE_PHASES, MARKED_PHASES
 SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"}
 ITEM_OPS = {"aten::item", "aten::_local_scalar_dense"}
@@ -169,7 +167,7 @@ def _host_profile(trace: ParsedTrace, start: float, end: float, steps: int, wind
     ann = trace.annotations
     in_window = (ann.start_us >= start) & (ann.start_us < end)
     phase_ms = {}
-    for name in PHASES:
+    for name in MARKED_PHASES:
         selected = in_window & ann.mask(lambda n, name=name: n == name)
         if selected.any():
             phase_ms[name] = float(ann.dur_us[selected].sum()) / 1e3 / steps

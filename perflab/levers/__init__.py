@@ -1,16 +1,20 @@
 """Levers: named, composable optimisations. Each module defines LEVERS, a list of Lever objects.
 
-A lever says when it is on (from the RunConfig), what it needs (a refusal reason or None), which
-bottleneck classes it addresses, and how it edits the StepPlan. `apply_levers` checks every active lever
-before any of them runs, so a refused lever stops the run before anything is measured.
+A lever is one value of one run option; the option's declaration in RunConfig says when it is on, its
+flag, whether it needs CUDA or a mode and what it conflicts with. The lever adds what only it knows: what
+it needs of the workload, which bottleneck classes it addresses, and how it edits the StepPlan.
+`check_levers` checks every active lever before any of them runs, so a refused lever stops the run before
+anything is measured.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import torch
 
+from perflab import options
+from perflab.config import RunConfig
 from perflab.errors import PerflabError
 
 Refusal = Callable[..., Optional[str]]
@@ -18,16 +22,44 @@ Refusal = Callable[..., Optional[str]]
 
 @dataclass(frozen=True)
 class Lever:
+    """A lever is one value of one run option (RunConfig field `option`); the option's declaration says its
+    flag, whether it needs CUDA or a mode, what it conflicts with and whether it changes numerics."""
+
     name: str  # the name diagnosis uses to propose it, e.g. "channels-last"
-    flag: str  # how to switch it on from the CLI
+    option: str  # the RunConfig field that switches it on
+    value: Any  # the option's value that is this lever; None: any value that sets the option
     summary: str
     needs: str  # human text: what it requires
-    addresses: tuple[str, ...]  # bottleneck classes from the map in DESIGN.md
+    addresses: tuple[str, ...]  # bottleneck classes, as the diagnosis names them (docs/diagnose.md)
     order: int  # application order: data path < precision < layout < optimizer < compile < graphs
-    is_active: Callable  # (cfg) -> bool
-    refusal: Refusal  # (cfg, workload, device) -> reason or None
     apply: Callable  # (plan, cfg) -> None
-    changes_numerics: bool = False  # True: outputs may differ from fp32 eager, so the quality gate runs
+    checks: Refusal = field(default=lambda *_: None)  # what the option table cannot know (the workload, ...)
+
+    @property
+    def declared(self) -> options.Option:
+        return options.option_named(RunConfig, self.option)
+
+    @property
+    def flag(self) -> str:
+        """How to switch it on from the command line."""
+        return self.declared.flag_for(self.value)
+
+    def is_active(self, cfg) -> bool:
+        value = getattr(cfg, self.option)
+        return options.is_set(self.declared, value) if self.value is None else value == self.value
+
+    @property
+    def changes_numerics(self) -> bool:
+        """True: outputs may differ from fp32 eager, so the quality gate runs."""
+        return self.declared.value_changes_numerics(self.value if self.value is not None else True)
+
+    @property
+    def needs_cuda(self) -> bool:
+        return self.declared.value_needs_cuda(self.value if self.value is not None else True)
+
+    def refusal(self, cfg, workload, device: torch.device) -> Optional[str]:
+        """Why this lever cannot run here, or None: the option table's rules, then the lever's own checks."""
+        return options.refusal(cfg, self.option, device.type) or self.checks(cfg, workload, device)
 
 
 def all_levers() -> list[Lever]:
@@ -62,13 +94,31 @@ def active_levers(cfg) -> list[Lever]:
 
 
 def check_levers(cfg, workload, device: torch.device) -> list[Lever]:
-    """The active levers, or PerflabError with the first refusal's reason."""
+    """The active levers, or PerflabError with the first refusal's reason (options that are not levers,
+    such as --checkpoint-every, are checked against the option table too)."""
     levers = active_levers(cfg)
+    lever_options = {lever.option for lever in levers}
+    for declared in options.options_of(RunConfig):
+        value = getattr(cfg, declared.name)
+        if declared.name not in lever_options and options.is_set(declared, value):
+            reason = options.refusal(cfg, declared.name, device.type)
+            if reason:
+                raise PerflabError(f"{declared.flag_for(value)} refused: {reason}")
     for lever in levers:
         reason = lever.refusal(cfg, workload, device)
         if reason:
             raise PerflabError(f"{lever.flag} refused: {reason}")
     return levers
+
+
+def cuda_only_levers() -> set[str]:
+    """Names of the levers that need a CUDA GPU (never proposed for a CPU run)."""
+    return {lever.name for lever in all_levers() if lever.needs_cuda}
+
+
+def numerics_levers() -> set[str]:
+    """Names of the levers that may change outputs (the quality gate runs for them)."""
+    return {lever.name for lever in all_levers() if lever.changes_numerics}
 
 
 def apply_levers(plan, cfg, levers: list[Lever]) -> None:
@@ -77,27 +127,8 @@ def apply_levers(plan, cfg, levers: list[Lever]) -> None:
         plan.levers.append(lever.name)
 
 
-def never(*_args) -> Optional[str]:
-    return None
-
-
-def needs_cuda(what: str) -> Refusal:
-    def refusal(cfg, workload, device) -> Optional[str]:
-        if device.type != "cuda":
-            return f"{what} needs a CUDA GPU and this run is on {device.type}; drop the flag or use --device cuda"
-        return None
-    return refusal
-
-
-def needs_train(what: str) -> Refusal:
-    def refusal(cfg, workload, device) -> Optional[str]:
-        if cfg.mode != "train":
-            return f"{what} only applies to --mode train"
-        return None
-    return refusal
-
-
 def first_refusal(*refusals: Refusal) -> Refusal:
+    """Checks run in order; the first reason wins."""
     def refusal(cfg, workload, device) -> Optional[str]:
         for check in refusals:
             reason = check(cfg, workload, device)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from perflab.harness.data import in_memory_format
-from perflab.levers import Lever, first_refusal, needs_cuda
+from perflab.levers import Lever, first_refusal
 from perflab.levers.data_path import _needs_loader
 from perflab.levers.prefetcher import StreamPrefetcher
 
@@ -34,12 +34,6 @@ def _needs_augment_support(cfg, workload, device) -> Optional[str]:
     if cfg.augment in ("gpu", "gpu-stream") and workload.gpu_augment is None:
         return (f"{workload.name} has no batched gpu_augment; its build(cfg) must set Workload.gpu_augment "
                 "when cfg.augment is gpu or gpu-stream")
-    return None
-
-
-def _refuse_two_feeders(cfg, workload, device) -> Optional[str]:
-    if cfg.prefetcher == "stream":
-        return "gpu-stream already copies each batch on its side stream; drop --prefetcher stream"
     return None
 
 
@@ -86,23 +80,15 @@ def _apply_gpu_stream(plan, cfg) -> None:
                       "it shows in no phase of its own")
 
 
-def _augment_is(mode: str):
-    return lambda cfg: cfg.augment == mode
-
-
 LEVERS = [
-    Lever("augment-cpu", "--augment cpu", "per-sample augmentation on the CPU, in the dataset / DataLoader workers",
-          "a workload that declares augmentations", ("input pipeline",), 16, _augment_is("cpu"),
-          _needs_augment_support, _apply_cpu),
-    Lever("augment-gpu", "--augment gpu",
+    Lever("augment-cpu", "augment", "cpu", "per-sample augmentation on the CPU, in the dataset / DataLoader workers",
+          "a workload that declares augmentations", ("input pipeline",), 16, _apply_cpu, _needs_augment_support),
+    Lever("augment-gpu", "augment", "gpu",
           "batched, vectorised augmentation on the device (per-sample randomness); uint8 host batches",
           "a workload with a batched gpu_augment (on a CPU run: the same batched transform on the CPU)",
-          INPUT, 16, _augment_is("gpu"), _needs_augment_support, _apply_gpu),
-    Lever("augment-gpu-stream", "--augment gpu-stream",
+          INPUT, 16, _apply_gpu, _needs_augment_support),
+    Lever("augment-gpu-stream", "augment", "gpu-stream",
           "batched device augmentation of the next batch on a side CUDA stream, overlapped with the step",
-          "CUDA, a DataLoader data source, a workload with a batched gpu_augment", INPUT, 16,
-          _augment_is("gpu-stream"),
-          first_refusal(needs_cuda("--augment gpu-stream"), _needs_augment_support,
-                        _needs_loader("--augment gpu-stream"), _refuse_two_feeders),
-          _apply_gpu_stream),
+          "CUDA, a DataLoader data source, a workload with a batched gpu_augment", INPUT, 16, _apply_gpu_stream,
+          first_refusal(_needs_augment_support, _needs_loader("--augment gpu-stream"))),
 ]

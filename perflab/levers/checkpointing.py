@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.levers import Lever, first_refusal, needs_train
+from perflab.levers import Lever
 
 
 def _needs_support(cfg, workload, device) -> Optional[str]:
@@ -25,9 +25,7 @@ def _apply(plan, cfg) -> None:
 
 
 LEVERS = [
-    Lever("activation-checkpointing", "--activation-checkpointing",
+    Lever("activation-checkpointing", "activation_checkpointing", True,
           "recompute block activations in backward: less activation memory for more compute",
-          "--mode train, a workload with checkpointable blocks", ("activation memory",), 45,
-          lambda cfg: cfg.activation_checkpointing,
-          first_refusal(needs_train("--activation-checkpointing"), _needs_support), _apply),
+          "--mode train, a workload with checkpointable blocks", ("activation memory",), 45, _apply, _needs_support),
 ]

@@ -11,8 +11,6 @@ from perflab.levers import Lever
 def _refuse(cfg, workload, device) -> Optional[str]:
     if cfg.warmup < 2:
         return "compilation must stay out of the numbers: use --warmup 2 or more"
-    if cfg.cuda_graphs:
-        return "--compile and --cuda-graphs both capture the step; use --compile reduce-overhead for graphs"
     return None
 
 
@@ -22,9 +20,7 @@ def _apply(plan, cfg) -> None:
 
 
 LEVERS = [
-    Lever("compile", "--compile [default|reduce-overhead|max-autotune]",
-          "torch.compile: fused kernels (Inductor); reduce-overhead adds CUDA graphs",
+    Lever("compile", "compile", None, "torch.compile: fused kernels (Inductor); reduce-overhead adds CUDA graphs",
           "torch 2.x and a C++ compiler (CPU) or Triton (CUDA)",
-          ("launch / framework overhead", "memory bandwidth"), 60,
-          lambda cfg: cfg.compile is not None, _refuse, _apply, changes_numerics=True),
+          ("launch / framework overhead", "memory bandwidth"), 60, _apply, _refuse),
 ]

@@ -8,7 +8,7 @@ import torch
 
 from perflab.harness.calls import call_loss, call_model
 from perflab.harness.data import map_tensors
-from perflab.levers import Lever, first_refusal, needs_cuda
+from perflab.levers import Lever
 
 WARMUP_ITERATIONS = 3  # eager iterations on a side stream before capture, as the CUDA graphs docs ask
 
@@ -32,6 +32,9 @@ class GraphedStep:
         self.plan = plan
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         self.static_batch: Any = None
+        # The graph's static loss and output: every replay rewrites them (the runner checks they stay finite).
+        self.last_loss: Optional[torch.Tensor] = None
+        self.last_output: Any = None
 
     def _eager_step(self, batch: Any) -> None:
         plan = self.plan
@@ -40,7 +43,9 @@ class GraphedStep:
             output = call_model(plan.model, inputs)
             if plan.mode == "train":
                 loss = call_loss(plan.loss_fn, output, target)
+        self.last_output = output
         if plan.mode == "train":
+            self.last_loss = loss
             loss.backward()
             plan.optimizer.step()
             plan.optimizer.zero_grad(set_to_none=True)
@@ -99,8 +104,6 @@ def _restore_training_state(plan, saved: tuple[list[torch.Tensor], dict]) -> Non
 def _refuse(cfg, workload, device) -> Optional[str]:
     if cfg.mode == "train" and cfg.precision == "fp16":
         return "fp16 training's gradient scaler synchronises with the host; use --precision bf16 with graphs"
-    if cfg.augment == "gpu-stream" or cfg.pipeline == "streams":
-        return "a captured step cannot also run work on a second stream; drop --augment gpu-stream/--pipeline"
     return None
 
 
@@ -114,8 +117,6 @@ def _apply(plan, cfg) -> None:
 
 
 LEVERS = [
-    Lever("cuda-graphs", "--cuda-graphs", "capture the step as a CUDA graph and replay it",
-          "CUDA, static shapes, no host syncs in the step", ("launch / framework overhead",), 70,
-          lambda cfg: cfg.cuda_graphs, first_refusal(needs_cuda("--cuda-graphs"), _refuse), _apply,
-          changes_numerics=True),
+    Lever("cuda-graphs", "cuda_graphs", True, "capture the step as a CUDA graph and replay it",
+          "CUDA, static shapes, no host syncs in the step", ("launch / framework overhead",), 70, _apply, _refuse),
 ]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.levers import Lever, first_refusal, needs_cuda
+from perflab.levers import Lever, first_refusal
 
 INPUT = ("input pipeline",)
 COPIES = ("host-to-device copies",)
@@ -44,19 +44,15 @@ def _set_pin_memory(plan, cfg) -> None:
 
 
 LEVERS = [
-    Lever("workers", "--workers N", "load and transform batches in N DataLoader worker processes",
-          "a DataLoader data source", INPUT, 10, lambda cfg: cfg.workers > 0,
-          _needs_loader("--workers"), _set_workers),
-    Lever("persistent-workers", "--persistent-workers", "keep DataLoader workers alive between epochs",
-          "--workers N", INPUT, 11, lambda cfg: cfg.persistent_workers,
-          first_refusal(_needs_loader("--persistent-workers"), _needs_workers("--persistent-workers")),
-          _set_persistent),
-    Lever("prefetch-factor", "--prefetch-factor N", "batches each worker loads ahead",
-          "--workers N", INPUT, 12, lambda cfg: cfg.prefetch_factor is not None,
-          first_refusal(_needs_loader("--prefetch-factor"), _needs_workers("--prefetch-factor")),
-          _set_prefetch_factor),
-    Lever("pin-memory", "--pin-memory", "page-locked host batches: faster, asynchronous copies to the GPU "
+    Lever("workers", "workers", None, "load and transform batches in N DataLoader worker processes",
+          "a DataLoader data source", INPUT, 10, _set_workers, _needs_loader("--workers")),
+    Lever("persistent-workers", "persistent_workers", True, "keep DataLoader workers alive between epochs",
+          "--workers N", INPUT, 11, _set_persistent,
+          first_refusal(_needs_loader("--persistent-workers"), _needs_workers("--persistent-workers"))),
+    Lever("prefetch-factor", "prefetch_factor", None, "batches each worker loads ahead",
+          "--workers N", INPUT, 12, _set_prefetch_factor,
+          first_refusal(_needs_loader("--prefetch-factor"), _needs_workers("--prefetch-factor"))),
+    Lever("pin-memory", "pin_memory", True, "page-locked host batches: faster, asynchronous copies to the GPU "
           "(on by default on CUDA; --no-pin-memory turns it off)",
-          "CUDA", COPIES, 13, lambda cfg: cfg.pin_memory is True,
-          first_refusal(needs_cuda("--pin-memory"), _needs_loader("--pin-memory")), _set_pin_memory),
+          "CUDA", COPIES, 13, _set_pin_memory, _needs_loader("--pin-memory")),
 ]

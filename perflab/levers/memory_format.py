@@ -21,7 +21,6 @@ def _apply(plan, cfg) -> None:
 
 
 LEVERS = [
-    Lever("channels-last", "--channels-last", "NHWC memory layout for convolutions (tensor-core friendly)",
-          "a model with Conv2d layers", ("memory bandwidth", "compute bound"), 30,
-          lambda cfg: cfg.channels_last, _refuse_without_convs, _apply, changes_numerics=True),
+    Lever("channels-last", "channels_last", True, "NHWC memory layout for convolutions (tensor-core friendly)",
+          "a model with Conv2d layers", ("memory bandwidth", "compute bound"), 30, _apply, _refuse_without_convs),
 ]

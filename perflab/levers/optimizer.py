@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from perflab.errors import PerflabError
-from perflab.levers import Lever, needs_train
+from perflab.levers import Lever
 
 
 def rebuild_optimizer(optimizer, impl: str):
@@ -30,15 +30,9 @@ def _apply(plan, cfg) -> None:
     plan.optimizer = rebuild_optimizer(plan.optimizer, cfg.optimizer_impl)
 
 
-def _impl_is(name: str):
-    return lambda cfg: cfg.optimizer_impl == name
-
-
 LEVERS = [
-    Lever("foreach-optimizer", "--optimizer-impl foreach", "multi-tensor (foreach) optimizer step",
-          "--mode train", ("launch / framework overhead",), 40, _impl_is("foreach"),
-          needs_train("--optimizer-impl"), _apply),
-    Lever("fused-optimizer", "--optimizer-impl fused", "one fused kernel per optimizer step",
-          "--mode train; an optimizer with a fused implementation", ("launch / framework overhead",), 40,
-          _impl_is("fused"), needs_train("--optimizer-impl"), _apply, changes_numerics=True),
+    Lever("foreach-optimizer", "optimizer_impl", "foreach", "multi-tensor (foreach) optimizer step",
+          "--mode train", ("launch / framework overhead",), 40, _apply),
+    Lever("fused-optimizer", "optimizer_impl", "fused", "one fused kernel per optimizer step",
+          "--mode train; an optimizer with a fused implementation", ("launch / framework overhead",), 40, _apply),
 ]

@@ -16,7 +16,7 @@ from torch import nn
 
 from perflab.harness.calls import call_model, inputs_from_call
 from perflab.harness.data import map_tensors, to_device
-from perflab.levers import Lever, first_refusal, needs_cuda, needs_train
+from perflab.levers import Lever, first_refusal
 from perflab.levers.data_path import _needs_loader
 
 
@@ -112,14 +112,6 @@ def _needs_stages(cfg, workload, device) -> Optional[str]:
     return None
 
 
-def _refuse_other_feeders(cfg, workload, device) -> Optional[str]:
-    if cfg.prefetcher == "stream":
-        return "the pipeline already copies each batch on its side stream; drop --prefetcher stream"
-    if cfg.augment in ("gpu", "gpu-stream"):
-        return "device augmentation would run on the pipeline's features, not its images; drop --augment"
-    return None
-
-
 def _apply(plan, cfg) -> None:
     workload = plan.workload
     frozen, trainable = workload.frozen_stage, workload.trainable_stage
@@ -135,10 +127,9 @@ def _apply(plan, cfg) -> None:
 
 
 LEVERS = [
-    Lever("pipeline-streams", "--pipeline streams",
+    Lever("pipeline-streams", "pipeline", "streams",
           "run the frozen front stage of batch N+1 on its own CUDA stream while batch N trains",
           "CUDA, --mode train, a workload with frozen_stage/trainable_stage, a DataLoader data source",
-          ("launch / framework overhead", "compute bound"), 65, lambda cfg: cfg.pipeline == "streams",
-          first_refusal(needs_cuda("--pipeline streams"), needs_train("--pipeline streams"), _needs_stages,
-                        _needs_loader("--pipeline streams"), _refuse_other_feeders), _apply),
+          ("launch / framework overhead", "compute bound"), 65, _apply,
+          first_refusal(_needs_stages, _needs_loader("--pipeline streams"))),
 ]

@@ -5,7 +5,7 @@ from typing import Callable, Optional
 
 import torch
 
-from perflab.levers import Lever, first_refusal, needs_cuda
+from perflab.levers import Lever
 
 NUMERIC = ("compute bound", "memory bandwidth", "activation memory")
 
@@ -43,18 +43,11 @@ def _apply_fp16(plan, cfg) -> None:
         plan.scaler = torch.amp.GradScaler("cuda")
 
 
-def _precision_is(name: str):
-    return lambda cfg: cfg.precision == name
-
-
 LEVERS = [
-    Lever("tf32", "--precision tf32", "TF32 tensor cores for fp32 matmuls and convolutions",
-          "CUDA (Ampere or newer)", NUMERIC, 20, _precision_is("tf32"),
-          needs_cuda("--precision tf32"), _apply_tf32, changes_numerics=True),
-    Lever("bf16", "--precision bf16", "bf16 autocast for forward and loss",
-          "a device with bf16 (CPU or Ampere+ GPU)", NUMERIC, 20, _precision_is("bf16"),
-          _refuse_bf16, _apply_bf16, changes_numerics=True),
-    Lever("fp16", "--precision fp16", "fp16 autocast; training adds a dynamic gradient scaler",
-          "CUDA", NUMERIC, 20, _precision_is("fp16"),
-          first_refusal(needs_cuda("--precision fp16")), _apply_fp16, changes_numerics=True),
+    Lever("tf32", "precision", "tf32", "TF32 tensor cores for fp32 matmuls and convolutions",
+          "CUDA (Ampere or newer)", NUMERIC, 20, _apply_tf32),
+    Lever("bf16", "precision", "bf16", "bf16 autocast for forward and loss",
+          "a device with bf16 (CPU or Ampere+ GPU)", NUMERIC, 20, _apply_bf16, _refuse_bf16),
+    Lever("fp16", "precision", "fp16", "fp16 autocast; training adds a dynamic gradient scaler",
+          "CUDA", NUMERIC, 20, _apply_fp16),
 ]

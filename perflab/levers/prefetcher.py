@@ -1,4 +1,4 @@
-"""--prefetcher stream: copy batch N+1 to the GPU on a side stream while batch N computes (seed 000)."""
+"""--prefetcher stream: copy batch N+1 to the GPU on a side stream while batch N computes."""
 from __future__ import annotations
 
 from typing import Any, Iterator, Optional
@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from perflab.harness.data import map_tensors, to_device
-from perflab.levers import Lever, first_refusal, needs_cuda
+from perflab.levers import Lever
 from perflab.levers.data_path import _needs_loader
 
 
@@ -44,22 +44,14 @@ class StreamPrefetcher:
         return batch
 
 
-def _refuse_unpinned(cfg, workload, device) -> Optional[str]:
-    if cfg.pin_memory is False:
-        return "the stream prefetcher needs pinned memory for asynchronous copies; drop --no-pin-memory"
-    return None
-
-
 def _apply(plan, cfg) -> None:
     plan.pin_memory = True
     plan.device_feeder = lambda host_batches: StreamPrefetcher(host_batches, plan.device, plan.memory_format)
 
 
 LEVERS = [
-    Lever("prefetcher-stream", "--prefetcher stream",
+    Lever("prefetcher-stream", "prefetcher", "stream",
           "copy the next batch on a side CUDA stream while the current one computes",
           "CUDA, a DataLoader data source, pinned memory", ("host-to-device copies", "input pipeline"), 15,
-          lambda cfg: cfg.prefetcher == "stream",
-          first_refusal(needs_cuda("--prefetcher stream"), _needs_loader("--prefetcher stream"),
-                        _refuse_unpinned), _apply),
+          _apply, _needs_loader("--prefetcher stream")),
 ]

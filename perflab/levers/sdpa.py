@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, ContextManager, Optional
 
-from perflab.levers import Lever, first_refusal, needs_cuda
+from perflab.levers import Lever, first_refusal
 
 BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
 
@@ -37,21 +37,13 @@ def _apply(plan, cfg) -> None:
     plan.run_contexts.append(sdpa_context(cfg.sdpa))
 
 
-def _backend_is(name: str):
-    return lambda cfg: cfg.sdpa == name
-
-
 LEVERS = [
-    Lever("sdpa-flash", "--sdpa flash", "FlashAttention kernel for scaled_dot_product_attention",
-          "CUDA, --precision bf16/fp16, an attention workload", ("compute bound", "memory bandwidth",
-                                                                  "activation memory"), 35,
-          _backend_is("flash"), first_refusal(needs_cuda("--sdpa flash"), _needs_attention, _needs_half),
-          _apply, changes_numerics=True),
-    Lever("sdpa-efficient", "--sdpa efficient", "memory-efficient attention kernel for scaled_dot_product_attention",
-          "CUDA, an attention workload", ("memory bandwidth", "activation memory"), 35,
-          _backend_is("efficient"), first_refusal(needs_cuda("--sdpa efficient"), _needs_attention),
-          _apply, changes_numerics=True),
-    Lever("sdpa-math", "--sdpa math", "the reference (math) attention: materialises the score matrix",
-          "an attention workload", ("compute bound",), 35,
-          _backend_is("math"), _needs_attention, _apply, changes_numerics=True),
+    Lever("sdpa-flash", "sdpa", "flash", "FlashAttention kernel for scaled_dot_product_attention",
+          "CUDA, --precision bf16/fp16, an attention workload",
+          ("compute bound", "memory bandwidth", "activation memory"), 35, _apply,
+          first_refusal(_needs_attention, _needs_half)),
+    Lever("sdpa-efficient", "sdpa", "efficient", "memory-efficient attention kernel for scaled_dot_product_attention",
+          "CUDA, an attention workload", ("memory bandwidth", "activation memory"), 35, _apply, _needs_attention),
+    Lever("sdpa-math", "sdpa", "math", "the reference (math) attention: materialises the score matrix",
+          "an attention workload", ("compute bound",), 35, _apply, _needs_attention),
 ]

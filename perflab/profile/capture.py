@@ -6,6 +6,7 @@ calls `after_step`, which advances the profiler's schedule. The Chrome trace lan
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -81,7 +82,7 @@ class ProfilerCapture(StepHook):
             with_stack=opts.with_stack,
             profile_memory=opts.profile_memory,
         )
-        _quiet_profiler_warnings()
+        _quiet_profiler_warnings(self.cuda)
         self.profiler.__enter__()
         return self
 
@@ -110,18 +111,28 @@ class ProfilerCapture(StepHook):
                             "the profiler slows those steps, so compare timings with `perflab run`")
 
 
-def _quiet_profiler_warnings() -> None:
+# Kineto's log levels run VERBOSE 0 … ERROR 4, USDT 5; above the last, it prints nothing.
+KINETO_SILENT = "6"
+
+
+def _quiet_profiler_warnings(cuda: bool) -> None:
     # torch warns that a schedule clears events between cycles; with repeat=1 there is one cycle.
     import warnings
     warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
     logging.getLogger("torch.profiler").setLevel(logging.ERROR)
+    if not cuda:
+        # On a CPU-only run Kineto still probes for a GPU and prints "gpuGetDeviceCount failed" and USDT
+        # start/stop lines on stderr; none concern a CPU trace. Kineto reads this once, when it first starts;
+        # a level the user set is kept.
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_SILENT)
 
 
 def profile_run(workload, cfg, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None,
-                argv: Optional[list[str]] = None, hooks=(), reporter=None):
+                reporter=None, command: Optional[list[str]] = None):
     """Run with a profiler capture, save result.json, trace, diagnosis.json and nsys_command.txt in `out_dir`.
 
-    `workload` is a Workload or a spec; `argv` are the `perflab profile` arguments (for the nsys command).
+    `workload` is a Workload or a spec; every field of `cfg` applies (checkpoints, --nsys included), and the
+    nsys command reproduces it. `command` is what is recorded as the run's command line.
     Returns (result, diagnosis or None, nsys command as a list).
     """
     from perflab.diagnose import DIAGNOSIS_FILE, diagnose
@@ -132,28 +143,16 @@ def profile_run(workload, cfg, out_dir: Union[str, Path], options: Optional[Capt
     options = (options or CaptureOptions()).check(cfg.steps)
     out_dir = Path(out_dir)
     capture = ProfilerCapture(out_dir, options)
-    argv = list(argv) if argv is not None else _argv_for(cfg)
-    result = run(workload, cfg.replace(out=str(out_dir)), reporter=reporter, command=["perflab", "profile"] + argv,
-                 hooks=[capture, *hooks])
-    command = nsys_command(out_dir, argv, options.wait + options.warmup, options.active)
-    result.artifacts["nsys_command"] = save_nsys_command(out_dir, command).name
-    diagnosis = diagnose(capture.trace_path, result) if capture.written else None
+    cfg = cfg.replace(out=str(out_dir))
+    if command is None:
+        command = ["perflab", "profile", *cfg.to_argv("profile"), "--out", str(out_dir)]
+    result = run(workload, cfg, reporter=reporter, command=command, hooks=[capture])
+    nsys = nsys_command(out_dir, cfg, options.wait + options.warmup, options.active)
+    result.artifacts["nsys_command"] = save_nsys_command(out_dir, nsys).name
+    diagnosis = diagnose(capture.trace_path, result) if capture.written and result.trials else None
     if diagnosis is not None:
         result.diagnosis = diagnosis.to_dict()
         write_json_atomic(out_dir / DIAGNOSIS_FILE, result.diagnosis)
         result.artifacts["diagnosis"] = DIAGNOSIS_FILE
     result.save(out_dir)
-    return result, diagnosis, command
-
-
-def _argv_for(cfg) -> list[str]:
-    """Command-line options that reproduce the main fields of a RunConfig (for the nsys command)."""
-    argv = ["--workload", cfg.workload, "--mode", cfg.mode, "--steps", str(cfg.steps), "--trials", str(cfg.trials),
-            "--warmup", str(cfg.warmup), "--precision", cfg.precision]
-    if cfg.batch_size:
-        argv += ["--batch", str(cfg.batch_size)]
-    if cfg.device != "auto":
-        argv += ["--device", cfg.device]
-    for key, value in cfg.workload_options.items():
-        argv += ["--option", f"{key}={value}"]
-    return argv
+    return result, diagnosis, nsys

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -18,10 +18,6 @@ from perflab.harness.hooks import StepHook
 
 COMMAND_FILE = "nsys_command.txt"
 DEFAULT_RANGE = "2:3"
-# Options of `perflab profile` that `perflab run` does not take: (flag, takes a value).
-PROFILE_ONLY = {"--wait": True, "--warmup-steps": True, "--active": True, "--record-shapes": False,
-                "--no-record-shapes": False, "--with-stack": False, "--profile-memory": False,
-                "--gzip-trace": False, "--nsys": None, "--out": True}
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -36,30 +32,12 @@ def parse_range(text: str) -> tuple[int, int]:
     return values
 
 
-def run_arguments(profile_argv: Sequence[str]) -> list[str]:
-    """The `perflab profile` arguments with the profile-only options removed (what `perflab run` accepts)."""
-    kept: list[str] = []
-    args = list(profile_argv)
-    i = 0
-    while i < len(args):
-        flag, _, inline = args[i].partition("=")
-        if flag in PROFILE_ONLY:
-            takes_value = PROFILE_ONLY[flag]
-            if takes_value is None:  # optional value (--nsys [SKIP:ACTIVE])
-                takes_value = i + 1 < len(args) and ":" in args[i + 1]
-            i += 1 + (1 if takes_value and not inline else 0)
-            continue
-        kept.append(args[i])
-        i += 1
-    return kept
-
-
-def nsys_command(run_dir: Path, profile_argv: Sequence[str], skip: int, active: int) -> list[str]:
-    """`nsys profile ...` recording `active` timed steps after `skip`, of the run `profile_argv` describes."""
+def nsys_command(run_dir: Path, cfg, skip: int, active: int) -> list[str]:
+    """`nsys profile ...` recording `active` timed steps after `skip` of `perflab run` with the same config."""
     run_dir = Path(run_dir)
     return ["nsys", "profile", "-t", "cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
             "--capture-range-end=stop", "-o", str(run_dir / "nsys"), "--force-overwrite=true",
-            "perflab", "run", *run_arguments(profile_argv), "--out", str(run_dir / "nsys_run"),
+            "perflab", "run", *cfg.replace(nsys=None).to_argv("run"), "--out", str(run_dir / "nsys_run"),
             "--nsys", f"{skip}:{active}"]
 
 

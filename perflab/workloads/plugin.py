@@ -17,23 +17,28 @@ from perflab.errors import PerflabError, UserCodeError, is_users_fault
 from perflab.workloads.base import Workload
 
 
-def split_spec(spec: str) -> tuple[str, str]:
-    """('path/to/file.py' or 'package.module', 'build') from a workload spec."""
+def _split(spec: str) -> tuple[str, str]:
+    """(file or module, build function name) of a plugin spec."""
     target, _, attr = spec.rpartition(":")
     if not target:  # "file.py" alone
         target, attr = spec, "build"
     return target, attr or "build"
 
 
-def default_name(spec: str) -> str:
-    """The name a user workload gets when its Workload sets none: the file's stem, or the module's name."""
-    target, _ = split_spec(spec)
+def is_plugin_spec(spec: str) -> bool:
+    """True for a user's workload (`file.py[:build]` or `package.module:build`), not a built-in name."""
+    return ":" in spec or spec.endswith(".py")
+
+
+def plugin_name(spec: str) -> str:
+    """What a plugin spec is called: its file's stem (`models/bert.py:build` -> bert) or its module's name."""
+    target, _ = _split(spec)
     return Path(target).stem if target.endswith(".py") else target
 
 
 def load_user_build(spec: str) -> Callable:
     """Import the module named in `spec` and return its build callable."""
-    target, attr = split_spec(spec)
+    target, attr = _split(spec)
     module = _import_file(target) if target.endswith(".py") else _import_module(target)
     build = getattr(module, attr, None)
     if build is None:
@@ -55,7 +60,7 @@ def build_user_workload(spec: str, build: Callable, cfg) -> Workload:
         raise PerflabError(f"{spec}: build(cfg) {_where(build)}returned {type(workload).__name__}, expected a "
                            "perflab.Workload(model=..., dataset=..., loss_fn=...)")
     if not workload.name:
-        workload = dataclasses.replace(workload, name=default_name(spec))
+        workload = dataclasses.replace(workload, name=plugin_name(spec))
     return workload
 
 
