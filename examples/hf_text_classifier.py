@@ -3,18 +3,23 @@
 A BERT-style encoder built from a small BertConfig with random weights (nothing is downloaded). Dataset
 items are `({"input_ids": ..., "attention_mask": ...}, label)`, the shape a tokenizer gives; perflab calls
 the model as `model(**inputs)` and the loss reads the ModelOutput's `.logits`. Needs
-`pip install 'perflab[models]'`. Options: layers, hidden, heads, seq_len, vocab, classes.
+`pip install 'perflab[models]'`. Its `--option` settings are declared in OPTIONS below.
 """
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 import perflab
+from perflab.workloads.settings import ByDevice, resolve_settings, setting
 
-SIZES = {  # by device: a few seconds per run on a CPU, a GPU-sized encoder on CUDA
-    "cpu": {"layers": 2, "hidden": 64, "heads": 2, "seq_len": 32, "vocab": 1000},
-    "cuda": {"layers": 6, "hidden": 512, "heads": 8, "seq_len": 128, "vocab": 30522},
-}
+OPTIONS = (  # by device: a few seconds per run on a CPU, a GPU-sized encoder on CUDA
+    setting("layers", int, "encoder layers", ByDevice(6, 2), minimum=1),
+    setting("hidden", int, "hidden size (a multiple of heads)", ByDevice(512, 64), minimum=1),
+    setting("heads", int, "attention heads", ByDevice(8, 2), minimum=1),
+    setting("seq_len", int, "tokens per sequence (padding included)", ByDevice(128, 32), minimum=4),
+    setting("vocab", int, "vocabulary size", ByDevice(30522, 1000), minimum=2),
+    setting("classes", int, "output classes", 4, minimum=2),
+)
 
 
 class RandomSentences(Dataset):
@@ -46,8 +51,8 @@ def build(cfg) -> perflab.Workload:
     except ImportError:
         raise perflab.PerflabError("examples/hf_text_classifier.py needs transformers: "
                                    "pip install 'perflab[models]'") from None
-    sizes = {key: int(cfg.workload_options.get(key, value)) for key, value in SIZES[cfg.device].items()}
-    classes = int(cfg.workload_options.get("classes", 4))
+    sizes = resolve_settings(OPTIONS, cfg.workload_options, cfg.device)
+    classes = sizes["classes"]
     config = BertConfig(vocab_size=sizes["vocab"], hidden_size=sizes["hidden"],
                         num_hidden_layers=sizes["layers"], num_attention_heads=sizes["heads"],
                         intermediate_size=4 * sizes["hidden"], max_position_embeddings=sizes["seq_len"],
@@ -65,5 +70,5 @@ def build(cfg) -> perflab.Workload:
         uses_attention=True,
         is_classifier=True,
         output_key="logits",
-        info=dict(sizes, classes=classes),
+        info=sizes,
     )

@@ -1,14 +1,19 @@
 """Any timm image model: `perflab run --workload examples/timm_model.py --option model=convnext_tiny`.
 
 Random weights (nothing is downloaded), synthetic images pre-staged on the device. Needs
-`pip install 'perflab[models]'`. Options: model (default resnet50), image_res, classes.
+`pip install 'perflab[models]'`. Its `--option` settings are declared in OPTIONS below.
 """
 from torch import nn
 
 import perflab
 from perflab.workloads.resnet50 import RandomImages
+from perflab.workloads.settings import ByDevice, resolve_settings, setting
 
-IMAGE_RES = {"cpu": 64, "cuda": 224}
+OPTIONS = (
+    setting("model", str, "timm model name (timm.list_models() lists them)", "resnet50"),
+    setting("image_res", int, "image side in pixels", ByDevice(224, 64), minimum=16),
+    setting("classes", int, "output classes", 1000, minimum=2),
+)
 
 
 def build(cfg) -> perflab.Workload:
@@ -16,10 +21,8 @@ def build(cfg) -> perflab.Workload:
         import timm
     except ImportError:
         raise perflab.PerflabError("examples/timm_model.py needs timm: pip install 'perflab[models]'") from None
-    options = cfg.workload_options
-    name = options.get("model", "resnet50")
-    image_res = int(options.get("image_res", IMAGE_RES[cfg.device]))
-    classes = int(options.get("classes", 1000))
+    options = resolve_settings(OPTIONS, cfg.workload_options, cfg.device)
+    name, image_res, classes = options["model"], options["image_res"], options["classes"]
     try:
         model = timm.create_model(name, pretrained=False, num_classes=classes)
     except RuntimeError as err:  # timm's "Unknown model (...)"

@@ -86,6 +86,13 @@ def test_compare_of_two_dict_input_runs(tmp_path, dict_run, capsys):
     assert "dict_model" in capsys.readouterr().out
 
 
+def test_nan_logits_inside_a_dataclass_output_mark_the_run_invalid(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--workload", PLUGIN, *TINY, "--mode", "infer", "--option", "fail=nan",
+                 "--out", str(out)]) == 1
+    assert load(out)["status"] == "invalid"
+
+
 # ------------------------------------------------------------------ errors from the user's own code
 
 def assert_only_user_frames(stderr: str, line: str) -> None:

@@ -17,6 +17,7 @@ from perflab.calibrate import peak_tflops
 from perflab.config import RunConfig
 from perflab.environment import collect_environment
 from perflab.errors import PerflabError
+from perflab.harness.calls import floating_tensors
 from perflab.harness.data import map_tensors
 from perflab.harness.flops import count_flops_per_sample
 from perflab.harness.hooks import StepHook
@@ -258,10 +259,7 @@ def _unsteady_note(metrics: dict[str, Any]) -> Optional[str]:
 
 def _non_finite_reason(plan: StepPlan) -> Optional[str]:
     """A reason when the last step's loss (train) or outputs (infer) hold NaN/inf: read once, after a trial."""
-    value = plan.last_step_value()
-    found: list[torch.Tensor] = []
-    map_tensors(value, lambda t: found.append(t) or t)
-    floating = [t for t in found if torch.is_tensor(t) and t.is_floating_point()]
+    floating = floating_tensors(plan.last_step_value())  # tensor, tuple, dict or dataclass outputs
     bad = sum(int((~torch.isfinite(t.detach())).sum()) for t in floating)
     if not bad:
         return None

@@ -4,6 +4,7 @@ Options (--option KEY=VALUE):
   inputs=dict|tuple|tensor   dataset items' inputs: {"input_ids", "attention_mask"}, (ids, mask) or ids
   output=dataclass|dict|tuple|tensor   what forward returns (the dataclass and dict have .logits/["logits"])
   fail=build|dataset|forward|loss|type   plant an error in that piece of user code
+  fail=nan   forward returns NaN logits (a diverged model)
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -41,6 +42,8 @@ class TinyTextClassifier(nn.Module):
         mask = attention_mask.unsqueeze(-1).float()
         pooled = (self.embed(input_ids) * mask).sum(1) / mask.sum(1).clamp(min=1)
         logits = self.head(pooled)
+        if self.fail == "nan":
+            logits = logits * float("nan")
         if self.output == "dataclass":
             return ClassifierOutput(logits=logits, pooled=pooled)
         if self.output == "dict":
