@@ -198,6 +198,10 @@ def test_compare_declines_to_judge_contaminated_runs_unless_told(tmp_path):
     cfg = RunConfig(workload="mlp", device="cpu", batch_size=8, steps=3, trials=3, warmup=1,
                     workload_options={"hidden": "16", "in_features": "8"})
     base = perflab.run("mlp", cfg)
+    base.metrics["interference"]["busy"] = False  # whatever this test machine was doing
+    for trial, throughput in zip(base.trials, (1000.0, 1010.0, 990.0)):
+        trial.throughput_samples_per_s = throughput
+    base.metrics["throughput_samples_per_s"]["median"] = 1000.0
     cand = Result.from_dict(base.to_dict())
     for trial in cand.trials:
         trial.throughput_samples_per_s *= 3  # a large, consistent change
