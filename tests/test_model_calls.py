@@ -3,12 +3,14 @@ quality gate reads what the model returns (tensor, tuple, dict, dataclass, a tra
 import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import pytest
 import torch
 from torch import nn
 
+import perflab
 from perflab.config import RunConfig
 from perflab.errors import PerflabError, UserCodeError
 from perflab.harness.calls import call_model, compared_tensors, inputs_from_call, logits_of
@@ -161,3 +163,15 @@ def test_running_out_of_memory_in_forward_is_not_called_the_users_fault():
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     with pytest.raises(torch.cuda.OutOfMemoryError):
         call_model(forward, torch.ones(1))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["train", "infer"])
+@pytest.mark.parametrize("levers", [{"cuda_graphs": True}, {"compile": "default", "precision": "bf16"}])
+def test_graphed_and_compiled_steps_call_a_dict_input_model_and_pass_the_gate(mode, levers):
+    plugin = str(Path(__file__).resolve().parent / "plugins" / "dict_model.py")
+    cfg = RunConfig(workload=plugin, device="cuda", batch_size=4, steps=3, warmup=2, trials=1, mode=mode,
+                    check_quality=True, quality_steps=2, **levers)
+    result = perflab.run(plugin, cfg)
+    assert result.quality["verdict"] == "pass", result.quality["reason"]
+    assert result.workload["name"] == "dict_model"
