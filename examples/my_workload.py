@@ -14,7 +14,7 @@ def build(cfg) -> perflab.Workload:
     targets = torch.randint(0, 4, (1024,), generator=gen)
     model = nn.Sequential(nn.Linear(32, width), nn.GELU(), nn.Linear(width, 4))
     return perflab.Workload(
-        name="my-classifier",
+        name="my-classifier",  # optional: defaults to the file's stem, "my_workload"
         model=model,
         dataset=TensorDataset(inputs, targets),  # items are (input, target)
         loss_fn=nn.CrossEntropyLoss(),  # loss_fn(output, target), used in --mode train

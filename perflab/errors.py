@@ -1,12 +1,55 @@
-"""The one exception type for user mistakes; the CLI prints it as one line and exits 2."""
+"""The one exception type for user mistakes; the CLI prints it as one line and exits 2.
+
+`UserCodeError` is the kind raised when the user's own code (build, dataset, forward, loss) fails: it says
+what perflab was doing, the exception, and only the frames of the user's files (`--debug` shows them all).
+"""
 from __future__ import annotations
 
 from contextlib import contextmanager
 from typing import Iterator
 
+import torch
+
+_OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
+                     torch.cuda.OutOfMemoryError})
+
 
 class PerflabError(Exception):
     """A problem with the user's input or environment, with a message that says what to do."""
+
+
+class UserCodeError(PerflabError):
+    """The user's code raised while perflab was `doing` something; carries the user's own frames."""
+
+    def __init__(self, doing: str, error: BaseException, frames=None):
+        from perflab.user_frames import exception_summary, user_frames
+
+        self.doing = doing
+        self.error = error
+        self.frames = user_frames(error) if frames is None else list(frames)
+        self.summary = exception_summary(error)
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        lines = [f"{self.doing} raised {self.summary}"]
+        if self.frames:
+            lines.append("  in your code (most recent call last):")
+            lines += [f"    {frame}" for frame in self.frames]
+        else:
+            lines.append("  (no frame of it is in your own files)")
+        lines.append("  run with --debug (or PERFLAB_DEBUG=1) for the full traceback")
+        return "\n".join(lines)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """torch's OutOfMemoryError, or the RuntimeError older code paths raise with 'out of memory'."""
+    return isinstance(err, _OOM_ERRORS) or (isinstance(err, RuntimeError) and "out of memory" in str(err))
+
+
+def is_users_fault(err: BaseException) -> bool:
+    """Whether an exception out of the user's code is that code's failure. Running out of memory is not (a
+    sweep records it as a point's outcome), and a PerflabError already says what is wrong."""
+    return not (is_out_of_memory(err) or isinstance(err, (MemoryError, PerflabError)))
 
 
 @contextmanager

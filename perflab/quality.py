@@ -17,12 +17,14 @@ import copy
 import gc
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from perflab.errors import PerflabError
+from perflab.harness.calls import compared_tensors, inputs_from_call, logits_of
 from perflab.harness.data import map_tensors
 from perflab.harness.loop import run_steps
 from perflab.harness.plan import StepPlan, build_plan
@@ -149,6 +151,7 @@ class _Recorder:
 
     def __init__(self, plan: StepPlan):
         self.model, self.loss_fn, self.step_fn = plan.model, plan.loss_fn, plan.step_fn
+        self.output_key = plan.workload.output_key
         self.output: Any = None
         self.loss: Optional[torch.Tensor] = None
         self.inputs: Any = None
@@ -160,9 +163,9 @@ class _Recorder:
         if plan.step_fn is not None:
             plan.step_fn = self.step
 
-    def forward(self, inputs: Any) -> Any:
-        self.inputs = _clone(inputs)
-        self.output = self.model(inputs)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.inputs = _clone(inputs_from_call(args, kwargs))
+        self.output = self.model(*args, **kwargs)
         return self.output
 
     def compute_loss(self, output: Any, target: Any) -> torch.Tensor:
@@ -179,22 +182,41 @@ class _Recorder:
         return self.batch if self.step_fn is not None else (self.inputs, self.target)
 
     def read(self, mode: str) -> Any:
-        """The last step's outputs (as float64 CPU tensors) or loss (a float)."""
+        """The last step's outputs (an Observed of float64 CPU tensors) or loss (a float)."""
         if mode == "infer":
             output = getattr(self.step_fn, "last_output", None)
             output = self.output if output is None else output
             if output is None:
                 raise PerflabError("the quality gate cannot see this step's outputs (its step function calls "
                                    "neither the model nor sets last_output); add --no-check-quality")
-            tensors: list[torch.Tensor] = []
-            map_tensors(output, lambda tensor: tensors.append(tensor.detach().to("cpu", torch.float64)) or tensor)
-            return tensors
+            return observe_output(output, self.output_key)
         loss = getattr(self.step_fn, "last_loss", None)
         loss = self.loss if loss is None else loss
         if loss is None:
             raise PerflabError("the quality gate cannot see this step's loss (its step function calls neither "
                                "the loss nor sets last_loss); add --no-check-quality")
         return float(loss.detach().float())
+
+
+@dataclass
+class Observed:
+    """One inference step's output as the gate compares it: the floating tensors, and the logits for top-1."""
+
+    tensors: list[torch.Tensor]
+    logits: Optional[torch.Tensor] = None
+
+
+def observe_output(output: Any, output_key: Optional[str]) -> Observed:
+    """The compared tensors (all floating ones, or output_key's) and the logits, as float64 CPU copies."""
+    def host(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().to("cpu", torch.float64)
+    tensors = compared_tensors(output, output_key)
+    if not tensors:
+        raise PerflabError(f"the model's output ({type(output).__name__}) holds no floating-point tensor for the "
+                           "quality gate to compare; return the logits (or set Workload.output_key), or add "
+                           "--no-check-quality")
+    logits = logits_of(output, output_key)
+    return Observed([host(tensor) for tensor in tensors], None if logits is None else host(logits))
 
 
 def _observe(plan: StepPlan, inputs: list[Any], cfg) -> list[Any]:
@@ -253,13 +275,13 @@ def top1_flips(out: torch.Tensor, ref: torch.Tensor, rtol: float) -> tuple[int, 
     return ref.shape[0], int(flipped.sum()), int(decisive.sum())
 
 
-def judge_outputs(baseline: list[list[torch.Tensor]], candidate: list[list[torch.Tensor]], rtol: float,
-                  source: str, is_classifier: bool) -> dict[str, Any]:
+def judge_outputs(baseline: list[Observed], candidate: list[Observed], rtol: float, source: str,
+                  is_classifier: bool) -> dict[str, Any]:
     """Inference verdict: NaN/inf fails; then max per-batch relative error, then decisive top-1 flips."""
-    errors = [_relative_error(out, ref) for out, ref in zip(candidate, baseline)]
+    errors = [_relative_error(out.tensors, ref.tensors) for out, ref in zip(candidate, baseline)]
     metrics: dict[str, Any] = {"rel_error": max(errors), "rel_error_per_batch": errors,
-                               "non_finite_candidate": sum(_non_finite(out) for out in candidate),
-                               "non_finite_baseline": sum(_non_finite(ref) for ref in baseline)}
+                               "non_finite_candidate": sum(_non_finite(out.tensors) for out in candidate),
+                               "non_finite_baseline": sum(_non_finite(ref.tensors) for ref in baseline)}
     top1 = _top1(baseline, candidate, rtol) if is_classifier else None
     if top1:
         metrics.update(top1)
@@ -282,13 +304,13 @@ def judge_outputs(baseline: list[list[torch.Tensor]], candidate: list[list[torch
     return _verdict("pass", reason, metrics)
 
 
-def _top1(baseline, candidate, rtol: float) -> Optional[dict[str, Any]]:
-    """Top-1 figures over every batch, when the first output tensor is (N, classes) logits."""
+def _top1(baseline: list[Observed], candidate: list[Observed], rtol: float) -> Optional[dict[str, Any]]:
+    """Top-1 figures over every batch, when the logits are (N, classes)."""
     totals = [0, 0, 0]
     for out, ref in zip(candidate, baseline):
-        if ref[0].dim() != 2 or out[0].shape != ref[0].shape:
+        if ref.logits is None or out.logits is None or ref.logits.dim() != 2 or out.logits.shape != ref.logits.shape:
             return None
-        totals = [a + b for a, b in zip(totals, top1_flips(out[0], ref[0], rtol))]
+        totals = [a + b for a, b in zip(totals, top1_flips(out.logits, ref.logits, rtol))]
     samples, flips, decisive = totals
     return {"top1_agreement": 1 - flips / samples, "top1_samples": samples, "top1_flips": flips,
             "top1_decisive_flips": decisive}

@@ -29,7 +29,7 @@ import torch
 
 import perflab
 from perflab.config import RunConfig
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, is_out_of_memory
 from perflab.harness.progress import Reporter
 from perflab.harness.runner import resolve_config
 from perflab.results import Result, atomic_file, write_json_atomic
@@ -41,8 +41,6 @@ POINTS_DIR = "points"
 DONE_STATUSES = ("ok", "oom", "invalid")  # finished measurements: a resume does not redo them
 CSV_METRICS = ["throughput", "throughput_ci_low", "throughput_ci_high", "p50_ms", "p95_ms", "p99_ms",
                "peak_memory_mb", "gpu_util_pct", "mfu_pct", "quality", "elapsed_s", "error"]
-_OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
-                     torch.cuda.OutOfMemoryError})
 
 
 class SweepObserver:
@@ -69,11 +67,6 @@ class SweepSummary:
     best_under_bound: Optional[dict[str, Any]]
     max_p95_ms: Optional[float]
     plots: dict[str, str] = field(default_factory=dict)
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    """torch's OutOfMemoryError, or the RuntimeError older code paths raise with 'out of memory'."""
-    return isinstance(err, _OOM_ERRORS) or (isinstance(err, RuntimeError) and "out of memory" in str(err))
 
 
 def free_memory() -> None:

@@ -45,7 +45,7 @@ def test_build_returning_the_wrong_type_is_refused(tmp_path):
 
 def test_syntax_error_in_user_file_names_the_line(tmp_path):
     spec = write(tmp_path, "def build(cfg)\n    pass\n") + ":build"
-    with pytest.raises(PerflabError, match="syntax error at line 1"):
+    with pytest.raises(PerflabError, match="syntax error at .*wl.py:1: .*\n    def build\\(cfg\\)"):
         load_workload(spec, CFG)
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
+import traceback
 from typing import Optional
 
 from rich.console import Console
@@ -37,10 +39,29 @@ def build_parser() -> argparse.ArgumentParser:
         description="A profile-first performance lab for PyTorch training and inference.",
     )
     parser.add_argument("--version", action="version", version=f"perflab {__version__}")
+    parser.add_argument("--debug", action="store_true", default=False, help=DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _command_modules():
         module.register(subparsers)
+    for subparser in subparsers.choices.values():  # `perflab run ... --debug` works too
+        subparser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
+
+
+DEBUG_HELP = ("on an error, print the full Python traceback (torch and perflab frames included), not only the "
+              "frames of your own files; also PERFLAB_DEBUG=1")
+
+
+def debug_enabled(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("PERFLAB_DEBUG", "") not in ("", "0")
+
+
+def print_error(err: PerflabError, debug: bool) -> None:
+    """The error's message; with debug, the full traceback (and what caused it) first."""
+    if debug:
+        err_console.print(escape("".join(traceback.format_exception(type(err), err, err.__traceback__))),
+                          highlight=False, soft_wrap=True, markup=True)
+    err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -61,7 +82,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except PerflabError as err:
-        err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
+        print_error(err, debug_enabled(args))
         return 2
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]: nothing partial was saved as a result")

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch.utils.data import DataLoader, Sampler
+
+from perflab.errors import UserCodeError, is_users_fault
 
 Batch = Any
 
@@ -24,10 +27,10 @@ class CyclingSampler(Sampler):
 
 
 def map_tensors(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
-    """Apply `fn` to every tensor in a tensor / tuple / list / dict structure."""
+    """Apply `fn` to every tensor in a tensor / tuple / list / dict (any mapping, returned as a dict) structure."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return {key: map_tensors(value, fn) for key, value in batch.items()}
     if isinstance(batch, (tuple, list)):
         return type(batch)(map_tensors(value, fn) for value in batch)
@@ -62,9 +65,30 @@ def make_loader(dataset, batch_size: int, workers: int, pin_memory: bool, persis
                       collate_fn=collate_fn, **options)
 
 
+def loader_batches(loader: DataLoader) -> Iterator[Batch]:
+    """The loader's batches; an exception from the user's dataset or collate_fn becomes a UserCodeError.
+
+    With workers, torch re-raises a worker's exception here with the worker's traceback as text, which the
+    error reads its frames from.
+    """
+    iterator = iter(loader)
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except Exception as err:
+            if not is_users_fault(err):
+                raise
+            where = f"in {loader.num_workers} DataLoader worker(s)" if loader.num_workers else "in the main process"
+            raise UserCodeError(f"loading a batch of {loader.batch_size} items from your dataset (its __getitem__ "
+                                f"and the collate_fn, {where})", err) from err
+        yield batch
+
+
 def first_batches(loader: DataLoader, count: int) -> list[Batch]:
     """The first `count` batches of a loader (used to pre-stage device batches and for checks)."""
-    return list(itertools.islice(iter(loader), count))
+    return list(itertools.islice(loader_batches(loader), count))
 
 
 class DeviceBatches:

@@ -6,12 +6,18 @@ from typing import Any, Optional
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from perflab.errors import UserCodeError
+from perflab.harness.calls import call_loss, call_model
+
+# What the counter's tracing raises on a model it cannot follow; anything else is the model's own error.
+UNCOUNTABLE = (RuntimeError, NotImplementedError, TypeError)
+
 
 def count_flops_per_sample(plan, batch: Any) -> Optional[float]:
     """Forward (infer) or forward + backward (train) FLOPs of one batch, divided by the batch size.
 
     The optimizer step is not counted (it is O(parameters), not O(samples)). Returns None when the
-    counter cannot trace the model.
+    counter cannot trace the model; the timed steps then report the model's own error, if it has one.
     """
     if plan.custom_step is not None:  # generation: see metrics.generation's bandwidth bound instead
         return None
@@ -21,13 +27,17 @@ def count_flops_per_sample(plan, batch: Any) -> Optional[float]:
     try:
         with counter, plan.autocast():
             if plan.mode == "train":
-                loss = plan.loss_fn(model(inputs), target)
+                loss = call_loss(plan.loss_fn, call_model(model, inputs), target)
                 loss.backward()
             else:
                 with torch.no_grad():
-                    model(inputs)
-    except (RuntimeError, NotImplementedError, TypeError):
+                    call_model(model, inputs)
+    except UNCOUNTABLE:
         return None
+    except UserCodeError as err:
+        if isinstance(err.error, UNCOUNTABLE):
+            return None
+        raise
     finally:
         model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / plan.batch_size

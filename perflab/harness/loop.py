@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
+from perflab.harness.calls import call_loss, call_model
 from perflab.harness.phases import marker_name
 from perflab.harness.plan import StepPlan
 from perflab.profile.markers import phase_marker
@@ -44,7 +45,7 @@ def run_steps(plan: StepPlan, batches: Iterator[Any], steps: int, timer,
 def train_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     inputs, target = batch
     with timer.phase("forward"), mark("forward"), plan.autocast():
-        loss = plan.loss_fn(plan.model(inputs), target)
+        loss = call_loss(plan.loss_fn, call_model(plan.model, inputs), target)
     plan.last_value = loss  # kept, not read: checked for NaN/inf once after the trial
     with timer.phase("backward"), mark("backward"):
         (plan.scaler.scale(loss) if plan.scaler is not None else loss).backward()
@@ -60,4 +61,4 @@ def train_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
 def infer_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     inputs, _ = batch
     with timer.phase("forward"), mark("forward"), plan.autocast():
-        plan.last_value = plan.model(inputs)  # kept, not read: checked for NaN/inf once after the trial
+        plan.last_value = call_model(plan.model, inputs)  # kept, not read: checked for NaN/inf once after the trial

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from perflab.errors import PerflabError
-from perflab.harness.data import DeviceBatches, first_batches, make_loader, to_device
+from perflab.harness.data import DeviceBatches, first_batches, loader_batches, make_loader, to_device
 from perflab.workloads.base import Workload
 
 
@@ -89,8 +89,8 @@ class StepPlan:
             return iter(DeviceBatches(first_batches(loader, DeviceBatches.STAGED), self.device,
                                       self.memory_format))
         if self.device_feeder is not None:
-            return self.device_feeder(iter(loader))
-        return iter(loader)
+            return self.device_feeder(loader_batches(loader))
+        return loader_batches(loader)
 
     @property
     def batches_on_device(self) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import resource
 import sys
@@ -17,6 +18,7 @@ from perflab.config import RunConfig
 from perflab.cost import cost_per_million
 from perflab.environment import collect_environment
 from perflab.errors import PerflabError
+from perflab.harness.calls import floating_tensors
 from perflab.harness.data import map_tensors
 from perflab.harness.flops import count_flops_per_sample
 from perflab.harness.hooks import StepHook
@@ -64,6 +66,8 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
         reporter: Optional[Reporter] = None, command: Optional[list[str]] = None,
         hooks: Sequence[StepHook] = ()) -> Result:
     """Measure a workload (a Workload, a workload spec, or config.workload) and return its Result."""
+    if isinstance(workload, Workload) and not workload.name:  # a plugin's gets its file's name when loaded
+        workload = dataclasses.replace(workload, name=type(workload.model).__name__)
     cfg = resolve_config(config or RunConfig(), workload)
     device = resolve_device(cfg.device)
     reporter = reporter or Reporter()
@@ -264,10 +268,7 @@ def _unsteady_note(metrics: dict[str, Any]) -> Optional[str]:
 
 def _non_finite_reason(plan: StepPlan) -> Optional[str]:
     """A reason when the last step's loss (train) or outputs (infer) hold NaN/inf: read once, after a trial."""
-    value = plan.last_step_value()
-    found: list[torch.Tensor] = []
-    map_tensors(value, lambda t: found.append(t) or t)
-    floating = [t for t in found if torch.is_tensor(t) and t.is_floating_point()]
+    floating = floating_tensors(plan.last_step_value())  # tensor, tuple, dict or dataclass outputs
     bad = sum(int((~torch.isfinite(t.detach())).sum()) for t in floating)
     if not bad:
         return None

@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import torch
 
+from perflab.harness.calls import call_loss, call_model
 from perflab.harness.data import map_tensors
 from perflab.levers import Lever
 
@@ -39,9 +40,9 @@ class GraphedStep:
         plan = self.plan
         inputs, target = batch
         with plan.autocast():
-            output = plan.model(inputs)
+            output = call_model(plan.model, inputs)
             if plan.mode == "train":
-                loss = plan.loss_fn(output, target)
+                loss = call_loss(plan.loss_fn, output, target)
         self.last_output = output
         if plan.mode == "train":
             self.last_loss = loss

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import nn
 
+from perflab.harness.calls import call_model, inputs_from_call
 from perflab.harness.data import map_tensors, to_device
 from perflab.levers import Lever, first_refusal
 from perflab.levers.data_path import _needs_loader
@@ -27,11 +28,19 @@ class FeatureHandoff:
         self.features: Any = None
 
     def take(self, inputs: Any) -> Any:
-        """The precomputed features when `inputs` is that batch's input (the same tensor), else None."""
-        if inputs is not self.inputs:
+        """The precomputed features when `inputs` holds that batch's input tensors (the same objects), else None."""
+        if self.inputs is None or (inputs is not self.inputs and not _same_tensors(inputs, self.inputs)):
             return None
         features, self.inputs, self.features = self.features, None, None
         return features
+
+
+def _same_tensors(a: Any, b: Any) -> bool:
+    """True when two input structures hold the very same tensor objects, in order."""
+    left, right = [], []
+    map_tensors(a, lambda tensor: left.append(tensor) or tensor)
+    map_tensors(b, lambda tensor: right.append(tensor) or tensor)
+    return len(left) == len(right) and all(x is y for x, y in zip(left, right))
 
 
 class FrozenStagePipeline:
@@ -58,7 +67,7 @@ class FrozenStagePipeline:
         with torch.cuda.stream(self.stream):
             inputs, target = to_device(host_batch, plan.device, non_blocking=True, memory_format=plan.memory_format)
             with torch.no_grad(), plan.autocast():
-                features = self.frozen_stage(inputs)
+                features = call_model(self.frozen_stage, inputs)
         self.pending = (inputs, target, features)
 
     def __iter__(self) -> Iterator[Any]:
@@ -89,11 +98,11 @@ class PipelinedModel(nn.Module):
         self.trainable_stage = trainable_stage
         self.handoff = handoff
 
-    def forward(self, inputs: Any) -> Any:
-        features = self.handoff.take(inputs)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        features = self.handoff.take(inputs_from_call(args, kwargs))
         if features is None:
-            return self.full_model(inputs)
-        return self.trainable_stage(features)
+            return self.full_model(*args, **kwargs)
+        return self.trainable_stage(features)  # the contract: model(x) == trainable_stage(frozen_stage(x))
 
 
 def _needs_stages(cfg, workload, device) -> Optional[str]:

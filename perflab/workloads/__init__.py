@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
-from perflab.workloads.plugin import is_plugin_spec, load_user_build
+from perflab.workloads.plugin import build_user_workload, is_plugin_spec, load_user_build
 from perflab.workloads.settings import check_settings
 
 # One line here per built-in workload; each module has DESCRIPTION, DEFAULT_BATCH and build(cfg).
@@ -60,10 +60,10 @@ def load_workload(spec: str, cfg) -> Workload:
     declared = declared_settings(build)
     if declared is not None:
         cfg = cfg.replace(workload_options=check_settings(spec, declared, cfg.workload_options))
-    workload = build(cfg)
-    if not isinstance(workload, Workload):
-        raise PerflabError(f"{spec}: build(cfg) returned {type(workload).__name__}, "
-                           "expected a perflab.Workload(name=..., model=..., dataset=..., loss_fn=...)")
+    if spec in BUILTIN_MODULES:
+        workload = build(cfg)  # perflab's own: its exceptions are bugs, and raise
+    else:
+        workload = build_user_workload(spec, build, cfg)
     _check_contract(spec, workload, cfg)
     return workload
 

@@ -17,20 +17,24 @@ BatchTransform = Callable[[Any], Any]
 class Workload:
     """A model, a dataset of `(input, target)` items, and a loss: everything perflab needs to measure.
 
-    `input` may be a tensor, a tuple of tensors or a dict of tensors. The optional fields declare what
-    a workload supports, so levers that need them can be refused with a reason when they are absent.
+    `input` may be a tensor (called as `model(input)`), a tuple of tensors (`model(*input)`) or a dict of
+    tensors (`model(**input)`); the model's output may be a tensor, tuple, dict or dataclass (a transformers
+    ModelOutput too) and reaches `loss_fn(output, target)` as it is. `name` defaults to the plugin's file stem
+    or module name. The optional fields declare what a workload supports, so levers that need them can be
+    refused with a reason when they are absent.
     """
 
-    name: str
     model: nn.Module
     dataset: Dataset
     loss_fn: Optional[LossFn] = None
+    name: str = ""
     optimizer_factory: Optional[OptimizerFactory] = None
     description: str = ""
     collate_fn: Optional[Callable] = None
     # Batched, on-device augmentation applied to `(input, target)` when built with --augment gpu*.
     gpu_augment: Optional[BatchTransform] = None
-    # Frozen front stage and trainable rest (model == trainable_stage(frozen_stage(x))), for --pipeline streams.
+    # Frozen front stage (called like the model) and trainable rest, model(x) == trainable_stage(frozen_stage(x)),
+    # for --pipeline streams.
     frozen_stage: Optional[nn.Module] = None
     trainable_stage: Optional[nn.Module] = None
     supports_activation_checkpointing: bool = False
@@ -40,6 +44,8 @@ class Workload:
     supports_inference: bool = True  # False for a training-only workload (perflab serve refuses it)
     # A workload that generates tokens declares a perflab.generation.GenerationSpec (prompts, lengths, draft).
     generation: Optional[Any] = None
+    # The output entry the quality gate compares (e.g. "logits"); None compares every floating tensor.
+    output_key: Optional[str] = None
     default_data: str = "loader"  # "loader" or "device" (pre-staged synthetic batches)
     info: dict[str, Any] = field(default_factory=dict)
     # A dataset smaller than one batch is refused unless this is True: then its items repeat within batches.

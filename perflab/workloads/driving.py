@@ -65,8 +65,8 @@ class DrivingModel(nn.Module):
             nn.Linear(feature_dim, WAYPOINTS * 2),
         )
 
-    def forward(self, inputs: dict) -> torch.Tensor:
-        images, command = inputs["images"], inputs["command"]
+    def forward(self, images: torch.Tensor, command: torch.Tensor) -> torch.Tensor:
+        """Dataset items' inputs are {"images": ..., "command": ...}, so perflab calls model(**inputs)."""
         batch, cameras = images.shape[:2]
         per_camera = self.backbone(images.flatten(0, 1)).view(batch, cameras, -1)
         fused = self.fusion(per_camera + self.camera_embedding).mean(dim=1)

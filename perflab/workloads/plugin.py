@@ -1,13 +1,20 @@
-"""Find a user's `build` function from `path/to/file.py:build` or `package.module:build`."""
+"""Find a user's `build` function from `path/to/file.py:build` or `package.module:build`, and call it.
+
+Failures in the user's module (a syntax error, an import inside it that fails, an exception while it runs)
+become PerflabErrors that point at the user's file and line, not a traceback through importlib.
+"""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from typing import Callable
 
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, UserCodeError, is_users_fault
+from perflab.workloads.base import Workload
 
 
 def _split(spec: str) -> tuple[str, str]:
@@ -41,6 +48,29 @@ def load_user_build(spec: str) -> Callable:
     return build
 
 
+def build_user_workload(spec: str, build: Callable, cfg) -> Workload:
+    """Call the user's build(cfg); its exceptions and a wrong return type become errors that point at it."""
+    try:
+        workload = build(cfg)
+    except Exception as err:
+        if not is_users_fault(err):
+            raise
+        raise UserCodeError(f"running your {spec} (build(cfg))", err) from err
+    if not isinstance(workload, Workload):
+        raise PerflabError(f"{spec}: build(cfg) {_where(build)}returned {type(workload).__name__}, expected a "
+                           "perflab.Workload(model=..., dataset=..., loss_fn=...)")
+    if not workload.name:
+        workload = dataclasses.replace(workload, name=plugin_name(spec))
+    return workload
+
+
+def _where(function: Callable) -> str:
+    try:
+        return f"at {inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]} "
+    except (TypeError, OSError):
+        return ""
+
+
 def _import_file(path_text: str):
     path = Path(path_text)
     if not path.is_file():
@@ -53,10 +83,29 @@ def _import_file(path_text: str):
     try:
         spec.loader.exec_module(module)
     except SyntaxError as err:
-        raise PerflabError(f"workload file {path_text} has a syntax error at line {err.lineno}: {err.msg}") from None
+        sys.modules.pop(name, None)
+        raise PerflabError(_syntax_message(f"workload file {path_text}", err)) from None
+    except Exception as err:
+        sys.modules.pop(name, None)
+        if not is_users_fault(err):
+            raise
+        raise UserCodeError(f"importing your workload file {path_text}", err) from err
     finally:
         sys.path.pop(0)
     return module
+
+
+def _syntax_message(what: str, err: SyntaxError) -> str:
+    """'... has a syntax error at file:line: msg' and the offending line with a caret under the column."""
+    message = f"{what} has a syntax error at {err.filename}:{err.lineno}: {err.msg}"
+    if err.text:
+        line = err.text.rstrip("\n")
+        stripped = line.lstrip()
+        message += f"\n    {stripped}"
+        if err.offset:
+            column = max(0, err.offset - 1 - (len(line) - len(stripped)))
+            message += "\n    " + " " * column + "^"
+    return message
 
 
 def _import_module(name: str):
@@ -66,4 +115,10 @@ def _import_module(name: str):
         if err.name and name.startswith(err.name):
             raise PerflabError(f"cannot import workload module {name!r}: no module named {err.name!r}; "
                                "is it installed or on PYTHONPATH?") from None
-        raise
+        raise UserCodeError(f"importing your workload module {name}", err) from err
+    except SyntaxError as err:
+        raise PerflabError(_syntax_message(f"workload module {name}", err)) from None
+    except Exception as err:
+        if not is_users_fault(err):
+            raise
+        raise UserCodeError(f"importing your workload module {name}", err) from err
