@@ -16,15 +16,17 @@ REPORT_HTML = "report.html"
 
 
 def detect_kind(directory: Path) -> str:
-    """compare, sweep or run, from the files the directory holds."""
+    """tune, compare, sweep or run, from the files the directory holds."""
+    if (directory / "tune.json").is_file():
+        return "tune"
     if (directory / "compare.json").is_file():
         return "compare"
     if (directory / "sweep.jsonl").is_file():
         return "sweep"
     if (directory / RESULT_FILE).is_file():
         return "run"
-    raise PerflabError(f"{directory} holds no result.json, sweep.jsonl or compare.json: give a run, sweep or "
-                       "compare directory")
+    raise PerflabError(f"{directory} holds no result.json, sweep.jsonl, compare.json or tune.json: give a run, "
+                       "sweep, compare or tune directory")
 
 
 def _names(paths: dict[str, Optional[Path]], out: Path) -> dict[str, str]:
@@ -70,7 +72,13 @@ def _compare_report(directory: Path, out: Path) -> str:
     return compare_markdown(comparison, images)
 
 
-BUILDERS = {"run": _run_report, "sweep": _sweep_report, "compare": _compare_report}
+def _tune_report(directory: Path, out: Path) -> str:
+    from perflab.report.tune import tune_report
+
+    return tune_report(directory, out)
+
+
+BUILDERS = {"run": _run_report, "sweep": _sweep_report, "compare": _compare_report, "tune": _tune_report}
 
 
 def write_report(directory: Union[str, Path], out: Optional[Union[str, Path]] = None) -> list[Path]:
