@@ -54,17 +54,16 @@ class LiveTuneTable(TuneObserver):
 
     def _render(self) -> Group:
         table = Table(title="perflab tune", title_justify="left", show_lines=False)
-        for name, justify in (("trial", "left"), ("lever", "left"), ("bottleneck", "left"), ("samples/s", "right"),
+        for name, justify in (("trial", "left"), ("lever", "left"), ("samples/s", "right"),
                               ("predicted", "right"), ("measured (95% CI)", "right"), ("quality", "left"),
-                              ("decision", "left"), ("wall s", "right"), ("warm-up s", "right")):
+                              ("decision", "left"), ("wall s", "right")):
             table.add_column(name, justify=justify)
         for row, reused in self.rows:
             predicted = row.get("predicted_gain_pct")
             table.add_row(row["name"] + (" [dim](recorded)[/]" if reused else ""), escape(row["label"]),
-                          escape(row.get("bottleneck") or ""), fmt(row.get("throughput")),
-                          "" if predicted is None else f"{predicted:+.0f}%", _gain(row),
+                          fmt(row.get("throughput")), "" if predicted is None else f"{predicted:+.0f}%", _gain(row),
                           escape(str((row.get("decision") or {}).get("quality") or row.get("quality") or "")),
-                          _decision_text(row), fmt(row.get("wall_s")), fmt(row.get("warmup_s")))
+                          _decision_text(row), fmt(row.get("wall_s"), 0))
         status = Text(f"running {self.running} … ({time.perf_counter() - self.began:.0f} s so far)",
                       style="dim") if self.running else Text("")
         return Group(table, status)

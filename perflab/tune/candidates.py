@@ -13,6 +13,7 @@ from typing import Any, Iterable, Optional
 from perflab import options
 from perflab.config import RunConfig
 
+NO_CLEAR_BOTTLENECK = "no clear bottleneck"
 UNSURE_BELOW = 0.7  # a verdict less confident than this: try the next most likely levers too
 BATCH_LEVER = "batch-size"  # not a lever of perflab.levers: searched only with --tune-batch
 TORCH_PREFETCH_DEFAULT = 2  # DataLoader's prefetch_factor when none is given
@@ -71,10 +72,10 @@ def ordered_findings(findings: Iterable[Any]) -> list[Any]:
 
 def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: float = UNSURE_BELOW) -> list[Proposal]:
     """The levers to try, best first: the leading finding's, then (where the diagnosis is unsure) the other
-    findings' and the levers that address those classes; with no finding at all, every lever."""
+    findings' and the levers that address those classes; with no bottleneck named, every lever after those."""
     findings = ordered_findings(_field(diagnosis, "findings") or [])
     confidence = _field(diagnosis, "confidence") or 0.0
-    unsure = confidence < unsure_below or not findings or _field(diagnosis, "bottleneck") == "no clear bottleneck"
+    unsure = confidence < unsure_below or not findings or _field(diagnosis, "bottleneck") == NO_CLEAR_BOTTLENECK
     chosen: dict[str, Proposal] = {}
 
     def add(name: str, finding: Any) -> None:
@@ -91,9 +92,9 @@ def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: floa
             for lever in levers_by_name.values():
                 if _field(finding, "cls") in lever.addresses:
                     add(lever.name, finding)
-        if not findings:
-            for lever in levers_by_name.values():
-                add(lever.name, None)
+    if not findings or _field(diagnosis, "bottleneck") == NO_CLEAR_BOTTLENECK:
+        for lever in levers_by_name.values():  # nothing named: every lever, in application order
+            add(lever.name, None)
     return list(chosen.values())
 
 

@@ -36,6 +36,7 @@ BATCH_NOTE = ("batch size changes the optimisation (the learning rate and schedu
               "re-check convergence before adopting it")
 
 Runner = Callable[[RunConfig, str, Path], TrialOutcome]
+Diagnoser = Callable[[Path, Optional[Result], list[str]], Any]
 
 
 class TuneObserver:
@@ -63,9 +64,12 @@ def predicted_gain_pct(share_pct: Optional[float]) -> Optional[float]:
     return 100 * (1 / (1 - share) - 1)
 
 
-def diagnose_accepts_tried_and_lost() -> bool:
+def diagnose_trace(trace: Path, result: Optional[Result], tried_and_lost: list[str]) -> Any:
+    """perflab.diagnose on a profile's trace, told which levers lost when this diagnose accepts that."""
     from perflab.diagnose import diagnose
-    return "tried_and_lost" in inspect.signature(diagnose).parameters
+    if "tried_and_lost" in inspect.signature(diagnose).parameters:
+        return diagnose(trace, result, tried_and_lost=list(tried_and_lost))
+    return diagnose(trace, result)
 
 
 def usable_cpus() -> int:
@@ -80,15 +84,17 @@ def _slug(text: str) -> str:
 
 
 class Tuner:
-    """One tune directory being filled. `runner` runs a trial (a subprocess by default; tests pass a fake)."""
+    """One tune directory being filled. `runner` runs a trial (a subprocess by default) and `diagnoser` reads a
+    profile's trace; tests pass fakes of both to check the search without processes."""
 
     def __init__(self, start: RunConfig, settings: TuneConfig, out: Path, runner: Runner = run_trial,
                  observer: Optional[TuneObserver] = None, cpu_count: Optional[int] = None,
-                 workload: Any = None, check_workload: bool = True):
+                 workload: Any = None, check_workload: bool = True, diagnoser: Diagnoser = diagnose_trace):
         self.settings = settings.validate()
         self.start = resolve_config(start.replace(out=None), None)
         self.out = Path(out)
         self.runner = runner
+        self.diagnoser = diagnoser
         self.observer = observer or TuneObserver()
         self.cpu_count = cpu_count or usable_cpus()
         self.levers = {lever.name: lever for lever in all_levers()}
@@ -297,7 +303,7 @@ class Tuner:
         diagnosis = None
         trace = self.out / row["dir"] / "trace.json"
         if row["status"] == OK and trace.is_file():
-            diagnosis = self._diagnose(trace, result)
+            diagnosis = self.diagnoser(trace, result, list(self.lost))
             entry.update(bottleneck=diagnosis.bottleneck, confidence=diagnosis.confidence,
                          headline=diagnosis.headline, levers=list(diagnosis.levers),
                          findings=[{key: f.get(key) for key in ("cls", "confidence", "expected_gain_pct", "levers")}
@@ -305,13 +311,9 @@ class Tuner:
         else:
             entry["headline"] = f"no diagnosis ({row['status']}: {row['reason']}); trying every applicable lever"
         self.diagnoses.append(entry)
+        self.observer.note(f"diagnosis of {self.best_row['name']}: {entry.get('bottleneck', 'none')} — "
+                           f"{entry['headline']}")
         return diagnosis
-
-    def _diagnose(self, trace: Path, result: Optional[Result]) -> Any:
-        from perflab.diagnose import diagnose
-        if diagnose_accepts_tried_and_lost():
-            return diagnose(trace, result, tried_and_lost=list(self.lost))
-        return diagnose(trace, result)
 
     def _verdict(self) -> Optional[str]:
         return None if self.diagnosis is None else self.diagnosis.bottleneck
