@@ -40,17 +40,17 @@ def experiments(cuda: bool, quick: bool) -> list[tuple[str, RunConfig, TuneConfi
     out = [
         ("resnet50 infer bs256 from fp32 eager",
          RunConfig(workload="resnet50", mode="infer", batch_size=256 if full else 2, workload_options=small,
-                   **timing), TuneConfig(budget=budget(170))),
+                   **timing), TuneConfig(budget=budget(180))),
         ("driving train bs32 from workers 0",
          RunConfig(workload="driving", mode="train", batch_size=32 if full else 2, workers=0,
-                   workload_options=small, **timing), TuneConfig(budget=budget(120))),
+                   workload_options=small, **{**timing, "steps": 10 if full else 4}), TuneConfig(budget=budget(150))),
     ]
     planted = [("slow_loader", {"item_ms": "2"}, {}), ("item_sync", {}, {}), ("tiny_ops", {}, {"batch_size": 1}),
                ("pageable_inputs", {}, {"pin_memory": False})]
     for name, options, extra in planted:
         start = RunConfig(workload=f"{PLANTED / name}.py:build", mode="train", workload_options=options,
                           **{**timing, **extra})
-        out.append((f"planted {name}", start, TuneConfig(budget=budget(20))))
+        out.append((f"planted {name}", start, TuneConfig(budget=budget(15))))
     return out
 
 

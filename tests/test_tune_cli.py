@@ -12,7 +12,7 @@ from perflab.sweep import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "4", "--trials", "3", "--warmup", "1", "--device", "cpu", "--quality-steps", "2"]
-SLOW_LOADER = ["--workload", str(ROOT / "tests/planted/slow_loader.py") + ":build", "--option", "item_ms=25",
+SLOW_LOADER = ["--workload", str(ROOT / "tests/planted/slow_loader.py") + ":build", "--option", "item_ms=10",
                "--batch", "8", *TINY]
 
 

@@ -1,9 +1,9 @@
 """Which levers to try next, in which order, and with which values (numeric knobs are searched, not guessed).
 
-The diagnosis ranks its findings; tune tries the top finding's levers first. Findings carry the share of the
-step they explain (`expected_gain_pct`) when the diagnosis knows it, and then that orders them; otherwise
-their confidence does. Where the diagnosis is unsure (its verdict below UNSURE_BELOW, or no clear
-bottleneck), the levers of the other findings and the other levers that address the same classes follow.
+The diagnosis ranks its findings; tune tries the top finding's levers first, then the other levers that
+address the same bottleneck class. Findings carry the share of the step they explain (`expected_gain_pct`)
+when the diagnosis knows it, and then that orders them; otherwise their confidence does. Where the diagnosis
+is unsure (its verdict below UNSURE_BELOW, or no clear bottleneck), the other findings follow the same way.
 """
 from __future__ import annotations
 
@@ -71,8 +71,8 @@ def ordered_findings(findings: Iterable[Any]) -> list[Any]:
 
 
 def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: float = UNSURE_BELOW) -> list[Proposal]:
-    """The levers to try, best first: the leading finding's, then (where the diagnosis is unsure) the other
-    findings' and the levers that address those classes; with no bottleneck named, every lever after those."""
+    """The levers to try, best first: the leading finding's, then every lever addressing its class; where the
+    diagnosis is unsure, the other findings' too; with no bottleneck named, every lever after those."""
     findings = ordered_findings(_field(diagnosis, "findings") or [])
     confidence = _field(diagnosis, "confidence") or 0.0
     unsure = confidence < unsure_below or not findings or _field(diagnosis, "bottleneck") == NO_CLEAR_BOTTLENECK
@@ -84,14 +84,14 @@ def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: floa
             chosen[name] = Proposal(name, source, _field(finding, "confidence") if finding is not None else None,
                                     _field(finding, "expected_gain_pct") if finding is not None else None)
 
-    for finding in (findings if unsure else findings[:1]):
+    considered = findings if unsure else findings[:1]
+    for finding in considered:
         for name in _field(finding, "levers") or []:
             add(name, finding)
-    if unsure:
-        for finding in findings:
-            for lever in levers_by_name.values():
-                if _field(finding, "cls") in lever.addresses:
-                    add(lever.name, finding)
+    for finding in considered:  # then the other levers for the same bottleneck classes
+        for lever in levers_by_name.values():
+            if _field(finding, "cls") in lever.addresses:
+                add(lever.name, finding)
     if not findings or _field(diagnosis, "bottleneck") == NO_CLEAR_BOTTLENECK:
         for lever in levers_by_name.values():  # nothing named: every lever, in application order
             add(lever.name, None)

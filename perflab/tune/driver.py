@@ -125,9 +125,12 @@ class Tuner:
     def run(self) -> str:
         """Tune until a stop condition; returns why it stopped."""
         row, result = self._trial(self.start, "run", "start")
-        if row["status"] != OK:
+        if result is None:
             raise PerflabError(f"the starting point did not run ({row['status']}: {row['reason']}); see "
                                f"{self.out / row['dir'] / 'trial.log'}")
+        if row["status"] == QUALITY_FAIL:
+            self.notes.append(f"the starting point itself failed its quality gate ({row['reason']}); every "
+                              "candidate is still gated against the fp32 eager baseline")
         self.best, self.best_row, self.baseline_row = result, row, row
         try:
             while True:
