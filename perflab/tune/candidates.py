@@ -128,6 +128,8 @@ def expand(proposal: Proposal, lever: Any, best: RunConfig, cpu_count: int) -> l
     if lever.option == "compile":
         modes = ["default"] + (["reduce-overhead", "max-autotune"] if best.device == "cuda" else [])
         return [Candidate(proposal, "compile", mode, ALTERNATIVES) for mode in modes if mode != current]
+    if lever.option == "pin_memory" and best.pin_memory is None and best.device == "cuda":
+        return []  # unset means pinned on CUDA already: the candidate would measure the same config
     if lever.value is None or lever.is_active(best):
         return []
     return [Candidate(proposal, lever.option, lever.value, ONCE)]
