@@ -16,9 +16,15 @@ def recipe_config(best: RunConfig, start: RunConfig) -> RunConfig:
     return best.replace(**{name: getattr(start, name) for name in TRIAL_ONLY_FIELDS})
 
 
+def recipe_argv(cfg: RunConfig) -> list[str]:
+    """The run options of the tuned configuration, always naming the workload (even the default one)."""
+    argv = cfg.to_argv("run")
+    return argv if "--workload" in argv else ["--workload", cfg.workload, *argv]
+
+
 def recipe_command(cfg: RunConfig) -> str:
     """`perflab run ...` that measures the tuned configuration."""
-    return shlex.join(["perflab", "run", *cfg.to_argv("run")])
+    return shlex.join(["perflab", "run", *recipe_argv(cfg)])
 
 
 def recipe_snippet(cfg: RunConfig) -> str:
@@ -34,5 +40,5 @@ def recipe_snippet(cfg: RunConfig) -> str:
 
 def recipe(best: RunConfig, start: RunConfig) -> dict[str, Any]:
     cfg = recipe_config(best, start)
-    return {"command": recipe_command(cfg), "argv": cfg.to_argv("run"), "snippet": recipe_snippet(cfg),
+    return {"command": recipe_command(cfg), "argv": recipe_argv(cfg), "snippet": recipe_snippet(cfg),
             "config": cfg.to_dict()}
