@@ -40,7 +40,7 @@ def experiments(cuda: bool, quick: bool) -> list[tuple[str, RunConfig, TuneConfi
     out = [
         ("resnet50 infer bs256 from fp32 eager",
          RunConfig(workload="resnet50", mode="infer", batch_size=256 if full else 2, workload_options=small,
-                   **timing), TuneConfig(budget=budget(180))),
+                   **timing), TuneConfig(budget=budget(200))),
         ("driving train bs32 from workers 0",
          RunConfig(workload="driving", mode="train", batch_size=32 if full else 2, workers=0,
                    workload_options=small, **{**timing, "steps": 10 if full else 4}), TuneConfig(budget=budget(150))),

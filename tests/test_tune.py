@@ -131,9 +131,15 @@ def test_batch_bisects_between_the_largest_that_ran_and_the_oom():
     assert search.bisect_batch(64, 72) is None
 
 
-def test_max_autotune_is_tried_only_when_the_budget_allows_its_compile_time():
+def test_compile_modes_are_tried_only_when_the_budget_allows_their_compile_time(tmp_path):
     assert search.compile_cost_s("max-autotune", None) > search.compile_cost_s("default", None)
     assert search.compile_cost_s("max-autotune", 20.0) == 100.0
+    compile_bound = diagnosis_of(("launch / framework overhead", 0.9, ["compile"]))
+    short = run_tuner(tmp_path / "short", FakeTrials({}), compile_bound, budget="50s", exclude=["foreach-optimizer",
+                                                                                                "fused-optimizer"])
+    assert "compilation" in short["skipped"]["compile=default"] and short["chain"] == []
+    roomy = run_tuner(tmp_path / "roomy", FakeTrials({("compile", "default"): 1.5}), compile_bound, budget="5m")
+    assert roomy["kept"][0] == "compile=default"
 
 
 # ---------------------------------------------------------------------------------------------- decisions

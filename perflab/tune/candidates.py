@@ -17,9 +17,10 @@ NO_CLEAR_BOTTLENECK = "no clear bottleneck"
 UNSURE_BELOW = 0.7  # a verdict less confident than this: try the next most likely levers too
 BATCH_LEVER = "batch-size"  # not a lever of perflab.levers: searched only with --tune-batch
 TORCH_PREFETCH_DEFAULT = 2  # DataLoader's prefetch_factor when none is given
-# Seconds of compilation to expect per torch.compile mode before one has been measured; max-autotune
-# benchmarks kernel choices and takes several times the default mode.
-COMPILE_ESTIMATE_S = {"default": 60.0, "reduce-overhead": 90.0, "max-autotune": 300.0}
+# Seconds of compilation to expect per torch.compile mode before one has been measured (a ResNet-50 compiles
+# in about half a minute in default mode on an H100); max-autotune benchmarks kernel choices and takes several
+# times the default mode.
+COMPILE_ESTIMATE_S = {"default": 30.0, "reduce-overhead": 45.0, "max-autotune": 180.0}
 COMPILE_SCALE = {"default": 1.0, "reduce-overhead": 1.5, "max-autotune": 5.0}
 
 ONCE, LADDER, ALTERNATIVES, BATCH = "once", "ladder", "alternatives", "batch"
