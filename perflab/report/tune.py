@@ -57,8 +57,9 @@ def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str])
                + (f" ({speedup:.2f}×)" if speedup else ""),
                f"- kept: {', '.join(meta.get('kept') or []) or 'nothing'}; lost: "
                f"{', '.join(meta.get('lost') or []) or 'nothing'}",
-               f"- {meta.get('trials')} trials in {num(meta.get('spent_s'), 0)} s of a {num(meta.get('budget_s'), 0)} s "
-               f"budget (warm-up and compilation: {num(meta.get('compile_and_warmup_s'), 0)} s of it)",
+               f"- {meta.get('trials')} trials in {num(meta.get('spent_s'), 0)} s of a "
+               f"{num(meta.get('budget_s'), 0)} s budget (warm-up and compilation: "
+               f"{num(meta.get('compile_and_warmup_s'), 0)} s of it)",
                f"- stopped: {meta.get('stop_reason')}"]
     diagnosis_rows = [[d.get("trial"), d.get("after"), cell(d.get("bottleneck")), num(d.get("confidence"), 2),
                        cell(d.get("headline")), cell(", ".join(d.get("levers") or []))]
