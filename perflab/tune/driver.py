@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import torch
+
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
-from perflab.harness.runner import resolve_config, resolve_device
+from perflab.harness.runner import resolve_config
 from perflab.levers import all_levers
 from perflab.results import Result
 from perflab.tune import candidates as search
@@ -98,7 +100,7 @@ class Tuner:
         self.observer = observer or TuneObserver()
         self.cpu_count = cpu_count or usable_cpus()
         self.levers = {lever.name: lever for lever in all_levers()}
-        self.device = resolve_device(self.start.device)
+        self.device = torch.device(self.start.device)  # its type is what refusals read; no CUDA context here
         self.workload = workload
         if workload is None and check_workload:
             from perflab.workloads import load_workload
