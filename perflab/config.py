@@ -50,6 +50,10 @@ class RunConfig:
                          choices=DEVICES)
     seed: int = option("--seed", int, "random seed for weights, data order and augmentation (default: 0)", MEASURE,
                        0, metavar="N")
+    min_trial_s: float = option("--min-trial-s", float, "with DataLoader workers, each trial runs at least this "
+                                "many seconds (more steps than --steps if needed), so a loader-bound rate is "
+                                "measured over enough batches (default: 1.0; 0: exactly --steps)", MEASURE, 1.0,
+                                minimum=0, metavar="S")
     sync_phases: bool = option("--sync-phases", bool, "synchronise at phase boundaries for a host-clock breakdown "
                                "(adds syncs; off by default)", MEASURE, False)
     # loader: DataLoader from the dataset; device: pre-staged batches on the device

@@ -6,13 +6,13 @@ import shlex
 
 from rich.markup import escape
 
-from perflab.cli import console
+from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, config_from_args
+from perflab.cli._outcome import finish_run
 from perflab.harness.runner import resolve_config
-from perflab.profile.capture import TRACE_FILE, CaptureOptions, profile_run
+from perflab.profile.capture import CaptureOptions, profile_run
 from perflab.report.diagnosis import print_diagnosis
 from perflab.report.progress import RichReporter
-from perflab.report.terminal import print_result
 from perflab.rundir import run_dir
 
 
@@ -42,14 +42,15 @@ def handle(args: argparse.Namespace) -> int:
                              profile_memory=args.profile_memory, gzip=args.gzip_trace)
     cfg = resolve_config(config_from_args(args), None)
     options.check(cfg.steps)
-    with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
+    with run_dir(args.out, cfg.workload, args.overwrite, cfg.resume_from) as out, RichReporter(console) as reporter:
         result, diagnosis, command = profile_run(cfg.workload, cfg, out, options, reporter=reporter,
                                                  command=["perflab"] + args.argv)
-    print_result(console, result)
+    code = finish_run(console, err_console, result, out)
     if diagnosis is not None:
         print_diagnosis(console, diagnosis)
-    trace = out / result.artifacts.get("trace", TRACE_FILE)
-    console.print(f"trace: [bold]{escape(str(trace))}[/] (open in https://ui.perfetto.dev)")
+    if "trace" in result.artifacts:
+        console.print(f"trace: [bold]{escape(str(out / result.artifacts['trace']))}[/] (open in "
+                      "https://ui.perfetto.dev)")
     console.print("Nsight Systems, for the same run (where nsys is installed):\n  " + escape(shlex.join(command)),
                   highlight=False, soft_wrap=True)
-    return 0
+    return code

@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import argparse
 
-from rich.markup import escape
-
-from perflab.cli import console
+from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, config_from_args
+from perflab.cli._outcome import finish_run
 from perflab.harness.runner import resolve_config, run
 from perflab.report.progress import RichReporter
-from perflab.report.terminal import print_result
 from perflab.rundir import run_dir
 
 
@@ -22,12 +20,7 @@ def register(subparsers) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     cfg = resolve_config(config_from_args(args), None)
-    with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
+    with run_dir(args.out, cfg.workload, args.overwrite, cfg.resume_from) as out, RichReporter(console) as reporter:
         result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter, command=["perflab"] + args.argv)
         result.save(out)
-    print_result(console, result)
-    if result.quality and result.quality.get("verdict") == "fail":
-        console.print(f"[bold red]quality gate failed[/]: {escape(result.quality['reason'])}; the result is "
-                      "saved (tolerances: docs/quality.md)", highlight=False)
-        return 1
-    return 0
+    return finish_run(console, err_console, result, out)

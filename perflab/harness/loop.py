@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
+from perflab.harness.phases import marker_name
 from perflab.harness.plan import StepPlan
 from perflab.profile.markers import phase_marker
 
@@ -18,7 +19,7 @@ def run_steps(plan: StepPlan, batches: Iterator[Any], steps: int, timer,
     mark = phase_marker(plan.markers)
     for _ in range(steps):
         timer.step_start()
-        with timer.host_phase("data_wait"), mark("data"):
+        with timer.host_phase("data_wait"), mark(marker_name("data_wait")):
             batch = next(batches)
         if not plan.batches_on_device:
             with timer.phase("h2d"), mark("h2d"):
@@ -42,6 +43,7 @@ def train_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     inputs, target = batch
     with timer.phase("forward"), mark("forward"), plan.autocast():
         loss = plan.loss_fn(plan.model(inputs), target)
+    plan.last_value = loss  # kept, not read: checked for NaN/inf once after the trial
     with timer.phase("backward"), mark("backward"):
         (plan.scaler.scale(loss) if plan.scaler is not None else loss).backward()
     with timer.phase("optimizer"), mark("optimizer"):
@@ -56,4 +58,4 @@ def train_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
 def infer_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     inputs, _ = batch
     with timer.phase("forward"), mark("forward"), plan.autocast():
-        plan.model(inputs)
+        plan.last_value = plan.model(inputs)  # kept, not read: checked for NaN/inf once after the trial
