@@ -156,7 +156,7 @@ def check_value(declared: Option, value: Any) -> None:
         if not isinstance(value, (list, tuple)):
             raise PerflabError(f"{declared.flag} must be a list of values, got {value!r}")
         for item in value:
-            _check_value(dataclasses.replace(declared, repeatable=False), item)
+            check_value(dataclasses.replace(declared, repeatable=False), item)
         return
     expected = {bool: bool, int: int, float: (int, float), str: str}.get(declared.type, object)
     if not isinstance(value, expected) or (declared.type is int and isinstance(value, bool)):
