@@ -101,11 +101,13 @@ def test_unsure_diagnosis_adds_other_findings_then_levers_addressing_their_class
     assert "foreach-optimizer" in names and "workers" not in names  # addresses launch overhead; input does not
 
 
-def test_expected_gain_orders_findings_over_confidence():
+def test_unsure_diagnosis_weighs_findings_by_the_share_of_the_step_they_explain():
     diagnosis = diagnosis_of(("compute bound", 0.9, ["bf16"], {"expected_gain_pct": 10.0}),
                              ("input pipeline", 0.6, ["workers"], {"expected_gain_pct": 60.0}))
-    proposals = search.proposals(diagnosis, LEVERS, unsure_below=0.5)
-    assert proposals[0].lever == "workers" and proposals[0].expected_share_pct == 60.0
+    unsure = search.proposals(diagnosis, LEVERS, unsure_below=0.95)
+    assert unsure[0].lever == "workers" and unsure[0].expected_share_pct == 60.0
+    confident = search.proposals(diagnosis, LEVERS, unsure_below=0.5)
+    assert confident[0].lever == "bf16" and "workers" not in [p.lever for p in confident]  # the verdict leads
 
 
 def test_no_clear_bottleneck_falls_back_to_every_lever():

@@ -1,9 +1,9 @@
 """Which levers to try next, in which order, and with which values (numeric knobs are searched, not guessed).
 
-The diagnosis ranks its findings; tune tries the top finding's levers first, then the other levers that
-address the same bottleneck class. Findings carry the share of the step they explain (`expected_gain_pct`)
-when the diagnosis knows it, and then that orders them; otherwise their confidence does. Where the diagnosis
-is unsure (its verdict below UNSURE_BELOW, or no clear bottleneck), the other findings follow the same way.
+A confident diagnosis (its verdict at UNSURE_BELOW or above) leads with the finding it named: that finding's
+levers first, then the other levers that address the same bottleneck class. Where the diagnosis is unsure (or
+names no bottleneck), every finding is weighed by the gain to expect from it, the share of the step it
+explains (`expected_gain_pct`) times its confidence, or by confidence alone when no share is given.
 """
 from __future__ import annotations
 
@@ -64,10 +64,11 @@ def _field(finding: Any, name: str) -> Any:
 
 
 def ordered_findings(findings: Iterable[Any]) -> list[Any]:
-    """Findings by the share of the step they explain when every one says, else by confidence."""
+    """Findings by the gain to expect from each: the share of the step it explains times how sure it is (when
+    every finding gives a share), else by confidence alone."""
     findings = list(findings)
     if findings and all(_field(f, "expected_gain_pct") is not None for f in findings):
-        return sorted(findings, key=lambda f: -_field(f, "expected_gain_pct"))
+        return sorted(findings, key=lambda f: -_field(f, "expected_gain_pct") * (_field(f, "confidence") or 0.0))
     return sorted(findings, key=lambda f: -(_field(f, "confidence") or 0.0))
 
 
@@ -85,7 +86,9 @@ def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: floa
             chosen[name] = Proposal(name, source, _field(finding, "confidence") if finding is not None else None,
                                     _field(finding, "expected_gain_pct") if finding is not None else None)
 
-    considered = findings if unsure else findings[:1]
+    # A confident diagnosis leads with the finding it named; an unsure one is weighed finding by finding.
+    named = [f for f in findings if _field(f, "cls") == _field(diagnosis, "bottleneck")]
+    considered = findings if unsure else (named or findings)[:1]
     for finding in considered:
         for name in _field(finding, "levers") or []:
             add(name, finding)
