@@ -4,7 +4,8 @@ Layout of a tune directory (`runs/<id>-tune/`):
 
     tune.jsonl          one line per finished trial (fsynced at once): its config, figures and decision
     tune.json           the chain of decisions, why the search stopped, the recipe (rewritten at the end)
-    trials/NN-<lever>/  each trial's run folder (result.json, trial.log; trace.json for profiles)
+    trials/NN-<lever>/  each trial's run folder (result.json; trace.json for profiles)
+    trials/NN-<lever>.log  what the trial's process printed
     report.md/.html     the chain, a waterfall of the gains, the breakdown before and after
 
 Modules: settings (TuneConfig, --budget parsing), candidates (what to try, in which order, with which

@@ -129,7 +129,7 @@ class Tuner:
         row, result = self._trial(self.start, "run", "start")
         if result is None:
             raise PerflabError(f"the starting point did not run ({row['status']}: {row['reason']}); see "
-                               f"{self.out / row['dir'] / 'trial.log'}")
+                               f"{self.out / row['dir']}.log")
         if row["status"] == QUALITY_FAIL:
             self.notes.append(f"the starting point itself failed its quality gate ({row['reason']}); every "
                               "candidate is still gated against the fp32 eager baseline")

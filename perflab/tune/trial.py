@@ -2,7 +2,8 @@
 
 A trial runs in a child process so that compile caches, CUDA errors and out-of-memory states die with it.
 Its whole wall time (interpreter start, workload build, compilation, warm-up, timed steps, quality gate)
-is what the budget is charged. The child's output goes to DIR/trial.log.
+is what the budget is charged. The child's output goes to DIR.log beside the run folder (a run refuses a
+folder holding files it did not write).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, Optional
 from perflab.config import RunConfig
 from perflab.results import RESULT_FILE, Result
 
-LOG_FILE = "trial.log"
+LOG_SUFFIX = ".log"
 REFUSED_EXIT = 2  # perflab's exit code for a user mistake; "refused" in the message marks a lever refusal
 QUALITY_FAILED_EXIT = 1  # `perflab run` saves the result and exits 1 when the quality gate fails
 INTERRUPTED_EXITS = (130, -2)  # the child was interrupted (Ctrl-C reaches the whole process group)
@@ -25,6 +26,7 @@ INTERRUPTED_EXITS = (130, -2)  # the child was interrupted (Ctrl-C reaches the w
 PROFILE_WAIT, PROFILE_WARMUP, PROFILE_ACTIVE = 1, 1, 3
 
 OK, QUALITY_FAIL, REFUSED, OOM, ERROR = "ok", "quality-fail", "refused", "oom", "error"
+INVALID = "invalid"  # the run finished but its numbers cannot be used (result.json status: NaN/inf)
 
 
 @dataclass
@@ -58,14 +60,19 @@ def trial_command(cfg: RunConfig, kind: str, out: Path) -> list[str]:
     return argv + ["--out", str(out)]
 
 
+def log_path(out: Path) -> Path:
+    """Where a trial's output goes: beside its run folder."""
+    return out.with_name(out.name + LOG_SUFFIX)
+
+
 def run_trial(cfg: RunConfig, kind: str, out: Path) -> TrialOutcome:
     """Run one trial in a fresh process and classify how it ended; KeyboardInterrupt if it was interrupted."""
     if out.exists():  # a trial that was interrupted before it was recorded: start it again from nothing
         shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     command = trial_command(cfg, kind, out)
     began = time.perf_counter()
-    with open(out / LOG_FILE, "w") as log:
+    with open(log_path(out), "w") as log:
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
         # subprocess.run kills the child if this process is interrupted while waiting for it.
@@ -73,13 +80,15 @@ def run_trial(cfg: RunConfig, kind: str, out: Path) -> TrialOutcome:
     wall_s = time.perf_counter() - began
     if finished.returncode in INTERRUPTED_EXITS:
         raise KeyboardInterrupt
-    return classify(finished.returncode, (out / LOG_FILE).read_text(errors="replace"), out, wall_s)
+    return classify(finished.returncode, log_path(out).read_text(errors="replace"), out, wall_s)
 
 
 def classify(returncode: int, log: str, out: Path, wall_s: float) -> TrialOutcome:
-    """ok, quality-fail, refused, oom or error, from the exit code, the log and what was saved."""
+    """ok, quality-fail, invalid, refused, oom or error, from the exit code, the log and what was saved."""
     result = Result.load(out) if (out / RESULT_FILE).is_file() else None
-    files = {"log": LOG_FILE, **({"result": RESULT_FILE} if result is not None else {})}
+    files = {"log": log_path(out).name, **({"result": RESULT_FILE} if result is not None else {})}
+    if result is not None and getattr(result, "status", "complete") == INVALID:
+        return TrialOutcome(INVALID, wall_s, getattr(result, "status_reason", "") or "invalid run", files=files)
     if returncode == 0 and result is not None:
         return TrialOutcome(OK, wall_s, result=result, files=files)
     if returncode == QUALITY_FAILED_EXIT and result is not None:
