@@ -275,3 +275,18 @@ def test_tune_refuses_bad_constraints_with_one_line_and_exit_2(argv, message, ca
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "t").exists()
+
+
+def test_noisy_trials_are_not_judged_and_their_lever_is_not_lost(tmp_path):
+    class Busy(FakeTrials):
+        def __call__(self, cfg, kind, out):
+            outcome = super().__call__(cfg, kind, out)
+            outcome.result.metrics["interference"] = {"busy": True, "other_cpu_cores_max": 1.5}
+            return outcome
+
+    diagnosis = diagnosis_of(("input pipeline", 0.9, ["workers"]))
+    quiet_only = run_tuner(tmp_path / "a", Busy({("workers", 2): 2.0}), diagnosis)
+    link = quiet_only["chain"][0]
+    assert not link["kept"] and "busy machine" in link["why"] and quiet_only["lost"] == []
+    accepted = run_tuner(tmp_path / "b", Busy({("workers", 2): 2.0}), diagnosis, accept_noisy=True)
+    assert accepted["kept"][0] == "workers=2"

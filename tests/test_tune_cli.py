@@ -37,7 +37,8 @@ def test_tune_on_mlp_writes_the_journal_the_chain_the_recipe_and_the_report(tmp_
 
 def test_tune_keeps_workers_on_a_planted_input_bound_workload(tmp_path):
     out = tmp_path / "tune"
-    assert main(["tune", *SLOW_LOADER, "--max-trials", "3", "--out", str(out)]) == 0
+    # --accept-noisy: CI machines are shared; a 2x gain stands out of their noise, and the test is about the search
+    assert main(["tune", *SLOW_LOADER, "--max-trials", "3", "--accept-noisy", "--out", str(out)]) == 0
     meta = json.loads((out / "tune.json").read_text())
     assert meta["diagnoses"][0]["bottleneck"] == "input pipeline"
     assert meta["chain"][0]["lever"] == "workers"

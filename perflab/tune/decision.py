@@ -25,6 +25,8 @@ class Decision:
     ci95_pct: Optional[list[Optional[float]]] = None
     quality: Optional[str] = None
     reasons: list[str] = field(default_factory=list)
+    noisy: list[str] = field(default_factory=list)  # why the timings are not clean (a busy machine, ...)
+    judged: bool = True  # False: noisy timings, so compare did not judge the speed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,14 +51,16 @@ def constraint_violations(result: Result, max_p99_ms: Optional[float], max_memor
 
 
 def judge(best: Result, candidate: Result, min_effect_pct: float, max_p99_ms: Optional[float] = None,
-          max_memory_gb: Optional[float] = None) -> Decision:
+          max_memory_gb: Optional[float] = None, accept_noisy: bool = False) -> Decision:
     """compare_results(best, candidate) decides; a kept lever must also meet the constraints."""
-    comparison = compare_results(best, candidate, min_effect_pct)
+    comparison = compare_results(best, candidate, min_effect_pct, accept_noisy=accept_noisy)
     throughput = comparison.metric("throughput")
     quality = (candidate.quality or {}).get("verdict", "not checked")
+    noisy = list(getattr(comparison, "noisy", None) or [])
     decision = Decision(kept=False, verdict=comparison.decision, why=comparison.reasons[0],
                         gain_pct=throughput.change_pct, ci95_pct=[throughput.ci_low_pct, throughput.ci_high_pct],
-                        quality=quality, reasons=list(comparison.reasons))
+                        quality=quality, reasons=list(comparison.reasons), noisy=noisy,
+                        judged=not noisy or accept_noisy or quality == "fail")
     if comparison.decision != ACCEPT:
         return decision
     broken = constraint_violations(candidate, max_p99_ms, max_memory_gb)

@@ -174,13 +174,14 @@ class Tuner:
             self._check_budget()
             kept, tried = self._try(candidate), True
             kept_any = kept_any or kept
-            measured = measured or self.chain[-1]["status"] in (OK, QUALITY_FAIL)
+            measured = measured or self.chain[-1]["decision"].get("judged", True) and \
+                self.chain[-1]["status"] in (OK, QUALITY_FAIL)
             if not kept and candidate.search in (search.LADDER, search.ONCE):
                 break
         if tried:
             self.settled.add(lever)
         if measured and not kept_any:
-            self.lost.append(lever)  # refused or crashed trials are not losses: the lever was never measured
+            self.lost.append(lever)  # refused, crashed or noisy trials are not losses: nothing was judged
         return kept_any
 
     def _search_batch(self) -> bool:
@@ -282,7 +283,7 @@ class Tuner:
         if outcome.result is None:
             return not_measured(outcome.status, outcome.reason)
         s = self.settings
-        return judge(best, outcome.result, s.min_effect_pct, s.max_p99_ms, s.max_memory_gb)
+        return judge(best, outcome.result, s.min_effect_pct, s.max_p99_ms, s.max_memory_gb, s.accept_noisy)
 
     def _row(self, key: str, name: str, kind: str, label: str, cfg: RunConfig, outcome: TrialOutcome,
              context: dict[str, Any]) -> dict[str, Any]:

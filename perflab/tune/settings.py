@@ -46,6 +46,9 @@ class TuneConfig:
                            SEARCH, [], repeatable=True, metavar="LEVER", commands=TUNE)
     min_effect_pct: float = option("--min-effect-pct", float, "a lever is kept only for a significant gain larger "
                                    "than this (default: 2)", SEARCH, 2.0, above=0, metavar="PCT", commands=TUNE)
+    accept_noisy: bool = option("--accept-noisy", bool, "judge candidates even when a trial ran beside other busy "
+                                "processes (compare's --accept-noisy); otherwise such a trial is not judged and its "
+                                "lever is not counted as lost", SEARCH, False, commands=TUNE)
     max_p99_ms: Optional[float] = option("--max-p99-ms", float, "reject a lever whose p99 step latency passes this",
                                          CONSTRAINTS, above=0, metavar="MS", commands=TUNE)
     max_memory_gb: Optional[float] = option("--max-memory-gb", float, "reject a lever whose peak memory passes "
