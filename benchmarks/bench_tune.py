@@ -1,17 +1,16 @@
-"""Area "tune": `perflab tune` without a human choosing levers, on the seed workloads and the planted ones.
+"""Area "tune": `perflab tune` without a human choosing levers, on the seed workloads.
 
     python -m benchmarks.bench_tune --out DIR [--quick]
 
 - resnet50 infer bs256 from fp32 eager (hand-found: 6.1x with bf16 + channels-last + compile; goal >= 8x);
-- driving train bs32 from workers 0 (hand-found: 6.5x with 8 workers + --augment gpu);
-- the planted workloads of tests/planted (input-bound loader, per-layer .item() sync, tiny ops, pageable
-  copies): the kept levers and gains, and predicted against measured gain for every trial.
+- driving train bs32 from workers 0 (hand-found: 6.5x with 8 workers + --augment gpu).
+The planted workloads are area "tune_planted" (benchmarks/bench_tune_planted.py), which reuses `tune_rows`.
 
 Rows: start and tuned throughput, the speed-up, the kept levers, the time tune took (its trials' wall time,
 and of that the warm-up/compile time), why it stopped; one row per trial with its measured gain and, in the
 note, the predicted gain and the decision. Each tune directory (trials, tune.json, report.html) is under
---out. The budgets keep the whole area near 8 minutes on an H100 (run the suite with --area-timeout 660);
-without CUDA (or with --quick) everything shrinks to a smoke run of a minute or two.
+--out. The budgets keep this area near 7 minutes on an H100 (run the suite with --area-timeout 600);
+without CUDA (or with --quick) everything shrinks to a smoke run.
 """
 from __future__ import annotations
 
@@ -26,32 +25,26 @@ from benchmarks.common import Rows, parse_args
 from perflab.config import RunConfig
 from perflab.tune import TuneConfig, tune
 
-ROOT = Path(__file__).resolve().parents[1]
-PLANTED = ROOT / "tests" / "planted"
+
+
+TIMING = dict(steps=15, trials=3, warmup=3, quality_steps=3)
+SMOKE_TIMING = dict(steps=4, trials=3, warmup=2, quality_steps=2)
 
 
 def experiments(cuda: bool, quick: bool) -> list[tuple[str, RunConfig, TuneConfig]]:
     """(name, starting point, tune settings) per experiment, sized for the device."""
     full = cuda and not quick
-    timing = dict(steps=15, trials=3, warmup=3, quality_steps=3) if full else \
-        dict(steps=4, trials=3, warmup=2, quality_steps=2)
+    timing = TIMING if full else SMOKE_TIMING
     small = {} if full else {"image_res": "32"}
-    budget = (lambda seconds: f"{seconds}s") if full else (lambda seconds: "40s")
-    out = [
+    return [
         ("resnet50 infer bs256 from fp32 eager",
          RunConfig(workload="resnet50", mode="infer", batch_size=256 if full else 2, workload_options=small,
-                   **timing), TuneConfig(budget=budget(200))),
+                   **timing), TuneConfig(budget="200s" if full else "40s")),
         ("driving train bs32 from workers 0",
          RunConfig(workload="driving", mode="train", batch_size=32 if full else 2, workers=0,
-                   workload_options=small, **{**timing, "steps": 10 if full else 4}), TuneConfig(budget=budget(150))),
+                   workload_options=small, **{**timing, "steps": 10 if full else 4}),
+         TuneConfig(budget="150s" if full else "40s")),
     ]
-    planted = [("slow_loader", {"item_ms": "2"}, {}), ("item_sync", {}, {}), ("tiny_ops", {}, {"batch_size": 1}),
-               ("pageable_inputs", {}, {"pin_memory": False})]
-    for name, options, extra in planted:
-        start = RunConfig(workload=f"{PLANTED / name}.py:build", mode="train", workload_options=options,
-                          **{**timing, **extra})
-        out.append((f"planted {name}", start, TuneConfig(budget=budget(15))))
-    return out
 
 
 def record(rows: Rows, name: str, summary: dict[str, Any], took_s: float) -> None:
@@ -72,20 +65,24 @@ def record(rows: Rows, name: str, summary: dict[str, Any], took_s: float) -> Non
                  f"{link.get('bottleneck')}; {'kept' if link['kept'] else 'rejected'}: {link.get('why')}")
 
 
-def run(out: Path, quick: bool) -> list[dict]:
-    rows = Rows("tune", out)
-    cuda = torch.cuda.is_available()
-    for name, start, settings in experiments(cuda, quick):
+def tune_rows(area: str, out: Path, experiments: list[tuple[str, RunConfig, TuneConfig]]) -> list[dict]:
+    """Tune each experiment into its own folder under `out` and record its rows."""
+    rows = Rows(area, out)
+    for name, start, settings in experiments:
         folder = out / name.replace(" ", "-")
         began = time.perf_counter()
         try:
-            summary = tune(start, settings, folder, command=["benchmarks/bench_tune.py", name])
+            summary = tune(start, settings, folder, command=["benchmarks", area, name])
         except Exception as err:  # one failing experiment must not cost the others
             traceback.print_exc()
             rows.add(name, "error", None, "", f"{type(err).__name__}: {err}")
             continue
         record(rows, name, summary, time.perf_counter() - began)
     return rows.rows
+
+
+def run(out: Path, quick: bool) -> list[dict]:
+    return tune_rows("tune", out, experiments(torch.cuda.is_available(), quick))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+import torch
+
 from perflab import options
 from perflab.config import RunConfig
 
@@ -158,9 +160,15 @@ def bisect_batch(good: int, out_of_memory: int) -> Optional[int]:
     return middle
 
 
-def refusal_before_trying(candidate: Candidate, cfg: RunConfig, lever: Any, workload: Any, device: Any
-                          ) -> Optional[str]:
-    """Why the candidate cannot run here, known without running it (needs CUDA, mode, conflicts, workload)."""
-    if workload is None or device is None:
-        return options.refusal(cfg, candidate.option, cfg.device)
-    return lever.refusal(cfg, workload, device)
+def refusal_before_trying(candidate: Candidate, cfg: RunConfig, lever: Any, workload: Any) -> Optional[str]:
+    """Why the candidate cannot run here, known without running it: the option table's rules on this device
+    (needs CUDA, mode, conflicts), then the lever's own checks of the workload.
+
+    The checks get a CPU device: the one check that reads the GPU (bf16 support) would create a CUDA context
+    in the tuning process, and every trial would then count that process as a neighbour on its GPU (a busy,
+    unjudged measurement). A child that finds bf16 unsupported refuses it itself.
+    """
+    reason = options.refusal(cfg, candidate.option, cfg.device)
+    if reason is not None or workload is None or lever is None:
+        return reason
+    return lever.checks(cfg, workload, torch.device("cpu"))

@@ -17,11 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
-
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
-from perflab.harness.runner import resolve_config
 from perflab.levers import all_levers
 from perflab.results import Result
 from perflab.tune import candidates as search
@@ -93,18 +90,17 @@ class Tuner:
                  observer: Optional[TuneObserver] = None, cpu_count: Optional[int] = None,
                  workload: Any = None, check_workload: bool = True, diagnoser: Diagnoser = diagnose_trace):
         self.settings = settings.validate()
-        self.start = resolve_config(start.replace(out=None), None)
+        # Resolved (device, batch) by the start trial's own process: resolving here would create a CUDA context
+        # in this process, which every trial would see as a neighbour on its GPU.
+        self.start = start.replace(out=None).validate()
         self.out = Path(out)
         self.runner = runner
         self.diagnoser = diagnoser
         self.observer = observer or TuneObserver()
         self.cpu_count = cpu_count or usable_cpus()
         self.levers = {lever.name: lever for lever in all_levers()}
-        self.device = torch.device(self.start.device)  # its type is what refusals read; no CUDA context here
-        self.workload = workload
-        if workload is None and check_workload:
-            from perflab.workloads import load_workload
-            self.workload = load_workload(self.start.workload, self.start)  # for the levers' refusals
+        self.workload = workload  # built on first use, for the levers' refusals
+        self.check_workload = check_workload and workload is None
         (self.out / TRIALS_DIR).mkdir(parents=True, exist_ok=True)
         self.journal = Journal(self.out, settings.resume)
         self.spent_s = 0.0
@@ -133,6 +129,8 @@ class Tuner:
         if row["status"] == QUALITY_FAIL:
             self.notes.append(f"the starting point itself failed its quality gate ({row['reason']}); every "
                               "candidate is still gated against the fp32 eager baseline")
+        self.start = RunConfig.from_dict({**result.config, "out": None})  # device and batch resolved
+        self.best_cfg = self.start
         self.best, self.best_row, self.baseline_row = result, row, row
         try:
             while True:
@@ -208,8 +206,7 @@ class Tuner:
 
     def _can_try(self, candidate: search.Candidate) -> bool:
         cfg = self._candidate_config(candidate)
-        reason = search.refusal_before_trying(candidate, cfg, self.levers.get(candidate.lever), self.workload,
-                                              self.device)
+        reason = search.refusal_before_trying(candidate, cfg, self.levers.get(candidate.lever), self._workload())
         if reason is None and candidate.option == "compile":
             # the timed run compiles, and so does the quality gate's copy of the model
             cost = 2 * search.compile_cost_s(candidate.value, self.measured_compile_s)
@@ -220,6 +217,13 @@ class Tuner:
             self.skipped.setdefault(candidate.label, reason)
             return False
         return True
+
+    def _workload(self) -> Any:
+        if self.check_workload:
+            from perflab.workloads import load_workload
+            self.workload = load_workload(self.start.workload, self.start)  # on the CPU: no CUDA context
+            self.check_workload = False
+        return self.workload
 
     # ------------------------------------------------------------------------------------------ one trial
 
