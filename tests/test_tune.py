@@ -140,6 +140,7 @@ def test_compile_modes_are_tried_only_when_the_budget_allows_their_compile_time(
     short = run_tuner(tmp_path / "short", FakeTrials({}), compile_bound, budget="50s", exclude=["foreach-optimizer",
                                                                                                 "fused-optimizer"])
     assert "compilation" in short["skipped"]["compile=default"] and short["chain"] == []
+    assert short["stop_reason"].startswith("no lever left to try")
     roomy = run_tuner(tmp_path / "roomy", FakeTrials({("compile", "default"): 1.5}), compile_bound, budget="5m")
     assert roomy["kept"][0] == "compile=default"
 
@@ -290,3 +291,12 @@ def test_noisy_trials_are_not_judged_and_their_lever_is_not_lost(tmp_path):
     assert not link["kept"] and "busy machine" in link["why"] and quiet_only["lost"] == []
     accepted = run_tuner(tmp_path / "b", Busy({("workers", 2): 2.0}), diagnosis, accept_noisy=True)
     assert accepted["kept"][0] == "workers=2"
+
+
+def test_a_bottleneck_no_lever_addresses_ends_with_the_diagnosis_advice(tmp_path):
+    sync = diagnosis_of(("host-device sync", 0.9, []))
+    sync.advice = ["remove .item() inside the step"]
+    summary = run_tuner(tmp_path, FakeTrials({}), sync)
+    assert summary["chain"] == []
+    assert summary["stop_reason"] == ("no lever left to try for host-device sync; the diagnosis advises: "
+                                      "remove .item() inside the step")

@@ -138,10 +138,21 @@ class Tuner:
                 self.diagnosis = self._profile_and_diagnose()
                 if self._near_peak():
                     return "near the peak: the GPU is busy and MFU is near the calibrated peak; nothing left to win"
+                trials_before = self.count
                 if not self._try_levers():
+                    if self.count == trials_before:
+                        return self._nothing_to_try()
                     return "no lever won: every proposed lever was tried, refused or lost"
         except BudgetSpent as stop:
             return str(stop)
+
+    def _nothing_to_try(self) -> str:
+        """Why the search ends without a trial: the diagnosis's advice is what remains (e.g. remove a sync)."""
+        if self.diagnosis is None:
+            return "no lever left to try"
+        advice = list(getattr(self.diagnosis, "advice", None) or [])
+        return (f"no lever left to try for {self.diagnosis.bottleneck}"
+                + (f"; the diagnosis advises: {advice[0]}" if advice else ""))
 
     def _check_budget(self) -> None:
         budget = self.settings.budget_s
