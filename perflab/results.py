@@ -104,7 +104,8 @@ class Result:
         return cls(trials=trials, **fields)
 
     def save(self, directory: Union[str, Path]) -> Path:
-        """Write `result.json` into `directory` atomically; returns its path."""
+        """Write `result.json` into `directory` (created if missing) atomically; returns its path."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
         path = Path(directory) / RESULT_FILE
         write_json_atomic(path, self.to_dict())
         self.path = str(path)

@@ -9,6 +9,7 @@ from rich.markup import escape
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, config_from_args
 from perflab.cli._outcome import finish_run
+from perflab.cli._script import EPILOG, handle_script
 from perflab.harness.runner import resolve_config
 from perflab.profile.capture import CaptureOptions, profile_run
 from perflab.report.diagnosis import print_diagnosis
@@ -21,7 +22,7 @@ def register(subparsers) -> None:
         "profile", help="trace a few steps (torch.profiler, NVTX), print the nsys command, diagnose",
         description="Run a workload with a scheduled torch.profiler capture of a few timed steps; save "
                     "runs/<id>/ with result.json, trace.json (open in Perfetto) and diagnosis.json; print the "
-                    "diagnosis and the Nsight Systems command for the same run.")
+                    "diagnosis and the Nsight Systems command for the same run.", epilog=EPILOG)
     add_run_options(parser, "profile")
     group = parser.add_argument_group("profiler")
     group.add_argument("--wait", type=int, default=1, metavar="N", help="timed steps skipped first (default: 1)")
@@ -33,13 +34,15 @@ def register(subparsers) -> None:
     group.add_argument("--with-stack", action="store_true", help="Python stacks on ops (bigger trace)")
     group.add_argument("--profile-memory", action="store_true", help="allocations and frees (bigger trace)")
     group.add_argument("--gzip-trace", action="store_true", help="write trace.json.gz instead of trace.json")
-    parser.set_defaults(handler=handle)
+    parser.set_defaults(handler=handle, runs_scripts=True)
 
 
 def handle(args: argparse.Namespace) -> int:
     options = CaptureOptions(wait=args.wait, warmup=args.warmup_steps, active=args.active,
                              record_shapes=args.record_shapes, with_stack=args.with_stack,
                              profile_memory=args.profile_memory, gzip=args.gzip_trace)
+    if args.script_command is not None:
+        return handle_script(args, capture=options.check(options.steps_needed))
     cfg = resolve_config(config_from_args(args), None)
     options.check(cfg.steps)
     with run_dir(args.out, cfg.workload, args.overwrite, cfg.resume_from) as out, RichReporter(console) as reporter:

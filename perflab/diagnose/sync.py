@@ -12,7 +12,8 @@ from perflab.diagnose.sync_sites import EXPLICIT_SYNC, SyncProfile
 
 GPU_IDLE_THRESHOLD_PCT = 3.0  # GPU idle charged to syncs
 CPU_CALLS_THRESHOLD = 2.0  # sync ops per step outside the optimizer; one per layer is a structural sync
-SECONDARY_MAX_CONFIDENCE = 0.45  # below the verdict's bar: named as "also", never as the bottleneck
+SECONDARY_MAX_CONFIDENCE = 0.45
+LOCKSTEP_SYNCS_PER_STEP = 2  # syncs per step in forward/backward from which the host is held in lockstep  # below the verdict's bar: named as "also", never as the bottleneck
 ADVICE = ["keep running values on the device and read them once every N steps (no .item()/.cpu()/print of "
           "tensors inside the step)", "without syncs the step can also use cuda-graphs"]
 # What removes the sync, by the op that caused it.
@@ -44,8 +45,16 @@ def _gpu(ctx: Context) -> Optional[Finding]:
         return None
     other_causes = [pct for cause, pct in gpu.idle_split_pct.items() if cause not in ("host-device syncs", "other")]
     leads = idle >= GPU_IDLE_THRESHOLD_PCT and idle >= max(other_causes, default=0.0)
-    if leads:
-        confidence = clamp(0.5 + idle / 30)
+    # Syncs inside forward/backward also keep the host in lockstep with the GPU (it can never run ahead), and the
+    # launch-overhead levers (CUDA graphs, compile without graph breaks) cannot capture a step that syncs. When
+    # launching is what leaves the GPU idle in such a step, the syncs come first: removing them is what unlocks
+    # the launch-overhead levers, so the gain to expect covers both.
+    launch_idle = gpu.idle_split_pct.get("launch / framework overhead", 0.0)
+    gates_launch = (syncs.in_model_per_step >= LOCKSTEP_SYNCS_PER_STEP and launch_idle >= GPU_IDLE_THRESHOLD_PCT
+                    and launch_idle >= max(other_causes, default=0.0))
+    expected = gain(idle + launch_idle) if gates_launch and not leads else gain(idle)
+    if leads or gates_launch:
+        confidence = clamp(0.5 + (idle + (launch_idle if gates_launch else 0.0)) / 30)
     elif syncs.in_model_per_step > 0 or idle >= GPU_IDLE_THRESHOLD_PCT:
         confidence = clamp(0.2 + idle / 60, high=SECONDARY_MAX_CONFIDENCE)
     else:
@@ -56,12 +65,20 @@ def _gpu(ctx: Context) -> Optional[Finding]:
     if ctx.config("sync_phases", False):
         confidence *= 0.3
         advice.insert(0, "this run used --sync-phases, which adds a sync at every phase boundary: re-profile without it")
-    return Finding(
-        cls=HOST_DEVICE_SYNC, confidence=confidence,
-        summary=f"{syncs.per_step:g} host-device syncs per step ({_top(syncs)}) left the GPU idle {idle:.0f}% "
-                "of the time" + ("" if leads else f"; {syncs.in_model_per_step:g} per step in forward/backward"),
-        evidence=rounded(evidence), levers=[], advice=advice, expected_gain_pct=gain(idle),
-        gain_basis="GPU idle from each sync until the next kernel after it returned")
+    summary = (f"{syncs.per_step:g} host-device syncs per step ({_top(syncs)}) left the GPU idle {idle:.0f}% "
+               "of the time")
+    basis = "GPU idle from each sync until the next kernel after it returned"
+    if gates_launch and not leads:
+        evidence["gpu_idle_launching_pct"] = launch_idle
+        summary += (f", and keep the host in lockstep with the GPU, which then idles {launch_idle:.0f}% more while "
+                    "kernels are launched one by one; CUDA graphs and compile cannot capture a step that syncs: "
+                    "remove the syncs first")
+        basis = "GPU idle after the syncs plus the launch idle that the syncs keep the launch levers from removing"
+        advice.append("then the launch-overhead levers apply: compile (fullgraph), cuda-graphs")
+    elif not leads:
+        summary += f"; {syncs.in_model_per_step:g} per step in forward/backward"
+    return Finding(cls=HOST_DEVICE_SYNC, confidence=confidence, summary=summary, evidence=rounded(evidence), levers=[],
+                   advice=advice, expected_gain_pct=expected, gain_basis=basis)
 
 
 def _cpu(ctx: Context) -> Optional[Finding]:

@@ -14,6 +14,7 @@ import torch
 
 from perflab.calibrate import peak_tflops
 from perflab.config import RunConfig
+from perflab.cost import cost_per_million
 from perflab.environment import collect_environment
 from perflab.errors import PerflabError
 from perflab.harness.data import map_tensors
@@ -185,11 +186,14 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
         stack.enter_context(plan.stepping())
         warmup = _warm_up(plan, batches, cfg.warmup, reporter)
         steps_per_trial, steady = cfg.steps, None
-        queued = _loader_queue_depth(plan)
-        if queued:
-            reporter.note(f"using up the DataLoader's prefilled queue ({queued} batches) before timing")
+        if plan.data_source == "loader" and (plan.workers or device.type == "cuda"):
+            # A loader's prefilled queue and its bursts make short trials disagree (measured on the H100: 45%
+            # spread at 8 workers before this); on a CPU run the loader and the step share the same cores.
+            queued = max(_loader_queue_depth(plan), 4)
+            reporter.note(f"reaching a steady state: untimed windows of {queued} steps until the step time settles")
             steady = reach_steady_state(plan, batches, queued, lambda: _synchronize(device))
-            steps_per_trial = steps_for_time(cfg.steps, steady["step_s"], cfg.min_trial_s)
+            if device.type == "cuda":
+                steps_per_trial = steps_for_time(cfg.steps, steady["step_s"], cfg.min_trial_s)
             notes += _steady_notes(steady, steps_per_trial, cfg)
         warmup_peak_mb = None
         if device.type == "cuda":
@@ -207,13 +211,15 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
                 "non_finite": None, "timing": {"data_source": plan.data_source}, **warmup}
     metrics = aggregate(trials, plan.batch_size)
     metrics.update(warmup)
-    metrics["memory"] = _memory(device)
+    metrics["memory"] = memory_metrics(device)
     if warmup_peak_mb is not None:
         metrics["memory"]["peak_allocated_incl_warmup_mb"] = max(warmup_peak_mb, metrics["memory"]["peak_allocated_mb"])
         if plan.step_fn is not None or cfg.compile == "reduce-overhead":
             notes.append("CUDA graphs keep their memory in private pools allocated at capture (in warm-up): "
                          "see peak_reserved_mb and peak_allocated_incl_warmup_mb, not only peak_allocated_mb")
     metrics["gpu"] = sampler.summary()
+    metrics["cost_per_million_samples"] = cost_per_million(cfg.gpu_cost_per_hour,
+                                                           metrics["throughput_samples_per_s"]["median"])
     metrics["flops"] = _flops(flops_per_sample, metrics["throughput_samples_per_s"]["median"], device, cfg)
     metrics["compile_s"] = warmup["first_step_s"] if cfg.compile or cfg.cuda_graphs else None
     metrics["interference"] = summarize_load(loads)
@@ -344,7 +350,8 @@ def aggregate(trials: list[Trial], batch_size: int) -> dict[str, Any]:
     }
 
 
-def _memory(device: torch.device) -> dict[str, float]:
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """Peak allocated and reserved device memory (CUDA), or the host process's peak RSS (CPU)."""
     if device.type == "cuda":
         return {
             "peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,

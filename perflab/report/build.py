@@ -16,7 +16,7 @@ REPORT_HTML = "report.html"
 
 
 def detect_kind(directory: Path) -> str:
-    """tune, compare, sweep or run, from the files the directory holds."""
+    """tune, compare, sweep, serve or run, from the files the directory holds."""
     if (directory / "tune.json").is_file():
         return "tune"
     if (directory / "compare.json").is_file():
@@ -24,7 +24,8 @@ def detect_kind(directory: Path) -> str:
     if (directory / "sweep.jsonl").is_file():
         return "sweep"
     if (directory / RESULT_FILE).is_file():
-        return "run"
+        from perflab.diagnose import is_serve_result
+        return "serve" if is_serve_result(directory) else "run"
     raise PerflabError(f"{directory} holds no result.json, sweep.jsonl, compare.json or tune.json: give a run, "
                        "sweep, compare or tune directory")
 
@@ -72,13 +73,22 @@ def _compare_report(directory: Path, out: Path) -> str:
     return compare_markdown(comparison, images)
 
 
+def _serve_report(directory: Path, out: Path) -> str:
+    from perflab.report.serve_markdown import serve_markdown
+    from perflab.report.serve_plots import serve_plots
+
+    result = Result.load(directory)
+    return serve_markdown(result, _names(serve_plots(result.metrics["serve"], out), out), str(directory))
+
+
 def _tune_report(directory: Path, out: Path) -> str:
     from perflab.report.tune import tune_report
 
     return tune_report(directory, out)
 
 
-BUILDERS = {"run": _run_report, "sweep": _sweep_report, "compare": _compare_report, "tune": _tune_report}
+BUILDERS = {"run": _run_report, "sweep": _sweep_report, "compare": _compare_report, "serve": _serve_report,
+            "tune": _tune_report}
 
 
 def write_report(directory: Union[str, Path], out: Optional[Union[str, Path]] = None) -> list[Path]:

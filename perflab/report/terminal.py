@@ -35,8 +35,9 @@ def run_title(result: Result) -> str:
     """"perflab run" or "perflab profile" (by the command that made it), then workload, mode, batch, precision, device."""
     cfg = result.config
     device = describe_device(result.environment, cfg["device"])
-    return (f"perflab {run_kind(result)} · {cfg['workload']} · {cfg['mode']} · batch {cfg['batch_size']} · "
-            f"{cfg['precision']} · {device}")
+    batch = f"batch {cfg['batch_size']}" if cfg.get("batch_size") else None
+    parts = [cfg["workload"], cfg["mode"], batch, cfg.get("precision"), device]  # a script run has no precision
+    return f"perflab {run_kind(result)} · " + " · ".join(part for part in parts if part)
 
 
 def run_kind(result: Result) -> str:
@@ -54,6 +55,10 @@ def result_table(result: Result) -> Table:
     table.add_row("throughput", f"{fmt(throughput['median'])} samples/s  (95% CI {fmt(throughput['ci95_low'])}"
                   f"–{fmt(throughput['ci95_high'])}, spread {fmt(throughput['range_pct'])}% over "
                   f"{throughput['n']} trials)")
+    if "steps_per_s" in m:  # a script run: steps found in the script, the first --warmup of them not timed
+        table.add_row("steps", f"{fmt(m['steps_per_s'], 2)} steps/s · {result.trials[0].steps} "
+                      f"timed of {m['steps_seen']} (warm-up {result.config.get('warmup')}) · "
+                      f"{result.timing.get('steps', '')}")
     lat = m["latency_ms"]
     table.add_row("step latency", f"p50 {fmt(lat['p50'], 2)} ms · p95 {fmt(lat['p95'], 2)} ms · "
                   f"p99 {fmt(lat['p99'], 2)} ms")
@@ -72,6 +77,9 @@ def result_table(result: Result) -> Table:
         reasons = ", ".join(gpu["clock_event_reasons"]) or "none"
         table.add_row("GPU (NVML)", f"util mean {fmt(gpu['util_mean_pct'])}% (min {fmt(gpu['util_min_pct'], 0)}"
                       f"%) · SM clock median {fmt(gpu['sm_clock_median_mhz'], 0)} MHz · clock limits seen: {reasons}")
+    if m.get("cost_per_million_samples") is not None:
+        table.add_row("cost", f"{fmt(m['cost_per_million_samples'], 3)} per million samples at "
+                      f"{result.config.get('gpu_cost_per_hour'):g} per hour")
     warm = f"warm-up {fmt(m.get('warmup_s'), 2)} s"
     if m.get("compile_s") is not None:
         warm += f" · compile/capture (first step) {fmt(m['compile_s'], 2)} s"
