@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from perflab.errors import PerflabError
 
-RUN_COMMANDS = ("run", "profile", "sweep")
+RUN_COMMANDS = ("run", "profile", "sweep", "tune")  # tune takes run options as its starting point
 LIST_COMMANDS = ("sweep",)  # commands whose sweepable options take comma-separated lists
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off"}
@@ -68,6 +68,7 @@ class Option:
     modes: tuple = ()  # the --mode values it applies to; empty: every mode
     conflicts: tuple = ()  # Conflict rules, checked whenever this option is set
     key_value: bool = False  # repeatable KEY=VALUE pairs collected into a dict
+    repeatable: bool = False  # the flag may be given several times; the values are collected into a list
     name: str = ""
 
     @property
@@ -151,6 +152,12 @@ def check_value(declared: Option, value: Any) -> None:
         if not isinstance(value, dict):
             raise PerflabError(f"{declared.flag} must be KEY=VALUE pairs (a dict), got {value!r}")
         return
+    if declared.repeatable:
+        if not isinstance(value, (list, tuple)):
+            raise PerflabError(f"{declared.flag} must be a list of values, got {value!r}")
+        for item in value:
+            check_value(dataclasses.replace(declared, repeatable=False), item)
+        return
     expected = {bool: bool, int: int, float: (int, float), str: str}.get(declared.type, object)
     if not isinstance(value, expected) or (declared.type is int and isinstance(value, bool)):
         kind = {bool: "on/off (True or False)", int: "an integer", float: "a number", str: "text"}
@@ -216,6 +223,9 @@ def _add_argument(group: Any, declared: Option, as_list: bool) -> None:
     common = dict(dest=declared.name, default=None, help=declared.help)
     if declared.key_value:
         group.add_argument(declared.flag, action="append", metavar=declared.metavar or "KEY=VALUE", **common)
+    elif declared.repeatable:
+        group.add_argument(declared.flag, action="append", type=_converter(declared), metavar=declared.metavar,
+                           **common)
     elif as_list and declared.switch:
         group.add_argument(declared.flag, nargs="?", const="on", metavar="on,off",
                            **{**common, "help": declared.help + " (a list like on,off sweeps both)"})
@@ -319,6 +329,9 @@ def to_argv(config: Any, command: str = "run") -> list[str]:
         if declared.key_value:
             for key, text in (value or {}).items():
                 argv += [declared.flag, f"{key}={text}"]
+        elif declared.repeatable:
+            for item in value or []:
+                argv += [declared.flag, str(item)]
         elif value is None or value == declared.default:
             continue
         elif declared.switch and command in LIST_COMMANDS and declared.sweepable:

@@ -151,7 +151,7 @@ def read_rows(path: Union[str, Path]) -> list[dict[str, Any]]:
     return sorted(rows.values(), key=lambda row: row["index"])
 
 
-def _trim_partial_line(path: Path) -> None:
+def trim_partial_line(path: Path) -> None:
     """Cut a trailing partial line so that appended rows start on a line of their own."""
     if not path.is_file():
         return
@@ -204,7 +204,7 @@ class Sweep:
             (self.out / POINTS_DIR).mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise PerflabError(f"cannot write to --out {self.out}: {err.strerror}") from None
-        _trim_partial_line(self.jsonl)
+        trim_partial_line(self.jsonl)
 
     @property
     def done(self) -> list[dict[str, Any]]:

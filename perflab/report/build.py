@@ -16,7 +16,9 @@ REPORT_HTML = "report.html"
 
 
 def detect_kind(directory: Path) -> str:
-    """compare, sweep, serve or run, from the files the directory holds."""
+    """tune, compare, sweep, serve or run, from the files the directory holds."""
+    if (directory / "tune.json").is_file():
+        return "tune"
     if (directory / "compare.json").is_file():
         return "compare"
     if (directory / "sweep.jsonl").is_file():
@@ -24,8 +26,8 @@ def detect_kind(directory: Path) -> str:
     if (directory / RESULT_FILE).is_file():
         from perflab.diagnose import is_serve_result
         return "serve" if is_serve_result(directory) else "run"
-    raise PerflabError(f"{directory} holds no result.json, sweep.jsonl or compare.json: give a run, sweep or "
-                       "compare directory")
+    raise PerflabError(f"{directory} holds no result.json, sweep.jsonl, compare.json or tune.json: give a run, "
+                       "sweep, compare or tune directory")
 
 
 def _names(paths: dict[str, Optional[Path]], out: Path) -> dict[str, str]:
@@ -79,7 +81,14 @@ def _serve_report(directory: Path, out: Path) -> str:
     return serve_markdown(result, _names(serve_plots(result.metrics["serve"], out), out), str(directory))
 
 
-BUILDERS = {"run": _run_report, "sweep": _sweep_report, "compare": _compare_report, "serve": _serve_report}
+def _tune_report(directory: Path, out: Path) -> str:
+    from perflab.report.tune import tune_report
+
+    return tune_report(directory, out)
+
+
+BUILDERS = {"run": _run_report, "sweep": _sweep_report, "compare": _compare_report, "serve": _serve_report,
+            "tune": _tune_report}
 
 
 def write_report(directory: Union[str, Path], out: Optional[Union[str, Path]] = None) -> list[Path]:

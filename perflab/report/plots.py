@@ -176,3 +176,29 @@ def latency_figure(step_ms: dict[str, Sequence[float]]) -> Optional[Figure]:
     fig.tight_layout()
     return fig
 
+
+
+def waterfall_plot(start_label: str, start_value: float, steps: Sequence[tuple[str, float]], path: Path,
+                   unit: str = "samples/s") -> Path:
+    """Throughput of the start, then each kept lever's gain as a floating bar, then the total."""
+    fig = Figure(figsize=(max(5.0, 1.2 * (len(steps) + 2)), 3.8), dpi=DPI)
+    ax = fig.subplots()
+    labels = [start_label] + [label for label, _ in steps] + ["tuned"]
+    ax.bar(0, start_value, color="#8c8c8c")
+    level = start_value
+    for index, (_, value) in enumerate(steps, start=1):
+        gain = value - level
+        ax.bar(index, gain, bottom=level, color="#2ca02c" if gain >= 0 else "#d62728")
+        ax.text(index, max(level, value), f"{100 * gain / level:+.0f}%" if level else "", ha="center",
+                va="bottom", fontsize=8)
+        level = value
+    ax.bar(len(labels) - 1, level, color="#1f77b4")
+    if start_value:
+        ax.text(len(labels) - 1, level, f"{level / start_value:.2f}×", ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(unit)
+    ax.set_title("tune: throughput gained by each kept lever")
+    fig.tight_layout()
+    fig.savefig(path)
+    return path

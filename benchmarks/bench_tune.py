@@ -1,0 +1,90 @@
+"""Area "tune": `perflab tune` without a human choosing levers, on the seed workloads.
+
+    python -m benchmarks.bench_tune --out DIR [--quick]
+
+- resnet50 infer bs256 from fp32 eager (hand-found: 6.1x with bf16 + channels-last + compile; goal >= 8x);
+- driving train bs32 from workers 0 (hand-found: 6.5x with 8 workers + --augment gpu).
+The planted workloads are area "tune_planted" (benchmarks/bench_tune_planted.py), which reuses `tune_rows`.
+
+Rows: start and tuned throughput, the speed-up, the kept levers, the time tune took (its trials' wall time,
+and of that the warm-up/compile time), why it stopped; one row per trial with its measured gain and, in the
+note, the predicted gain and the decision. Each tune directory (trials, tune.json, report.html) is under
+--out. The budgets keep this area near 8 minutes on an H100 (run the suite with --area-timeout 600);
+without CUDA (or with --quick) everything shrinks to a smoke run.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import Rows, parse_args
+from perflab.config import RunConfig
+from perflab.tune import TuneConfig, tune
+
+
+
+TIMING = dict(steps=15, trials=3, warmup=3, quality_steps=3)
+SMOKE_TIMING = dict(steps=4, trials=3, warmup=2, quality_steps=2)
+
+
+def experiments(cuda: bool, quick: bool) -> list[tuple[str, RunConfig, TuneConfig]]:
+    """(name, starting point, tune settings) per experiment, sized for the device."""
+    full = cuda and not quick
+    timing = TIMING if full else SMOKE_TIMING
+    small = {} if full else {"image_res": "32"}
+    return [
+        ("resnet50 infer bs256 from fp32 eager",
+         RunConfig(workload="resnet50", mode="infer", batch_size=256 if full else 2, workload_options=small,
+                   **timing), TuneConfig(budget="200s" if full else "40s")),
+        ("driving train bs32 from workers 0",
+         RunConfig(workload="driving", mode="train", batch_size=32 if full else 2, workers=0,
+                   workload_options=small, **{**timing, "steps": 10 if full else 4}),
+         TuneConfig(budget="200s" if full else "40s")),
+    ]
+
+
+def record(rows: Rows, name: str, summary: dict[str, Any], took_s: float) -> None:
+    """The tune's outcome, then predicted against measured gain for each trial."""
+    start, best = summary["start"] or {}, summary["best"] or {}
+    kept = ", ".join(summary["kept"]) or "nothing"
+    rows.add(name, "start throughput", start.get("throughput"), "samples/s")
+    rows.add(name, "tuned throughput", best.get("throughput"), "samples/s", f"kept: {kept}; quality "
+             f"{best.get('quality') or 'not checked'}")
+    rows.add(name, "speed-up", summary.get("speedup"), "x", f"recipe: {summary['recipe']['command']}")
+    rows.add(name, "tune time", round(took_s, 1), "s", f"{summary['trials']} trials, {summary['spent_s']:.0f} s "
+             f"of trials ({summary['compile_and_warmup_s']:.0f} s warm-up/compile); stopped: "
+             f"{summary['stop_reason']}")
+    for link in summary["chain"]:
+        predicted = link.get("predicted_gain_pct")
+        rows.add(name, f"trial {link['label']}", link.get("measured_gain_pct"), "% gain",
+                 f"predicted {'n/a' if predicted is None else f'{predicted:+.0f}%'}; bottleneck "
+                 f"{link.get('bottleneck')}; {'kept' if link['kept'] else 'rejected'}: {link.get('why')}")
+
+
+def tune_rows(area: str, out: Path, experiments: list[tuple[str, RunConfig, TuneConfig]]) -> list[dict]:
+    """Tune each experiment into its own folder under `out` and record its rows."""
+    rows = Rows(area, out)
+    for name, start, settings in experiments:
+        folder = out / name.replace(" ", "-")
+        began = time.perf_counter()
+        try:
+            summary = tune(start, settings, folder, command=["benchmarks", area, name])
+        except Exception as err:  # one failing experiment must not cost the others
+            traceback.print_exc()
+            rows.add(name, "error", None, "", f"{type(err).__name__}: {err}")
+            continue
+        record(rows, name, summary, time.perf_counter() - began)
+    return rows.rows
+
+
+def run(out: Path, quick: bool) -> list[dict]:
+    return tune_rows("tune", out, experiments(torch.cuda.is_available(), quick))
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    run(args.out, args.quick)

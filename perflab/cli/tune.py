@@ -1,0 +1,91 @@
+"""perflab tune: measure, diagnose, try the ranked levers, keep what is proven, until the budget is spent."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+from pathlib import Path
+
+from rich.markup import escape
+
+from perflab import options
+from perflab.cli import console, err_console
+from perflab.config import RunConfig
+from perflab.errors import PerflabError
+from perflab.rundir import default_run_dir
+from perflab.tune import TuneConfig, tune
+from perflab.tune.journal import TUNE_JSONL
+from perflab.sweep import read_rows
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "tune", help="diagnose -> try the ranked levers -> keep what is proven, within a time budget",
+        description="Start from the given run options: measure, profile and diagnose; try the levers the "
+                    "diagnosis ranks, each as a full measured run (its own process, quality gate on) against "
+                    "the best so far; keep a lever only when compare accepts it (a significant gain, quality "
+                    "pass) within the constraints; re-diagnose and go on until no lever wins or --budget is "
+                    "spent. Writes runs/<id>-tune/ with tune.jsonl (one line per trial; --resume reuses them), "
+                    "tune.json (the chain of decisions and the recipe) and report.md/report.html. See docs/tune.md.")
+    options.add_arguments(parser, RunConfig, "tune")
+    options.add_arguments(parser, TuneConfig, "tune")
+    parser.set_defaults(handler=handle)
+
+
+def _default_out(workload: str) -> Path:
+    base = default_run_dir(workload)
+    return base.with_name(base.name + "-tune")
+
+
+def _recorded_start(out: Path) -> RunConfig:
+    """The starting point recorded in a tune directory (for --resume with no run options)."""
+    path = out / TUNE_JSONL
+    if not path.is_file():
+        raise PerflabError(f"--resume: {out} holds no {TUNE_JSONL}; give the directory of an earlier tune")
+    rows = read_rows(path)
+    if not rows:
+        raise PerflabError(f"--resume: {path} is empty; start the tune again without --resume")
+    return RunConfig.from_dict(rows[0]["config"])
+
+
+def handle(args: argparse.Namespace) -> int:
+    settings = TuneConfig(**options.changes_from_args(TuneConfig, args, "tune")).validate()
+    run_changes = options.changes_from_args(RunConfig, args, "tune")
+    if settings.resume and not run_changes:
+        if not settings.out:
+            raise PerflabError("--resume needs --out DIR: the directory of the tune to continue")
+        start = _recorded_start(Path(settings.out))
+    else:
+        start = RunConfig(**run_changes).validate()
+    out = Path(settings.out) if settings.out else _default_out(start.workload)
+    command = ["perflab"] + args.argv
+    from perflab.report.tune_live import LiveTuneTable
+
+    began = time.perf_counter()
+    try:
+        with LiveTuneTable(console) as table:
+            summary = tune(start, settings, out, observer=table, command=command)
+    except KeyboardInterrupt:
+        resume = command if "--resume" in command else command + ["--resume"]
+        if "--out" not in resume:
+            resume += ["--out", str(out)]
+        err_console.print(f"[yellow]interrupted[/]: every finished trial is saved in {escape(str(out / TUNE_JSONL))}; "
+                          f"continue with:\n  {escape(shlex.join(resume))}", highlight=False, soft_wrap=True)
+        return 130
+    _print_summary(summary, out, time.perf_counter() - began)
+    return 0
+
+
+def _print_summary(summary: dict, out: Path, elapsed_s: float) -> None:
+    start, best = summary["start"] or {}, summary["best"] or {}
+    speedup = summary.get("speedup")
+    console.print(f"[bold]{start.get('throughput', 0):,.1f} → {best.get('throughput', 0):,.1f} samples/s"
+                  + (f" ({speedup:.2f}×)" if speedup else "") + "[/]"
+                  f"; kept: {escape(', '.join(summary['kept']) or 'nothing')}", highlight=False)
+    console.print(f"stopped: {escape(summary['stop_reason'])}; {summary['trials']} trials, "
+                  f"{summary['spent_s']:.0f} s of trials ({elapsed_s:.0f} s in all)", highlight=False)
+    for note in summary.get("notes") or []:
+        console.print(f"[yellow]note[/]: {escape(note)}", highlight=False)
+    console.print("recipe:\n  " + escape(summary["recipe"]["command"]) + "\n  " + escape(summary["recipe"]["snippet"]),
+                  highlight=False, soft_wrap=True)
+    console.print(f"saved {escape(str(out / 'tune.json'))}, report {escape(str(out / 'report.html'))}", highlight=False)

@@ -1,0 +1,98 @@
+"""The report of a tune directory: the chain of decisions, a waterfall of the gains, the breakdown before and
+after, predicted against measured gain, and the recipe. report.html is rendered from the same Markdown."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from perflab.report.markdown import cell, config_table, environment_table, image, num, table
+from perflab.report.plots import phase_breakdown_plot, waterfall_plot
+from perflab.results import RESULT_FILE, Result
+
+
+def _pct(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:+.1f}%"
+
+
+def _interval(ci: Optional[list]) -> str:
+    if not ci or ci[0] is None:
+        return "—"
+    return f"{ci[0]:+.1f}% … {ci[1]:+.1f}%"
+
+
+def _load(directory: Path, side: Optional[dict[str, Any]]) -> Optional[Result]:
+    if not side or not side.get("dir") or not (directory / side["dir"] / RESULT_FILE).is_file():
+        return None
+    return Result.load(directory / side["dir"])
+
+
+def tune_images(directory: Path, meta: dict[str, Any], out: Path) -> dict[str, str]:
+    """The waterfall of kept gains and the step-time breakdown of the start and the tuned best."""
+    images = {}
+    start = meta.get("start") or {}
+    kept = [(link["label"], link["throughput"]) for link in meta.get("chain", []) if link["kept"]]
+    if start.get("throughput"):
+        waterfall_plot("start", start["throughput"], kept, out / "tune_waterfall.png")
+        images["waterfall"] = "tune_waterfall.png"
+    before, after = _load(directory, meta.get("start")), _load(directory, meta.get("best"))
+    if before is not None and after is not None:
+        phase_breakdown_plot({"start": before.metrics.get("phases_ms") or {},
+                              "tuned": after.metrics.get("phases_ms") or {}}, out / "tune_breakdown.png",
+                             "step-time breakdown: start vs tuned")
+        images["breakdown"] = "tune_breakdown.png"
+    return images
+
+
+def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str]) -> str:
+    start, best = meta.get("start") or {}, meta.get("best") or {}
+    config = (meta.get("recipe") or {}).get("config") or {}
+    chain_rows = [[link["name"], cell(link.get("bottleneck")), link["label"], _pct(link.get("predicted_gain_pct")),
+                   _pct(link.get("measured_gain_pct")), _interval(link.get("ci95_pct")), cell(link.get("quality")),
+                   "**kept**" if link["kept"] else "rejected", cell(link.get("why")),
+                   num(link.get("wall_s"), 1), num(link.get("compile_s") or link.get("warmup_s"), 1)]
+                  for link in meta.get("chain", [])]
+    speedup = meta.get("speedup")
+    summary = [f"- **{num(start.get('throughput'))} → {num(best.get('throughput'))} samples/s**"
+               + (f" ({speedup:.2f}×)" if speedup else ""),
+               f"- kept: {', '.join(meta.get('kept') or []) or 'nothing'}; lost: "
+               f"{', '.join(meta.get('lost') or []) or 'nothing'}",
+               f"- {meta.get('trials')} trials in {num(meta.get('spent_s'), 0)} s of a "
+               f"{num(meta.get('budget_s'), 0)} s budget (warm-up and compilation: "
+               f"{num(meta.get('compile_and_warmup_s'), 0)} s of it)",
+               f"- stopped: {meta.get('stop_reason')}"]
+    diagnosis_rows = [[d.get("trial"), d.get("after"), cell(d.get("bottleneck")), num(d.get("confidence"), 2),
+                       cell(d.get("headline")), cell(", ".join(d.get("levers") or []))]
+                      for d in meta.get("diagnoses", [])]
+    recipe = meta.get("recipe") or {}
+    parts = [f"# perflab tune: {config.get('workload')} · {config.get('mode')} · {config.get('device')}",
+             f"Command: `{' '.join(meta.get('command') or [])}`" if meta.get("command") else "",
+             "## Result", "\n".join(summary),
+             image("throughput waterfall", images.get("waterfall")),
+             "## The recipe", f"```\n{recipe.get('command', '')}\n```", f"```python\n{recipe.get('snippet', '')}\n```",
+             "## The chain of decisions",
+             table(["trial", "bottleneck", "lever", "predicted", "measured", "95% CI", "quality", "decision", "why",
+                    "wall s", "compile/warm-up s"], chain_rows, "lllrrrllllr") if chain_rows else "No lever was tried.",
+             "Predicted: the throughput gain if the share of the step the diagnosis's finding explains vanished "
+             "(n/a where the diagnosis gives no share). Measured: compare's change of the median throughput "
+             "against the best so far, with its bootstrap interval.",
+             "## Diagnoses", table(["profile", "of", "bottleneck", "confidence", "headline", "levers"],
+                                   diagnosis_rows) if diagnosis_rows else "",
+             "## Step-time breakdown, before and after", image("step-time breakdown", images.get("breakdown"))]
+    if meta.get("skipped"):
+        parts += ["## Not tried", table(["lever", "why"], [[k, cell(v)] for k, v in meta["skipped"].items()])]
+    if meta.get("notes"):
+        parts += ["## Notes", "\n".join(f"- {note}" for note in meta["notes"])]
+    parts += ["## Tuned configuration", config_table(config, skip=["out"])]
+    best_result = _load(directory, best)
+    if best_result is not None:
+        parts += ["## Environment", environment_table(best_result.environment)]
+    return "\n\n".join(part for part in parts if part) + "\n"
+
+
+def tune_report(directory: Path, out: Path) -> str:
+    """The Markdown of a tune directory (its tune.json), writing its plots into `out`."""
+    from perflab.tune.output import TUNE_JSON
+
+    meta = json.loads((directory / TUNE_JSON).read_text())
+    return tune_markdown(directory, meta, tune_images(directory, meta, out))

@@ -1,0 +1,81 @@
+"""The live terminal table of `perflab tune`: one row per finished trial, and the trial running now."""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from perflab.report.terminal import fmt
+from perflab.tune.driver import TuneObserver
+
+
+def _decision_text(row: dict[str, Any]) -> str:
+    decision = row.get("decision")
+    if row["kind"] == "profile":
+        return "[dim]profiled[/]" if row["status"] == "ok" else f"[red]{row['status']}[/]"
+    if decision is None:
+        return "[bold]start[/]"
+    if decision["kept"]:
+        return "[bold green]kept[/]"
+    return f"[red]{escape(decision['verdict'])}[/]"
+
+
+def _gain(row: dict[str, Any]) -> str:
+    decision = row.get("decision") or {}
+    gain, ci = decision.get("gain_pct"), decision.get("ci95_pct") or [None, None]
+    if gain is None:
+        return ""
+    return f"{gain:+.1f}%" + (f" [dim]({ci[0]:+.0f}…{ci[1]:+.0f})[/]" if ci[0] is not None else "")
+
+
+class LiveTuneTable(TuneObserver):
+    """A rich Live display; reused rows (from --resume) are marked as recorded."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.rows: list[tuple[dict[str, Any], bool]] = []
+        self.running: Optional[str] = None
+        self.began = time.perf_counter()
+        self.live = Live(self._render(), console=console, refresh_per_second=2, transient=False)
+
+    def __enter__(self) -> "LiveTuneTable":
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.running = None
+        self.live.update(self._render())
+        self.live.stop()
+
+    def _render(self) -> Group:
+        table = Table(title="perflab tune", title_justify="left", show_lines=False)
+        for name, justify in (("trial", "left"), ("lever", "left"), ("samples/s", "right"),
+                              ("predicted", "right"), ("measured (95% CI)", "right"), ("quality", "left"),
+                              ("decision", "left"), ("wall s", "right")):
+            table.add_column(name, justify=justify)
+        for row, reused in self.rows:
+            predicted = row.get("predicted_gain_pct")
+            table.add_row(row["name"] + (" [dim](recorded)[/]" if reused else ""), escape(row["label"]),
+                          fmt(row.get("throughput")), "" if predicted is None else f"{predicted:+.0f}%", _gain(row),
+                          escape(str((row.get("decision") or {}).get("quality") or row.get("quality") or "")),
+                          _decision_text(row), fmt(row.get("wall_s"), 0))
+        status = Text(f"running {self.running} … ({time.perf_counter() - self.began:.0f} s so far)",
+                      style="dim") if self.running else Text("")
+        return Group(table, status)
+
+    def trial_started(self, name: str, kind: str) -> None:
+        self.running = f"{name} ({kind})"
+        self.live.update(self._render())
+
+    def trial_finished(self, row: dict[str, Any], reused: bool) -> None:
+        self.rows.append((row, reused))
+        self.running = None
+        self.live.update(self._render())
+
+    def note(self, text: str) -> None:
+        self.console.print(f"[dim]{escape(text)}[/]")

@@ -1,0 +1,47 @@
+"""perflab tune: diagnose, try the ranked levers, keep what compare and the quality gate prove, repeat.
+
+Layout of a tune directory (`runs/<id>-tune/`):
+
+    tune.jsonl          one line per finished trial (fsynced at once): its config, figures and decision
+    tune.json           the chain of decisions, why the search stopped, the recipe (rewritten at the end)
+    trials/NN-<lever>/  each trial's run folder (result.json; trace.json for profiles)
+    trials/NN-<lever>.log  what the trial's process printed
+    report.md/.html     the chain, a waterfall of the gains, the breakdown before and after
+
+Modules: settings (TuneConfig, --budget parsing), candidates (what to try, in which order, with which
+values), trial (one subprocess), journal (tune.jsonl), decision (keep or reject), driver (the loop),
+output (tune.json), recipe (the tuned command line and RunConfig).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from perflab.config import RunConfig
+from perflab.tune.driver import Tuner, TuneObserver
+from perflab.tune.output import TUNE_JSON, tune_summary, write_tune_json
+from perflab.tune.settings import TuneConfig, parse_duration
+
+INTERRUPTED = "interrupted"
+
+
+def tune(start: RunConfig, settings: TuneConfig, out: Union[str, Path], observer: Optional[TuneObserver] = None,
+         command: Optional[list[str]] = None, report: bool = True, **tuner_options: Any) -> dict[str, Any]:
+    """Tune from `start` into `out`; returns the tune.json summary. On KeyboardInterrupt, tune.json is written
+    for what finished and the interrupt propagates (resume with settings.resume=True)."""
+    tuner = Tuner(start, settings, Path(out), observer=observer, **tuner_options)
+    try:
+        stop_reason = tuner.run()
+    except KeyboardInterrupt:
+        if tuner.best_row is not None:
+            write_tune_json(tuner.out, tune_summary(tuner, INTERRUPTED, command or []))
+        raise
+    summary = tune_summary(tuner, stop_reason, command or [])
+    write_tune_json(tuner.out, summary)
+    if report:
+        from perflab.report.build import write_report
+        summary["report"] = [str(path) for path in write_report(tuner.out)]
+    return summary
+
+
+__all__ = ["tune", "Tuner", "TuneObserver", "TuneConfig", "parse_duration", "TUNE_JSON"]

@@ -1,0 +1,174 @@
+"""Which levers to try next, in which order, and with which values (numeric knobs are searched, not guessed).
+
+A confident diagnosis (its verdict at UNSURE_BELOW or above) leads with the finding it named: that finding's
+levers first, then the other levers that address the same bottleneck class. Where the diagnosis is unsure (or
+names no bottleneck), every finding is weighed by the gain to expect from it, the share of the step it
+explains (`expected_gain_pct`) times its confidence, or by confidence alone when no share is given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import torch
+
+from perflab import options
+from perflab.config import RunConfig
+
+NO_CLEAR_BOTTLENECK = "no clear bottleneck"
+UNSURE_BELOW = 0.7  # a verdict less confident than this: try the next most likely levers too
+BATCH_LEVER = "batch-size"  # not a lever of perflab.levers: searched only with --tune-batch
+TORCH_PREFETCH_DEFAULT = 2  # DataLoader's prefetch_factor when none is given
+# Seconds of compilation to expect per torch.compile mode before one has been measured (a ResNet-50 compiles
+# in about half a minute in default mode on an H100); max-autotune benchmarks kernel choices and takes several
+# times the default mode.
+COMPILE_ESTIMATE_S = {"default": 30.0, "reduce-overhead": 45.0, "max-autotune": 180.0}
+COMPILE_SCALE = {"default": 1.0, "reduce-overhead": 1.5, "max-autotune": 5.0}
+
+ONCE, LADDER, ALTERNATIVES, BATCH = "once", "ladder", "alternatives", "batch"
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A lever the diagnosis (or its fallback) proposes, with the finding behind it."""
+
+    lever: str
+    source: str  # the bottleneck class of the finding that proposed it, or "fallback"
+    confidence: Optional[float]
+    expected_share_pct: Optional[float]  # the share of the step that finding explains, when the diagnosis says
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One trial to make: the current best with one option changed."""
+
+    proposal: Proposal
+    option: str  # the RunConfig field
+    value: Any
+    search: str  # once | ladder | alternatives | batch
+
+    @property
+    def lever(self) -> str:
+        return self.proposal.lever
+
+    @property
+    def label(self) -> str:
+        if self.search == ONCE:
+            return self.lever
+        return f"{self.lever}={'default' if self.value is None else self.value}"
+
+    def apply(self, cfg: RunConfig) -> RunConfig:
+        return cfg.replace(**{self.option: self.value})
+
+
+def _field(finding: Any, name: str) -> Any:
+    return finding.get(name) if isinstance(finding, dict) else getattr(finding, name, None)
+
+
+def ordered_findings(findings: Iterable[Any]) -> list[Any]:
+    """Findings by the gain to expect from each: the share of the step it explains times how sure it is (when
+    every finding gives a share), else by confidence alone."""
+    findings = list(findings)
+    if findings and all(_field(f, "expected_gain_pct") is not None for f in findings):
+        return sorted(findings, key=lambda f: -_field(f, "expected_gain_pct") * (_field(f, "confidence") or 0.0))
+    return sorted(findings, key=lambda f: -(_field(f, "confidence") or 0.0))
+
+
+def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: float = UNSURE_BELOW) -> list[Proposal]:
+    """The levers to try, best first: the leading finding's, then every lever addressing its class; where the
+    diagnosis is unsure, the other findings' too; with no bottleneck named, every lever after those."""
+    findings = ordered_findings(_field(diagnosis, "findings") or [])
+    confidence = _field(diagnosis, "confidence") or 0.0
+    unsure = confidence < unsure_below or not findings or _field(diagnosis, "bottleneck") == NO_CLEAR_BOTTLENECK
+    chosen: dict[str, Proposal] = {}
+
+    def add(name: str, finding: Any) -> None:
+        if name not in chosen and name in levers_by_name:
+            source = _field(finding, "cls") if finding is not None else "fallback"
+            chosen[name] = Proposal(name, source, _field(finding, "confidence") if finding is not None else None,
+                                    _field(finding, "expected_gain_pct") if finding is not None else None)
+
+    # A confident diagnosis leads with the finding it named; an unsure one is weighed finding by finding.
+    named = [f for f in findings if _field(f, "cls") == _field(diagnosis, "bottleneck")]
+    considered = findings if unsure else (named or findings)[:1]
+    for finding in considered:
+        for name in _field(finding, "levers") or []:
+            add(name, finding)
+    for finding in considered:  # then the other levers for the same bottleneck classes
+        for lever in levers_by_name.values():
+            if _field(finding, "cls") in lever.addresses:
+                add(lever.name, finding)
+    if not findings or _field(diagnosis, "bottleneck") == NO_CLEAR_BOTTLENECK:
+        for lever in levers_by_name.values():  # nothing named: every lever, in application order
+            add(lever.name, None)
+    return list(chosen.values())
+
+
+def worker_ladder(current: int, cpu_count: int) -> list[int]:
+    """DataLoader worker counts to try above `current`: 2, 4, 8, ... up to the CPU count (1 on one core)."""
+    if cpu_count <= 1:
+        return [1] if current < 1 else []
+    values, workers = [], 2
+    while workers <= cpu_count:
+        if workers > current:
+            values.append(workers)
+        workers *= 2
+    return values
+
+
+def compile_cost_s(mode: str, measured_default_s: Optional[float]) -> float:
+    """Expected compile time of a mode: scaled from a measured default compile, else the estimate."""
+    if measured_default_s:
+        return measured_default_s * COMPILE_SCALE[mode]
+    return COMPILE_ESTIMATE_S[mode]
+
+
+def expand(proposal: Proposal, lever: Any, best: RunConfig, cpu_count: int) -> list[Candidate]:
+    """The candidates a lever stands for: its one value, or the values of a numeric or mode search."""
+    current = getattr(best, lever.option)
+    if lever.option == "workers":
+        return [Candidate(proposal, "workers", n, LADDER) for n in worker_ladder(current, cpu_count)]
+    if lever.option == "prefetch_factor":
+        return [Candidate(proposal, "prefetch_factor", n, LADDER) for n in (4, 8)
+                if n > (current or TORCH_PREFETCH_DEFAULT)]
+    if lever.option == "compile":
+        modes = ["default"] + (["reduce-overhead", "max-autotune"] if best.device == "cuda" else [])
+        return [Candidate(proposal, "compile", mode, ALTERNATIVES) for mode in modes if mode != current]
+    if lever.option == "pin_memory" and best.pin_memory is None and best.device == "cuda":
+        return []  # unset means pinned on CUDA already: the candidate would measure the same config
+    if lever.value is None or lever.is_active(best):
+        return []
+    return [Candidate(proposal, lever.option, lever.value, ONCE)]
+
+
+def batch_candidates(best: RunConfig, upper_limit: int = 65536) -> list[Candidate]:
+    """Batch sizes to try with --tune-batch: doubling from the current one (bisected after an OOM)."""
+    proposal = Proposal(BATCH_LEVER, "batch size (--tune-batch)", None, None)
+    values, batch = [], best.batch_size * 2
+    while batch <= upper_limit:
+        values.append(batch)
+        batch *= 2
+    return [Candidate(proposal, "batch_size", value, BATCH) for value in values]
+
+
+def bisect_batch(good: int, out_of_memory: int) -> Optional[int]:
+    """The batch between the largest that ran and the smallest that ran out of memory; None when adjacent
+    enough (within an eighth of the good one)."""
+    middle = (good + out_of_memory) // 2
+    if out_of_memory - good <= max(1, good // 8) or middle in (good, out_of_memory):
+        return None
+    return middle
+
+
+def refusal_before_trying(candidate: Candidate, cfg: RunConfig, lever: Any, workload: Any) -> Optional[str]:
+    """Why the candidate cannot run here, known without running it: the option table's rules on this device
+    (needs CUDA, mode, conflicts), then the lever's own checks of the workload.
+
+    The checks get a CPU device: the one check that reads the GPU (bf16 support) would create a CUDA context
+    in the tuning process, and every trial would then count that process as a neighbour on its GPU (a busy,
+    unjudged measurement). A child that finds bf16 unsupported refuses it itself.
+    """
+    reason = options.refusal(cfg, candidate.option, cfg.device)
+    if reason is not None or workload is None or lever is None:
+        return reason
+    return lever.checks(cfg, workload, torch.device("cpu"))

@@ -1,0 +1,79 @@
+"""Keep or reject a candidate: compare's decision against the current best, then the user's constraints.
+
+A lever is kept only when `perflab.compare` accepts it (throughput significantly higher by more than the
+minimum effect, and the quality gate passed) and it stays inside --max-p99-ms and --max-memory-gb.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from perflab.compare import compare_results
+from perflab.results import Result
+
+ACCEPT = "accept"
+
+
+@dataclass
+class Decision:
+    """One link of the chain: what was tried against what, what it measured, and whether it was kept."""
+
+    kept: bool
+    verdict: str  # compare's decision, or the trial's status when nothing was measured
+    why: str
+    gain_pct: Optional[float] = None
+    ci95_pct: Optional[list[Optional[float]]] = None
+    quality: Optional[str] = None
+    reasons: list[str] = field(default_factory=list)
+    noisy: list[str] = field(default_factory=list)  # why the timings are not clean (a busy machine, ...)
+    judged: bool = True  # False: noisy timings, so compare did not judge the speed
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def peak_memory_gb(result: Result) -> Optional[float]:
+    memory = result.metrics.get("memory") or {}
+    megabytes = memory.get("peak_allocated_mb", memory.get("host_peak_rss_mb"))
+    return None if megabytes is None else megabytes / 1024
+
+
+def constraint_violations(result: Result, max_p99_ms: Optional[float], max_memory_gb: Optional[float]) -> list[str]:
+    """The constraints this result breaks, each as a sentence with its numbers."""
+    broken = []
+    p99 = result.metrics["latency_ms"].get("p99")
+    if max_p99_ms is not None and p99 is not None and p99 > max_p99_ms:
+        broken.append(f"p99 step latency {p99:.2f} ms is over --max-p99-ms {max_p99_ms:g}")
+    memory = peak_memory_gb(result)
+    if max_memory_gb is not None and memory is not None and memory > max_memory_gb:
+        broken.append(f"peak memory {memory:.2f} GB is over --max-memory-gb {max_memory_gb:g}")
+    return broken
+
+
+def judge(best: Result, candidate: Result, min_effect_pct: float, max_p99_ms: Optional[float] = None,
+          max_memory_gb: Optional[float] = None, accept_noisy: bool = False) -> Decision:
+    """compare_results(best, candidate) decides; a kept lever must also meet the constraints."""
+    comparison = compare_results(best, candidate, min_effect_pct, accept_noisy=accept_noisy)
+    throughput = comparison.metric("throughput")
+    quality = (candidate.quality or {}).get("verdict", "not checked")
+    noisy = list(getattr(comparison, "noisy", None) or [])
+    decision = Decision(kept=False, verdict=comparison.decision, why=comparison.reasons[0],
+                        gain_pct=throughput.change_pct, ci95_pct=[throughput.ci_low_pct, throughput.ci_high_pct],
+                        quality=quality, reasons=list(comparison.reasons), noisy=noisy,
+                        judged=not noisy or accept_noisy or quality == "fail")
+    if comparison.decision != ACCEPT:
+        return decision
+    broken = constraint_violations(candidate, max_p99_ms, max_memory_gb)
+    if broken:
+        decision.why = "faster, but " + "; ".join(broken)
+        decision.reasons.append(decision.why)
+        return decision
+    decision.kept = True
+    return decision
+
+
+def not_measured(status: str, reason: str) -> Decision:
+    """The decision for a trial that produced no result (refused, out of memory, crashed)."""
+    words = {"refused": "refused by the run", "oom": "out of memory", "error": "the run failed",
+             "invalid": "the run finished with unusable numbers"}
+    return Decision(kept=False, verdict=status, why=f"{words.get(status, status)}: {reason}")

@@ -1,0 +1,348 @@
+"""The tune loop: measure and diagnose the best so far, try the ranked levers, keep what is proven, repeat.
+
+    measure start -> profile + diagnose -> for each proposed lever (a value search for numeric knobs):
+        trial = best + lever, measured in its own process with the quality gate on
+        compare(best, trial) accepts and the constraints hold -> keep it (best = trial), re-profile
+        otherwise -> the lever lost; it is not tried again
+    until no lever wins, the budget or --max-trials is spent, or the GPU is busy with MFU near the peak.
+
+Every trial is one row of tune.jsonl written before the next begins; on --resume the loop replays and
+reuses the recorded rows (its choices depend only on them), so nothing is lost and nothing is run twice.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from perflab.config import RunConfig
+from perflab.errors import PerflabError
+from perflab.levers import all_levers
+from perflab.results import Result
+from perflab.tune import candidates as search
+from perflab.tune.decision import Decision, judge, not_measured
+from perflab.tune.journal import Journal, trial_key
+from perflab.tune.settings import TuneConfig, strict_tolerances
+from perflab.tune.trial import OK, OOM, QUALITY_FAIL, TrialOutcome, run_trial, trial_figures
+
+TRIALS_DIR = "trials"
+NEAR_PEAK_BUSY_PCT = 95.0
+NEAR_PEAK_MFU_PCT = 70.0  # share of the calibrated peak that counts as "near it"
+BATCH_LIMIT = 4096
+BATCH_NOTE = ("batch size changes the optimisation (the learning rate and schedule were tuned for the old batch): "
+              "re-check convergence before adopting it")
+
+Runner = Callable[[RunConfig, str, Path], TrialOutcome]
+Diagnoser = Callable[[Path, Optional[Result], list[str]], Any]
+
+
+class TuneObserver:
+    """Progress callbacks; the CLI draws a live table from them, the library ignores them."""
+
+    def trial_started(self, name: str, kind: str) -> None:
+        pass
+
+    def trial_finished(self, row: dict[str, Any], reused: bool) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+
+class BudgetSpent(Exception):
+    """Raised inside the loop when the budget or --max-trials says stop; carries the reason."""
+
+
+def predicted_gain_pct(share_pct: Optional[float]) -> Optional[float]:
+    """Throughput gain if a share of the step vanished entirely: 1 / (1 - share) - 1."""
+    if share_pct is None:
+        return None
+    share = min(max(share_pct, 0.0), 99.0) / 100
+    return 100 * (1 / (1 - share) - 1)
+
+
+def diagnose_trace(trace: Path, result: Optional[Result], tried_and_lost: list[str]) -> Any:
+    """perflab.diagnose on a profile's trace, told which levers lost when this diagnose accepts that."""
+    from perflab.diagnose import diagnose
+    if "tried_and_lost" in inspect.signature(diagnose).parameters:
+        return diagnose(trace, result, tried_and_lost=list(tried_and_lost))
+    return diagnose(trace, result)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (DataLoader workers beyond that only contend)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-." else "-" for c in text)
+
+
+class Tuner:
+    """One tune directory being filled. `runner` runs a trial (a subprocess by default) and `diagnoser` reads a
+    profile's trace; tests pass fakes of both to check the search without processes."""
+
+    def __init__(self, start: RunConfig, settings: TuneConfig, out: Path, runner: Runner = run_trial,
+                 observer: Optional[TuneObserver] = None, cpu_count: Optional[int] = None,
+                 workload: Any = None, check_workload: bool = True, diagnoser: Diagnoser = diagnose_trace):
+        self.settings = settings.validate()
+        # Resolved (device, batch) by the start trial's own process: resolving here would create a CUDA context
+        # in this process, which every trial would see as a neighbour on its GPU.
+        self.start = start.replace(out=None).validate()
+        self.out = Path(out)
+        self.runner = runner
+        self.diagnoser = diagnoser
+        self.observer = observer or TuneObserver()
+        self.cpu_count = cpu_count or usable_cpus()
+        self.levers = {lever.name: lever for lever in all_levers()}
+        self.workload = workload  # built on first use, for the levers' refusals
+        self.check_workload = check_workload and workload is None
+        (self.out / TRIALS_DIR).mkdir(parents=True, exist_ok=True)
+        self.journal = Journal(self.out, settings.resume)
+        self.spent_s = 0.0
+        self.count = 0
+        self.lost: list[str] = []  # levers tried that never won (the diagnosis is told, and never re-proposes)
+        self.settled: set[str] = set()  # levers whose search is over, won or lost
+        self.chain: list[dict[str, Any]] = []
+        self.diagnoses: list[dict[str, Any]] = []
+        self.skipped: dict[str, str] = {}
+        self.notes: list[str] = []
+        self.measured_compile_s: Optional[float] = None
+        self.best_cfg = self.start
+        self.best: Optional[Result] = None
+        self.best_row: Optional[dict[str, Any]] = None
+        self.baseline_row: Optional[dict[str, Any]] = None
+        self.diagnosis: Any = None
+
+    # ------------------------------------------------------------------------------------------ the loop
+
+    def run(self) -> str:
+        """Tune until a stop condition; returns why it stopped."""
+        row, result = self._trial(self.start, "run", "start")
+        if result is None:
+            raise PerflabError(f"the starting point did not run ({row['status']}: {row['reason']}); see "
+                               f"{self.out / row['dir']}.log")
+        if row["status"] == QUALITY_FAIL:
+            self.notes.append(f"the starting point itself failed its quality gate ({row['reason']}); every "
+                              "candidate is still gated against the fp32 eager baseline")
+        self.start = RunConfig.from_dict({**result.config, "out": None})  # device and batch resolved
+        self.best_cfg = self.start
+        self.best, self.best_row, self.baseline_row = result, row, row
+        try:
+            while True:
+                self._check_budget()
+                self.diagnosis = self._profile_and_diagnose()
+                if self._near_peak():
+                    return "near the peak: the GPU is busy and MFU is near the calibrated peak; nothing left to win"
+                trials_before = self.count
+                if not self._try_levers():
+                    if self.count == trials_before:
+                        return self._nothing_to_try()
+                    return "no lever won: every proposed lever was tried, refused or lost"
+        except BudgetSpent as stop:
+            return str(stop)
+
+    def _nothing_to_try(self) -> str:
+        """Why the search ends without a trial: the diagnosis's advice is what remains (e.g. remove a sync)."""
+        if self.diagnosis is None:
+            return "no lever left to try"
+        advice = list(getattr(self.diagnosis, "advice", None) or [])
+        return (f"no lever left to try for {self.diagnosis.bottleneck}"
+                + (f"; the diagnosis advises: {advice[0]}" if advice else ""))
+
+    def _check_budget(self) -> None:
+        budget = self.settings.budget_s
+        if self.spent_s >= budget:
+            raise BudgetSpent(f"budget spent: {self.spent_s:.0f} s of {budget:.0f} s (the last trial ran past it)")
+        if self.settings.max_trials is not None and self.count >= self.settings.max_trials:
+            raise BudgetSpent(f"--max-trials {self.settings.max_trials} reached")
+
+    def _try_levers(self) -> bool:
+        """Try the proposed levers in order until one is kept (True) or none is left (False)."""
+        for proposal in search.proposals(self.diagnosis, self.levers):
+            if proposal.lever in self.settled or proposal.lever in self.settings.exclude:
+                continue
+            candidates = search.expand(proposal, self.levers[proposal.lever], self.best_cfg, self.cpu_count)
+            if candidates and self._search(candidates):
+                return True
+        if self.settings.tune_batch and search.BATCH_LEVER not in self.settled:
+            return self._search_batch()
+        return False
+
+    def _search(self, candidates: list[search.Candidate]) -> bool:
+        """Try a lever's values: a ladder climbs while each step wins; alternatives are each tried."""
+        kept_any = tried = measured = False
+        lever = candidates[0].lever
+        for candidate in candidates:
+            if not self._can_try(candidate):
+                continue
+            self._check_budget()
+            kept, tried = self._try(candidate), True
+            kept_any = kept_any or kept
+            measured = measured or self.chain[-1]["decision"].get("judged", True) and \
+                self.chain[-1]["status"] in (OK, QUALITY_FAIL)
+            if not kept and candidate.search in (search.LADDER, search.ONCE):
+                break
+        if tried:
+            self.settled.add(lever)
+        if measured and not kept_any:
+            self.lost.append(lever)  # refused, crashed or noisy trials are not losses: nothing was judged
+        return kept_any
+
+    def _search_batch(self) -> bool:
+        """Grow the batch until it runs out of memory or stops paying, then bisect towards the OOM."""
+        if self.best_cfg.mode == "train" and BATCH_NOTE not in self.notes:
+            self.notes.append(BATCH_NOTE)
+        good, out_of_memory, kept_any = self.best_cfg.batch_size, None, False
+        batch: Optional[int] = good * 2
+        proposal = search.Proposal(search.BATCH_LEVER, "batch size (--tune-batch)", None, None)
+        while batch is not None and batch <= BATCH_LIMIT:
+            self._check_budget()
+            candidate = search.Candidate(proposal, "batch_size", batch, search.BATCH)
+            kept = self._try(candidate)
+            if kept:
+                good, kept_any = batch, True
+                batch = good * 2 if out_of_memory is None else search.bisect_batch(good, out_of_memory)
+            elif self.chain[-1]["status"] == OOM:
+                out_of_memory = batch
+                batch = search.bisect_batch(good, out_of_memory)
+            else:
+                break
+        self.settled.add(search.BATCH_LEVER)  # searched: not again, whatever it kept
+        return kept_any
+
+    def _can_try(self, candidate: search.Candidate) -> bool:
+        cfg = self._candidate_config(candidate)
+        reason = search.refusal_before_trying(candidate, cfg, self.levers.get(candidate.lever), self._workload())
+        if reason is None and candidate.option == "compile":
+            # the timed run compiles, and so does the quality gate's copy of the model
+            cost = 2 * search.compile_cost_s(candidate.value, self.measured_compile_s)
+            left = self.settings.budget_s - self.spent_s
+            if cost > left:
+                reason = f"needs about {cost:.0f} s of compilation and {left:.0f} s of the budget is left"
+        if reason is not None:
+            self.skipped.setdefault(candidate.label, reason)
+            return False
+        return True
+
+    def _workload(self) -> Any:
+        if self.check_workload:
+            from perflab.workloads import load_workload
+            self.workload = load_workload(self.start.workload, self.start)  # on the CPU: no CUDA context
+            self.check_workload = False
+        return self.workload
+
+    # ------------------------------------------------------------------------------------------ one trial
+
+    def _candidate_config(self, candidate: search.Candidate) -> RunConfig:
+        cfg = candidate.apply(self.best_cfg)
+        if candidate.option == "compile" and cfg.warmup < 2:
+            cfg = cfg.replace(warmup=2)  # compilation must stay out of the timed steps
+        return cfg
+
+    def _trial_config(self, cfg: RunConfig) -> RunConfig:
+        """A candidate runs with the quality gate on; --quality strict halves the tolerance of its precision."""
+        cfg = cfg.replace(check_quality=True, quality_rtol=self.start.quality_rtol,
+                          quality_loss_rtol=self.start.quality_loss_rtol)
+        if self.settings.quality == "strict":
+            cfg = cfg.replace(**strict_tolerances(cfg))
+        return cfg
+
+    def _try(self, candidate: search.Candidate) -> bool:
+        cfg = self._trial_config(self._candidate_config(candidate))
+        predicted = predicted_gain_pct(candidate.proposal.expected_share_pct)
+        context = {"lever": candidate.lever, "label": candidate.label, "option": candidate.option,
+                   "value": candidate.value, "search": candidate.search, "against": self.best_row["name"],
+                   "bottleneck": self._verdict(), "proposed_by": candidate.proposal.source,
+                   "finding_confidence": candidate.proposal.confidence,
+                   "predicted_step_share_pct": candidate.proposal.expected_share_pct,
+                   "predicted_gain_pct": predicted}
+        row, result = self._trial(cfg, "run", candidate.label, context, judge_against=self.best)
+        self.chain.append(row)
+        if candidate.option == "compile" and candidate.value == "default" and row.get("compile_s"):
+            self.measured_compile_s = row["compile_s"]  # kept or not, it tells what the other modes will cost
+        if row["decision"]["kept"]:
+            self.best_cfg = cfg
+            self.best, self.best_row = result, row
+        return row["decision"]["kept"]
+
+    def _trial(self, cfg: RunConfig, kind: str, label: str, context: Optional[dict[str, Any]] = None,
+               judge_against: Optional[Result] = None) -> tuple[dict[str, Any], Optional[Result]]:
+        """Run (or reuse from tune.jsonl) one trial; record it, with its decision, before returning."""
+        key = trial_key(cfg, kind)
+        name = f"{self.count:02d}-{_slug(label)}"
+        row = self.journal.get(key)
+        reused = row is not None
+        if row is None:
+            self.observer.trial_started(name, kind)
+            outcome = self.runner(cfg, kind, self.out / TRIALS_DIR / name)
+            row = self._row(key, name, kind, label, cfg, outcome, context or {})
+            if judge_against is not None:
+                decision = self._judge(judge_against, outcome)
+                row["decision"] = decision.to_dict()
+                row["measured_gain_pct"] = decision.gain_pct
+            self.journal.append(row)
+            result = outcome.result
+        else:
+            result = self._load(row)
+        self.spent_s += row["wall_s"]
+        self.count += 1
+        self.observer.trial_finished(row, reused)
+        return row, result
+
+    def _judge(self, best: Result, outcome: TrialOutcome) -> Decision:
+        if outcome.result is None:
+            return not_measured(outcome.status, outcome.reason)
+        s = self.settings
+        return judge(best, outcome.result, s.min_effect_pct, s.max_p99_ms, s.max_memory_gb, s.accept_noisy)
+
+    def _row(self, key: str, name: str, kind: str, label: str, cfg: RunConfig, outcome: TrialOutcome,
+             context: dict[str, Any]) -> dict[str, Any]:
+        return {"index": self.count, "key": key, "name": name, "kind": kind, "label": label,
+                "dir": f"{TRIALS_DIR}/{name}", "status": outcome.status, "reason": outcome.reason,
+                "wall_s": round(outcome.wall_s, 3), **trial_figures(outcome), **context,
+                "config": cfg.to_dict(), "created_unix": time.time()}
+
+    def _load(self, row: dict[str, Any]) -> Optional[Result]:
+        path = self.out / row["dir"] / "result.json"
+        if row["status"] not in (OK, QUALITY_FAIL):
+            return None
+        if not path.is_file():
+            raise PerflabError(f"{path} is missing but tune.jsonl records it; restore it or start a new tune")
+        return Result.load(path)
+
+    # ------------------------------------------------------------------------------------------ diagnosis
+
+    def _profile_and_diagnose(self) -> Any:
+        """Profile the current best in its own process and diagnose its trace (levers that lost excluded)."""
+        cfg = self.best_cfg.replace(trials=1, check_quality=False)
+        row, result = self._trial(cfg, "profile", f"profile-{self.best_row['label']}")
+        entry = {"trial": row["name"], "after": self.best_row["name"], "status": row["status"]}
+        diagnosis = None
+        trace = self.out / row["dir"] / "trace.json"
+        if row["status"] == OK and trace.is_file():
+            diagnosis = self.diagnoser(trace, result, list(self.lost))
+            entry.update(bottleneck=diagnosis.bottleneck, confidence=diagnosis.confidence,
+                         headline=diagnosis.headline, levers=list(diagnosis.levers),
+                         findings=[{key: f.get(key) for key in ("cls", "confidence", "expected_gain_pct", "levers")}
+                                   for f in diagnosis.findings])
+        else:
+            entry["headline"] = f"no diagnosis ({row['status']}: {row['reason']}); trying every applicable lever"
+        self.diagnoses.append(entry)
+        self.observer.note(f"diagnosis of {self.best_row['name']}: {entry.get('bottleneck', 'none')} — "
+                           f"{entry['headline']}")
+        return diagnosis
+
+    def _verdict(self) -> Optional[str]:
+        return None if self.diagnosis is None else self.diagnosis.bottleneck
+
+    def _near_peak(self) -> bool:
+        if self.diagnosis is None or self.best is None:
+            return False
+        busy = ((self.diagnosis.profile or {}).get("gpu") or {}).get("busy_pct")
+        mfu = (self.best.metrics.get("flops") or {}).get("mfu_pct")
+        return busy is not None and mfu is not None and busy >= NEAR_PEAK_BUSY_PCT and mfu >= NEAR_PEAK_MFU_PCT

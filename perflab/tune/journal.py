@@ -1,0 +1,51 @@
+"""tune.jsonl: one line per finished trial, appended and fsynced at once, keyed by the trial's resolved config.
+
+A kill at any moment loses at most the trial that was running; `--resume` reads the lines back and the
+driver reuses them instead of running those trials again (the same file format as sweep.jsonl).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from perflab.config import RunConfig
+from perflab.errors import PerflabError
+from perflab.sweep import point_key, read_rows, trim_partial_line
+
+TUNE_JSONL = "tune.jsonl"
+
+
+def trial_key(cfg: RunConfig, kind: str) -> str:
+    """A trial's identity: what it runs (run or profile) and its resolved config, output directory aside."""
+    return f"{kind}-{point_key(cfg)}"
+
+
+class Journal:
+    """The rows of tune.jsonl by key; `append` writes one row durably before anything else happens."""
+
+    def __init__(self, out: Path, resume: bool):
+        self.path = Path(out) / TUNE_JSONL
+        if self.path.exists() and not resume:
+            raise PerflabError(f"--out {out} already holds a tune; add --resume to continue it, or choose "
+                               "another --out")
+        trim_partial_line(self.path)
+        self.rows: dict[str, dict[str, Any]] = {row["key"]: row for row in read_rows(self.path)} \
+            if self.path.exists() else {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get(self, key: str) -> Optional[dict[str, Any]]:
+        return self.rows.get(key)
+
+    def append(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a") as stream:
+            stream.write(json.dumps(row, allow_nan=True, default=str) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        self.rows[row["key"]] = row
+
+    def ordered(self) -> list[dict[str, Any]]:
+        return sorted(self.rows.values(), key=lambda row: row["index"])

@@ -1,0 +1,44 @@
+"""The tuned configuration as a user takes it away: a `perflab run` command line and a RunConfig(...) snippet."""
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from perflab import options
+from perflab.config import RunConfig
+
+# Fields tune sets on its trials only (the quality gate on every candidate); the recipe keeps the user's own.
+TRIAL_ONLY_FIELDS = ("check_quality", "quality_rtol", "quality_loss_rtol")
+
+
+def recipe_config(best: RunConfig, start: RunConfig) -> RunConfig:
+    """The best config with the trial-only settings put back to what the user started with."""
+    return best.replace(**{name: getattr(start, name) for name in TRIAL_ONLY_FIELDS})
+
+
+def recipe_argv(cfg: RunConfig) -> list[str]:
+    """The run options of the tuned configuration, always naming the workload (even the default one)."""
+    argv = cfg.to_argv("run")
+    return argv if "--workload" in argv else ["--workload", cfg.workload, *argv]
+
+
+def recipe_command(cfg: RunConfig) -> str:
+    """`perflab run ...` that measures the tuned configuration."""
+    return shlex.join(["perflab", "run", *recipe_argv(cfg)])
+
+
+def recipe_snippet(cfg: RunConfig) -> str:
+    """`RunConfig(...)` with every field that differs from its default, for `perflab.run(...)` from Python."""
+    parts = []
+    for declared in options.options_of(RunConfig):
+        value = getattr(cfg, declared.name)
+        if declared.name == "out" or value == declared.default or (value is None and declared.default is None):
+            continue
+        parts.append(f"{declared.name}={value!r}")
+    return "RunConfig(" + ", ".join(parts) + ")"
+
+
+def recipe(best: RunConfig, start: RunConfig) -> dict[str, Any]:
+    cfg = recipe_config(best, start)
+    return {"command": recipe_command(cfg), "argv": recipe_argv(cfg), "snippet": recipe_snippet(cfg),
+            "config": cfg.to_dict()}

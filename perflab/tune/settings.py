@@ -1,0 +1,94 @@
+"""TuneConfig: the driver's own settings (budget, constraints, exclusions), declared once as options."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from perflab import options
+from perflab.errors import PerflabError
+from perflab.options import option
+
+TUNE = ("tune",)
+SEARCH = "tune: search"
+CONSTRAINTS = "tune: constraints"
+OUTPUT = "tune: output"
+QUALITY_LEVELS = ("default", "strict")
+STRICT_FACTOR = 0.5  # --quality strict: every tolerance halved
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$", re.IGNORECASE)
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '20m', '1h' or a bare number of seconds -> seconds; PerflabError for anything else or <= 0."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise PerflabError(f"--budget expects a duration like 90s, 20m or 1h; got {text!r}")
+    seconds = float(match.group(1)) * _UNIT_S[(match.group(2) or "s").lower()]
+    if seconds <= 0:
+        raise PerflabError(f"--budget must be more than zero; got {text!r}")
+    return seconds
+
+
+@dataclass
+class TuneConfig:
+    """How `perflab tune` searches: its budget, the constraints a kept lever must meet, what it may touch."""
+
+    budget: str = option("--budget", str, "time for the whole search, e.g. 90s, 20m, 1h; every trial's full "
+                         "wall time counts, compilation included (default: 20m)", SEARCH, "20m", commands=TUNE,
+                         metavar="TIME")
+    max_trials: Optional[int] = option("--max-trials", int, "stop after this many trials (default: no limit)",
+                                       SEARCH, minimum=1, metavar="N", commands=TUNE)
+    tune_batch: bool = option("--tune-batch", bool, "also search the batch size (grow until OOM or no gain, then "
+                              "bisect); in training a different batch changes the optimisation", SEARCH, False,
+                              commands=TUNE)
+    exclude: list = option("--exclude", str, "never try this lever (repeatable; names from `perflab levers`)",
+                           SEARCH, [], repeatable=True, metavar="LEVER", commands=TUNE)
+    min_effect_pct: float = option("--min-effect-pct", float, "a lever is kept only for a significant gain larger "
+                                   "than this (default: 2)", SEARCH, 2.0, above=0, metavar="PCT", commands=TUNE)
+    accept_noisy: bool = option("--accept-noisy", bool, "judge candidates even when a trial ran beside other busy "
+                                "processes (compare's --accept-noisy); otherwise such a trial is not judged and its "
+                                "lever is not counted as lost", SEARCH, False, commands=TUNE)
+    max_p99_ms: Optional[float] = option("--max-p99-ms", float, "reject a lever whose p99 step latency passes this",
+                                         CONSTRAINTS, above=0, metavar="MS", commands=TUNE)
+    max_memory_gb: Optional[float] = option("--max-memory-gb", float, "reject a lever whose peak memory passes "
+                                            "this (GPU peak allocated; on CPU the process's peak RSS)",
+                                            CONSTRAINTS, above=0, metavar="GB", commands=TUNE)
+    quality: str = option("--quality", str, "default: the quality gate's tolerances; strict: half of them",
+                          CONSTRAINTS, "default", choices=QUALITY_LEVELS, commands=TUNE)
+    out: Optional[str] = option("--out", str, "tune directory (default: runs/<timestamp>-<workload>-tune)", OUTPUT,
+                                metavar="DIR", commands=TUNE)
+    resume: bool = option("--resume", bool, "continue the tune in --out: trials already in tune.jsonl are reused, "
+                          "not re-run", OUTPUT, False, commands=TUNE)
+
+    def validate(self) -> "TuneConfig":
+        """Raise PerflabError (one line) for a bad budget, bound or lever name."""
+        options.validate(self)
+        parse_duration(self.budget)
+        check_lever_names(self.exclude)
+        return self
+
+    @property
+    def budget_s(self) -> float:
+        return parse_duration(self.budget)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name.name: getattr(self, name.name) for name in options.options_of(TuneConfig)}
+
+
+def check_lever_names(names: list[str]) -> None:
+    """PerflabError listing the valid lever names when one of `names` is not a lever."""
+    from perflab.levers import lever_names
+
+    valid = lever_names()
+    unknown = [name for name in names if name not in valid]
+    if unknown:
+        raise PerflabError(f"--exclude {unknown[0]}: no such lever; valid levers: {', '.join(valid)}")
+
+
+def strict_tolerances(cfg) -> dict[str, float]:
+    """Config changes that halve the quality gate's tolerance for this config's precision (--quality strict)."""
+    from perflab.quality import precision_tolerance
+
+    rtol = precision_tolerance(cfg)["rtol"] * STRICT_FACTOR
+    return {"quality_rtol": rtol} if cfg.mode == "infer" else {"quality_loss_rtol": rtol}

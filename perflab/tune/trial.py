@@ -1,0 +1,127 @@
+"""One trial: `python -m perflab run|profile ... --out DIR` in its own process, timed and classified.
+
+A trial runs in a child process so that compile caches, CUDA errors and out-of-memory states die with it.
+Its whole wall time (interpreter start, workload build, compilation, warm-up, timed steps, quality gate)
+is what the budget is charged. The child's output goes to DIR.log beside the run folder (a run refuses a
+folder holding files it did not write).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from perflab.config import RunConfig
+from perflab.results import RESULT_FILE, Result
+
+LOG_SUFFIX = ".log"
+REFUSED_EXIT = 2  # perflab's exit code for a user mistake; "refused" in the message marks a lever refusal
+QUALITY_FAILED_EXIT = 1  # `perflab run` saves the result and exits 1 when the quality gate fails
+INTERRUPTED_EXITS = (130, -2)  # the child was interrupted (Ctrl-C reaches the whole process group)
+# The profile a tune records: a short schedule inside the first (only) trial.
+PROFILE_WAIT, PROFILE_WARMUP, PROFILE_ACTIVE = 1, 1, 3
+
+OK, QUALITY_FAIL, REFUSED, OOM, ERROR = "ok", "quality-fail", "refused", "oom", "error"
+INVALID = "invalid"  # the run finished but its numbers cannot be used (result.json status: NaN/inf)
+
+
+@dataclass
+class TrialOutcome:
+    """What a trial produced: its status, the saved result (when there is one) and what it cost."""
+
+    status: str  # ok | quality-fail | refused | oom | error
+    wall_s: float
+    reason: str = ""
+    result: Optional[Result] = None
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def measured(self) -> bool:
+        return self.result is not None
+
+
+def profile_schedule(steps: int) -> list[str]:
+    """`perflab profile` schedule options that fit inside `steps` timed steps."""
+    active = max(1, min(PROFILE_ACTIVE, steps - PROFILE_WAIT - PROFILE_WARMUP))
+    wait = min(PROFILE_WAIT, max(0, steps - active - PROFILE_WARMUP))
+    warmup = max(0, min(PROFILE_WARMUP, steps - active - wait))
+    return ["--wait", str(wait), "--warmup-steps", str(warmup), "--active", str(active)]
+
+
+def trial_command(cfg: RunConfig, kind: str, out: Path) -> list[str]:
+    """The child's command line: `python -m perflab run|profile <cfg's options> --out DIR`."""
+    argv = [sys.executable, "-m", "perflab", kind, *cfg.to_argv(kind)]
+    if kind == "profile":
+        argv += profile_schedule(cfg.steps)
+    return argv + ["--out", str(out)]
+
+
+def log_path(out: Path) -> Path:
+    """Where a trial's output goes: beside its run folder."""
+    return out.with_name(out.name + LOG_SUFFIX)
+
+
+def run_trial(cfg: RunConfig, kind: str, out: Path) -> TrialOutcome:
+    """Run one trial in a fresh process and classify how it ended; KeyboardInterrupt if it was interrupted."""
+    if out.exists():  # a trial that was interrupted before it was recorded: start it again from nothing
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = trial_command(cfg, kind, out)
+    began = time.perf_counter()
+    with open(log_path(out), "w") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        # subprocess.run kills the child if this process is interrupted while waiting for it.
+        finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    wall_s = time.perf_counter() - began
+    if finished.returncode in INTERRUPTED_EXITS:
+        raise KeyboardInterrupt
+    return classify(finished.returncode, log_path(out).read_text(errors="replace"), out, wall_s)
+
+
+def classify(returncode: int, log: str, out: Path, wall_s: float) -> TrialOutcome:
+    """ok, quality-fail, invalid, refused, oom or error, from the exit code, the log and what was saved."""
+    result = Result.load(out) if (out / RESULT_FILE).is_file() else None
+    files = {"log": log_path(out).name, **({"result": RESULT_FILE} if result is not None else {})}
+    if result is not None and getattr(result, "status", "complete") == INVALID:
+        return TrialOutcome(INVALID, wall_s, getattr(result, "status_reason", "") or "invalid run", files=files)
+    if returncode == 0 and result is not None:
+        return TrialOutcome(OK, wall_s, result=result, files=files)
+    if returncode == QUALITY_FAILED_EXIT and result is not None:
+        reason = (result.quality or {}).get("reason", "the quality gate failed")
+        return TrialOutcome(QUALITY_FAIL, wall_s, reason, result, files)
+    message = error_line(log)
+    if "out of memory" in log.lower():
+        return TrialOutcome(OOM, wall_s, message or "out of memory", files=files)
+    if returncode == REFUSED_EXIT and "refused" in message:
+        return TrialOutcome(REFUSED, wall_s, message, files=files)
+    return TrialOutcome(ERROR, wall_s, message or f"exit code {returncode}", files=files)
+
+
+def error_line(log: str) -> str:
+    """The child's one-line error (perflab's `error: ...`), or the last line of a traceback."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("error:"):
+            return line.removeprefix("error:").strip()
+    return lines[-1] if lines else ""
+
+
+def trial_figures(outcome: TrialOutcome) -> dict[str, Any]:
+    """The numbers of a trial that tune.jsonl records (throughput with its interval, latency, memory, costs)."""
+    if outcome.result is None:
+        return {}
+    metrics = outcome.result.metrics
+    throughput = metrics["throughput_samples_per_s"]
+    memory = metrics.get("memory") or {}
+    return {"throughput": throughput["median"], "throughput_ci95": [throughput.get("ci95_low"),
+                                                                   throughput.get("ci95_high")],
+            "p50_ms": metrics["latency_ms"]["p50"], "p99_ms": metrics["latency_ms"].get("p99"),
+            "peak_memory_mb": memory.get("peak_allocated_mb", memory.get("host_peak_rss_mb")),
+            "warmup_s": metrics.get("warmup_s"), "compile_s": metrics.get("compile_s"),
+            "mfu_pct": (metrics.get("flops") or {}).get("mfu_pct"),
+            "quality": (outcome.result.quality or {}).get("verdict")}

@@ -1,0 +1,88 @@
+"""perflab tune end to end on the CPU: real trials in real subprocesses, a real SIGINT, --resume."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from perflab.cli import main
+from perflab.sweep import read_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--steps", "4", "--trials", "3", "--warmup", "1", "--device", "cpu", "--quality-steps", "2"]
+SLOW_LOADER = ["--workload", str(ROOT / "tests/planted/slow_loader.py") + ":build", "--option", "item_ms=10",
+               "--batch", "8", *TINY]
+
+
+def test_tune_on_mlp_writes_the_journal_the_chain_the_recipe_and_the_report(tmp_path, capsys):
+    out = tmp_path / "tune"
+    assert main(["tune", "--workload", "mlp", "--batch", "8", *TINY, "--exclude", "compile", "--max-trials", "3",
+                 "--out", str(out)]) == 0
+    rows = read_rows(out / "tune.jsonl")
+    assert [row["name"][:2] for row in rows] == ["00", "01", "02"]
+    assert rows[0]["label"] == "start" and rows[1]["kind"] == "profile"
+    assert (out / rows[1]["dir"] / "trace.json").is_file() and (out / rows[2]["dir"] / "result.json").is_file()
+    meta = json.loads((out / "tune.json").read_text())
+    link = meta["chain"][0]
+    assert link["verdict"] and link["why"] and "measured_gain_pct" in link and "predicted_gain_pct" in link
+    assert meta["recipe"]["command"].startswith("perflab run --workload mlp")
+    assert meta["trials"] == 3 and meta["stop_reason"] in ("--max-trials 3 reached",
+                                                            "no lever won: every proposed lever was tried, refused or lost")
+    report = (out / "report.md").read_text()
+    assert "## The chain of decisions" in report and "tune_waterfall.png" in report
+    assert "data:image/png;base64" in (out / "report.html").read_text()
+    assert "recipe:" in capsys.readouterr().out
+
+
+def test_tune_keeps_workers_on_a_planted_input_bound_workload(tmp_path):
+    out = tmp_path / "tune"
+    # --accept-noisy: CI machines are shared; a 2x gain stands out of their noise, and the test is about the search
+    assert main(["tune", *SLOW_LOADER, "--max-trials", "3", "--accept-noisy", "--out", str(out)]) == 0
+    meta = json.loads((out / "tune.json").read_text())
+    assert meta["diagnoses"][0]["bottleneck"] == "input pipeline"
+    assert meta["chain"][0]["lever"] == "workers"
+    assert meta["kept"] == ["workers=2"], meta["chain"]
+    assert meta["speedup"] > 1.3 and "--workers 2" in meta["recipe"]["command"]
+
+
+def test_tune_stops_on_budget_after_the_first_trial_that_passes_it(tmp_path, capsys):
+    out = tmp_path / "tune"
+    assert main(["tune", "--workload", "mlp", "--batch", "8", *TINY, "--budget", "1s", "--out", str(out)]) == 0
+    meta = json.loads((out / "tune.json").read_text())
+    assert meta["trials"] == 1 and meta["stop_reason"].startswith("budget spent")
+    assert "budget spent" in capsys.readouterr().out
+
+
+def _wait_for_rows(path: Path, count: int, process: subprocess.Popen, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.is_file() and len(path.read_text().splitlines()) >= count:
+            return
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never reached {count} rows")
+
+
+def test_tune_resumes_after_sigint_without_repeating_a_trial(tmp_path):
+    out = tmp_path / "tune"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-m", "perflab", "tune", "--workload", "mlp", "--batch", "8", *TINY,
+                                "--exclude", "compile", "--out", str(out)], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    _wait_for_rows(out / "tune.jsonl", 1, process)
+    process.send_signal(signal.SIGINT)  # the profile trial is running now
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "--resume" in err and str(out) in err
+    first = read_rows(out / "tune.jsonl")
+    start_result = out / first[0]["dir"] / "result.json"
+    stamp = start_result.stat().st_mtime_ns
+
+    assert main(["tune", "--resume", "--out", str(out), "--exclude", "compile", "--max-trials", "2"]) == 0
+    rows = read_rows(out / "tune.jsonl")
+    lines = (out / "tune.jsonl").read_text().splitlines()
+    assert len(lines) == len({json.loads(line)["key"] for line in lines})  # no trial recorded twice
+    assert rows[0] == first[0] and start_result.stat().st_mtime_ns == stamp  # the start was not run again
+    assert [row["name"] for row in rows] == ["00-start", "01-profile-start"]
