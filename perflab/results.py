@@ -47,6 +47,7 @@ class Result:
     artifacts: dict[str, str] = field(default_factory=dict)  # name -> file in the run dir (trace, ...)
     schema_version: int = SCHEMA_VERSION
     perflab_version: str = ""
+    world_size: int = 1  # ranks that measured together (perflab run --nproc); figures are over all of them
     path: Optional[str] = field(default=None, compare=False)
 
     @property

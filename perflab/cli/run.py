@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from rich.markup import escape
 
 from perflab.cli import console
-from perflab.cli._options import add_run_options, config_from_args
+from perflab.cli._options import add_rank_mode, add_run_options, config_from_args
+from perflab.harness.progress import Reporter
 from perflab.harness.runner import resolve_config, run
 from perflab.report.progress import RichReporter
 from perflab.report.terminal import print_result
@@ -15,15 +17,22 @@ from perflab.rundir import run_dir
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("run", help="measure a workload: throughput, latency, breakdown, MFU",
-                                   description="Measure a workload and save runs/<id>/result.json.")
+                                   description="Measure a workload and save runs/<id>/result.json. With --nproc N, "
+                                               "N ranks measure together (torchrun underneath; docs/distributed.md).")
     add_run_options(parser, "run")
+    add_rank_mode(parser)
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.rank_mode:
+        return run_rank(config_from_args(args), args)
     cfg = resolve_config(config_from_args(args), None)
     with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
         result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter, command=["perflab"] + args.argv)
+        if result is None:
+            console.print("this node's ranks finished; node 0 writes the result in its --out")
+            return 0
         result.save(out)
     print_result(console, result)
     if result.quality and result.quality.get("verdict") == "fail":
@@ -31,3 +40,24 @@ def handle(args: argparse.Namespace) -> int:
                       "saved (tolerances: docs/quality.md)", highlight=False)
         return 1
     return 0
+
+
+def run_rank(cfg, args: argparse.Namespace) -> int:
+    """One rank of `perflab run --nproc N`: measure, and on rank 0 save the gathered result (the launcher prints).
+    The launcher passes a resolved --device, so the process group can pick this rank's GPU before anything
+    touches CUDA."""
+    from perflab.distributed import is_primary
+    from perflab.distributed.rank import run_as_rank
+
+    def body() -> None:
+        primary = is_primary()
+        with rank_reporter(primary) as reporter:
+            result = run(cfg.workload, cfg, reporter=reporter, command=["perflab"] + args.argv)
+        if primary:
+            result.save(args.out)
+    return run_as_rank(cfg.device, body)
+
+
+def rank_reporter(primary: bool):
+    """Rank 0 draws the progress bar; the other ranks stay quiet."""
+    return RichReporter(console) if primary else contextlib.nullcontext(Reporter())

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import numpy as np
 
 from perflab.diagnose.intervals import Intervals, intervals_of
+from perflab.distributed.collectives import is_nccl_kernel
 from perflab.diagnose.trace import EventTable, ParsedTrace
 
 PHASES = ("data", "h2d", "augment", "forward", "backward", "optimizer", "step")
@@ -36,7 +37,7 @@ _COMPUTE_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::
 
 def kernel_kind(name: str) -> str:
     """matmul/conv, elementwise/reduction, communication or other, from the kernel's name."""
-    if "nccl" in name.lower():
+    if is_nccl_kernel(name):
         return "communication"
     if _COMPUTE_KERNEL.search(name) and not re.search(r"bn_|nchwToNhwc|nhwcToNchw", name):
         return "matmul/conv"

@@ -14,6 +14,7 @@ import torch
 
 from perflab.calibrate import peak_tflops
 from perflab.config import RunConfig
+from perflab.distributed import in_rank, needs_launch
 from perflab.environment import collect_environment
 from perflab.errors import PerflabError
 from perflab.harness.data import map_tensors
@@ -44,6 +45,9 @@ def resolve_device(requested: str) -> torch.device:
 def resolve_config(config: RunConfig, workload: Union[Workload, str, None]) -> RunConfig:
     """Validated config with the device and batch size made concrete, as recorded in result.json."""
     cfg = config.validate()
+    if needs_launch(cfg):
+        from perflab.distributed.launch import check_visible_gpus
+        check_visible_gpus(cfg.nproc, cfg.device)
     device = resolve_device(cfg.device)
     spec = workload.name if isinstance(workload, Workload) else (workload or cfg.workload)
     return cfg.replace(workload=spec, device=device.type,
@@ -59,8 +63,13 @@ def seed_everything(seed: int) -> None:
 def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig] = None,
         reporter: Optional[Reporter] = None, command: Optional[list[str]] = None,
         hooks: Sequence[StepHook] = ()) -> Result:
-    """Measure a workload (a Workload, a workload spec, or config.workload) and return its Result."""
+    """Measure a workload (a Workload, a workload spec, or config.workload) and return its Result.
+
+    With --nproc N the ranks are started here (perflab/distributed/) and the result gathered over all of
+    them is returned (None on a node other than node 0 of a multi-node run)."""
     cfg = resolve_config(config or RunConfig(), workload)
+    if needs_launch(cfg):
+        return _launch(workload, cfg, command)
     device = resolve_device(cfg.device)
     reporter = reporter or Reporter()
     seed_everything(cfg.seed)
@@ -104,7 +113,26 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
     )
     for hook in hooks:
         hook.finish(result)
+    if in_rank():
+        from perflab.distributed.gather import gather_result
+        result = gather_result(result)
     return result
+
+
+def _launch(workload: Union[Workload, str, None], cfg: RunConfig, command: Optional[list[str]]) -> Optional[Result]:
+    """Start cfg.nproc ranks of `perflab run` writing to cfg.out (a temporary directory when unset)."""
+    import tempfile
+    from pathlib import Path
+
+    from perflab.distributed.launch import launch
+
+    if isinstance(workload, Workload):
+        raise PerflabError(f"--nproc {cfg.nproc}: each rank builds the workload itself, so give a spec (a built-in "
+                           "name, path/file.py:build or package.module:build), not a Workload object")
+    if cfg.out:
+        return launch(cfg, "run", Path(cfg.out), recorded_command=command)
+    with tempfile.TemporaryDirectory(prefix="perflab-ranks-") as out:
+        return launch(cfg, "run", Path(out), recorded_command=command)
 
 
 def config_hooks(cfg: RunConfig) -> list[StepHook]:

@@ -137,3 +137,16 @@ def latency_histogram(step_ms: dict[str, Sequence[float]], path: Path) -> Option
     fig.savefig(path)
     return path
 
+
+
+def scaling_plots(rows: Sequence[dict[str, Any]], axes: Sequence[str], out: Path) -> dict[str, Path]:
+    """Per-rank throughput and scaling efficiency against the number of ranks (perflab scale)."""
+    out = Path(out)
+    return {
+        "per_rank_throughput": _line_plot(rows, axes, out / "per_rank_throughput_vs_nproc.png",
+                                          "throughput per rank vs ranks (flat = perfect scaling)",
+                                          "samples/s per rank", [("per_rank_throughput", "", "-")]),
+        "efficiency": _line_plot(rows, axes, out / "scaling_efficiency_vs_nproc.png",
+                                 "scaling efficiency: throughput(N) / (N x throughput(1))", "% of linear",
+                                 [("efficiency_pct", "", "-")]),
+    }
