@@ -176,10 +176,15 @@ def _launcher_environment(cfg: RunConfig) -> Iterator[None]:
     logging silenced (the one message is ours), and this process's signal handlers restored afterwards.
 
     NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST and every other variable pass to the ranks as set."""
-    saved_env = os.environ.get("OMP_NUM_THREADS")
+    import perflab
+
+    saved_env = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "PYTHONPATH")}
     saved_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    if saved_env is None:
+    if saved_env["OMP_NUM_THREADS"] is None:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.nproc))
+    # the ranks import this perflab, wherever it was imported from (an installed package or a checkout)
+    source = str(Path(perflab.__file__).resolve().parents[1])
+    os.environ["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [saved_env["PYTHONPATH"]])])
     logging.disable(logging.ERROR)
     try:
         yield
@@ -187,5 +192,8 @@ def _launcher_environment(cfg: RunConfig) -> Iterator[None]:
         logging.disable(logging.NOTSET)
         for sig, handler in saved_handlers.items():
             signal.signal(sig, handler)
-        if saved_env is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -90,7 +90,8 @@ class StepPlan:
     def batches(self, seed: int) -> Iterator[Any]:
         """The endless stream of batches the loop consumes: on the host, or already on the device."""
         loader = make_loader(self.workload.dataset, self.batch_size, self.workers, self.pin_memory,
-                             self.persistent_workers, self.prefetch_factor, self.workload.collate_fn, seed)
+                             self.persistent_workers, self.prefetch_factor, self.workload.collate_fn, seed,
+                             self.data_shard)
         if self.data_source == "device":
             return iter(DeviceBatches(first_batches(loader, DeviceBatches.STAGED), self.device,
                                       self.memory_format))
