@@ -6,6 +6,7 @@ have put the wrapper's options into `plan.parallel_options`.
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any, Iterator
 
 import torch
@@ -58,6 +59,8 @@ def wrap_fsdp(plan) -> None:
     mesh = init_device_mesh(plan.device.type, (dist.get_world_size(),))
     options = {"mesh": mesh, "reshard_after_forward": plan.parallel_options.get("reshard_after_forward", True)}
     names = {id(param): name for name, param in plan.model.named_parameters()}
+    # FLOPs are counted on an unsharded replica without storage: a sharded model's forward all-gathers
+    plan.eager_model = copy.deepcopy(plan.model).to("meta")
     for block in list(shard_blocks(plan.model)):
         fully_shard(block, **options)
     fully_shard(plan.model, **options)

@@ -6,6 +6,8 @@ from typing import Any, Optional
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from perflab.harness.data import map_tensors
+
 
 def count_flops_per_sample(plan, batch: Any) -> Optional[float]:
     """Forward (infer) or forward + backward (train) FLOPs of one batch, divided by the batch size.
@@ -15,6 +17,8 @@ def count_flops_per_sample(plan, batch: Any) -> Optional[float]:
     """
     inputs, target = plan.to_device(batch)
     model = plan.eager_model
+    if any(param.is_meta for param in model.parameters()):  # a replica without storage (FSDP): shapes suffice
+        inputs, target = map_tensors((inputs, target), lambda tensor: tensor.to("meta"))
     counter = FlopCounterMode(display=False)
     try:
         with counter, plan.autocast():
