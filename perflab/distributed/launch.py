@@ -55,7 +55,7 @@ def check_launch(cfg: RunConfig) -> None:
     if cfg.node_rank >= cfg.nnodes:
         raise PerflabError(f"--node-rank {cfg.node_rank} must be below --nnodes {cfg.nnodes} (nodes count from 0)")
     if cfg.rdzv_endpoint is not None:
-        host, port = parse_endpoint(cfg.rdzv_endpoint)
+        _, port = parse_endpoint(cfg.rdzv_endpoint)
         if cfg.node_rank == 0:
             check_port_free(port, cfg.rdzv_endpoint)
     for lever in active_levers(cfg):
