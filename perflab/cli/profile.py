@@ -8,10 +8,10 @@ from rich.markup import escape
 
 from perflab.cli import console
 from perflab.cli._options import add_rank_mode, add_run_options, config_from_args
+from perflab.cli.run import launcher_or_rich_reporter, rank_reporter
 from perflab.harness.runner import resolve_config
 from perflab.profile.capture import TRACE_FILE, CaptureOptions, profile_run
 from perflab.report.diagnosis import print_diagnosis
-from perflab.report.progress import RichReporter
 from perflab.report.terminal import print_result
 from perflab.rundir import run_dir
 
@@ -45,7 +45,7 @@ def handle(args: argparse.Namespace) -> int:
         return profile_rank(config_from_args(args), options, args)
     cfg = resolve_config(config_from_args(args), None)
     options.check(cfg.steps)
-    with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
+    with run_dir(args.out, cfg.workload) as out, launcher_or_rich_reporter(cfg) as reporter:
         result, diagnosis, command = profile_run(cfg.workload, cfg, out, options, reporter=reporter,
                                                  command=["perflab"] + args.argv)
     if result is None:
@@ -63,7 +63,6 @@ def handle(args: argparse.Namespace) -> int:
 
 def profile_rank(cfg, options: CaptureOptions, args: argparse.Namespace) -> int:
     """One rank of `perflab profile --nproc N`: each rank writes its trace; rank 0 diagnoses and saves."""
-    from perflab.cli.run import rank_reporter
     from perflab.distributed import is_primary
     from perflab.distributed.rank import run_as_rank
 

@@ -28,7 +28,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.rank_mode:
         return run_rank(config_from_args(args), args)
     cfg = resolve_config(config_from_args(args), None)
-    with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:
+    with run_dir(args.out, cfg.workload) as out, launcher_or_rich_reporter(cfg) as reporter:
         result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter, command=["perflab"] + args.argv)
         if result is None:
             console.print("this node's ranks finished; node 0 writes the result in its --out")
@@ -61,3 +61,9 @@ def run_rank(cfg, args: argparse.Namespace) -> int:
 def rank_reporter(primary: bool):
     """Rank 0 draws the progress bar; the other ranks stay quiet."""
     return RichReporter(console) if primary else contextlib.nullcontext(Reporter())
+
+
+def launcher_or_rich_reporter(cfg):
+    """A progress bar, unless this process only launches ranks (rank 0 draws theirs on the same terminal)."""
+    from perflab.distributed import needs_launch
+    return contextlib.nullcontext(Reporter()) if needs_launch(cfg) else RichReporter(console)
