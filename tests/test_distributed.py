@@ -8,6 +8,7 @@ import json
 import socket
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from perflab.config import RunConfig
 from perflab.diagnose import diagnose
 from perflab.diagnose.trace import load_trace
 from perflab.distributed.collectives import communication_profile, is_nccl_kernel
-from perflab.distributed.launch import torchrun_argv
+from perflab.distributed.launch import check_launch, rank_failure, torchrun_argv
 from perflab.distributed.scale import scaling_rows, single_rank
 from perflab.errors import PerflabError
 from perflab.harness.data import first_batches, make_loader
@@ -171,6 +172,33 @@ def test_a_rendezvous_port_in_use_is_refused(capsys, tmp_path):
         assert main(["run", "--nproc", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", *TINY,
                      "--out", str(tmp_path / "r")]) == 2
     assert f"port {port} is already in use" in _one_line_error(capsys)
+
+
+def test_cuda_without_nccl_is_refused(capsys, monkeypatch):
+    import torch.distributed as dist
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
+    with pytest.raises(PerflabError, match="needs NCCL"):
+        check_launch(RunConfig(nproc=2, device="cuda"))
+
+
+def _failure(rank_message: str, time_ns: int, perflab_error: bool = False):
+    info = {"py_callstack": f"Traceback (most recent call last):\n  ...\n{rank_message}", "timestamp": "1700000000",
+            "time_ns": time_ns, "perflab_error": perflab_error}
+    return SimpleNamespace(message={"message": rank_message, "extraInfo": info}, pid=4242, exitcode=1,
+                           timestamp=1700000000)
+
+
+def test_the_first_rank_to_fail_is_reported_not_a_peers_follow_on_error():
+    # both errors carry the same whole-second timestamp; the nanosecond time decides
+    failures = {0: _failure("RuntimeError: Connection closed by peer", 2_000),
+                1: _failure("ValueError: planted failure on rank 1", 1_000)}
+    error = rank_failure(SimpleNamespace(failures=failures))
+    assert error.exit_code == 1 and str(error).startswith("rank 1 (pid 4242) failed")
+    assert "planted failure" in str(error) and "Connection closed" not in str(error)
+    mistake = rank_failure(SimpleNamespace(failures={0: _failure("PerflabError: --batch is too big", 5, True)}))
+    assert mistake.exit_code == 2 and str(mistake) == "rank 0: --batch is too big"
 
 
 # ---------------------------------------------------------------------------------------------- real ranks
