@@ -19,7 +19,7 @@ from perflab.diagnose import diagnose
 from perflab.diagnose.trace import load_trace
 from perflab.distributed.collectives import communication_profile, is_nccl_kernel
 from perflab.distributed.launch import check_launch, rank_failure, torchrun_argv
-from perflab.distributed.scale import scaling_rows, single_rank
+from perflab.distributed.scale import at_rank_counts, scaling_rows, single_rank
 from perflab.errors import PerflabError
 from perflab.harness.data import first_batches, make_loader
 from perflab.harness.loop import run_steps
@@ -142,6 +142,13 @@ def test_scaling_efficiency_is_throughput_over_n_times_one_rank():
     assert [row["efficiency_pct"] for row in scaled] == pytest.approx([100.0, 95.0, 75.0])
     assert [row["per_rank_throughput"] for row in scaled] == pytest.approx([100.0, 95.0, 75.0])
     assert single_rank(RunConfig(nproc=2, parallel="fsdp", grad_accum=2)) == RunConfig(grad_accum=2)
+
+
+def test_scale_drops_ddp_settings_at_one_rank_and_keeps_them_at_n():
+    base = RunConfig(nproc=4, ddp_bucket_mb=100.0, static_graph=True, batch_size=8)
+    one, four = at_rank_counts([base], [1, 4])
+    assert one == RunConfig(batch_size=8) and one.validate()
+    assert four.nproc == 4 and four.ddp_bucket_mb == 100.0 and four.static_graph
 
 
 # ---------------------------------------------------------------------------------------------- bad inputs

@@ -10,7 +10,7 @@ from rich.table import Table
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, grid_from_args
 from perflab.cli.sweep import RichSweepProgress
-from perflab.distributed.scale import ScaleSummary, run_scale
+from perflab.distributed.scale import ScaleSummary, at_rank_counts, run_scale
 from perflab.errors import PerflabError
 from perflab.report.terminal import fmt
 from perflab.sweep import read_rows
@@ -31,9 +31,10 @@ def register(subparsers) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    if args.nproc is None:
-        raise PerflabError("perflab scale needs --nproc with the rank counts to compare, e.g. --nproc 1,2")
-    configs, _ = grid_from_args(args)
+    counts = rank_counts(args.nproc)
+    # the grid is validated at the largest count (DDP settings need ranks); the 1-rank points drop them
+    args.nproc = str(max(counts))
+    configs = at_rank_counts(grid_from_args(args)[0], counts)
     out = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-scale"
     try:
         with RichSweepProgress() as progress:
@@ -47,6 +48,19 @@ def handle(args: argparse.Namespace) -> int:
     if all(row["status"] != "ok" for row in summary.rows):
         raise PerflabError(f"every point failed; the first: {summary.rows[0].get('error')}")
     return 0
+
+
+def rank_counts(text) -> list[int]:
+    """--nproc 1,2,4 -> [1, 2, 4]."""
+    if text is None:
+        raise PerflabError("perflab scale needs --nproc with the rank counts to compare, e.g. --nproc 1,2")
+    try:
+        counts = sorted({int(part) for part in str(text).split(",") if part.strip()})
+    except ValueError:
+        raise PerflabError(f"--nproc {text}: give rank counts like 1,2,4") from None
+    if not counts or counts[0] < 1:
+        raise PerflabError(f"--nproc {text}: rank counts must be positive integers, like 1,2,4")
+    return counts
 
 
 def print_scaling(summary: ScaleSummary) -> None:

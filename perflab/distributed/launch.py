@@ -40,8 +40,8 @@ class RankFailedError(PerflabError):
 
 
 def check_launch(cfg: RunConfig) -> None:
-    """What must hold before any rank starts: a workload the ranks can build, enough GPUs, NCCL, a free
-    rendezvous port on node 0, a node rank that fits, and the option table's refusals of the levers."""
+    """What must hold before any rank starts: enough GPUs, NCCL on CUDA, a free rendezvous port on node 0,
+    a node rank that fits, and the option table's refusals of the active levers."""
     from perflab.levers import active_levers
 
     import torch.distributed as dist

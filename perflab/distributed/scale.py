@@ -44,6 +44,11 @@ def single_rank(cfg: RunConfig) -> RunConfig:
     return cfg.replace(**{name: options.option_named(RunConfig, name).default for name in distributed_fields()})
 
 
+def at_rank_counts(configs: Sequence[RunConfig], counts: Sequence[int]) -> list[RunConfig]:
+    """Each config at each rank count; at 1 rank, without the options that need ranks."""
+    return [single_rank(cfg) if count == 1 else cfg.replace(nproc=count) for cfg in configs for count in counts]
+
+
 def with_single_rank(configs: Sequence[RunConfig]) -> list[RunConfig]:
     """The configs, each group of equal other settings led by its 1-rank config (added when missing)."""
     ordered: list[RunConfig] = []
