@@ -64,6 +64,7 @@ def rank_counts(text) -> list[int]:
 
 
 def print_scaling(summary: ScaleSummary) -> None:
+    """The table of ranks, throughput, throughput per rank and efficiency; failed points; the files."""
     params = [name for name in dict.fromkeys(n for row in summary.rows for n in row["params"]) if name != "nproc"]
     table = Table(title=f"scale · {summary.sweep.out}", title_justify="left")
     for name in ["ranks"] + params + ["status", "samples/s", "per rank", "efficiency", "p50 ms"]:

@@ -25,6 +25,7 @@ def communication(ctx: Context) -> Optional[dict[str, Any]]:
 
 
 def collectives(ctx: Context) -> Optional[Finding]:
+    """A finding when exposed communication is at least THRESHOLD_PCT of the step, with the DDP/FSDP levers."""
     comm = communication(ctx)
     if not comm or comm["exposed_share_pct"] < THRESHOLD_PCT:
         return None

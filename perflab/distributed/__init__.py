@@ -19,6 +19,7 @@ def in_rank() -> bool:
 
 
 def world_size() -> int:
+    """Ranks in this run (1 outside a rank)."""
     return dist.get_world_size() if in_rank() else 1
 
 

@@ -85,6 +85,7 @@ def merge(result: Result, ranks: list[dict[str, Any]]) -> Result:
 
 
 def distributed_summary(ranks: list[dict[str, Any]], cfg: dict[str, Any], global_throughput: float) -> dict:
+    """metrics.distributed: the ranks, throughput per rank, the straggler spread and every rank's figures."""
     step_means = np.array([rank["step_ms_mean"] for rank in ranks])
     fastest, slowest = float(step_means.min()), float(step_means.max())
     return {

@@ -77,6 +77,7 @@ def check_visible_gpus(nproc: int, device: str) -> None:
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """HOST:PORT -> (host, port), or PerflabError saying the expected form."""
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise PerflabError(f"--rdzv-endpoint {endpoint!r} must be HOST:PORT, e.g. node0.example:29500")

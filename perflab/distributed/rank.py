@@ -25,6 +25,7 @@ ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
 
 def local_rank() -> int:
+    """This rank's index on its node (torchrun's LOCAL_RANK): its GPU."""
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 

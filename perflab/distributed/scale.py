@@ -27,6 +27,8 @@ SCALE_COLUMNS = ["label", "status", "nproc", "world_size", "throughput", "per_ra
 
 @dataclass
 class ScaleSummary:
+    """What `perflab scale` produced: the sweep, its rows with efficiency, and the plots written."""
+
     sweep: SweepSummary
     rows: list[dict[str, Any]]  # the sweep's rows with world_size, per_rank_throughput, efficiency_pct
     plots: dict[str, str] = field(default_factory=dict)
