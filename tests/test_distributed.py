@@ -259,3 +259,19 @@ def test_a_rank_that_raises_ends_the_run_with_its_message_once_and_no_orphans(tm
     time.sleep(0.5)
     assert _processes_mentioning(str(out)) == [], "rank processes outlived the run"
     assert time.monotonic() - began < 200
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (device kind nvidia-h200-x2)")
+def test_two_gpus_profile_measures_exposed_nccl_communication_of_the_planted_case(tmp_path):
+    out = tmp_path / "planted"
+    assert main(["profile", "--workload", "tests/planted/big_gradients.py:build", "--nproc", "2", "--device", "cuda",
+                 "--batch", "8", "--steps", "8", "--warmup", "2", "--trials", "1", "--out", str(out)]) == 0
+    result = json.loads((out / "result.json").read_text())
+    comm = result["metrics"]["collectives"]
+    assert [rank["rank"] for rank in comm["per_rank"]] == [0, 1]
+    assert comm["communication_ms_per_step"] > 0 and comm["nccl_kernels_per_step"] >= 1
+    assert (out / "trace.rank1.json").is_file()
+    diagnosis = json.loads((out / "diagnosis.json").read_text())
+    assert diagnosis["bottleneck"] == "collectives"
+    assert result["metrics"]["distributed"]["backend"] == "nccl"
