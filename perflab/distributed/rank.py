@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 import traceback
 from typing import Callable, Iterator
@@ -64,7 +65,10 @@ def record_failure(err: BaseException) -> None:
                                       "time_ns": time.time_ns(), "perflab_error": isinstance(err, PerflabError)}}}
     path = os.environ.get(ERROR_FILE_ENV)
     if not path:  # started by hand, not by the launcher: say it here
-        traceback.print_exc()
+        if isinstance(err, PerflabError):
+            print(f"error: {err}", file=sys.stderr)
+        else:
+            traceback.print_exc()
         return
     with open(path, "w") as stream:
         json.dump(data, stream)
