@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -37,9 +38,14 @@ PLANTED_RUNS = [
     ("launch__tiny_ops", "tiny_ops.py", dict(batch_size=1)),
     ("sync__item_after_layer", "item_sync.py",
      dict(batch_size=512 if CUDA else 64, mode="infer" if CUDA else "train")),
+    ("sync__cpu_per_block", "cpu_sync_per_block.py", dict(batch_size=512 if CUDA else 64, mode="infer")),
+    ("sync__nonzero_router", "nonzero_router.py",
+     dict(batch_size=512 if CUDA else 64, mode="infer" if CUDA else "train")),
     ("memory_bandwidth__elementwise_chain", "elementwise_chain.py", dict(batch_size=32 if CUDA else 8)),
     ("compute__big_matmul", "big_matmul.py", dict(mode="infer", batch_size=8192 if CUDA else 512)),
 ]
+# On a CPU run `.cpu()` of a CPU tensor does nothing, so that workload's CPU trace can only show its matmuls.
+CPU_FIXTURE_NAMES = {"sync__cpu_per_block": "compute__cpu_sync_per_block"}
 SEED_RUNS = [
     ("seed__driving_train", "driving", dict(mode="train")),
     ("seed__resnet50_infer", "resnet50", dict(mode="infer")),
@@ -49,18 +55,25 @@ SEED_RUNS = [
 OPTIONS = CaptureOptions(wait=1, warmup=1, active=2, record_shapes=True, gzip=True)
 
 
+def fixture_name(name: str) -> str:
+    """The fixture's file name on this device: it carries the class a trace recorded here must be named."""
+    return name if CUDA else CPU_FIXTURE_NAMES.get(name, name)
+
+
 def profile_one(rows: Rows, out: Path, name: str, spec: str, changes: dict, expected: Optional[str]) -> None:
     cfg = resolve_config(RunConfig(workload=spec, steps=OPTIONS.steps_needed, trials=1, warmup=3, **changes), None)
+    # Sync fixtures keep Python stacks, so the diagnosis can name the line that synced.
+    options = replace(OPTIONS, with_stack=True) if name.startswith("sync__") else OPTIONS
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     began = time.time()
     try:
-        result, diagnosis, _ = profile_run(spec, cfg, run_dir, OPTIONS)
+        result, diagnosis, _ = profile_run(spec, cfg, run_dir, options)
     except Exception as err:  # one failing workload must not lose the others' rows
         rows.add(name, "verdict", None, note=f"failed: {type(err).__name__}: {err}"[:200])
         return
-    trace = run_dir / OPTIONS.trace_name
+    trace = run_dir / options.trace_name
     fixtures = out / "fixtures"
     fixtures.mkdir(exist_ok=True)
     if expected is not None:  # only planted runs become fixtures; their file name carries the expected class
@@ -72,9 +85,14 @@ def profile_one(rows: Rows, out: Path, name: str, spec: str, changes: dict, expe
              f"{diagnosis.headline}; levers: {', '.join(diagnosis.levers) or '-'}")
     if expected is not None:
         rows.add(name, "verdict_matches_planted", float(diagnosis.bottleneck == expected))
+    rows.add(name, "expected_gain", diagnosis.expected_gain_pct, "%", note="share of the step the verdict explains")
+    syncs = diagnosis.profile["syncs"]
+    rows.add(name, "syncs_per_step", syncs["per_step"],
+             note=", ".join(f"{count:g} {op}" for op, count in syncs["by_op_per_step"].items()))
     gpu = diagnosis.profile.get("gpu")
     if gpu:
         rows.add(name, "gpu_busy", gpu["busy_pct"], "%")
+        rows.add(name, "gpu_idle_charged_to_syncs", gpu["idle_split_pct"]["host-device syncs"], "%")
     rows.add(name, "trace_size", trace.stat().st_size / 1024, "KiB", note=f"profiled in {time.time() - began:.0f}s")
 
 
@@ -128,6 +146,7 @@ def run_area(out: Path, quick: bool) -> list[dict]:
     rows = Rows("diagnose", out)
     print(f"[diagnose] device: {'cuda ' + torch.cuda.get_device_name() if CUDA else 'cpu'}", flush=True)
     for name, workload_file, changes in PLANTED_RUNS:
+        name = fixture_name(name)
         expected = CLASS_SLUGS[name.split("__")[0]]
         if not CUDA and name.startswith("h2d"):
             expected = None  # no host-to-device copies on a CPU run: recorded, not judged

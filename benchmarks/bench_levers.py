@@ -26,6 +26,7 @@ import torch
 
 import perflab
 from benchmarks.common import Rows, parse_args
+from perflab.levers import active_levers
 
 CPU_WORKERS = 2  # the CPU machine the quick run is checked on has two cores
 
@@ -97,9 +98,9 @@ def skip_reason(changes: dict[str, Any], cuda: bool) -> Optional[str]:
     """Why a variant does not run here (CUDA-only levers, more workers than a small CPU box has), or None."""
     if cuda:
         return None
-    if (changes.get("augment") == "gpu-stream" or changes.get("pipeline") == "streams"
-            or changes.get("prefetcher") == "stream" or changes.get("pin_memory") is False):
-        return "skipped: needs CUDA"
+    cfg = perflab.RunConfig(**{key: value for key, value in changes.items() if key != "workload_options"})
+    if any(lever.needs_cuda for lever in active_levers(cfg)) or cfg.pin_memory is False:
+        return "skipped: needs CUDA"  # the levers say; --no-pin-memory only means something on CUDA
     if changes.get("workers", 0) > CPU_WORKERS:
         return f"skipped: more workers than the {CPU_WORKERS} used on CPU"
     return None
@@ -137,7 +138,7 @@ def run_variant(rows: Rows, out: Path, experiment: Experiment, label: str, chang
     shares = result.metrics["phase_share_pct"]
     top = max(shares, key=shares.get) if shares else "?"
     compile_s = result.metrics.get("compile_s")
-    peak_mb = result.metrics["memory"].get("peak_allocated_mb")
+    peak_mb = result.peak_memory.mb if result.peak_memory.on_gpu else None
     note = (f"spread {tp['range_pct']:.1f}% · CI95 {tp['ci95_low']:.0f}–{tp['ci95_high']:.0f} · "
             f"p95 {result.metrics['latency_ms']['p95']:.2f} ms · top phase {top} {shares.get(top, 0):.0f}% · "
             + (f"peak {peak_mb:.0f} MiB · " if peak_mb is not None else "")

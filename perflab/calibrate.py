@@ -26,6 +26,9 @@ DATASHEET = {
     "L4": {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "memory_gbps": 300.0},
 }
 MATMUL_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# A reduced precision whose matmul runs slower than this fraction of fp32 has no fast path on this device
+# (most CPUs emulate bf16): it is recorded as not supported rather than as a peak no kernel could reach.
+SUPPORTED_FRACTION_OF_FP32 = 0.5
 
 
 def cache_path() -> Path:
@@ -90,15 +93,26 @@ def measure_h2d_gbps(device: torch.device, megabytes: int, pinned: bool, repeats
 
 def calibrate(device: torch.device, quick: bool = False,
               progress: Optional[Callable[[str], None]] = None) -> dict:
-    """Measure this device's ceilings and store them in the cache; returns the entry."""
+    """Measure this device's ceilings and store them in the cache; returns the entry.
+
+    The entry says how the cache was updated (`cache`), or why it could not be (`cache_error`): the figures
+    are returned either way. A quick calibration never replaces a full one."""
     say = progress or (lambda _msg: None)
     cuda = device.type == "cuda"
     size = (4096 if quick else 8192) if cuda else (512 if quick else 1024)
     precisions = ("fp32", "tf32", "bf16", "fp16") if cuda else ("fp32", "bf16")
-    entry: dict = {"device": device_key(device), "matmul_size": size, "measured_utc": _now(), "tflops": {}}
+    entry: dict = {"device": device_key(device), "matmul_size": size, "measured_utc": _now(), "tflops": {},
+                   "quick": quick, "unsupported": {}}
     for precision in precisions:
         say(f"matmul {precision} {size}x{size}")
         entry["tflops"][precision] = measure_matmul_tflops(device, precision, size)
+    fp32 = entry["tflops"]["fp32"]
+    for precision in ("bf16", "fp16"):
+        value = entry["tflops"].get(precision)
+        if value is not None and value < SUPPORTED_FRACTION_OF_FP32 * fp32:
+            entry["tflops"][precision] = None
+            entry["unsupported"][precision] = (f"{value:.3g} TFLOP/s, slower than fp32 ({fp32:.3g}): no fast "
+                                               f"{precision} matmul on this device")
     say("device memory copy")
     entry["memory_gbps"] = measure_copy_gbps(device, 1024 if cuda else 128)
     if cuda:
@@ -106,7 +120,10 @@ def calibrate(device: torch.device, quick: bool = False,
             say(f"host-to-device copy ({'pinned' if pinned else 'pageable'})")
             key = "h2d_pinned_gbps" if pinned else "h2d_pageable_gbps"
             entry[key] = measure_h2d_gbps(device, 256, pinned)
-    _store(entry)
+    try:
+        entry["cache"] = _store(entry)
+    except OSError as err:
+        entry["cache_error"] = f"cannot write {cache_path()}: {err.strerror}"
     return entry
 
 
@@ -114,12 +131,17 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _store(entry: dict) -> None:
+def _store(entry: dict) -> str:
+    """Put the entry in the cache unless it is quick and a full calibration is there; says what happened."""
     path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     cache = load_cache()
+    previous = cache.get(entry["device"])
+    if entry.get("quick") and previous and not previous.get("quick"):
+        return f"kept the full calibration of {previous['measured_utc']} in {path} (a --quick one never replaces it)"
+    path.parent.mkdir(parents=True, exist_ok=True)
     cache[entry["device"]] = entry
     write_json_atomic(path, cache)
+    return f"cached in {path}"
 
 
 def load_cache() -> dict:
@@ -147,7 +169,9 @@ def datasheet_ceilings(device: torch.device) -> Optional[dict]:
 def peak_tflops(device: torch.device, precision: str) -> tuple[Optional[float], str]:
     """(peak TFLOP/s for this precision, where it came from: 'calibrated', 'datasheet ...' or 'none')."""
     measured = cached_ceilings(device)
-    if measured and precision in measured.get("tflops", {}):
+    if measured and precision in (measured.get("unsupported") or {}):
+        return None, f"not supported here: {measured['unsupported'][precision]} (calibrated {measured['measured_utc']})"
+    if measured and measured.get("tflops", {}).get(precision):
         return measured["tflops"][precision], f"calibrated {measured['measured_utc']}"
     sheet = datasheet_ceilings(device)
     if sheet:

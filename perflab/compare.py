@@ -1,7 +1,7 @@
-"""Compare a baseline run with a candidate: the seed 002 performance report and an accept/reject decision.
+"""Compare a baseline run with a candidate: the performance report and an accept/reject decision.
 
 Statistics: each change comes with a 95% percentile-bootstrap confidence interval of the ratio
-candidate/base of a statistic, resampling each side independently (seeded, so reports are reproducible):
+candidate/base of a statistic, resampling each side independently (harness.stats.bootstrap_ratio_ci, seeded, so reports are reproducible):
 throughput resamples the per-trial throughputs (statistic: median), latency resamples the per-step
 latencies pooled over trials (statistic: p50 or p95). A change is significant when its interval excludes
 zero. The decision:
@@ -14,7 +14,8 @@ zero. The decision:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -22,11 +23,12 @@ import numpy as np
 
 from perflab.config import numerics_fields
 from perflab.errors import PerflabError
+from perflab.harness.stats import RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
 from perflab.results import Result, resolve_result_path, write_json_atomic
 
 COMPARE_FILE = "compare.json"
 CONFIDENCE = 0.95
-RESAMPLES = 4000
+RESAMPLES = RATIO_BOOTSTRAP_RESAMPLES
 MIN_EFFECT_PCT = 2.0
 METHOD = (f"{int(CONFIDENCE * 100)}% percentile-bootstrap confidence interval ({RESAMPLES} resamples, seeded) "
           "of the candidate/base ratio: throughput from per-trial values (median), latency from per-step "
@@ -71,6 +73,8 @@ class Comparison:
     method: str = METHOD
     min_effect_pct: float = MIN_EFFECT_PCT
     kind: str = "compare"
+    noisy: list[str] = field(default_factory=list)  # why the timings are not clean (busy machine, ...)
+    accept_noisy: bool = False
 
     def metric(self, name: str) -> MetricChange:
         return next(m for m in self.metrics if m.name == name)
@@ -114,17 +118,6 @@ def load_result(path: Union[str, Path]) -> Result:
     return result
 
 
-def bootstrap_ratio_ci(base: np.ndarray, candidate: np.ndarray, statistic: Callable, seed: int = 0,
-                       resamples: int = RESAMPLES, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Percentile-bootstrap interval of statistic(candidate) / statistic(base), sides resampled independently."""
-    rng = np.random.default_rng(seed)
-    base_stats = statistic(rng.choice(base, size=(resamples, base.size), replace=True), axis=1)
-    cand_stats = statistic(rng.choice(candidate, size=(resamples, candidate.size), replace=True), axis=1)
-    ratios = cand_stats / base_stats
-    tail = (1 - confidence) / 2 * 100
-    return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
-
-
 def _p95(values: np.ndarray, axis: int) -> np.ndarray:
     return np.percentile(values, 95, axis=axis)
 
@@ -145,25 +138,17 @@ def _change(name: str, unit: str, better: str, base: Optional[float], cand: Opti
     if base_values.size < 2 or cand_values.size < 2:
         row.note = (note + "; " if note else "") + "one value per side: no interval (use --trials 3 or more)"
         return row
-    low, high = bootstrap_ratio_ci(base_values, cand_values, statistic)
+    low, high = bootstrap_ratio_ci(base_values, cand_values, statistic, CONFIDENCE)
     row.ci_low_pct, row.ci_high_pct = 100 * (low - 1), 100 * (high - 1)
     row.significant = low > 1 or high < 1
     return row
-
-
-def _memory_mb(result: Result) -> tuple[Optional[float], str]:
-    memory = result.metrics.get("memory") or {}
-    if "peak_allocated_mb" in memory:
-        return memory["peak_allocated_mb"], "peak allocated on the GPU"
-    return memory.get("host_peak_rss_mb"), "host peak RSS of the whole process (coarse)"
 
 
 def metric_changes(base: Result, cand: Result) -> list[MetricChange]:
     """Throughput, p50/p95 latency, GPU utilisation, peak memory and MFU, base vs candidate."""
     base_steps = [ms for trial in base.trials for ms in trial.step_ms]
     cand_steps = [ms for trial in cand.trials for ms in trial.step_ms]
-    base_memory, memory_note = _memory_mb(base)
-    cand_memory, _ = _memory_mb(cand)
+    base_memory, cand_memory = base.peak_memory, cand.peak_memory
     gpu_base, gpu_cand = (base.metrics.get("gpu") or {}), (cand.metrics.get("gpu") or {})
     flops_base, flops_cand = (base.metrics.get("flops") or {}), (cand.metrics.get("flops") or {})
     return [
@@ -176,10 +161,35 @@ def metric_changes(base: Result, cand: Result) -> list[MetricChange]:
                 (base_steps, cand_steps, _p95)),
         _change("GPU utilisation", "%", "higher", gpu_base.get("util_mean_pct"), gpu_cand.get("util_mean_pct"),
                 note="NVML mean over the trials; one value per run"),
-        _change("peak memory", "MiB", "lower", base_memory, cand_memory, note=memory_note),
-        _change("MFU", "%", "higher", flops_base.get("mfu_pct"), flops_cand.get("mfu_pct"),
-                note="follows throughput when FLOPs per sample and the peak are the same"),
+        _change("peak memory", "MiB", "lower", base_memory.mb, cand_memory.mb, note=base_memory.label),
+        mfu_change(flops_base, flops_cand, base.config.get("precision"), cand.config.get("precision")),
     ]
+
+
+def mfu_change(base: dict[str, Any], cand: dict[str, Any], base_precision: Optional[str] = None,
+               cand_precision: Optional[str] = None) -> MetricChange:
+    """MFU = throughput × FLOPs per sample ÷ peak, so its change follows throughput only when both runs share
+    the FLOPs and the peak; against different peaks the change is not shown, and the note says why."""
+    row = _change("MFU", "%", "higher", base.get("mfu_pct"), cand.get("mfu_pct"),
+                  note="follows throughput: FLOPs per sample and the peak are the same")
+    if row.change_pct is None:
+        return row
+    peak_base, peak_cand = base.get("peak_tflops"), cand.get("peak_tflops")
+    if not math.isclose(peak_base or 0.0, peak_cand or 0.0, rel_tol=1e-6):
+        row.change_pct = None
+        row.note = (f"change not shown: measured against different peaks ({_peak_text(peak_base, base_precision)} vs "
+                    f"{_peak_text(peak_cand, cand_precision)}); MFU = throughput × FLOPs/sample ÷ peak, so a "
+                    "different peak moves MFU without any change in speed")
+        return row
+    flops_base, flops_cand = base.get("per_sample") or 0.0, cand.get("per_sample") or 0.0
+    if not math.isclose(flops_base, flops_cand, rel_tol=0.005):
+        row.note = (f"FLOPs per sample differ ({flops_base / 1e9:.3g} vs {flops_cand / 1e9:.3g} GFLOP): MFU moves "
+                    "with throughput × FLOPs, not with throughput alone")
+    return row
+
+
+def _peak_text(peak: Optional[float], precision: Optional[str]) -> str:
+    return f"{peak:.3g} TFLOP/s{f' {precision}' if precision else ''}" if peak else "no peak"
 
 
 def config_changes(base: Result, cand: Result) -> dict[str, list[Any]]:
@@ -305,12 +315,38 @@ def describe_config(cfg: dict[str, Any], levers: list[str]) -> str:
     return f"{cfg.get('workload')} {cfg.get('mode')} batch {cfg.get('batch_size')} ({levers_text})"
 
 
-def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFECT_PCT) -> Comparison:
-    """The full comparison of two results: metric changes, decision, phases, kernels and warnings."""
+def contamination(base: Result, cand: Result) -> list[str]:
+    """Why either run's timings are not clean: the machine was busy, or it did not finish cleanly."""
+    found = []
+    for side, result in (("base", base), ("candidate", cand)):
+        record = result.metrics.get("interference") or {}
+        if record.get("busy"):
+            found.append(f"the {side} ran on a busy machine (other processes: up to "
+                         f"{record.get('other_cpu_cores_max') or 0:.1f} CPU cores"
+                         f"{', GPU pids ' + str(record['gpu_neighbours']) if record.get('gpu_neighbours') else ''})")
+        if result.status != "complete":
+            found.append(f"the {side} is marked {result.status}: {result.status_reason}")
+    return found
+
+
+def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFECT_PCT,
+                    accept_noisy: bool = False) -> Comparison:
+    """The full comparison of two results: metric changes, decision, phases, kernels and warnings.
+
+    When either run was contaminated (a busy machine, an interrupted or invalid run), no change is called
+    significant unless `accept_noisy`."""
     metrics = metric_changes(base, cand)
     quality = _quality_summary(base, cand)
     decision, reasons = decide(metrics[0], cand.quality, min_effect_pct)
     warnings = comparability_warnings(base, cand)
+    contaminated = contamination(base, cand)
+    if contaminated:
+        warnings.append("NOISY MEASUREMENT: " + "; ".join(contaminated))
+        quality_failed = (cand.quality or {}).get("verdict") == "fail"  # a quality failure is not noise
+        if not accept_noisy and not quality_failed:
+            decision = "no significant change"
+            reasons = [f"speed not judged: {'; '.join(contaminated)}; re-run both on a quiet machine, or pass "
+                       "--accept-noisy to judge anyway"] + reasons
     if cand.quality is None and config_changes(base, cand).keys() & set(numerics_fields()):
         reasons.append("no quality check recorded for the candidate: its numerics were not verified "
                        "(run it with --check-quality)")
@@ -318,7 +354,7 @@ def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFE
     return Comparison(base=_summary(base), candidate=_summary(cand), metrics=metrics, decision=decision,
                       reasons=reasons, warnings=warnings, config_changes=config_changes(base, cand),
                       phases=phase_changes(base, cand), kernels=kernels, kernel_note=kernel_note,
-                      quality=quality, min_effect_pct=min_effect_pct)
+                      quality=quality, min_effect_pct=min_effect_pct, noisy=contaminated, accept_noisy=accept_noisy)
 
 
 def _quality_summary(base: Result, cand: Result) -> dict[str, Any]:
@@ -329,14 +365,17 @@ def _quality_summary(base: Result, cand: Result) -> dict[str, Any]:
 
 
 def regression_exceeds(comparison: Comparison, threshold_pct: float) -> bool:
-    """True for a significant throughput slow-down larger than `threshold_pct` (the CI gate)."""
+    """True for a significant throughput slow-down larger than `threshold_pct` (the CI gate); never on
+    contaminated timings unless they were accepted (a busy CI machine is not a regression)."""
+    if comparison.noisy and not comparison.accept_noisy:
+        return False
     throughput = comparison.metric("throughput")
     return bool(throughput.significant) and (throughput.change_pct or 0.0) < -abs(threshold_pct)
 
 
 def compare_paths(base: Union[str, Path], candidate: Union[str, Path],
-                  min_effect_pct: float = MIN_EFFECT_PCT) -> Comparison:
-    return compare_results(load_result(base), load_result(candidate), min_effect_pct)
+                  min_effect_pct: float = MIN_EFFECT_PCT, accept_noisy: bool = False) -> Comparison:
+    return compare_results(load_result(base), load_result(candidate), min_effect_pct, accept_noisy)
 
 
 __all__ = ["Comparison", "MetricChange", "compare_results", "compare_paths", "regression_exceeds",

@@ -55,6 +55,10 @@ class RunConfig:
                          choices=DEVICES)
     seed: int = option("--seed", int, "random seed for weights, data order and augmentation (default: 0)", MEASURE,
                        0, metavar="N")
+    min_trial_s: float = option("--min-trial-s", float, "on CUDA, a run fed by a DataLoader runs each trial at "
+                                "least this many seconds (more steps than --steps if needed), so a loader's "
+                                "bursts average out (default: 3; 0: exactly --steps)", MEASURE, 3.0,
+                                minimum=0, metavar="S")
     sync_phases: bool = option("--sync-phases", bool, "synchronise at phase boundaries for a host-clock breakdown "
                                "(adds syncs; off by default)", MEASURE, False)
     # loader: DataLoader from the dataset; device: pre-staged batches on the device

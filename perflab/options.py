@@ -135,7 +135,7 @@ def validate(config: Any) -> None:
     """Raise PerflabError naming the first bad option: its type, choices and range, then the modes it
     applies to and the options it conflicts with (what needs a device is checked when one is chosen)."""
     for declared in options_of(type(config)):
-        _check_value(declared, getattr(config, declared.name))
+        check_value(declared, getattr(config, declared.name))
     for declared in options_of(type(config)):
         value = getattr(config, declared.name)
         if is_set(declared, value):
@@ -144,7 +144,7 @@ def validate(config: Any) -> None:
                 raise PerflabError(f"{declared.flag_for(value)} refused: {reason}")
 
 
-def _check_value(declared: Option, value: Any) -> None:
+def check_value(declared: Option, value: Any) -> None:
     if value is None and (declared.default is None or declared.switch):
         return
     if declared.key_value:

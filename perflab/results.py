@@ -28,6 +28,27 @@ class Trial:
     phase_ms: dict[str, float]  # mean per step
 
 
+@dataclass(frozen=True)
+class PeakMemory:
+    """One peak-memory figure and what it measures (GPU allocations or the whole host process)."""
+
+    mb: Optional[float]
+    on_gpu: bool
+    label: str  # e.g. "GPU peak allocated": names the figure in tables, notes and plot titles
+
+
+GPU_PEAK_LABEL = "GPU peak allocated"
+HOST_PEAK_LABEL = "host peak RSS (whole process)"
+
+
+def peak_memory(metrics: dict[str, Any]) -> PeakMemory:
+    """Peak memory from a result's metrics (or a comparison's copy of them): GPU if measured, else host RSS."""
+    memory = metrics.get("memory") or {}
+    if "peak_allocated_mb" in memory:
+        return PeakMemory(memory["peak_allocated_mb"], True, GPU_PEAK_LABEL)
+    return PeakMemory(memory.get("host_peak_rss_mb"), False, HOST_PEAK_LABEL)
+
+
 @dataclass
 class Result:
     """Everything a run measured. `metrics` holds aggregates over trials (see README: result.json)."""
@@ -47,6 +68,8 @@ class Result:
     artifacts: dict[str, str] = field(default_factory=dict)  # name -> file in the run dir (trace, ...)
     schema_version: int = SCHEMA_VERSION
     perflab_version: str = ""
+    status: str = "complete"  # complete | interrupted (Ctrl-C; finished trials kept) | invalid (NaN/inf)
+    status_reason: str = ""
     world_size: int = 1  # ranks that measured together (perflab run --nproc); figures are over all of them
     path: Optional[str] = field(default=None, compare=False)
 
@@ -54,6 +77,11 @@ class Result:
     def throughput(self) -> float:
         """Median samples/s over trials."""
         return self.metrics["throughput_samples_per_s"]["median"]
+
+    @property
+    def peak_memory(self) -> "PeakMemory":
+        """The run's peak memory: GPU peak allocated when on CUDA, else the host process's peak RSS."""
+        return peak_memory(self.metrics)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -77,7 +105,8 @@ class Result:
         return cls(trials=trials, **fields)
 
     def save(self, directory: Union[str, Path]) -> Path:
-        """Write `result.json` into `directory` atomically; returns its path."""
+        """Write `result.json` into `directory` (created if missing) atomically; returns its path."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
         path = Path(directory) / RESULT_FILE
         write_json_atomic(path, self.to_dict())
         self.path = str(path)
@@ -114,14 +143,22 @@ def atomic_file(path: Union[str, Path]) -> Iterator[Path]:
 
     A reader (or a kill mid-write) never sees a half-written file."""
     path = Path(path)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(handle)
+    # mkstemp creates 0600; give the file the mode any other output gets (0666 less the umask)
+    os.chmod(temp, 0o666 & ~_umask())
     try:
         yield Path(temp)
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
 
 
 def write_json_atomic(path: Union[str, Path], data: Any) -> None:

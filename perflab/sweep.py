@@ -38,7 +38,7 @@ SWEEP_JSON = "sweep.json"
 SWEEP_JSONL = "sweep.jsonl"
 SWEEP_CSV = "sweep.csv"
 POINTS_DIR = "points"
-DONE_STATUSES = ("ok", "oom")
+DONE_STATUSES = ("ok", "oom", "invalid")  # finished measurements: a resume does not redo them
 CSV_METRICS = ["throughput", "throughput_ci_low", "throughput_ci_high", "p50_ms", "p95_ms", "p99_ms",
                "peak_memory_mb", "gpu_util_pct", "mfu_pct", "quality", "elapsed_s", "error"]
 _OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
@@ -89,7 +89,8 @@ def point_key(cfg: RunConfig) -> str:
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _value_text(value: Any) -> str:
+def value_text(value: Any) -> str:
+    """A swept value as text (tables, labels, plots): on/off for switches, none for unset."""
     if isinstance(value, bool):
         return "on" if value else "off"
     return "none" if value is None else str(value)
@@ -104,7 +105,7 @@ def point_params(cfg: RunConfig, axes: Sequence[str]) -> dict[str, Any]:
 
 def point_label(cfg: RunConfig, axes: Sequence[str]) -> str:
     short = {"batch_size": "batch", "precision": "", "workers": "workers", "pin_memory": "pin"}
-    parts = [f"{short.get(name, name)}{'' if short.get(name) == '' else '='}{_value_text(value)}"
+    parts = [f"{short.get(name, name)}{'' if short.get(name) == '' else '='}{value_text(value)}"
              for name, value in point_params(cfg, axes).items()]
     return " ".join(parts)
 
@@ -118,7 +119,6 @@ def result_row(result: Result) -> dict[str, Any]:
     """The flat summary of one point's result that sweep.jsonl and sweep.csv hold."""
     m = result.metrics
     throughput = m["throughput_samples_per_s"]
-    memory = m.get("memory") or {}
     gpu = m.get("gpu") or {}
     flops = m.get("flops") or {}
     return {
@@ -128,8 +128,8 @@ def result_row(result: Result) -> dict[str, Any]:
         "p50_ms": m["latency_ms"]["p50"],
         "p95_ms": m["latency_ms"]["p95"],
         "p99_ms": m["latency_ms"].get("p99"),
-        "peak_memory_mb": memory.get("peak_allocated_mb", memory.get("host_peak_rss_mb")),
-        "memory_kind": "GPU peak allocated" if "peak_allocated_mb" in memory else "host peak RSS (process)",
+        "peak_memory_mb": result.peak_memory.mb,
+        "memory_kind": result.peak_memory.label,
         "gpu_util_pct": gpu.get("util_mean_pct"),
         "mfu_pct": flops.get("mfu_pct"),
         "quality": (result.quality or {}).get("verdict"),
@@ -172,7 +172,7 @@ def _trim_partial_line(path: Path) -> None:
 def best_points(rows: Iterable[dict[str, Any]], max_p95_ms: Optional[float] = None
                 ) -> tuple[Optional[dict[str, Any]], Optional[dict[str, Any]]]:
     """The fastest point by throughput, and the fastest whose p95 step latency is within the bound.
-    Points that failed their quality gate are never the best."""
+    Points that failed their quality gate, or diverged (status invalid), are never the best."""
     ok = [row for row in rows if row["status"] == "ok" and row.get("quality") != "fail"]
     best = max(ok, key=lambda row: row["throughput"], default=None)
     if max_p95_ms is None:
@@ -243,6 +243,8 @@ class Sweep:
         try:
             result = perflab.run(cfg.workload, cfg.replace(out=str(point_dir)), reporter=self.reporter_factory(),
                                  command=self.command)
+            if result.status == "interrupted":  # Ctrl-C inside the point's trials: the point is not finished
+                raise KeyboardInterrupt
             result.save(point_dir)
         except PerflabError as err:
             failure = ("error", str(err))
@@ -260,7 +262,9 @@ class Sweep:
             free_memory()
             row.update(status=failure[0], error=failure[1], dir=None)
         else:
-            row.update(status="ok", error=None, dir=str(point_dir.relative_to(self.out)), **result_row(result))
+            status = "invalid" if result.status == "invalid" else "ok"
+            row.update(status=status, error=result.status_reason or None, dir=str(point_dir.relative_to(self.out)),
+                       **result_row(result))
             del result
             free_memory()
         row["elapsed_s"] = time.perf_counter() - began
@@ -283,7 +287,7 @@ class Sweep:
         writer.writerow(["index", "label", "status"] + params + CSV_METRICS)
         for row in self.done:
             writer.writerow([row["index"], row["label"], row["status"]]
-                            + [_value_text(row["params"].get(name)) for name in params]
+                            + [value_text(row["params"].get(name)) for name in params]
                             + ["" if row.get(name) is None else row[name] for name in CSV_METRICS])
         with atomic_file(self.out / SWEEP_CSV) as temp:
             temp.write_text(buffer.getvalue())
@@ -308,6 +312,13 @@ class Sweep:
         return SweepSummary(self.out, self.axes, rows, best, bounded, self.max_p95_ms, files)
 
 
+def _check_workloads(configs: Sequence[RunConfig]) -> None:
+    """An unknown workload name is a mistake in the command, not a failed point: refuse it before any point runs."""
+    from perflab.workloads import check_spec
+    for spec in dict.fromkeys(cfg.workload for cfg in configs):
+        check_spec(spec)
+
+
 def swept_axes(configs: Sequence[RunConfig]) -> list[str]:
     """The config fields whose values differ between configs (in RunConfig field order)."""
     dicts = [cfg.to_dict() for cfg in configs]
@@ -329,6 +340,7 @@ def run_sweep(configs: Sequence[RunConfig], out: Union[str, Path], axes: Optiona
     """Run every config (skipping those already recorded in `out` when resuming); returns the summary."""
     if not configs:
         raise PerflabError("the sweep has no points: give at least one value per option")
+    _check_workloads(configs)
     axes = list(axes) if axes is not None else swept_axes(configs)
     sweep = Sweep(out, axes, resume, max_p95_ms, observer, command, reporter_factory,
                   _describe(configs, "grid"))
@@ -350,6 +362,7 @@ def run_auto_batch(configs: Sequence[RunConfig], out: Union[str, Path], growth_p
         raise PerflabError("the sweep has no points: give at least one value per option")
     if growth_pct < 0:
         raise PerflabError(f"--growth-pct must be 0 or more, got {growth_pct}")
+    _check_workloads(configs)
     axes = [name for name in (axes if axes is not None else swept_axes(configs)) if name != "batch_size"]
     axes = ["batch_size"] + axes
     sweep = Sweep(out, axes, resume, max_p95_ms, observer, command, reporter_factory,

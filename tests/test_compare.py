@@ -11,12 +11,13 @@ from perflab.harness.runner import aggregate
 from perflab.results import Result, Trial
 
 
-
-
 @pytest.fixture(scope="module")
 def measured() -> Result:
-    """One real tiny run; the comparisons below derive candidates from it."""
-    return run("mlp", RunConfig(workload="mlp", device="cpu", steps=3, trials=3, warmup=1, batch_size=32))
+    """One real tiny run; the comparisons below derive candidates from it. Its interference record is set to
+    quiet: these tests are about the statistics, and a busy test machine is tested in test_reliability.py."""
+    result = run("mlp", RunConfig(workload="mlp", device="cpu", steps=3, trials=3, warmup=1, batch_size=32))
+    result.metrics["interference"]["busy"] = False
+    return result
 
 
 def with_throughputs(result: Result, throughputs: list[float]) -> Result:
@@ -148,3 +149,32 @@ def test_kernels_that_account_for_the_difference_come_from_both_traces(measured,
 def test_without_traces_kernels_are_skipped_with_a_note(measured):
     comparison = compare_results(measured, measured)
     assert comparison.kernels is None and "trace" in comparison.kernel_note
+
+
+def with_flops(result: Result, per_sample: float, peak_tflops: float, precision: str) -> Result:
+    """A copy of `result` whose MFU is derived, as a run derives it, from its throughput, FLOPs and peak."""
+    derived = copy.deepcopy(result)
+    achieved = per_sample * derived.throughput / 1e12
+    derived.config["precision"] = precision
+    derived.metrics["flops"] = {"per_sample": per_sample, "achieved_tflops": achieved, "peak_tflops": peak_tflops,
+                                "peak_source": "calibrated", "mfu_pct": 100 * achieved / peak_tflops}
+    return derived
+
+
+def test_mfu_against_a_different_peak_shows_no_change_and_says_why(measured):
+    base = with_flops(with_throughputs(measured, [1000.0, 1010.0, 990.0]), 1e9, 10.0, "fp32")
+    candidate = with_flops(with_throughputs(measured, [30.0, 31.0, 29.0]), 1e9, 0.07, "bf16")
+    mfu = compare_results(base, candidate).metric("MFU")
+    assert mfu.candidate > mfu.base  # MFU rose while throughput fell 97%: only the peak changed
+    assert mfu.change_pct is None
+    assert "different peaks" in mfu.note and "10 TFLOP/s fp32" in mfu.note and "0.07 TFLOP/s bf16" in mfu.note
+
+
+def test_mfu_change_notes_a_change_of_flops_per_sample(measured):
+    base = with_flops(measured, 1e9, 10.0, "fp32")
+    candidate = with_flops(measured, 2e9, 10.0, "fp32")
+    mfu = compare_results(base, candidate).metric("MFU")
+    assert mfu.change_pct == pytest.approx(100.0)
+    assert "FLOPs per sample differ" in mfu.note
+    same = compare_results(base, with_flops(measured, 1e9, 10.0, "fp32")).metric("MFU")
+    assert same.change_pct == pytest.approx(0.0) and "follows throughput" in same.note

@@ -126,3 +126,37 @@ def test_markers_switched_off_leave_no_phase_ranges_in_the_trace(tmp_path):
     run("mlp", cfg, hooks=[MarkersOff(), ProfilerCapture(tmp_path, CaptureOptions(wait=0, warmup=1, active=2))])
     trace = load_trace(tmp_path / "trace.json")
     assert "forward" not in trace.annotations.names and len(trace.cpu_ops) > 0
+
+
+def test_profile_on_cpu_prints_no_kineto_noise_and_writes_every_file_with_one_mode(tmp_path):
+    import os
+    import stat
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "run"
+    env = {key: value for key, value in os.environ.items() if key != "KINETO_LOG_LEVEL"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    completed = subprocess.run(
+        [sys.executable, "-m", "perflab", "profile", "--workload", "mlp", "--device", "cpu", "--batch", "8",
+         "--steps", "4", "--trials", "1", "--warmup", "1", "--wait", "1", "--warmup-steps", "1", "--active", "2",
+         "--out", str(out)], capture_output=True, text=True, env=env, timeout=300,
+        preexec_fn=lambda: os.umask(0o022))
+    assert completed.returncode == 0, completed.stderr
+    assert "gpuGetDeviceCount" not in completed.stderr + completed.stdout
+    assert "ERROR:" not in completed.stderr and "USDT:" not in completed.stderr
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in out.iterdir()}
+    assert {"result.json", "diagnosis.json", "trace.json", "nsys_command.txt"} <= set(modes)
+    assert set(modes.values()) == {0o644}, modes
+
+
+def test_a_profile_run_is_titled_as_a_profile(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "traces" / "cpu" / "compute__big_matmul.result.json"
+    shutil.copy(fixture, tmp_path / "result.json")
+    assert main(["report", str(tmp_path)]) == 0
+    assert (tmp_path / "report.md").read_text().startswith("# perflab profile: ")
+    assert "<title>perflab profile: " in (tmp_path / "report.html").read_text()

@@ -90,3 +90,7 @@ def test_html_renders_tables_and_images_in_headless_chromium(dirs, kind, tmp_pat
     # matplotlib's first colour (C0, #1f77b4) appears only if the plots were decoded and drawn
     c0 = np.abs(pixels - np.array([0x1F, 0x77, 0xB4]) / 255).max(axis=2) < 0.08
     assert c0.sum() > 200
+
+
+def test_run_report_is_titled_as_a_run(dirs):
+    assert (dirs["run"] / "report.md").read_text().startswith("# perflab run: mlp · train · batch 32")

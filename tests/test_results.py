@@ -66,3 +66,24 @@ def test_loading_a_newer_schema_asks_for_an_upgrade(tmp_path):
 def test_loading_a_missing_path_explains_what_to_pass(tmp_path):
     with pytest.raises(PerflabError, match="give a run directory"):
         Result.load(tmp_path / "nope")
+
+
+def test_peak_memory_is_the_gpu_peak_when_measured_and_the_host_rss_otherwise():
+    result = make_result()
+    result.metrics["memory"] = {"host_peak_rss_mb": 700.0}
+    assert (result.peak_memory.mb, result.peak_memory.on_gpu) == (700.0, False)
+    assert "host peak RSS" in result.peak_memory.label
+    result.metrics["memory"] = {"peak_allocated_mb": 1200.0, "peak_reserved_mb": 1500.0}
+    assert (result.peak_memory.mb, result.peak_memory.on_gpu) == (1200.0, True)
+    assert result.peak_memory.label == "GPU peak allocated"
+
+
+def test_result_json_gets_the_file_mode_of_any_other_output(tmp_path):
+    before = os.umask(0o022)
+    try:
+        make_result().save(tmp_path)
+        (tmp_path / "report.md").write_text("")  # how reports and traces are written: a plain open()
+    finally:
+        os.umask(before)
+    mode = (tmp_path / "result.json").stat().st_mode & 0o777
+    assert mode == (tmp_path / "report.md").stat().st_mode & 0o777 == 0o644

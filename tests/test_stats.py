@@ -45,3 +45,20 @@ def test_bootstrap_ci_is_reproducible():
 def test_summarize_refuses_empty_input():
     with pytest.raises(ValueError):
         summarize([])
+
+
+def test_ratio_interval_of_a_clear_speedup_brackets_the_true_ratio_and_is_reproducible():
+    from perflab.harness.stats import bootstrap_ratio_ci
+
+    base, candidate = [100.0, 101.0, 99.0, 100.5], [150.0, 151.0, 149.0, 150.5]
+    low, high = bootstrap_ratio_ci(base, candidate)
+    assert 1.45 < low <= 1.5 <= high < 1.55
+    assert bootstrap_ratio_ci(base, candidate) == (low, high)  # seeded
+    assert bootstrap_ratio_ci(base, candidate, seed=1) != (low, high)
+
+
+def test_compare_uses_the_one_ratio_bootstrap():
+    import perflab.compare
+    import perflab.harness.stats
+
+    assert perflab.compare.bootstrap_ratio_ci is perflab.harness.stats.bootstrap_ratio_ci

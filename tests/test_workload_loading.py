@@ -75,3 +75,37 @@ def test_training_without_a_loss_is_refused(tmp_path):
                  "        dataset=TensorDataset(torch.randn(8, 4), torch.randn(8, 2)))\n") + ":build"
     with pytest.raises(PerflabError, match="--mode train needs Workload.loss_fn"):
         load_workload(spec, CFG)
+
+
+TINY_PLUGIN = ("import torch\nfrom torch.utils.data import TensorDataset\nimport perflab\n"
+               "def build(cfg):\n"
+               "    return perflab.Workload(name='tiny', model=torch.nn.Linear(4, 2),\n"
+               "        dataset=TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), loss_fn=torch.nn.MSELoss())\n")
+
+
+def test_plugin_run_folder_is_named_after_the_plugin_not_its_build_function(tmp_path, monkeypatch):
+    from perflab.cli import main
+
+    spec = write(tmp_path, TINY_PLUGIN, name="tiny_regressor.py") + ":build"
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--workload", spec, "--device", "cpu", "--batch", "4", "--steps", "2", "--trials", "1",
+                 "--warmup", "1"]) == 0
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert run_dir.name.endswith("-tiny_regressor")
+
+
+@pytest.mark.parametrize("spec, name", [("mlp", "mlp"), ("models/bert.py:build", "bert"), ("models/bert.py", "bert"),
+                                        ("mypkg.vision:make", "mypkg.vision")])
+def test_default_run_folder_names(spec, name):
+    from perflab.rundir import default_run_dir
+
+    assert default_run_dir(spec).name.split("-", 2)[-1] == name
+
+
+def test_workload_descriptions_say_what_a_workload_is_not_where_it_came_from(capsys):
+    from perflab.cli import main
+
+    assert main(["workloads"]) == 0
+    listing = capsys.readouterr().out
+    assert "mlp" in listing and "ResNet-50" in listing
+    assert "seed" not in listing.lower()

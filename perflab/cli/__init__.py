@@ -44,11 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    from perflab.cli._script import split_script_command
     parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in results, so runs can be repeated
+    full_argv = list(sys.argv[1:] if argv is None else argv)
+    own_argv, script_command = split_script_command(full_argv)
+    args = parser.parse_args(own_argv)
+    args.argv = full_argv  # recorded in results, so runs can be repeated
+    args.script_command = script_command
     if not getattr(args, "handler", None):
         parser.print_help()
+        return 2
+    if script_command is not None and not getattr(args, "runs_scripts", False):
+        err_console.print("[bold red]error:[/] `--` runs a script only with `perflab run` or `perflab profile`, "
+                          "e.g. `perflab profile -- python train.py`", highlight=False)
         return 2
     try:
         return int(args.handler(args) or 0)

@@ -19,11 +19,15 @@ def register(subparsers) -> None:
     parser.add_argument("--markdown", action="store_true", help="print the Markdown section instead of tables")
     parser.add_argument("--no-save", action="store_true",
                         help="do not write diagnosis.json into the run directory")
+    parser.add_argument("--tried-and-lost", metavar="LEVER,...", default="",
+                        help="levers already measured on this run that did not win (names from `perflab levers`): "
+                             "not proposed again; the diagnosis says what is left instead")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    diagnosis, result = diagnose_path(args.path)
+    lost = [name.strip() for name in args.tried_and_lost.split(",") if name.strip()]
+    diagnosis, result = diagnose_path(args.path, tried_and_lost=lost)
     path = Path(args.path)
     if path.is_dir() and not args.no_save:
         write_json_atomic(path / DIAGNOSIS_FILE, diagnosis.to_dict())

@@ -6,12 +6,15 @@ import argparse
 from rich.markup import escape
 from rich.table import Table
 
-from perflab.calibrate import cache_path, calibrate, cached_ceilings, datasheet_ceilings
+from perflab.calibrate import calibrate, cached_ceilings, datasheet_ceilings
 from perflab.cli import console
 from perflab.environment import collect_environment
+from perflab.errors import PerflabError
 from perflab.harness.runner import resolve_device
 from perflab.levers import all_levers
-from perflab.workloads import builtin_descriptions
+from perflab.report.levers_table import print_levers
+from perflab.workloads import builtin_descriptions, builtin_settings
+from perflab.workloads.settings import describe
 
 
 def register(subparsers) -> None:
@@ -30,23 +33,18 @@ def register(subparsers) -> None:
 def handle_workloads(args: argparse.Namespace) -> int:
     table = Table(title="built-in workloads", title_justify="left")
     table.add_column("name", style="bold")
-    table.add_column("description")
+    table.add_column("description and --option KEY=VALUE settings")
+    settings = builtin_settings()
     for name, description in builtin_descriptions().items():
-        table.add_row(name, description)
+        lines = [escape(description)] + [f"  [dim]{escape(describe(option))}[/]" for option in settings[name]]
+        table.add_row(name, "\n".join(lines))
     console.print(table)
     console.print("Your own: --workload path/to/file.py:build or package.module:build (see README).")
     return 0
 
 
 def handle_levers(args: argparse.Namespace) -> int:
-    table = Table(title="levers", title_justify="left")
-    for column in ("name", "flag", "what it does", "needs", "addresses"):
-        table.add_column(column, no_wrap=column in ("name", "flag"))
-    for lever in all_levers():
-        # escape: "[default|reduce-overhead|...]" in a flag would otherwise read as rich markup and vanish
-        table.add_row(lever.name, escape(lever.flag), escape(lever.summary), escape(lever.needs),
-                      ", ".join(lever.addresses))
-    console.print(table)
+    print_levers(console, all_levers())
     return 0
 
 
@@ -73,7 +71,8 @@ def handle_env(args: argparse.Namespace) -> int:
 
 def _ceilings_text(entry: dict) -> str:
     tflops = entry.get("tflops", {})
-    parts = [f"{k} {v:.1f}" for k, v in tflops.items() if k in ("fp32", "tf32", "bf16", "fp16")]
+    parts = [f"{k} {_tflops_text(v) if v is not None else 'not supported'}" for k, v in tflops.items()
+             if k in ("fp32", "tf32", "bf16", "fp16")]
     text = "matmul TFLOP/s: " + ", ".join(parts)
     if entry.get("memory_gbps"):
         text += f"; memory {entry['memory_gbps']:.0f} GB/s"
@@ -88,11 +87,21 @@ def handle_calibrate(args: argparse.Namespace) -> int:
     table.add_column("what", style="bold")
     table.add_column("measured")
     for precision, value in entry["tflops"].items():
-        table.add_row(f"matmul {precision}", f"{value:.2f} TFLOP/s ({entry['matmul_size']}^3)")
+        text = (f"not supported here ({entry['unsupported'][precision]})" if value is None
+                else f"{_tflops_text(value)} TFLOP/s ({entry['matmul_size']}^3)")
+        table.add_row(f"matmul {precision}", text)
     table.add_row("device memory copy", f"{entry['memory_gbps']:.1f} GB/s (read + write)")
     for key in ("h2d_pinned_gbps", "h2d_pageable_gbps"):
         if key in entry:
             table.add_row(key.replace("_gbps", "").replace("_", " "), f"{entry[key]:.1f} GB/s")
     console.print(table)
-    console.print(f"cached in {cache_path()}")
+    if "cache_error" in entry:
+        raise PerflabError(f"{entry['cache_error']}: the figures above were measured but not cached; set "
+                           "PERFLAB_CACHE_DIR to a writable directory and run calibrate again")
+    console.print(entry["cache"], highlight=False)
     return 0
+
+
+def _tflops_text(value: float) -> str:
+    """Three significant digits: a CPU's 0.004 TFLOP/s must not print as 0.00."""
+    return f"{value:.2f}" if value >= 10 else f"{value:.3g}"

@@ -6,13 +6,14 @@ import shlex
 
 from rich.markup import escape
 
-from perflab.cli import console
+from perflab.cli import console, err_console
 from perflab.cli._options import add_rank_mode, add_run_options, config_from_args
+from perflab.cli._outcome import finish_run
+from perflab.cli._script import EPILOG, handle_script
 from perflab.cli.run import launcher_or_rich_reporter, rank_reporter
 from perflab.harness.runner import resolve_config
-from perflab.profile.capture import TRACE_FILE, CaptureOptions, profile_run
+from perflab.profile.capture import CaptureOptions, profile_run
 from perflab.report.diagnosis import print_diagnosis
-from perflab.report.terminal import print_result
 from perflab.rundir import run_dir
 
 
@@ -21,7 +22,7 @@ def register(subparsers) -> None:
         "profile", help="trace a few steps (torch.profiler, NVTX), print the nsys command, diagnose",
         description="Run a workload with a scheduled torch.profiler capture of a few timed steps; save "
                     "runs/<id>/ with result.json, trace.json (open in Perfetto) and diagnosis.json; print the "
-                    "diagnosis and the Nsight Systems command for the same run.")
+                    "diagnosis and the Nsight Systems command for the same run.", epilog=EPILOG)
     add_run_options(parser, "profile")
     group = parser.add_argument_group("profiler")
     group.add_argument("--wait", type=int, default=1, metavar="N", help="timed steps skipped first (default: 1)")
@@ -34,31 +35,35 @@ def register(subparsers) -> None:
     group.add_argument("--profile-memory", action="store_true", help="allocations and frees (bigger trace)")
     group.add_argument("--gzip-trace", action="store_true", help="write trace.json.gz instead of trace.json")
     add_rank_mode(parser)
-    parser.set_defaults(handler=handle)
+    parser.set_defaults(handler=handle, runs_scripts=True)
 
 
 def handle(args: argparse.Namespace) -> int:
     options = CaptureOptions(wait=args.wait, warmup=args.warmup_steps, active=args.active,
                              record_shapes=args.record_shapes, with_stack=args.with_stack,
                              profile_memory=args.profile_memory, gzip=args.gzip_trace)
+    if args.script_command is not None:
+        return handle_script(args, capture=options.check(options.steps_needed))
     if args.rank_mode:
         return profile_rank(config_from_args(args), options, args)
     cfg = resolve_config(config_from_args(args), None)
     options.check(cfg.steps)
-    with run_dir(args.out, cfg.workload) as out, launcher_or_rich_reporter(cfg) as reporter:
+    with run_dir(args.out, cfg.workload, args.overwrite, cfg.resume_from) as out, \
+            launcher_or_rich_reporter(cfg) as reporter:
         result, diagnosis, command = profile_run(cfg.workload, cfg, out, options, reporter=reporter,
                                                  command=["perflab"] + args.argv)
     if result is None:
         console.print("this node's ranks finished; node 0 writes the result, traces and diagnosis in its --out")
         return 0
-    print_result(console, result)
+    code = finish_run(console, err_console, result, out)
     if diagnosis is not None:
         print_diagnosis(console, diagnosis)
-    trace = out / result.artifacts.get("trace", TRACE_FILE)
-    console.print(f"trace: [bold]{escape(str(trace))}[/] (open in https://ui.perfetto.dev)")
+    if "trace" in result.artifacts:
+        console.print(f"trace: [bold]{escape(str(out / result.artifacts['trace']))}[/] (open in "
+                      "https://ui.perfetto.dev)")
     console.print("Nsight Systems, for the same run (where nsys is installed):\n  " + escape(shlex.join(command)),
                   highlight=False, soft_wrap=True)
-    return 0
+    return code
 
 
 def profile_rank(cfg, options: CaptureOptions, args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from perflab.cli import console
+from perflab.errors import writing
 from perflab.report.build import write_report
 
 
@@ -19,6 +20,7 @@ def register(subparsers) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    files = write_report(args.directory, args.out)
+    with writing(args.out or args.directory, "the report"):
+        files = write_report(args.directory, args.out)
     console.print("wrote " + ", ".join(f"[bold]{path}[/]" for path in files))
     return 0

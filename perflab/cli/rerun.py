@@ -6,6 +6,7 @@ import argparse
 from perflab.cli import console
 from perflab.compare import compare_results, load_result
 from perflab.config import RunConfig
+from perflab.errors import PerflabError
 from perflab.harness.runner import run
 from perflab.report.progress import RichReporter
 from perflab.report.terminal import print_result
@@ -25,6 +26,8 @@ def register(subparsers) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     original = load_result(args.result)
+    if "script" in original.config:
+        raise PerflabError(f"{original.path} measured a script: repeat it with `{' '.join(original.command)}`")
     cfg = RunConfig.from_dict(original.config).replace(out=None).validate()
     console.print(f"rerunning {original.path} (seed {cfg.seed}, recorded {original.created_utc or 'n/a'})",
                   highlight=False)

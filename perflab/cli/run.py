@@ -4,42 +4,41 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from rich.markup import escape
-
-from perflab.cli import console
+from perflab.cli import console, err_console
 from perflab.cli._options import add_rank_mode, add_run_options, config_from_args
+from perflab.cli._outcome import finish_run
+from perflab.cli._script import EPILOG, handle_script
 from perflab.harness.progress import Reporter
 from perflab.harness.runner import resolve_config, run
 from perflab.report.progress import RichReporter
-from perflab.report.terminal import print_result
 from perflab.rundir import run_dir
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("run", help="measure a workload: throughput, latency, breakdown, MFU",
+    parser = subparsers.add_parser("run", help="measure a workload (or your script: -- python train.py): "
+                                   "throughput, latency, breakdown, MFU",
                                    description="Measure a workload and save runs/<id>/result.json. With --nproc N, "
-                                               "N ranks measure together (torchrun underneath; docs/distributed.md).")
+                                               "N ranks measure together (torchrun underneath; docs/distributed.md).",
+                                   epilog=EPILOG)
     add_run_options(parser, "run")
     add_rank_mode(parser)
-    parser.set_defaults(handler=handle)
+    parser.set_defaults(handler=handle, runs_scripts=True)
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.script_command is not None:
+        return handle_script(args, capture=None)
     if args.rank_mode:
         return run_rank(config_from_args(args), args)
     cfg = resolve_config(config_from_args(args), None)
-    with run_dir(args.out, cfg.workload) as out, launcher_or_rich_reporter(cfg) as reporter:
+    with run_dir(args.out, cfg.workload, args.overwrite, cfg.resume_from) as out, \
+            launcher_or_rich_reporter(cfg) as reporter:
         result = run(cfg.workload, cfg.replace(out=str(out)), reporter=reporter, command=["perflab"] + args.argv)
         if result is None:
             console.print("this node's ranks finished; node 0 writes the result in its --out")
             return 0
         result.save(out)
-    print_result(console, result)
-    if result.quality and result.quality.get("verdict") == "fail":
-        console.print(f"[bold red]quality gate failed[/]: {escape(result.quality['reason'])}; the result is "
-                      "saved (tolerances: docs/quality.md)", highlight=False)
-        return 1
-    return 0
+    return finish_run(console, err_console, result, out)
 
 
 def run_rank(cfg, args: argparse.Namespace) -> int:

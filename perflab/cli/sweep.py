@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any, Optional
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, gave_run_options, grid_from_args
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, writing
+from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
+from perflab.rundir import default_run_dir
 from perflab.sweep import SWEEP_JSON, SweepObserver, SweepSummary, read_rows, run_auto_batch, run_sweep
 
 
@@ -105,10 +105,10 @@ def handle(args: argparse.Namespace) -> int:
         args, command = recorded
         console.print(f"[dim]resuming with the recorded options: {' '.join(command[1:])}[/]", highlight=False)
     configs, axes = grid_from_args(args)
-    out = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-sweep"
+    out = Path(args.out) if args.out else default_run_dir("sweep")
     common = dict(resume=args.resume, max_p95_ms=args.max_p95_ms, command=command)
     try:
-        with RichSweepProgress() as progress:
+        with RichSweepProgress() as progress, writing(out, "the sweep"):
             if args.auto_batch:
                 if "batch_size" in axes:
                     raise PerflabError("--auto-batch doubles the batch itself; give at most one --batch (the start)")
@@ -121,40 +121,12 @@ def handle(args: argparse.Namespace) -> int:
         err_console.print(f"[yellow]interrupted[/]: {done} finished point(s) are kept in {out}/sweep.jsonl; "
                           f"run `perflab sweep --resume --out {out}` to continue")
         return 130
-    print_summary(summary)
-    if summary.rows and all(row["status"] == "error" for row in summary.rows):
+    print_sweep_summary(console, summary)
+    failed = [row for row in summary.rows if row["status"] in ("error", "invalid")]
+    if summary.rows and len(failed) == len(summary.rows):
         raise PerflabError(f"every point failed; the first: {summary.rows[0]['error']}")
+    if failed:
+        err_console.print(f"[yellow]{len(failed)} of {len(summary.rows)} point(s) failed or diverged[/] (status "
+                          "error/invalid in the table); the others are kept", highlight=False)
+        return 1
     return 0
-
-
-def print_summary(summary: SweepSummary) -> None:
-    params = list(dict.fromkeys(name for row in summary.rows for name in row["params"]))
-    table = Table(title=f"sweep · {len(summary.rows)} points · {summary.out}", title_justify="left")
-    for name in ["#"] + params + ["status", "samples/s", "p50 ms", "p95 ms", "peak MiB", "MFU %"]:
-        table.add_column(name.replace("_size", ""), justify="right")
-    for row in summary.rows:
-        mark = " ★" if summary.best and row["key"] == summary.best["key"] else ""
-        ok = row["status"] == "ok"
-        table.add_row(str(row["index"]), *[_cell(row["params"].get(name)) for name in params], row["status"],
-                      (fmt(row["throughput"]) + mark) if ok else "", fmt(row.get("p50_ms"), 2) if ok else "",
-                      fmt(row.get("p95_ms"), 2) if ok else "", fmt(row.get("peak_memory_mb"), 0) if ok else "",
-                      fmt(row.get("mfu_pct")) if ok else "")
-    console.print(table)
-    if summary.best:
-        console.print(f"best throughput: [bold]{summary.best['label']}[/] "
-                      f"({fmt(summary.best['throughput'])} samples/s)", highlight=False)
-    if summary.max_p95_ms is not None:
-        bounded = summary.best_under_bound
-        text = (f"[bold]{bounded['label']}[/] ({fmt(bounded['throughput'])} samples/s, p95 "
-                f"{fmt(bounded['p95_ms'], 2)} ms)" if bounded else "[red]no point meets the bound[/]")
-        console.print(f"best with p95 ≤ {summary.max_p95_ms:g} ms: {text}", highlight=False)
-    for path in summary.plots.values():
-        console.print(f"plot: {summary.out / path}")
-    console.print(f"saved [bold]{summary.out}/sweep.jsonl[/] and sweep.csv; `perflab report {summary.out}` "
-                  "writes report.md and report.html")
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return "none" if value is None else str(value)

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterable, Optional, Union
 
 from perflab.diagnose.findings import CLASS_SLUGS, Context, Finding
 from perflab.diagnose.summary import summarize
@@ -17,14 +17,32 @@ DIAGNOSIS_FILE = "diagnosis.json"
 TRACE_NAMES = ("trace.json", "trace.json.gz")
 
 
-def diagnose(trace: Union[str, Path, ParsedTrace], result=None) -> Diagnosis:
-    """The diagnosis of one trace, using the run's Result (phase shares, memory, NVML) when given."""
+def diagnose(trace: Union[str, Path, ParsedTrace], result=None, tried_and_lost: Iterable[str] = ()) -> Diagnosis:
+    """The diagnosis of one trace, using the run's Result (phase shares, memory, NVML) when given.
+
+    `tried_and_lost` names levers (`perflab levers`) already measured on this run that did not win: they are not
+    proposed again, and the findings they addressed say what is left to do instead.
+    """
+    lost = _lever_names(tried_and_lost)
     parsed = trace if isinstance(trace, ParsedTrace) else load_trace(trace)
     precision = result.config.get("precision") if result is not None else None
-    ctx = Context(trace=parsed, profile=summarize(parsed, precision), result=result)
+    ctx = Context(trace=parsed, profile=summarize(parsed, precision), result=result, tried_and_lost=lost)
     diagnosis = decide(ctx, run_rules(ctx))
     diagnosis.source = {"trace": parsed.path, "result": getattr(result, "path", None)}
     return diagnosis
+
+
+def _lever_names(names: Iterable[str]) -> frozenset[str]:
+    """The given lever names, checked against `perflab levers`."""
+    names = frozenset(names)
+    if names:
+        from perflab.levers import all_levers
+        known = {lever.name for lever in all_levers()}
+        unknown = sorted(names - known)
+        if unknown:
+            raise PerflabError(f"unknown lever(s) in tried_and_lost: {', '.join(unknown)}; "
+                               f"known levers: {', '.join(sorted(known))}")
+    return names
 
 
 def find_trace(path: Union[str, Path]) -> tuple[Path, Optional[Path]]:
@@ -49,12 +67,12 @@ def find_trace(path: Union[str, Path]) -> tuple[Path, Optional[Path]]:
     return path, None
 
 
-def diagnose_path(path: Union[str, Path]):
+def diagnose_path(path: Union[str, Path], tried_and_lost: Iterable[str] = ()):
     """(Diagnosis, Result or None) for a run directory or a trace file."""
     from perflab.results import Result
     trace, result_path = find_trace(path)
     result = Result.load(result_path) if result_path else None
-    return diagnose(trace, result), result
+    return diagnose(trace, result, tried_and_lost), result
 
 
 __all__ = ["diagnose", "diagnose_path", "find_trace", "Diagnosis", "Finding", "CLASS_SLUGS", "DIAGNOSIS_FILE"]

@@ -29,4 +29,5 @@ def activation_memory(ctx: Context) -> Optional[Finding]:
                 "size will not fit",
         evidence=rounded({"peak_reserved_mb": float(peak_mb), "device_total_mb": float(total_mb),
                           "used_pct": used_pct, "source": source}),
-        levers=ctx.rank_levers(levers), advice=["a smaller batch (with gradient accumulation to keep the effective one)"])
+        levers=levers, advice=["a smaller batch (with gradient accumulation to keep the effective one)"],
+        expected_gain_pct=0.0, gain_basis="none in time: memory limits the batch size, not this step's speed")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from perflab.diagnose.findings import COLLECTIVES, Context, Finding, clamp, rounded
+from perflab.diagnose.findings import COLLECTIVES, Context, Finding, clamp, gain, rounded
 
 THRESHOLD_PCT = 10.0  # exposed (non-overlapped) communication, share of the step time
 DDP_LEVERS = ["ddp-bucket-size", "gradient-as-bucket-view", "static-graph", "grad-accum", "bf16-comm-hook"]
@@ -40,4 +40,6 @@ def collectives(ctx: Context) -> Optional[Finding]:
                            f"not overlapped with compute ({comm['overlap_pct']:.0f}% of NCCL time overlapped)",
                    evidence=rounded(evidence), levers=ctx.rank_levers(levers),
                    advice=["more compute per all-reduce: a larger per-GPU batch, or --grad-accum N",
-                           "check the topology (NVLink vs PCIe) with nvidia-smi topo -m"])
+                           "check the topology (NVLink vs PCIe) with nvidia-smi topo -m"],
+                   expected_gain_pct=gain(share),
+                   gain_basis="exposed communication per step (the most that full overlap can hide)")

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import COMPUTE_BOUND, CPU_MAX_CONFIDENCE, Context, Finding, clamp, dominance, rounded
+from perflab.diagnose.findings import (COMPUTE_BOUND, CPU_MAX_CONFIDENCE, Context, Finding, clamp, dominance, gain,
+                                      rounded)
 
 BUSY_THRESHOLD_PCT = 50.0
 SHARE_THRESHOLD_PCT = 50.0  # matmul/conv share of kernel time (GPU) or compute-phase time (CPU)
@@ -19,6 +20,7 @@ def compute_bound(ctx: Context) -> Optional[Finding]:
         evidence = {"gpu_busy_pct": gpu.busy_pct, "matmul_conv_kernel_time_pct": share}
         confidence = clamp(gpu.busy_pct / 100 * dominance(share))
         summary = f"the GPU is busy {gpu.busy_pct:.0f}% of the time, {share:.0f}% of it in matmul/conv kernels"
+        matmul_ms = gpu.kernel_ms_per_step * share / 100
     else:
         share = ctx.profile.host.op_mix_pct.get("matmul/conv", 0.0)
         if share < SHARE_THRESHOLD_PCT:
@@ -26,10 +28,14 @@ def compute_bound(ctx: Context) -> Optional[Finding]:
         evidence = {"matmul_conv_op_time_pct": share}
         confidence = clamp(dominance(share), high=CPU_MAX_CONFIDENCE)
         summary = f"{share:.0f}% of compute time is matmul/conv ops"
+        matmul_ms = ctx.profile.host.compute_phase_ms_per_step * share / 100
     advice = []
+    expected, basis = ctx.step_pct(matmul_ms), "matmul/conv time per step (upper bound: no roofline placement)"
     rows = [row for row in ctx.profile.roofline if row.get("pct_of_roof") is not None]
     if rows:
         best = rows[0]
+        expected *= max(0.0, 1 - best["pct_of_roof"] / 100)
+        basis = "matmul/conv time per step above the roofline of the heaviest op, at this precision"
         evidence.update(top_op=f"{best['op']} {best['shapes']}", top_op_achieved_tflops=best["achieved_tflops"],
                         top_op_pct_of_roofline=best["pct_of_roof"], ceiling_source=best["ceiling_source"])
         if best["pct_of_roof"] >= GOOD_ROOF_PCT:
@@ -48,4 +54,4 @@ def compute_bound(ctx: Context) -> Optional[Finding]:
     levers.append("compile")
     advice.append("better kernels: torch.compile(mode='max-autotune'), SDPA/flash attention where attention runs")
     return Finding(cls=COMPUTE_BOUND, confidence=confidence, summary=summary, evidence=rounded(evidence),
-                   levers=ctx.rank_levers(levers), advice=advice)
+                   levers=levers, advice=advice, expected_gain_pct=gain(expected), gain_basis=basis)

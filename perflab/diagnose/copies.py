@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import H2D_COPIES, Context, Finding, clamp, rounded
+from perflab.diagnose.findings import H2D_COPIES, Context, Finding, clamp, gain, rounded
 
 THRESHOLD_PCT = 10.0  # GPU idle (no kernel) while host-to-device copies are prepared or in flight
 
@@ -29,6 +29,7 @@ def host_to_device_copies(ctx: Context) -> Optional[Finding]:
         cls=H2D_COPIES, confidence=clamp(0.35 + idle / 60 + (0.05 if pageable_ms > 0.5 * copy_ms else 0.0)),
         summary=f"the GPU waited on host-to-device copies {idle:.0f}% of the time ({megabytes:.0f} MB per step, "
                 f"{evidence['pageable_share_pct']:.0f}% pageable, {overlap:.0f}% overlapped with compute)",
-        evidence=rounded(evidence), levers=ctx.rank_levers(levers),
+        evidence=rounded(evidence), levers=levers,
         advice=["copy smaller dtypes (uint8 images) and convert on the GPU",
-                "non_blocking copies from pinned memory (perflab's default on CUDA)"])
+                "non_blocking copies from pinned memory (perflab's default on CUDA)"],
+        expected_gain_pct=gain(idle), gain_basis="GPU idle waiting on host-to-device copies")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from perflab.diagnose.summary import TraceProfile
 from perflab.diagnose.trace import ParsedTrace
@@ -30,7 +30,8 @@ CPU_MAX_CONFIDENCE = 0.85
 
 @dataclass
 class Finding:
-    """One rule's conclusion: a class from the map, how sure, the numbers behind it, what to try."""
+    """One rule's conclusion: a class from the map, how sure, the numbers behind it, what to try, and how much
+    of the step it explains."""
 
     cls: str
     confidence: float  # 0..1
@@ -38,6 +39,10 @@ class Finding:
     evidence: dict[str, Any]
     levers: list[str]  # lever names (`perflab levers`), best first
     advice: list[str] = field(default_factory=list)  # actions that are not levers (remove a sync, cache data)
+    # The share of the step this cause accounts for: the step time to expect back if it were removed entirely
+    # (a step 40% shorter is 1/(1 - 0.4) = 1.67x faster). gain_basis says what was measured.
+    expected_gain_pct: float = 0.0
+    gain_basis: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,6 +55,7 @@ class Context:
     trace: ParsedTrace
     profile: TraceProfile
     result: Any = None  # perflab.Result or None
+    tried_and_lost: frozenset[str] = frozenset()  # levers already measured on this run that did not win
 
     def config(self, key: str, default: Any = None) -> Any:
         if self.result is None:
@@ -66,17 +72,23 @@ class Context:
         return self.result.metrics if self.result is not None else {}
 
     def rank_levers(self, names: list[str]) -> list[str]:
-        """Drop levers already on in this run and CUDA-only levers on a CPU run; keep the order, no repeats."""
+        """Drop levers already on in this run, levers tried and lost, and CUDA-only levers on a CPU run; keep
+        the order, no repeats."""
         from perflab.levers import cuda_only_levers
 
         active = set(self.result.levers) if self.result is not None else set()
         cuda_only = cuda_only_levers()
         ranked = []
         for name in names:
-            if name in active or name in ranked or (not self.on_gpu and name in cuda_only):
+            if (name in active or name in ranked or name in self.tried_and_lost
+                    or (not self.on_gpu and name in cuda_only)):
                 continue
             ranked.append(name)
         return ranked
+
+    def step_pct(self, ms_per_step: float) -> float:
+        """A time per step as a share of the profiled step (0-100)."""
+        return min(100.0, 100 * ms_per_step / self.profile.step_ms) if self.profile.step_ms > 0 else 0.0
 
 
 def dominance(share_pct: float) -> float:
@@ -89,11 +101,21 @@ def clamp(value: float, low: float = 0.0, high: float = 0.95) -> float:
 
 
 def rounded(evidence: dict[str, Any]) -> dict[str, Any]:
-    """Evidence numbers to 3 significant digits, so diagnosis.json reads well."""
-    out = {}
-    for key, value in evidence.items():
-        out[key] = float(f"{value:.3g}") if isinstance(value, float) else value
-    return out
+    """Evidence numbers to 3 significant digits (also inside dicts of counts), so diagnosis.json reads well."""
+    return {key: _rounded(value) for key, value in evidence.items()}
+
+
+def _rounded(value: Union[float, dict, Any]) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.3g}")
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    return value
+
+
+def gain(pct: float) -> float:
+    """An expected gain, clipped to 0-100% and rounded for diagnosis.json."""
+    return round(max(0.0, min(100.0, pct)), 1)
 
 
 def optional_pct(value: Optional[float]) -> str:

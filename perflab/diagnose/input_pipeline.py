@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import INPUT_PIPELINE, Context, Finding, clamp, rounded
+from perflab.diagnose.findings import INPUT_PIPELINE, Context, Finding, clamp, gain, rounded
 
 THRESHOLD_PCT = 10.0  # GPU idle waiting for data (or, on the CPU, data-wait share of the step)
 
@@ -15,9 +15,9 @@ def input_pipeline(ctx: Context) -> Optional[Finding]:
         data_share = ctx.metrics.get("phase_share_pct", {}).get("data_wait", 0.0)
     evidence = {"data_wait_ms_per_step": host.phase_ms_per_step.get("data", 0.0), "data_wait_share_pct": data_share,
                 "workers": ctx.config("workers", "unknown")}
-    signal = data_share
+    signal, basis = data_share, "data-wait share of the step"
     if ctx.on_gpu:
-        signal = ctx.profile.gpu.idle_split_pct["waiting for data"]
+        signal, basis = ctx.profile.gpu.idle_split_pct["waiting for data"], "GPU idle waiting for data"
         evidence["gpu_idle_waiting_for_data_pct"] = signal
     if signal < THRESHOLD_PCT:
         return None
@@ -29,10 +29,18 @@ def input_pipeline(ctx: Context) -> Optional[Finding]:
     levers += ["prefetcher-stream"]
     if ctx.config("augment") == "cpu":
         levers += ["augment-gpu", "augment-gpu-stream"]
+    advice = ["cache decoded/pre-processed items, or move per-item transforms to the GPU in batches",
+              f"more DataLoader workers (this run: {workers})"]
+    syncs = ctx.profile.syncs
+    if syncs.in_loader_per_step:
+        # Host work the main process does per item (issue: .item() in CPU transforms read as device syncs).
+        evidence["loader_host_ops_per_step"] = syncs.in_loader_by_op_per_step
+        ops = ", ".join(f"{count:g} {op}" for op, count in syncs.in_loader_by_op_per_step.items())
+        advice.append(f"the main process runs the per-item transforms inside the DataLoader ({ops} per step): "
+                      "they run one after another with the step; workers take them off the main process")
     where = "the GPU sat idle waiting for data" if ctx.on_gpu else "the step waited for data"
     return Finding(
         cls=INPUT_PIPELINE, confidence=clamp(0.35 + signal / 60),
         summary=f"{where} {signal:.0f}% of the time ({evidence['data_wait_ms_per_step']:.2f} ms per step)",
-        evidence=rounded(evidence), levers=ctx.rank_levers(levers),
-        advice=["cache decoded/pre-processed items, or move per-item transforms to the GPU in batches",
-                f"more DataLoader workers (this run: {workers})"])
+        evidence=rounded(evidence), levers=levers, advice=advice,
+        expected_gain_pct=gain(signal), gain_basis=basis)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import LAUNCH_OVERHEAD, Context, Finding, clamp, rounded
+from perflab.diagnose.findings import LAUNCH_OVERHEAD, Context, Finding, clamp, gain, rounded
 
 GPU_IDLE_THRESHOLD_PCT = 15.0  # GPU idle while the host launches (no data/copy/sync wait)
 CPU_OVERHEAD_THRESHOLD_PCT = 50.0  # share of compute phases in small ops and Python between ops
@@ -11,10 +11,17 @@ CPU_OPS_PER_STEP = 100.0
 
 
 def launch_overhead(ctx: Context) -> Optional[Finding]:
-    levers = ["cuda-graphs", "compile"]
+    syncs = ctx.profile.syncs.in_compute_per_step
+    # A CUDA graph cannot capture a step that waits for the device, so graphs are not proposed while it syncs.
+    levers = ["compile"] if syncs else ["cuda-graphs", "compile"]
     if ctx.config("mode") == "train" or ctx.profile.host.phase_ms_per_step.get("optimizer"):
         levers += ["fused-optimizer", "foreach-optimizer"]
-    advice = ["a larger batch amortises the per-op cost", "torch.compile(mode='reduce-overhead') adds CUDA graphs"]
+    advice = ["a larger batch amortises the per-op cost"]
+    if syncs:
+        advice.append(f"CUDA graphs cannot capture this step: it syncs with the host {syncs:g} times per step "
+                      "(see host-device sync); remove the syncs first")
+    else:
+        advice.append("torch.compile(mode='reduce-overhead') adds CUDA graphs")
     if ctx.on_gpu:
         gpu = ctx.profile.gpu
         idle = gpu.idle_split_pct["launch / framework overhead"]
@@ -27,6 +34,7 @@ def launch_overhead(ctx: Context) -> Optional[Finding]:
         confidence = clamp(0.3 + idle / 60 + 0.15 * gpu.short_kernel_count_pct / 100)
         summary = (f"the GPU idled {idle:.0f}% of the time while the host launched {gpu.kernels_per_step:.0f} kernels "
                    f"per step (median {gpu.median_kernel_us:.1f} µs, {gpu.short_kernel_count_pct:.0f}% under 10 µs)")
+        expected, basis = idle, "GPU idle while the host launched work"
     else:
         host = ctx.profile.host
         overhead = host.op_mix_pct.get("small ops and framework overhead", 0.0)
@@ -37,5 +45,9 @@ def launch_overhead(ctx: Context) -> Optional[Finding]:
         confidence = clamp(0.2 + 0.7 * overhead / 100)
         summary = (f"{overhead:.0f}% of compute time is small ops and framework overhead ({host.ops_per_step:.0f} ops "
                    f"per step, median {host.median_op_self_us or 0:.1f} µs each)")
+        expected = ctx.step_pct(host.compute_phase_ms_per_step * overhead / 100)
+        basis = "time per step in small ops and Python between ops (upper bound)"
+    if syncs:
+        evidence["syncs_in_step_per_step"] = syncs
     return Finding(cls=LAUNCH_OVERHEAD, confidence=confidence, summary=summary, evidence=rounded(evidence),
-                   levers=ctx.rank_levers(levers), advice=advice)
+                   levers=levers, advice=advice, expected_gain_pct=gain(expected), gain_basis=basis)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 from perflab.diagnose.findings import (CPU_MAX_CONFIDENCE, MEMORY_BANDWIDTH, Context, Finding, clamp, dominance,
-                                      rounded)
+                                      gain, rounded)
 
 BUSY_THRESHOLD_PCT = 50.0
 SHARE_THRESHOLD_PCT = 50.0  # of kernel time (GPU) or compute-phase time (CPU)
@@ -22,6 +22,7 @@ def memory_bandwidth(ctx: Context) -> Optional[Finding]:
         confidence = clamp(gpu.busy_pct / 100 * dominance(share))
         summary = (f"the GPU is busy {gpu.busy_pct:.0f}% of the time and {share:.0f}% of kernel time is elementwise/"
                    "reduction kernels (low arithmetic intensity: memory-bandwidth bound)")
+        bound_ms = gpu.kernel_ms_per_step * share / 100
     else:
         share = ctx.profile.host.op_mix_pct.get("large elementwise/other ops", 0.0)
         if share < SHARE_THRESHOLD_PCT:
@@ -29,6 +30,7 @@ def memory_bandwidth(ctx: Context) -> Optional[Finding]:
         evidence = {"large_elementwise_op_time_pct": share}
         confidence = clamp(dominance(share), high=CPU_MAX_CONFIDENCE)
         summary = f"{share:.0f}% of compute time is large elementwise/reduction ops (memory-bandwidth bound)"
+        bound_ms = ctx.profile.host.compute_phase_ms_per_step * share / 100
     memory_bound_rows = [row for row in ctx.profile.roofline if row.get("bound") == "memory"]
     if memory_bound_rows:
         evidence["memory_bound_matmul_conv_achieved_gbps"] = memory_bound_rows[0]["achieved_gbps"]
@@ -38,9 +40,11 @@ def memory_bandwidth(ctx: Context) -> Optional[Finding]:
     if ctx.config("precision", "fp32") in ("fp32", "tf32"):
         levers += ["bf16", "fp16"]
     return Finding(cls=MEMORY_BANDWIDTH, confidence=confidence, summary=summary, evidence=rounded(evidence),
-                   levers=ctx.rank_levers(levers),
+                   levers=levers,
                    advice=["fuse elementwise chains (torch.compile) so each tensor is read and written once",
-                           "lower precision halves the bytes moved"])
+                           "lower precision halves the bytes moved"],
+                   expected_gain_pct=gain(ctx.step_pct(bound_ms)),
+                   gain_basis="elementwise/reduction time per step (upper bound: fusion removes part of it)")
 
 
 def _has_convolutions(ctx: Context) -> bool:

@@ -1,5 +1,5 @@
 """The numbers every rule reads, computed once from a parsed trace: the step window, GPU busy/idle and
-its split, the kernel and copy tables, host phases and the CPU op mix."""
+its split, the kernel and copy tables, host phases, the CPU op mix and the host-device syncs."""
 from __future__ import annotations
 
 import re
@@ -9,14 +9,11 @@ from typing import Any, Optional
 import numpy as np
 
 from perflab.diagnose.intervals import Intervals, intervals_of
+from perflab.diagnose.phases import COMPUTE_PHASES, PHASES, loader_intervals, phase_intervals
+from perflab.diagnose.sync_sites import SyncProfile, SyncSite, find_sync_sites, sync_profile, sync_shadow
 from perflab.distributed.collectives import is_nccl_kernel
 from perflab.diagnose.trace import EventTable, ParsedTrace
 
-PHASES = ("data", "h2d", "augment", "forward", "backward", "optimizer", "step")
-COMPUTE_PHASES = ("augment", "forward", "backward", "optimizer", "step")
-SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"}
-ITEM_OPS = {"aten::item", "aten::_local_scalar_dense"}
 SHORT_KERNEL_US = 10.0
 LARGE_CPU_OP_US = 20.0
 IDLE_CAUSES = ("waiting for data", "waiting on H2D copies", "host-device syncs", "launch / framework overhead",
@@ -72,7 +69,7 @@ class GpuProfile:
     kernel_table: list[dict[str, Any]]
     memcpy_table: list[dict[str, Any]]
     launch_queue_median_us: Optional[float]  # launch call end -> kernel start; small means the GPU waits on the host
-    sync_calls_per_step: dict[str, float]
+    sync_calls_per_step: dict[str, float]  # blocking runtime calls in the step, outside the DataLoader
     d2h_copies_per_step: float
 
 
@@ -81,7 +78,7 @@ class HostProfile:
     phase_ms_per_step: dict[str, float]
     phase_share_pct: dict[str, float]
     ops_per_step: float
-    item_calls_per_step: float  # aten::item / _local_scalar_dense outside the optimizer phase
+    item_calls_per_step: float  # aten::item outside the optimizer phase and the DataLoader
     compute_phase_ms_per_step: float
     op_mix_pct: dict[str, float]  # share of compute-phase time: matmul/conv, large elementwise, small ops and overhead
     median_op_self_us: Optional[float]
@@ -95,6 +92,7 @@ class TraceProfile:
     window_ms: float
     step_ms: float
     host: HostProfile
+    syncs: SyncProfile
     gpu: Optional[GpuProfile] = None
     roofline: list[dict[str, Any]] = field(default_factory=list)
     gpu_name: Optional[str] = None
@@ -126,11 +124,13 @@ def summarize(trace: ParsedTrace, precision: Optional[str] = None) -> TraceProfi
     window_us = max(end - start, 1e-9)
     steps = max(steps, 1)
     host = _host_profile(trace, start, end, steps, window_us)
-    gpu = _gpu_profile(trace, start, end, steps, window_us) if trace.has_gpu else None
+    sites = find_sync_sites(trace, start, end)
+    syncs = sync_profile(sites, steps, trace.has_gpu)
+    gpu = _gpu_profile(trace, start, end, steps, window_us, sites, syncs) if trace.has_gpu else None
     from perflab.diagnose.roofline import roofline_rows
     return TraceProfile(device="cuda" if trace.has_gpu else "cpu", steps=steps, window_ms=window_us / 1e3,
-                        step_ms=window_us / 1e3 / steps, host=host, gpu=gpu, roofline=roofline_rows(trace, precision=precision),
-                        gpu_name=trace.gpu_name, notes=notes)
+                        step_ms=window_us / 1e3 / steps, host=host, syncs=syncs, gpu=gpu,
+                        roofline=roofline_rows(trace, precision=precision), gpu_name=trace.gpu_name, notes=notes)
 
 
 def _gpu_window(trace: ParsedTrace, start: float, end: float, notes: list[str]) -> tuple[float, float]:
@@ -161,11 +161,6 @@ def _launch_queue_us(trace: ParsedTrace) -> Optional[np.ndarray]:
     return np.where(found, k.start_us - launch_end, np.nan)
 
 
-def _phase_intervals(trace: ParsedTrace, names) -> Intervals:
-    ann = trace.annotations
-    return intervals_of(ann, ann.mask(lambda n: n in names))
-
-
 def _host_profile(trace: ParsedTrace, start: float, end: float, steps: int, window_us: float) -> HostProfile:
     ann = trace.annotations
     in_window = (ann.start_us >= start) & (ann.start_us < end)
@@ -175,12 +170,13 @@ def _host_profile(trace: ParsedTrace, start: float, end: float, steps: int, wind
         if selected.any():
             phase_ms[name] = float(ann.dur_us[selected].sum()) / 1e3 / steps
     step_ms = window_us / 1e3 / steps
-    compute = _phase_intervals(trace, COMPUTE_PHASES).clip(start, end)
+    compute = phase_intervals(trace, COMPUTE_PHASES).clip(start, end)
     ops = trace.cpu_ops
     op_in_window = (ops.start_us >= start) & (ops.start_us < end)
     items = op_in_window & ops.mask(lambda n: n == "aten::item")
-    optimizer = _phase_intervals(trace, ("optimizer",))
+    optimizer = phase_intervals(trace, ("optimizer",))
     items &= ~optimizer.contains(ops.start_us)  # optimizers read CPU step counters with .item(): no device sync
+    items &= ~loader_intervals(trace).contains(ops.start_us)  # the loader's own work is the input pipeline's
     self_us = _self_times(ops)
     in_compute = op_in_window & compute.contains(ops.start_us)
     compute_us = compute.total if len(compute) else 0.0
@@ -238,25 +234,19 @@ def _op_table(ops: EventTable, self_us: np.ndarray, selected: np.ndarray, total_
     return rows
 
 
-def _gpu_profile(trace: ParsedTrace, start: float, end: float, steps: int, window_us: float) -> GpuProfile:
+def _gpu_profile(trace: ParsedTrace, start: float, end: float, steps: int, window_us: float,
+                 sites: list[SyncSite], syncs: SyncProfile) -> GpuProfile:
     k, mc = trace.kernels, trace.memcpys
     kernel_busy = intervals_of(k).clip(start, end)
     copies = intervals_of(mc).clip(start, end)
     any_busy = Intervals.of(kernel_busy, copies)
     gaps = kernel_busy.complement(start, end)
-    split_us = _idle_split(trace, gaps, start, end)
+    split_us = _idle_split(trace, gaps, sync_shadow(sites, k, end))
     kinds = [kernel_kind(name) for name in k.names]
     kind_of = np.array([kinds[i] for i in k.name_id]) if len(k) else np.array([])
     kernel_total = float(k.dur_us.sum()) or 1e-9
     queue = _launch_queue_us(trace)
     queue_median = float(np.nanmedian(queue)) if queue is not None and np.isfinite(queue).any() else None
-    rt = trace.runtime
-    rt_in = (rt.start_us >= start) & (rt.start_us < end)
-    sync_counts = {}
-    for name in SYNC_CALLS:
-        count = int((rt_in & rt.mask(lambda n, name=name: n == name)).sum())
-        if count:
-            sync_counts[name] = count / steps
     d2h = mc.mask(lambda n: "DtoH" in n)
     return GpuProfile(
         busy_pct=100 * kernel_busy.total / window_us,
@@ -273,42 +263,35 @@ def _gpu_profile(trace: ParsedTrace, start: float, end: float, steps: int, windo
         kernel_table=_kernel_table(k, kinds, kernel_total, steps),
         memcpy_table=_memcpy_table(mc, kernel_busy, steps),
         launch_queue_median_us=queue_median,
-        sync_calls_per_step=sync_counts,
+        sync_calls_per_step=dict(syncs.by_call_per_step),
         d2h_copies_per_step=float(d2h.sum()) / steps,
     )
 
 
-def _idle_split(trace: ParsedTrace, gaps: Intervals, start: float, end: float) -> dict[str, float]:
+def _idle_split(trace: ParsedTrace, gaps: Intervals, sync_shadow: Intervals) -> dict[str, float]:
     """Split the time with no kernel running by what the host was doing, in priority order.
 
-    Data wait, then host-to-device copies (the h2d phase or an H2D copy in flight), then syncs (a sync call,
-    .item(), or a device-to-host copy), then launch/framework work (any CPU op or runtime call). A gap that
-    begins while the host sits in a sync is the sync's fault as a whole: the queue ran dry because the host
-    was waiting, and the launches after it only refill it.
+    Data wait (the `data` phase), then host-to-device copies (the h2d phase or an H2D copy in flight), then syncs,
+    then launch/framework work (any CPU op or runtime call), then other. A sync's share runs from the start of the
+    op that synced until the first kernel after the host got control back: the host drained the queue, so the GPU
+    waits for everything the host does until its next launch lands, launches included.
     """
-    ops, rt, mc = trace.cpu_ops, trace.runtime, trace.memcpys
-    data = _phase_intervals(trace, ("data",))
-    h2d = Intervals.of(_phase_intervals(trace, ("h2d",)), intervals_of(mc, mc.mask(lambda n: "HtoD" in n)))
-    sync = Intervals.of(intervals_of(rt, rt.mask(lambda n: n in SYNC_CALLS)),
-                        intervals_of(ops, ops.mask(lambda n: n in ITEM_OPS)),
-                        intervals_of(mc, mc.mask(lambda n: "DtoH" in n)))
-    host_busy = Intervals.of(intervals_of(ops), intervals_of(rt), _phase_intervals(trace, COMPUTE_PHASES))
-    layers = [("waiting for data", data), ("waiting on H2D copies", h2d), ("host-device syncs", sync),
+    rt, mc = trace.runtime, trace.memcpys
+    data = phase_intervals(trace, ("data",))
+    h2d = Intervals.of(phase_intervals(trace, ("h2d",)), intervals_of(mc, mc.mask(lambda n: "HtoD" in n)))
+    host_busy = Intervals.of(intervals_of(trace.cpu_ops), intervals_of(rt), phase_intervals(trace, COMPUTE_PHASES))
+    layers = [("waiting for data", data), ("waiting on H2D copies", h2d), ("host-device syncs", sync_shadow),
               ("launch / framework overhead", host_busy)]
     covered = Intervals(np.empty(0), np.empty(0))
     previous = np.zeros(len(gaps))
-    per_gap = {}
+    split = {}
     for cause, layer in layers:
         covered = Intervals.of(covered, layer)
         now = covered.overlap_each(gaps)
-        per_gap[cause] = now - previous
+        split[cause] = float((now - previous).sum())
         previous = now
-    per_gap["other"] = (gaps.end - gaps.start) - previous
-    began_in_sync = sync.contains(gaps.start) & ~data.contains(gaps.start)
-    for cause in ("launch / framework overhead", "other"):
-        per_gap["host-device syncs"] = per_gap["host-device syncs"] + np.where(began_in_sync, per_gap[cause], 0.0)
-        per_gap[cause] = np.where(began_in_sync, 0.0, per_gap[cause])
-    return {cause: float(per_gap[cause].sum()) for cause in IDLE_CAUSES}
+    split["other"] = float(((gaps.end - gaps.start) - previous).sum())
+    return {cause: split[cause] for cause in IDLE_CAUSES}
 
 
 def _kernel_table(k: EventTable, kinds: list[str], total_us: float, steps: int, top: int = 10) -> list[dict]:

@@ -2,8 +2,8 @@
 
 The JSON is decoded with an `object_hook` that turns every trace event into a row of the table it
 belongs to and drops the event dict right away, so a trace of tens of MB never exists twice in memory:
-what remains is a few numpy arrays (kernels, copies, runtime calls, CPU ops, annotations) and the shapes
-of the matmul/conv ops the roofline needs. A single-process trace without rank information is the
+what remains is a few numpy arrays (kernels, copies, runtime calls, CPU ops, annotations, and the Python
+frames of a trace recorded `with_stack`) and the shapes of the matmul/conv ops the roofline needs. A single-process trace without rank information is the
 normal case; `distributedInfo`, when present, is kept as metadata.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ SHAPED_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::co
               "aten::_convolution", "aten::cudnn_convolution", "aten::mkldnn_convolution")
 GPU_CATEGORIES = {"kernel": "kernels", "gpu_memcpy": "memcpys", "gpu_memset": "memsets"}
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
+RANGE_PREFIXES = ("ProfilerStep#", "enumerate(DataLoader)#")  # ranges the profiler itself opens
 
 
 @dataclass
@@ -78,6 +79,7 @@ class ParsedTrace:
     runtime: EventTable
     cpu_ops: EventTable
     annotations: EventTable  # record_function ranges on the host: ProfilerStep#N, perflab phases, user marks
+    python: EventTable  # python_function frames ("file.py(line): function"); empty unless recorded with_stack
     shapes: dict[int, OpShapes]  # External id -> shapes of SHAPED_OPS calls
     devices: list[dict[str, Any]]  # deviceProperties (name, totalGlobalMem, ...)
     memory_peaks: dict[str, float]  # "allocated_mb"/"reserved_mb" from [memory] events on the GPU, if recorded
@@ -125,7 +127,7 @@ class _TraceReader:
 
     def __init__(self) -> None:
         self.tables = {kind: _Collector() for kind in
-                       ("kernels", "memcpys", "memsets", "runtime", "cpu_ops", "annotations")}
+                       ("kernels", "memcpys", "memsets", "runtime", "cpu_ops", "annotations", "python")}
         self.shapes: dict[int, OpShapes] = {}
         self.peak_allocated = 0.0
         self.peak_reserved = 0.0
@@ -152,11 +154,13 @@ class _TraceReader:
                 kind = "cpu_op"
             elif category == "user_annotation":
                 kind = "annotations"
+            elif category == "python_function":
+                kind = "python"
             else:
                 return
         args = event.get("args") or {}
         name = event.get("name", "")
-        if name.startswith("ProfilerStep#"):  # a cpu_op in older torch versions, a user_annotation in newer
+        if name.startswith(RANGE_PREFIXES):  # cpu_ops in older torch versions, user_annotations in newer
             kind = "annotations"
         ext = _int(args.get("External id"))
         corr = _int(args.get("correlation"))

@@ -11,10 +11,12 @@ from perflab.diagnose.copies import host_to_device_copies
 from perflab.diagnose.findings import NO_CLEAR_BOTTLENECK, Context, Finding
 from perflab.diagnose.input_pipeline import input_pipeline
 from perflab.diagnose.launch_overhead import launch_overhead
+from perflab.diagnose.lost_levers import apply_tried_and_lost
 from perflab.diagnose.memory_bandwidth import memory_bandwidth
 from perflab.diagnose.sync import host_device_sync
 
-# One function per rule family; each returns a Finding or None. Order breaks confidence ties.
+# One function per rule family; each returns a Finding or None with its candidate levers, best first.
+# Order breaks ties of confidence and expected gain.
 RULES: list[Callable[[Context], Optional[Finding]]] = [
     input_pipeline, host_to_device_copies, host_device_sync, launch_overhead, activation_memory,
     memory_bandwidth, compute_bound, collectives,
@@ -36,6 +38,8 @@ class Diagnosis:
     findings: list[dict[str, Any]]
     profile: dict[str, Any]
     source: dict[str, Optional[str]] = field(default_factory=dict)
+    expected_gain_pct: Optional[float] = None  # the named finding's (see Finding); None when none is named
+    tried_and_lost: list[str] = field(default_factory=list)  # levers left out because they lost on this run
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,16 +51,18 @@ class Diagnosis:
 
 
 def run_rules(ctx: Context) -> list[Finding]:
-    """Every rule's finding, most confident first."""
-    findings = [finding for rule in RULES if (finding := rule(ctx)) is not None]
-    return sorted(findings, key=lambda f: -f.confidence)
+    """Every rule's finding, levers ranked for this run, most confident first; equally confident findings
+    (many saturate at the cap) by the share of the step they explain."""
+    findings = [apply_tried_and_lost(ctx, finding) for rule in RULES if (finding := rule(ctx)) is not None]
+    return sorted(findings, key=lambda f: (-round(f.confidence, 2), -f.expected_gain_pct))
 
 
 def decide(ctx: Context, findings: list[Finding]) -> Diagnosis:
     """Name the most confident finding, or 'no clear bottleneck' with what the numbers do say."""
     profile = ctx.profile
     busy = profile.gpu.busy_pct if profile.gpu else None
-    common = {"findings": [f.to_dict() for f in findings], "profile": profile.to_dict()}
+    common = {"findings": [f.to_dict() for f in findings], "profile": profile.to_dict(),
+              "tried_and_lost": sorted(ctx.tried_and_lost)}
     if findings and findings[0].confidence >= MIN_CONFIDENCE:
         top = findings[0]
         evidence = dict(top.evidence)
@@ -66,7 +72,8 @@ def decide(ctx: Context, findings: list[Finding]) -> Diagnosis:
         if util is not None:
             evidence.setdefault("nvml_util_mean_pct", round(util, 1))
         return Diagnosis(bottleneck=top.cls, confidence=round(top.confidence, 2), headline=top.summary,
-                         evidence=evidence, levers=top.levers, advice=top.advice, **common)
+                         evidence=evidence, levers=top.levers, advice=top.advice,
+                         expected_gain_pct=top.expected_gain_pct, **common)
     if busy is not None and busy >= BUSY_ENOUGH_PCT:
         headline = f"no clear bottleneck (GPU busy {busy:.0f}% ≥ {BUSY_ENOUGH_PCT:.0f}%)"
         confidence = 0.8

@@ -7,6 +7,7 @@ straggler spread: how far the slowest rank's mean step time is from the fastest'
 """
 from __future__ import annotations
 
+import dataclasses
 import socket
 from dataclasses import asdict
 from typing import Any, Optional
@@ -27,10 +28,10 @@ def rank_summary(result: Result) -> dict[str, Any]:
         "local_rank": local_rank(),
         "host": socket.gethostname(),
         "trials": [asdict(trial) for trial in result.trials],
-        "throughput_samples_per_s": metrics["throughput_samples_per_s"]["median"],
-        "step_ms_mean": metrics["latency_ms"]["mean"],
-        "step_ms_p50": metrics["latency_ms"]["p50"],
-        "phases_ms": metrics["phases_ms"],
+        "throughput_samples_per_s": (metrics.get("throughput_samples_per_s") or {}).get("median"),
+        "step_ms_mean": (metrics.get("latency_ms") or {}).get("mean"),
+        "step_ms_p50": (metrics.get("latency_ms") or {}).get("p50"),
+        "phases_ms": metrics.get("phases_ms") or {},
         "memory": metrics.get("memory") or {},
         "gpu": metrics.get("gpu") or {},
         "collectives": metrics.get("collectives"),
@@ -65,6 +66,8 @@ def merge(result: Result, ranks: list[dict[str, Any]]) -> Result:
     world = len(ranks)
     cfg = result.config
     trials = global_trials(ranks)
+    if not trials:  # interrupted before a trial finished: nothing to add up
+        return dataclasses.replace(result, world_size=world)
     metrics = dict(result.metrics)
     metrics.update(aggregate(trials, cfg["batch_size"]))
     metrics["batch_size"] = cfg["batch_size"]
@@ -76,12 +79,9 @@ def merge(result: Result, ranks: list[dict[str, Any]]) -> Result:
     if collectives:
         metrics["collectives"] = collectives_summary(ranks)
     notes = list(dict.fromkeys(note for rank in ranks for note in rank["notes"]))
-    return Result(config=result.config, environment=result.environment, workload=result.workload, trials=trials,
-                  metrics=metrics, timing={**result.timing, "throughput": "all ranks' samples over the slowest "
-                                           "rank's wall-clock time of the timed steps, per trial"},
-                  levers=result.levers, notes=notes, command=result.command, created_utc=result.created_utc,
-                  quality=result.quality, diagnosis=result.diagnosis, artifacts=result.artifacts,
-                  perflab_version=result.perflab_version, world_size=world)
+    timing = {**result.timing, "throughput": "all ranks' samples over the slowest rank's wall-clock time of the "
+              "timed steps, per trial"}
+    return dataclasses.replace(result, trials=trials, metrics=metrics, timing=timing, notes=notes, world_size=world)
 
 
 def distributed_summary(ranks: list[dict[str, Any]], cfg: dict[str, Any], global_throughput: float) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
+from perflab.harness.phases import marker_name
 from perflab.harness.plan import StepPlan
 from perflab.profile.markers import phase_marker
 
@@ -18,7 +19,7 @@ def run_steps(plan: StepPlan, batches: Iterator[Any], steps: int, timer,
     mark = phase_marker(plan.markers)
     for _ in range(steps):
         timer.step_start()
-        with timer.host_phase("data_wait"), mark("data"):
+        with timer.host_phase("data_wait"), mark(marker_name("data_wait")):
             batch = next(batches)
         if not plan.batches_on_device:
             with timer.phase("h2d"), mark("h2d"):
@@ -44,6 +45,7 @@ def train_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     with plan.gradient_sync(accumulating):
         with timer.phase("forward"), mark("forward"), plan.autocast():
             loss = plan.loss_fn(plan.model(inputs), target)
+        plan.last_value = loss  # kept, not read: checked for NaN/inf once after the trial
         # accumulated gradients add up: divide so that N steps of batch B give the gradient of one of N x B
         scaled = loss / plan.grad_accum if plan.grad_accum > 1 else loss
         with timer.phase("backward"), mark("backward"):
@@ -62,4 +64,4 @@ def train_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
 def infer_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     inputs, _ = batch
     with timer.phase("forward"), mark("forward"), plan.autocast():
-        plan.model(inputs)
+        plan.last_value = plan.model(inputs)  # kept, not read: checked for NaN/inf once after the trial

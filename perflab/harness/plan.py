@@ -55,6 +55,14 @@ class StepPlan:
     levers: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     markers: bool = True
+    # The last step's loss (train) or output (infer), kept by reference so the runner can check once after a
+    # trial that it stayed finite; a step_fn that bypasses the loop's model call exposes last_loss/last_output.
+    last_value: Any = None
+
+    def last_step_value(self) -> Any:
+        """What the last step computed: its loss (train) or output (infer), wherever the step produced it."""
+        name = "last_loss" if self.mode == "train" else "last_output"
+        return getattr(self.step_fn, name, None) if self.step_fn is not None else self.last_value
 
     def autocast(self) -> ContextManager:
         if self.autocast_dtype is None:

@@ -20,17 +20,20 @@ from perflab.errors import PerflabError
 from perflab.harness.data import map_tensors
 from perflab.harness.flops import count_flops_per_sample
 from perflab.harness.hooks import StepHook
+from perflab.harness.interference import LoadProbe, TrialLoad, busy_note, summarize_load
 from perflab.harness.loop import run_steps
 from perflab.harness.nvml import NvmlSampler
 from perflab.harness.plan import StepPlan, build_plan
 from perflab.harness.progress import Reporter
 from perflab.harness.stats import percentiles, summarize
+from perflab.harness.steady import UNSTEADY_RANGE_PCT, reach_steady_state, steps_for_time
 from perflab.harness.timers import NullTimer, make_timer
 from perflab.levers import check_levers
 from perflab.results import Result, Trial
 from perflab.version import __version__
 from perflab.workloads import Workload, default_batch, load_workload
 
+PEAK_SLACK = 1.1  # achieved FLOP/s beyond 110% of the peak: the peak is not this run's ceiling
 THROUGHPUT_METHOD = "samples over wall-clock time of the timed steps, device synchronised at both ends"
 
 
@@ -89,7 +92,8 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
     finally:
         plan.cleanup()
     quality = None
-    if gate:
+    interrupted = measured.pop("interrupted")
+    if gate and not interrupted:
         from perflab.quality import run_quality_gate
         reporter.note("quality gate: baseline vs candidate from the same weights and inputs")
         quality = run_quality_gate(pristine, cfg, device)
@@ -97,6 +101,7 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
     flops_per_sample = measured.pop("flops_per_sample")
     timing = measured.pop("timing")
     notes = list(plan.notes) + measured.pop("notes")
+    status, reason = _status(interrupted, measured.pop("non_finite"), cfg)
     result = Result(
         config=cfg.to_dict(),
         environment=collect_environment(device),
@@ -110,6 +115,8 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
         created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         quality=quality,
         perflab_version=__version__,
+        status=status,
+        status_reason=reason,
     )
     for hook in hooks:
         hook.finish(result)
@@ -117,6 +124,15 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
         from perflab.distributed.gather import gather_result
         result = gather_result(result)
     return result
+
+
+def _status(interrupted: Optional[str], non_finite: Optional[str], cfg: RunConfig) -> tuple[str, str]:
+    """complete | interrupted | invalid, and why."""
+    if interrupted:
+        return "interrupted", interrupted
+    if non_finite:
+        return "invalid", non_finite
+    return "complete", ""
 
 
 def _launch(workload: Union[Workload, str, None], cfg: RunConfig, command: Optional[list[str]]) -> Optional[Result]:
@@ -184,19 +200,28 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
     """Warm-up then `cfg.trials` timed trials; returns aggregate metrics, trials and timing notes."""
     device = plan.device
     notes: list[str] = []
+    reporter.note("preparing: first batch, FLOP count (one eager step)")
     batches = plan.batches(cfg.seed)
     with ExitStack() as stack:
         first_batch = next(batches)
         if _all_zero(first_batch):
             notes.append("the first batch's float inputs are all zeros: timings on zeros can be optimistic")
-        queued = _loader_queue_depth(plan)
-        if queued and cfg.steps < 4 * queued:
-            notes.append(f"the DataLoader can hold {queued} batches ready (workers x prefetch factor), and a trial "
-                         f"has only {cfg.steps} steps: trials partly served from that queue overstate a loader-bound "
-                         f"throughput; use --steps {4 * queued} or more")
+        if len(plan.workload.dataset) < plan.batch_size:
+            notes.append(f"the dataset has {len(plan.workload.dataset)} items, fewer than one batch of "
+                         f"{plan.batch_size}: items repeat within each batch (Workload.repeat_items)")
         flops_per_sample = count_flops_per_sample(plan, first_batch)
         stack.enter_context(plan.stepping())
         warmup = _warm_up(plan, batches, cfg.warmup, reporter)
+        steps_per_trial, steady = cfg.steps, None
+        if plan.data_source == "loader" and (plan.workers or device.type == "cuda"):
+            # A loader's prefilled queue and its bursts make short trials disagree (measured on the H100: 45%
+            # spread at 8 workers before this); on a CPU run the loader and the step share the same cores.
+            queued = max(_loader_queue_depth(plan), 4)
+            reporter.note(f"reaching a steady state: untimed windows of {queued} steps until the step time settles")
+            steady = reach_steady_state(plan, batches, queued, lambda: _synchronize(device))
+            if device.type == "cuda":
+                steps_per_trial = steps_for_time(cfg.steps, steady["step_s"], cfg.min_trial_s)
+            notes += _steady_notes(steady, steps_per_trial, cfg)
         warmup_peak_mb = None
         if device.type == "cuda":
             # Warm-up peaks (compilation, autotuning, graph capture) are kept apart from the timed steps'.
@@ -205,10 +230,15 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
         sampler = stack.enter_context(NvmlSampler(device.index if device.type == "cuda" else None))
         for hook in hooks:
             stack.enter_context(hook)
-        trials, timer_method = _timed_trials(plan, batches, cfg, reporter, hooks)
+        trials, timer_method, loads, interrupted = _timed_trials(plan, batches, cfg, steps_per_trial, reporter,
+                                                                 hooks)
+        non_finite = _non_finite_reason(plan) if trials else None
+    if not trials:
+        return {"trials": [], "flops_per_sample": flops_per_sample, "notes": notes, "interrupted": interrupted,
+                "non_finite": None, "timing": {"data_source": plan.data_source}, **warmup}
     metrics = aggregate(trials, plan.batch_size)
     metrics.update(warmup)
-    metrics["memory"] = _memory(device)
+    metrics["memory"] = memory_metrics(device)
     if warmup_peak_mb is not None:
         metrics["memory"]["peak_allocated_incl_warmup_mb"] = max(warmup_peak_mb, metrics["memory"]["peak_allocated_mb"])
         if plan.step_fn is not None or cfg.compile == "reduce-overhead":
@@ -217,9 +247,17 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
     metrics["gpu"] = sampler.summary()
     metrics["flops"] = _flops(flops_per_sample, metrics["throughput_samples_per_s"]["median"], device, cfg)
     metrics["compile_s"] = warmup["first_step_s"] if cfg.compile or cfg.cuda_graphs else None
+    metrics["interference"] = summarize_load(loads)
+    metrics["steady_state"] = steady
+    metrics["steady"] = metrics["throughput_samples_per_s"]["range_pct"] <= UNSTEADY_RANGE_PCT
+    notes += [note for note in (busy_note(metrics["interference"]), _unsteady_note(metrics)) if note]
+    if interrupted:
+        notes.append(interrupted)
     metrics["trials"] = trials
     metrics["flops_per_sample"] = flops_per_sample
     metrics["notes"] = notes
+    metrics["interrupted"] = interrupted
+    metrics["non_finite"] = non_finite
     metrics["timing"] = {
         "throughput": THROUGHPUT_METHOD,
         "latency": "per step, from the phase timer's step starts: " + timer_method,
@@ -227,6 +265,37 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
         "data_source": plan.data_source,
     }
     return metrics
+
+
+def _steady_notes(steady: dict[str, Any], steps_per_trial: int, cfg: RunConfig) -> list[str]:
+    notes = [f"before timing, {steady['steps']} untimed steps used up the DataLoader's prefilled queue "
+             f"({'settled' if steady['settled'] else 'NOT settled'} at {1e3 * steady['step_s']:.1f} ms/step)"]
+    if steps_per_trial > cfg.steps:
+        notes.append(f"trials sized by time: {steps_per_trial} steps each (at least {cfg.min_trial_s:g} s; "
+                     f"--steps {cfg.steps} would be shorter), because the DataLoader feeds this run")
+    return notes
+
+
+def _unsteady_note(metrics: dict[str, Any]) -> Optional[str]:
+    spread = metrics["throughput_samples_per_s"]["range_pct"]
+    if metrics["steady"]:
+        return None
+    return (f"trials disagree by {spread:.0f}% (more than {UNSTEADY_RANGE_PCT:g}%): this run is not steady; use "
+            "more --trials, longer trials (--steps, --min-trial-s) or a quieter machine before trusting a change")
+
+
+def _non_finite_reason(plan: StepPlan) -> Optional[str]:
+    """A reason when the last step's loss (train) or outputs (infer) hold NaN/inf: read once, after a trial."""
+    value = plan.last_step_value()
+    found: list[torch.Tensor] = []
+    map_tensors(value, lambda t: found.append(t) or t)
+    floating = [t for t in found if torch.is_tensor(t) and t.is_floating_point()]
+    bad = sum(int((~torch.isfinite(t.detach())).sum()) for t in floating)
+    if not bad:
+        return None
+    what = "loss" if plan.mode == "train" else "outputs"
+    return (f"the model diverged: the last timed step's {what} hold {bad} NaN/inf value(s); timings of a diverged "
+            "model are not meaningful (check the learning rate, the loss and the inputs; fp16 overflows at 65504)")
 
 
 def _warm_up(plan: StepPlan, batches, steps: int, reporter: Reporter) -> dict[str, Optional[float]]:
@@ -243,29 +312,40 @@ def _warm_up(plan: StepPlan, batches, steps: int, reporter: Reporter) -> dict[st
     return {"warmup_s": time.perf_counter() - began, "first_step_s": first_step_s}
 
 
-def _timed_trials(plan: StepPlan, batches, cfg: RunConfig, reporter: Reporter,
-                  hooks: Sequence[StepHook]) -> tuple[list[Trial], str]:
-    trials = []
+def _timed_trials(plan: StepPlan, batches, cfg: RunConfig, steps: int, reporter: Reporter,
+                  hooks: Sequence[StepHook]) -> tuple[list[Trial], str, list[TrialLoad], Optional[str]]:
+    """The timed trials, the machine's load during each, and why they stopped early (Ctrl-C), if they did."""
+    trials, loads = [], []
     steps_done = 0
-    reporter.start(f"{cfg.trials} trials x {cfg.steps} steps", cfg.trials * cfg.steps)
-    for _ in range(cfg.trials):
-        timer = make_timer(plan.device, cfg.sync_phases)
+    probe = LoadProbe(plan.device.index if plan.device.type == "cuda" else None)
+    method = make_timer(plan.device, cfg.sync_phases).method
+    reporter.start(f"{cfg.trials} trials x {steps} steps", cfg.trials * steps)
+    try:
+        for _ in range(cfg.trials):
+            timer = make_timer(plan.device, cfg.sync_phases)
 
-        def after_hooks(timer=timer) -> None:
-            nonlocal steps_done
-            for hook in hooks:
-                hook.after_step(plan, timer, steps_done)
-            steps_done += 1
-            reporter.advance()
-        on_step = after_hooks if hooks else reporter.advance
-        _synchronize(plan.device)
-        began = time.perf_counter()
-        run_steps(plan, batches, cfg.steps, timer, on_step)
-        _synchronize(plan.device)
-        wall_s = time.perf_counter() - began
-        trials.append(_trial(wall_s, cfg.steps, plan.batch_size, timer))
-    reporter.finish()
-    return trials, timer.method
+            def after_hooks(timer=timer) -> None:
+                nonlocal steps_done
+                for hook in hooks:
+                    hook.after_step(plan, timer, steps_done)
+                steps_done += 1
+                reporter.advance()
+            probe.begin()
+            _synchronize(plan.device)
+            began = time.perf_counter()
+            run_steps(plan, batches, steps, timer, after_hooks)
+            _synchronize(plan.device)
+            wall_s = time.perf_counter() - began
+            loads.append(probe.end())
+            trials.append(_trial(wall_s, steps, plan.batch_size, timer))
+    except KeyboardInterrupt:
+        partial = steps_done - len(trials) * steps
+        during = f" ({partial} steps into trial {len(trials) + 1})" if partial else ""
+        return trials, method, loads, (f"interrupted by Ctrl-C after {len(trials)} of {cfg.trials} trials{during}; "
+                                       "what finished is kept")
+    finally:
+        reporter.finish()
+    return trials, method, loads, None
 
 
 def _trial(wall_s: float, steps: int, batch_size: int, timer) -> Trial:
@@ -295,7 +375,8 @@ def aggregate(trials: list[Trial], batch_size: int) -> dict[str, Any]:
     }
 
 
-def _memory(device: torch.device) -> dict[str, float]:
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """Peak allocated and reserved device memory (CUDA), or the host process's peak RSS (CPU)."""
     if device.type == "cuda":
         return {
             "peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
@@ -310,10 +391,11 @@ def _flops(per_sample: Optional[float], throughput: float, device: torch.device,
         return {"per_sample": None, "note": "torch.utils.flop_counter could not trace this model"}
     achieved = per_sample * throughput / 1e12
     peak, source = peak_tflops(device, cfg.precision)
-    return {
-        "per_sample": per_sample,
-        "achieved_tflops": achieved,
-        "peak_tflops": peak,
-        "peak_source": source,
-        "mfu_pct": 100 * achieved / peak if peak else None,
-    }
+    flops = {"per_sample": per_sample, "achieved_tflops": achieved, "peak_tflops": peak, "peak_source": source,
+             "mfu_pct": 100 * achieved / peak if peak else None}
+    if peak and achieved > PEAK_SLACK * peak:
+        # More than the measured ceiling: that ceiling does not describe the kernels this run used (on a CPU,
+        # bf16 autocast runs many ops in fp32), so a percentage of it would mean nothing.
+        flops.update(mfu_pct=None, note=f"achieved {achieved:.3g} TFLOP/s exceeds the {cfg.precision} peak "
+                     f"({peak:.3g}): that peak does not describe this run's kernels, so MFU is not shown")
+    return flops

@@ -30,7 +30,7 @@ class Lever:
     value: Any  # the option's value that is this lever; None: any value that sets the option
     summary: str
     needs: str  # human text: what it requires
-    addresses: tuple[str, ...]  # bottleneck classes from the map in DESIGN.md
+    addresses: tuple[str, ...]  # bottleneck classes, as the diagnosis names them (docs/diagnose.md)
     order: int  # application order: data path < precision < layout < optimizer < compile < graphs
     apply: Callable  # (plan, cfg) -> None
     checks: Refusal = field(default=lambda *_: None)  # what the option table cannot know (the workload, ...)

@@ -31,6 +31,9 @@ class GraphedStep:
         self.plan = plan
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         self.static_batch: Any = None
+        # The graph's static loss and output: every replay rewrites them (the runner checks they stay finite).
+        self.last_loss: Optional[torch.Tensor] = None
+        self.last_output: Any = None
 
     def _eager_step(self, batch: Any) -> None:
         plan = self.plan
@@ -39,7 +42,9 @@ class GraphedStep:
             output = plan.model(inputs)
             if plan.mode == "train":
                 loss = plan.loss_fn(output, target)
+        self.last_output = output
         if plan.mode == "train":
+            self.last_loss = loss
             loss.backward()
             plan.optimizer.step()
             plan.optimizer.zero_grad(set_to_none=True)

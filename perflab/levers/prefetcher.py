@@ -1,4 +1,4 @@
-"""--prefetcher stream: copy batch N+1 to the GPU on a side stream while batch N computes (seed 000)."""
+"""--prefetcher stream: copy batch N+1 to the GPU on a side stream while batch N computes."""
 from __future__ import annotations
 
 from typing import Any, Iterator, Optional

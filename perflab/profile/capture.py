@@ -6,6 +6,7 @@ calls `after_step`, which advances the profiler's schedule. The Chrome trace lan
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -83,7 +84,7 @@ class ProfilerCapture(StepHook):
             with_stack=opts.with_stack,
             profile_memory=opts.profile_memory,
         )
-        _quiet_profiler_warnings()
+        _quiet_profiler_warnings(self.cuda)
         self.profiler.__enter__()
         return self
 
@@ -132,11 +133,20 @@ def capture_argv(options: CaptureOptions) -> list[str]:
     return argv
 
 
-def _quiet_profiler_warnings() -> None:
+# Kineto's log levels run VERBOSE 0 … ERROR 4, USDT 5; above the last, it prints nothing.
+KINETO_SILENT = "6"
+
+
+def _quiet_profiler_warnings(cuda: bool) -> None:
     # torch warns that a schedule clears events between cycles; with repeat=1 there is one cycle.
     import warnings
     warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")
     logging.getLogger("torch.profiler").setLevel(logging.ERROR)
+    if not cuda:
+        # On a CPU-only run Kineto still probes for a GPU and prints "gpuGetDeviceCount failed" and USDT
+        # start/stop lines on stderr; none concern a CPU trace. Kineto reads this once, when it first starts;
+        # a level the user set is kept.
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_SILENT)
 
 
 def profile_run(workload, cfg, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None,
@@ -150,10 +160,9 @@ def profile_run(workload, cfg, out_dir: Union[str, Path], options: Optional[Capt
     from perflab.diagnose import DIAGNOSIS_FILE, diagnose
     from perflab.harness.runner import run
     from perflab.profile.nsys import nsys_command, save_nsys_command
-    from perflab.results import write_json_atomic
-
     from perflab.diagnose.verdict import Diagnosis
     from perflab.distributed import in_rank, is_primary, needs_launch
+    from perflab.results import write_json_atomic
 
     options = (options or CaptureOptions()).check(cfg.steps)
     out_dir = Path(out_dir)
@@ -172,7 +181,7 @@ def profile_run(workload, cfg, out_dir: Union[str, Path], options: Optional[Capt
     if not is_primary():
         return result, None, nsys
     result.artifacts["nsys_command"] = save_nsys_command(out_dir, nsys).name
-    diagnosis = diagnose(capture.trace_path, result) if capture.written else None
+    diagnosis = diagnose(capture.trace_path, result) if capture.written and result.trials else None
     if diagnosis is not None:
         result.diagnosis = diagnosis.to_dict()
         write_json_atomic(out_dir / DIAGNOSIS_FILE, result.diagnosis)

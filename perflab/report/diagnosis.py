@@ -21,7 +21,16 @@ def _num(value: Any, digits: int = 1) -> str:
         return f"{value:,.{digits}f}" if abs(value) >= 0.01 or value == 0 else f"{value:.3g}"
     if isinstance(value, list):
         return ", ".join(str(v) for v in value)
+    if isinstance(value, dict):  # counts by source, e.g. {"aten::item": 12.0} -> "12 aten::item"
+        return ", ".join(f"{_num(count, 3).rstrip('0').rstrip('.')} {key}" if isinstance(count, (int, float))
+                         else f"{key}: {count}" for key, count in value.items())
     return str(value)
+
+
+def _gain(finding: dict[str, Any]) -> str:
+    """'explains 40% of the step' (the gain to expect if the cause were removed), or nothing if unknown."""
+    pct = finding.get("expected_gain_pct")
+    return "" if pct is None else f"explains {pct:.0f}% of the step"
 
 
 def _lever_flags() -> dict[str, str]:
@@ -47,8 +56,9 @@ def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
     d = _as_dict(diag)
     profile = d["profile"]
     flags = _lever_flags()
-    console.print(f"[bold]diagnosis:[/] [bold magenta]{d['bottleneck']}[/] (confidence {d['confidence']:.2f}) — "
-                  f"{escape(d['headline'])}", highlight=False)
+    gain = _gain(d)
+    console.print(f"[bold]diagnosis:[/] [bold magenta]{d['bottleneck']}[/] (confidence {d['confidence']:.2f}"
+                  f"{', ' + gain if gain else ''}) — {escape(d['headline'])}", highlight=False)
     verdict = Table(show_header=False, title=f"{profile['device']} trace · {profile['steps']} steps · "
                     f"{profile['step_ms']:.2f} ms per step", title_justify="left")
     verdict.add_column("what", style="bold")
@@ -59,6 +69,8 @@ def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
         verdict.add_row(f"lever {rank}", escape(f"{lever}  ({flags.get(lever, 'see perflab levers')})"))
     for advice in d["advice"]:
         verdict.add_row("also", escape(advice))
+    if d.get("tried_and_lost"):
+        verdict.add_row("tried and lost", escape(", ".join(d["tried_and_lost"])))
     console.print(verdict)
     breakdown = Table(title="where the time goes (share of the profiled steps)", title_justify="left")
     breakdown.add_column("part")
@@ -72,8 +84,9 @@ def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
         console.print(_memcpy_table(gpu["memcpy_table"]))
     others = [f for f in d["findings"] if f["cls"] != d["bottleneck"]]
     for finding in others:
-        console.print(f"[dim]also considered: {finding['cls']} ({finding['confidence']:.2f}): "
-                      f"{escape(finding['summary'])}[/]")
+        gain = _gain(finding)
+        console.print(f"[dim]also considered: {finding['cls']} ({finding['confidence']:.2f}"
+                      f"{', ' + gain if gain else ''}): {escape(finding['summary'])}[/]")
 
 
 def _top_table(profile: dict[str, Any]) -> Table:
@@ -112,8 +125,10 @@ def diagnosis_markdown(diag: Union[Diagnosis, dict]) -> str:
     d = _as_dict(diag)
     profile = d["profile"]
     flags = _lever_flags()
+    gain = _gain(d)
     lines = ["## Diagnosis", "",
-             f"**{d['bottleneck']}** (confidence {d['confidence']:.2f}): {d['headline']}", "",
+             f"**{d['bottleneck']}** (confidence {d['confidence']:.2f}{', ' + gain if gain else ''}): "
+             f"{d['headline']}", "",
              f"{profile['device']} trace, {profile['steps']} profiled steps, {profile['step_ms']:.2f} ms per step.", ""]
     if d["evidence"]:
         lines += ["| evidence | value |", "|---|---|"]
@@ -127,6 +142,8 @@ def diagnosis_markdown(diag: Union[Diagnosis, dict]) -> str:
     lines += [f"- {advice}" for advice in d["advice"]]
     if d["advice"]:
         lines.append("")
+    if d.get("tried_and_lost"):
+        lines += [f"Tried on this run and lost (not proposed again): {', '.join(d['tried_and_lost'])}.", ""]
     lines += ["| where the time goes | share |", "|---|---|"]
     lines += [f"| {label} | {_num(pct)}% |" for label, pct in _breakdown(profile)]
     lines.append("")
@@ -139,6 +156,7 @@ def diagnosis_markdown(diag: Union[Diagnosis, dict]) -> str:
         lines.append("")
     others = [f for f in d["findings"] if f["cls"] != d["bottleneck"]]
     if others:
-        lines.append("Also considered: " + "; ".join(f"{f['cls']} ({f['confidence']:.2f})" for f in others) + ".")
+        lines.append("Also considered: " + "; ".join(
+            f"{f['cls']} ({f['confidence']:.2f}{', ' + _gain(f) if _gain(f) else ''})" for f in others) + ".")
         lines.append("")
     return "\n".join(lines)

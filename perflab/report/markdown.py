@@ -4,18 +4,13 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, Sequence
 
-from perflab.environment import describe_device
-from perflab.report.plots import PHASE_ORDER
+from perflab.harness.phases import phase_sort_key
+from perflab.report.terminal import fmt as num
+from perflab.report.terminal import memory_row, run_title
 from perflab.results import Result
 
 ENV_KEYS = ["gpu", "driver", "torch", "cuda_runtime", "cudnn", "python", "cpu", "cpu_count", "torch_threads",
             "platform", "hostname", "git_commit", "perflab"]
-
-
-def num(value: Optional[float], digits: int = 1, unit: str = "") -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.{digits}f}{unit}"
 
 
 def cell(value: Any) -> str:
@@ -76,7 +71,7 @@ def diagnosis_text(diagnosis: Optional[dict[str, Any]], run_dir: Optional[str] =
 
 def _phase_rows(metrics: dict[str, Any]) -> list[list[str]]:
     phases, shares = metrics.get("phases_ms") or {}, metrics.get("phase_share_pct") or {}
-    names = sorted(phases, key=lambda n: (PHASE_ORDER.index(n) if n in PHASE_ORDER else 99, n))
+    names = sorted(phases, key=phase_sort_key)
     return [[name, num(phases[name], 3), num(shares.get(name), 1, "%")] for name in names]
 
 
@@ -93,12 +88,9 @@ def run_summary_rows(result: Result) -> list[list[str]]:
             if flops.get("mfu_pct") is not None else f"n/a ({flops.get('peak_source')})"
         rows.append(["compute", f"{num(flops['per_sample'] / 1e9, 3)} GFLOP/sample · "
                                 f"{num(flops.get('achieved_tflops'), 3)} TFLOP/s achieved · MFU {mfu}"])
-    memory = m.get("memory") or {}
-    if "peak_allocated_mb" in memory:
-        rows.append(["GPU memory", f"peak allocated {num(memory['peak_allocated_mb'], 0)} MiB · reserved "
-                                   f"{num(memory.get('peak_reserved_mb'), 0)} of {num(memory.get('device_total_mb'), 0)} MiB"])
-    elif memory:
-        rows.append(["host memory", f"peak RSS {num(memory.get('host_peak_rss_mb'), 0)} MiB (whole process)"])
+    memory = memory_row(m)
+    if memory:
+        rows.append(list(memory))
     gpu = m.get("gpu") or {}
     if gpu.get("samples"):
         rows.append(["GPU (NVML)", f"utilisation mean {num(gpu.get('util_mean_pct'))}% (min "
@@ -115,12 +107,11 @@ def run_summary_rows(result: Result) -> list[list[str]]:
 
 def run_markdown(result: Result, images: dict[str, str], run_dir: Optional[str] = None) -> str:
     cfg = result.config
-    device = describe_device(result.environment, cfg["device"])
     trial_rows = [[str(i + 1), num(t.throughput_samples_per_s), num(t.wall_s, 3), str(t.steps),
                    num(sorted(t.step_ms)[len(t.step_ms) // 2] if t.step_ms else None, 2)]
                   for i, t in enumerate(result.trials)]
     parts = [
-        f"# perflab run: {cfg['workload']} · {cfg['mode']} · batch {cfg['batch_size']} · {cfg['precision']} · {device}",
+        "# " + run_title(result).replace(" · ", ": ", 1),
         f"Measured {result.created_utc or 'n/a'} with perflab {result.perflab_version}. Command: "
         f"`{' '.join(result.command)}`",
         "## Summary", table(["metric", "value"], run_summary_rows(result)),

@@ -5,19 +5,16 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-PHASE_ORDER = ["data_wait", "h2d", "augment", "forward", "backward", "optimizer", "step", "checkpoint",
-               "unattributed"]
+from perflab.harness.phases import phase_sort_key
+from perflab.sweep import value_text
+
 PHASE_COLORS = {"data_wait": "#d62728", "h2d": "#ff7f0e", "augment": "#bcbd22", "forward": "#1f77b4",
                 "backward": "#2ca02c", "optimizer": "#9467bd", "step": "#17becf", "checkpoint": "#8c564b",
                 "unattributed": "#c7c7c7"}
 DPI = 110
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return "none" if value is None else str(value)
+HEADROOM = 1.12  # the y axis ends this far above the highest point, so no line runs along the frame
 
 
 def _x_axis(rows: Sequence[dict[str, Any]], axes: Sequence[str]) -> str:
@@ -25,42 +22,57 @@ def _x_axis(rows: Sequence[dict[str, Any]], axes: Sequence[str]) -> str:
 
 
 def _series(rows: Sequence[dict[str, Any]], axes: Sequence[str], x_name: str) -> dict[str, list[dict[str, Any]]]:
-    """Rows grouped by the values of every swept axis except the x axis: one line per group."""
+    """Rows grouped by the values of every swept axis except the x axis: one line per group ("" if one group)."""
     others = [name for name in axes if name != x_name]
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        label = ", ".join(f"{name.replace('_size', '')}={_text(row['params'].get(name))}" for name in others)
-        groups.setdefault(label or "all", []).append(row)
+        label = ", ".join(f"{name.replace('_size', '')}={value_text(row['params'].get(name))}" for name in others)
+        groups.setdefault(label, []).append(row)
     return groups
+
+
+def _legend_if_several(ax, **options) -> None:
+    """A legend only when there is something to tell apart: one series needs none."""
+    handles, labels = ax.get_legend_handles_labels()
+    if len(labels) > 1:
+        ax.legend(handles, labels, **options)
+
+
+def _y_from_zero(ax, tops: Sequence[float]) -> None:
+    """y from 0 to a little above the highest value."""
+    top = max([value for value in tops if value is not None] or [0.0])
+    ax.set_ylim(0, top * HEADROOM if top > 0 else 1.0)
 
 
 def _numeric(values: Sequence[Any]) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
-def _line_plot(rows: Sequence[dict[str, Any]], axes: Sequence[str], path: Path, title: str, ylabel: str,
-               curves: Sequence[tuple[str, str, str]]) -> Path:
+def _line_figure(rows: Sequence[dict[str, Any]], axes: Sequence[str], title: str, ylabel: str,
+                 curves: Sequence[tuple[str, str, str]]) -> Figure:
     """One line per group and per (metric key, suffix, linestyle) in `curves`; OOM points marked with x."""
     x_name = _x_axis(rows, axes)
     fig = Figure(figsize=(7, 4.2), dpi=DPI)
     ax = fig.subplots()
     xs_all = [row["params"].get(x_name) for row in rows]
     numeric = _numeric(xs_all)
+    tops: list[float] = []
     for color_index, (group, members) in enumerate(_series(rows, axes, x_name).items()):
         color = f"C{color_index % 10}"
         ok = [row for row in members if row["status"] == "ok"]
         if numeric:
             ok.sort(key=lambda row: row["params"][x_name])
-        xs = [row["params"][x_name] if numeric else _text(row["params"][x_name]) for row in ok]
+        xs = [row["params"][x_name] if numeric else value_text(row["params"][x_name]) for row in ok]
         for key, suffix, style in curves:
             ys = [row.get(key) for row in ok]
             if xs and all(y is not None for y in ys):
-                ax.plot(xs, ys, style, color=color, marker="o", label=f"{group}{suffix}")
-        oom = [row["params"][x_name] if numeric else _text(row["params"][x_name]) for row in members
+                ax.plot(xs, ys, style, color=color, marker="o", label=f"{group}{suffix}".strip())
+                tops += ys
+        oom = [row["params"][x_name] if numeric else value_text(row["params"][x_name]) for row in members
                if row["status"] == "oom"]
         if oom:
             ax.plot(oom, [0] * len(oom), linestyle="none", marker="x", markersize=10, color=color,
-                    label=f"{group}: out of memory")
+                    label=f"{group}: out of memory" if group else "out of memory")
     if numeric and xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 4:
         ax.set_xscale("log", base=2)
         ticks = sorted(set(xs_all))
@@ -68,34 +80,49 @@ def _line_plot(rows: Sequence[dict[str, Any]], axes: Sequence[str], path: Path, 
     ax.set_xlabel(x_name.replace("_", " "))
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.set_ylim(bottom=0)
+    _y_from_zero(ax, tops)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    _legend_if_several(ax, fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return fig
+
+
+def sweep_figures(rows: Sequence[dict[str, Any]], axes: Sequence[str]) -> dict[str, tuple[str, Figure]]:
+    """name -> (PNG file name, figure): throughput, p50/p95 latency and peak memory against the batch size
+    (or the first swept axis)."""
+    x_name = _x_axis(rows, axes).replace("_size", "")
+    memory_kind = next((row.get("memory_kind") for row in rows if row["status"] == "ok"), None)
+    return {
+        "throughput": (f"throughput_vs_{x_name}.png", _line_figure(
+            rows, axes, f"throughput vs {x_name}", "samples/s (median of trials)", [("throughput", "", "-")])),
+        "latency": (f"latency_vs_{x_name}.png", _line_figure(
+            rows, axes, f"step latency vs {x_name}", "ms per step", [("p50_ms", " p50", "-"), ("p95_ms", " p95", "--")])),
+        "memory": (f"memory_vs_{x_name}.png", _line_figure(
+            rows, axes, f"peak memory vs {x_name}" + (f": {memory_kind}" if memory_kind else ""), "peak memory (MiB)",
+            [("peak_memory_mb", "", "-")])),
+    }
 
 
 def sweep_plots(rows: Sequence[dict[str, Any]], axes: Sequence[str], out: Path) -> dict[str, Path]:
-    """Throughput, p50/p95 latency and peak memory against the batch size (or the first swept axis)."""
-    out = Path(out)
-    x_name = _x_axis(rows, axes).replace("_size", "")
-    memory_kind = next((row.get("memory_kind") for row in rows if row["status"] == "ok"), "peak memory")
-    return {
-        "throughput": _line_plot(rows, axes, out / f"throughput_vs_{x_name}.png", f"throughput vs {x_name}",
-                                 "samples/s (median of trials)", [("throughput", "", "-")]),
-        "latency": _line_plot(rows, axes, out / f"latency_vs_{x_name}.png", f"step latency vs {x_name}",
-                              "ms per step", [("p50_ms", " p50", "-"), ("p95_ms", " p95", "--")]),
-        "memory": _line_plot(rows, axes, out / f"memory_vs_{x_name}.png", f"peak memory vs {x_name}",
-                             f"MiB ({memory_kind})", [("peak_memory_mb", "", "-")]),
-    }
+    """Write the sweep's figures as PNGs in `out`; returns name -> path."""
+    paths = {}
+    for name, (file_name, fig) in sweep_figures(rows, axes).items():
+        paths[name] = Path(out) / file_name
+        fig.savefig(paths[name])
+    return paths
 
 
 def phase_breakdown_plot(breakdowns: dict[str, dict[str, float]], path: Path,
                          title: str = "step-time breakdown (mean per step)") -> Path:
+    """Write the phase breakdown figure as a PNG at `path`."""
+    phase_breakdown_figure(breakdowns, title).savefig(path, bbox_inches="tight")
+    return path
+
+
+def phase_breakdown_figure(breakdowns: dict[str, dict[str, float]],
+                           title: str = "step-time breakdown (mean per step)") -> Figure:
     """One horizontal stacked bar per label (a run, or base and candidate) of phase milliseconds."""
-    names = sorted({name for phases in breakdowns.values() for name in phases},
-                   key=lambda n: (PHASE_ORDER.index(n) if n in PHASE_ORDER else len(PHASE_ORDER), n))
+    names = sorted({name for phases in breakdowns.values() for name in phases}, key=phase_sort_key)
     fig = Figure(figsize=(7, 1.2 + 0.7 * len(breakdowns)), dpi=DPI)
     ax = fig.subplots()
     labels = list(breakdowns)
@@ -105,15 +132,24 @@ def phase_breakdown_plot(breakdowns: dict[str, dict[str, float]], path: Path,
         ax.barh(labels, widths, left=left, label=name, color=PHASE_COLORS.get(name, f"C{index % 10}"))
         left = [a + b for a, b in zip(left, widths)]
     ax.invert_yaxis()
+    ax.set_xlim(0, max(left) * HEADROOM if left and max(left) > 0 else 1.0)  # bars end inside the frame
     ax.set_xlabel("ms per step")
     ax.set_title(title)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")
-    return path
+    return fig
 
 
 def latency_histogram(step_ms: dict[str, Sequence[float]], path: Path) -> Optional[Path]:
+    """Write the latency histogram as a PNG at `path`; None (and no file) when there are no steps."""
+    fig = latency_figure(step_ms)
+    if fig is None:
+        return None
+    fig.savefig(path)
+    return path
+
+
+def latency_figure(step_ms: dict[str, Sequence[float]]) -> Optional[Figure]:
     """Distribution of per-step latency (one histogram per label), with p50 and p95 marked."""
     import numpy as np
 
@@ -124,29 +160,36 @@ def latency_histogram(step_ms: dict[str, Sequence[float]], path: Path) -> Option
     ax = fig.subplots()
     everything = np.concatenate([np.asarray(v) for v in values.values()])
     bins = np.linspace(everything.min(), everything.max() or 1.0, 40)
+    tops = []
     for index, (label, ms) in enumerate(values.items()):
         color = f"C{index}"
-        ax.hist(ms, bins=bins, alpha=0.5, color=color, label=label)
+        counts, _, _ = ax.hist(ms, bins=bins, alpha=0.5, color=color, label=label)
+        tops.append(float(counts.max()))
         for point, style in ((50, "-"), (95, "--")):
             ax.axvline(float(np.percentile(ms, point)), color=color, linestyle=style, linewidth=1)
     ax.set_xlabel("ms per step (solid: p50, dashed: p95)")
     ax.set_ylabel("steps")
+    _y_from_zero(ax, tops)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of steps: no fractional ticks
     ax.set_title("per-step latency")
-    ax.legend(fontsize=7)
+    _legend_if_several(ax, fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return fig
 
 
 
 def scaling_plots(rows: Sequence[dict[str, Any]], axes: Sequence[str], out: Path) -> dict[str, Path]:
-    """Per-rank throughput and scaling efficiency against the number of ranks (perflab scale)."""
-    out = Path(out)
-    return {
-        "per_rank_throughput": _line_plot(rows, axes, out / "per_rank_throughput_vs_nproc.png",
-                                          "throughput per rank vs ranks (flat = perfect scaling)",
-                                          "samples/s per rank", [("per_rank_throughput", "", "-")]),
-        "efficiency": _line_plot(rows, axes, out / "scaling_efficiency_vs_nproc.png",
-                                 "scaling efficiency: throughput(N) / (N x throughput(1))", "% of linear",
-                                 [("efficiency_pct", "", "-")]),
+    """Per-rank throughput and scaling efficiency against the number of ranks (perflab scale), as PNGs in `out`."""
+    figures = {
+        "per_rank_throughput": ("per_rank_throughput_vs_nproc.png", _line_figure(
+            rows, axes, "throughput per rank vs ranks (flat = perfect scaling)", "samples/s per rank",
+            [("per_rank_throughput", "", "-")])),
+        "efficiency": ("scaling_efficiency_vs_nproc.png", _line_figure(
+            rows, axes, "scaling efficiency: throughput(N) / (N x throughput(1))", "% of linear",
+            [("efficiency_pct", "", "-")])),
     }
+    paths = {}
+    for name, (file_name, fig) in figures.items():
+        paths[name] = Path(out) / file_name
+        fig.savefig(paths[name])
+    return paths

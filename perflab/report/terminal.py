@@ -1,15 +1,14 @@
 """The human summary of a result, as rich tables."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from rich.console import Console
 from rich.table import Table
 
 from perflab.environment import describe_device
-from perflab.results import Result
-
-PHASE_ORDER = ["data_wait", "h2d", "augment", "forward", "backward", "optimizer", "step", "unattributed"]
+from perflab.harness.phases import phase_sort_key
+from perflab.results import Result, peak_memory
 
 
 def fmt(value: Optional[float], digits: int = 1, unit: str = "") -> str:
@@ -18,18 +17,48 @@ def fmt(value: Optional[float], digits: int = 1, unit: str = "") -> str:
     return f"{value:,.{digits}f}{unit}"
 
 
-def result_table(result: Result) -> Table:
-    m, cfg = result.metrics, result.config
-    throughput = m["throughput_samples_per_s"]
+def memory_row(metrics: dict[str, Any]) -> Optional[tuple[str, str]]:
+    """(name, text) of the peak-memory line of a run summary; None when nothing was measured."""
+    memory = metrics.get("memory") or {}
+    if not memory:
+        return None
+    peak = peak_memory(metrics)
+    if not peak.on_gpu:
+        return "host memory", f"peak RSS {fmt(peak.mb, 0)} MiB (whole process)"
+    warm = memory.get("peak_allocated_incl_warmup_mb")
+    warm_text = f" (with warm-up {fmt(warm, 0)} MiB)" if warm and peak.mb and warm > 1.05 * peak.mb else ""
+    return "GPU memory", (f"peak allocated {fmt(peak.mb, 0)} MiB{warm_text} · reserved "
+                          f"{fmt(memory.get('peak_reserved_mb'), 0)} MiB of {fmt(memory.get('device_total_mb'), 0)} MiB")
+
+
+def run_title(result: Result) -> str:
+    """"perflab run" or "perflab profile" (by the command that made it), then workload, mode, batch, precision, device."""
+    cfg = result.config
     device = describe_device(result.environment, cfg["device"])
+    batch = f"batch {cfg['batch_size']}" if cfg.get("batch_size") else None
+    parts = [cfg["workload"], cfg["mode"], batch, cfg.get("precision"), device]  # a script run has no precision
+    return f"perflab {run_kind(result)} · " + " · ".join(part for part in parts if part)
+
+
+def run_kind(result: Result) -> str:
+    """"profile" for a run recorded by `perflab profile` (its metrics say how it was profiled), else "run"."""
+    return "profile" if result.metrics.get("profile") else "run"
+
+
+def result_table(result: Result) -> Table:
+    m = result.metrics
+    throughput = m["throughput_samples_per_s"]
     levers = ", ".join(result.levers) or "none (baseline)"
-    table = Table(title=f"perflab run · {cfg['workload']} · {cfg['mode']} · batch {cfg['batch_size']} · "
-                        f"{cfg['precision']} · {device}", title_justify="left", show_header=False)
+    table = Table(title=run_title(result), title_justify="left", show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value")
     table.add_row("throughput", f"{fmt(throughput['median'])} samples/s  (95% CI {fmt(throughput['ci95_low'])}"
                   f"–{fmt(throughput['ci95_high'])}, spread {fmt(throughput['range_pct'])}% over "
                   f"{throughput['n']} trials)")
+    if "steps_per_s" in m:  # a script run: steps found in the script, the first --warmup of them not timed
+        table.add_row("steps", f"{fmt(m['steps_per_s'], 2)} steps/s · {result.trials[0].steps} "
+                      f"timed of {m['steps_seen']} (warm-up {result.config.get('warmup')}) · "
+                      f"{result.timing.get('steps', '')}")
     lat = m["latency_ms"]
     table.add_row("step latency", f"p50 {fmt(lat['p50'], 2)} ms · p95 {fmt(lat['p95'], 2)} ms · "
                   f"p99 {fmt(lat['p99'], 2)} ms")
@@ -42,14 +71,9 @@ def result_table(result: Result) -> Table:
             if flops.get("mfu_pct") is not None else f"MFU n/a: {flops['peak_source']}"
         table.add_row("compute", f"{fmt(flops['per_sample'] / 1e9, 3)} GFLOP/sample · "
                       f"{fmt(flops['achieved_tflops'], 3)} TFLOP/s achieved · {mfu}")
-    memory = m.get("memory") or {}
-    if "peak_allocated_mb" in memory:
-        warm = memory.get("peak_allocated_incl_warmup_mb")
-        warm_text = f" (with warm-up {fmt(warm, 0)} MiB)" if warm and warm > 1.05 * memory["peak_allocated_mb"] else ""
-        table.add_row("GPU memory", f"peak allocated {fmt(memory['peak_allocated_mb'], 0)} MiB{warm_text} · reserved "
-                      f"{fmt(memory['peak_reserved_mb'], 0)} MiB of {fmt(memory['device_total_mb'], 0)} MiB")
-    elif memory:
-        table.add_row("host memory", f"peak RSS {fmt(memory['host_peak_rss_mb'], 0)} MiB (whole process)")
+    memory = memory_row(m)
+    if memory:
+        table.add_row(*memory)
     gpu = m.get("gpu")
     if gpu and gpu.get("samples"):
         reasons = ", ".join(gpu["clock_event_reasons"]) or "none"
@@ -93,7 +117,7 @@ def phase_table(result: Result) -> Table:
     table.add_column("ms", justify="right")
     table.add_column("share", justify="right")
     phases = m["phases_ms"]
-    for name in sorted(phases, key=lambda n: PHASE_ORDER.index(n) if n in PHASE_ORDER else 99):
+    for name in sorted(phases, key=phase_sort_key):
         table.add_row(name, fmt(phases[name], 3), fmt(m["phase_share_pct"].get(name), 1, "%"))
     table.caption = result.timing.get("phases", "")
     return table

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from types import ModuleType
+from typing import Optional, Sequence
 
 from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
-from perflab.workloads.plugin import load_user_build
+from perflab.workloads.plugin import is_plugin_spec, load_user_build
+from perflab.workloads.settings import check_settings
 
 # One line here per built-in workload; each module has DESCRIPTION, DEFAULT_BATCH and build(cfg).
 BUILTIN_MODULES = {
@@ -37,29 +40,45 @@ def default_batch(spec: str, device: str) -> int:
     return FALLBACK_BATCH
 
 
-def is_user_spec(spec: str) -> bool:
-    return ":" in spec or spec.endswith(".py")
+def check_spec(spec: str) -> None:
+    """Refuse a workload name that is neither built in nor a plugin spec (before any work starts)."""
+    if spec in BUILTIN_MODULES or is_plugin_spec(spec):
+        return
+    names = ", ".join(BUILTIN_MODULES)
+    raise PerflabError(f"unknown workload {spec!r}: use one of {names}, "
+                       "or your own as path/to/file.py:build or package.module:build")
 
 
 def load_workload(spec: str, cfg) -> Workload:
     """Build the workload named by `spec` for a config whose device and batch size are resolved."""
     if spec in BUILTIN_MODULES:
         build = builtin_module(spec).build
-    elif is_user_spec(spec):
-        build = load_user_build(spec)
     else:
-        names = ", ".join(BUILTIN_MODULES)
-        raise PerflabError(f"unknown workload {spec!r}: use one of {names}, "
-                           "or your own as path/to/file.py:build or package.module:build")
+        check_spec(spec)
+        build = load_user_build(spec)
+    declared = declared_settings(build)
+    if declared is not None:
+        cfg = cfg.replace(workload_options=check_settings(spec, declared, cfg.workload_options))
     workload = build(cfg)
     if not isinstance(workload, Workload):
         raise PerflabError(f"{spec}: build(cfg) returned {type(workload).__name__}, "
                            "expected a perflab.Workload(name=..., model=..., dataset=..., loss_fn=...)")
-    _check_contract(spec, workload, cfg.mode)
+    _check_contract(spec, workload, cfg)
     return workload
 
 
-def _check_contract(spec: str, workload: Workload, mode: str) -> None:
+def declared_settings(build) -> Optional[Sequence]:
+    """The `--option` keys the module defining `build` declares (its OPTIONS), or None if it declares none."""
+    module = sys.modules.get(getattr(build, "__module__", ""), None)
+    return getattr(module, "OPTIONS", None)
+
+
+def builtin_settings() -> dict[str, Sequence]:
+    """Name -> the declared `--option` settings of every built-in workload."""
+    return {name: getattr(builtin_module(name), "OPTIONS", ()) for name in BUILTIN_MODULES}
+
+
+def _check_contract(spec: str, workload: Workload, cfg) -> None:
     if not hasattr(workload.model, "parameters"):
         raise PerflabError(f"{spec}: Workload.model must be a torch.nn.Module")
     try:
@@ -68,7 +87,11 @@ def _check_contract(spec: str, workload: Workload, mode: str) -> None:
         raise PerflabError(f"{spec}: Workload.dataset must be a map-style torch Dataset with __len__") from None
     if length == 0:
         raise PerflabError(f"{spec}: Workload.dataset is empty; give it at least one (input, target) item")
-    if mode == "train" and workload.loss_fn is None:
+    if cfg.batch_size and length < cfg.batch_size and not workload.repeat_items:
+        raise PerflabError(f"{spec}: Workload.dataset has {length} items, fewer than one batch of {cfg.batch_size}; "
+                           f"use --batch {length} or less, or set Workload(repeat_items=True) to repeat items "
+                           "within a batch")
+    if cfg.mode == "train" and workload.loss_fn is None:
         raise PerflabError(f"{spec}: --mode train needs Workload.loss_fn; set it or run with --mode infer")
 
 

@@ -1,4 +1,4 @@
-"""augment: image classifier with a heavy augmentation pipeline (seed 004, part 2).
+"""augment: image classifier with a heavy augmentation pipeline.
 
 Augmentations: random crop (half the image side), resize back to full size, random rotation (±45°),
 Gaussian blur (7x7, random sigma), normalise. Where they run is the `--augment` lever:
@@ -21,8 +21,9 @@ from torch.utils.data import Dataset
 
 from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
+from perflab.workloads.settings import ByDevice, resolve_settings, setting
 
-DESCRIPTION = "CNN classifier with heavy augmentation: crop, resize, rotate, blur (seed 004 part 2); --augment"
+DESCRIPTION = "CNN classifier with heavy augmentation: crop, resize, rotate, blur; --augment"
 DEFAULT_BATCH = {"cpu": 8, "cuda": 32}
 CLASSES = 10
 DEGREES = 45.0
@@ -175,11 +176,15 @@ class RandomImages(Dataset):
         return image, self.labels[slot]
 
 
+OPTIONS = (
+    setting("image_size", int, "image side in pixels (a power of two)", ByDevice(256, 64), minimum=4),
+    setting("max_width", int, "widest convolution's channels", ByDevice(4096, 256), minimum=16),
+)
+
+
 def build(cfg) -> Workload:
-    on_gpu = cfg.device == "cuda"
-    opts = cfg.workload_options
-    image_size = int(opts.get("image_size", 256 if on_gpu else 64))
-    max_width = int(opts.get("max_width", 4096 if on_gpu else 256))
+    opts = resolve_settings(OPTIONS, cfg.workload_options, cfg.device)
+    image_size, max_width = opts["image_size"], opts["max_width"]
     if image_size < 4 or image_size & (image_size - 1):
         raise PerflabError(f"augment: image_size must be a power of two >= 4, got {image_size}")
     on_device = cfg.augment in ("gpu", "gpu-stream")

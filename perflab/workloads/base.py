@@ -39,6 +39,8 @@ class Workload:
     is_classifier: bool = False
     default_data: str = "loader"  # "loader" or "device" (pre-staged synthetic batches)
     info: dict[str, Any] = field(default_factory=dict)
+    # A dataset smaller than one batch is refused unless this is True: then its items repeat within batches.
+    repeat_items: bool = False
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         """The workload's optimizer, or SGD with momentum over trainable parameters."""

@@ -1,4 +1,4 @@
-"""driving: multi-camera end-to-end driving model (seed 000).
+"""driving: multi-camera end-to-end driving model.
 
 Each sample is 8 camera frames plus a command token (left/straight/right/follow); the target is the
 future trajectory as (x, y) waypoints. The dataset decodes JPEG frames, converts, resizes and normalises
@@ -17,11 +17,12 @@ from torch.utils.data import Dataset
 from torchvision.io import decode_jpeg, encode_jpeg
 
 from perflab.workloads.base import Workload
+from perflab.workloads.settings import ByDevice, resolve_settings, setting
 
 # torchvision 0.29 deprecates its JPEG codec in favour of TorchCodec; it still works and is what we measure.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision")
 
-DESCRIPTION = "8-camera CNN + command token -> trajectory (seed 000); JPEG-decoding loader"
+DESCRIPTION = "8-camera CNN + command token -> trajectory; JPEG-decoding loader"
 DEFAULT_BATCH = {"cpu": 8, "cuda": 32}
 CAMERAS = 8
 COMMANDS = 4
@@ -142,12 +143,17 @@ class CameraDataset(Dataset):
         return {"images": images, "command": self.commands[index]}, self.trajectories[index]
 
 
+OPTIONS = (
+    setting("image_res", int, "camera image side after resizing, in pixels", ByDevice(224, 64), minimum=16),
+    setting("source_res", int, "side of the stored JPEG frames (default: image_res + image_res/7)", minimum=16),
+    setting("width", int, "channels of the first backbone block", 32, minimum=1),
+)
+
+
 def build(cfg) -> Workload:
-    on_gpu = cfg.device == "cuda"
-    opts = cfg.workload_options
-    image_res = int(opts.get("image_res", 224 if on_gpu else 64))
-    source_res = int(opts.get("source_res", image_res + image_res // 7))
-    width = int(opts.get("width", 32))
+    opts = resolve_settings(OPTIONS, cfg.workload_options, cfg.device)
+    image_res, width = opts["image_res"], opts["width"]
+    source_res = opts["source_res"] or image_res + image_res // 7
     on_device = cfg.augment in ("gpu", "gpu-stream")
     return Workload(
         name="driving",

@@ -1,4 +1,4 @@
-"""mlp: the two-layer network of seed 003 (1024 -> 512 -> 10); the smallest workload."""
+"""mlp: a two-layer network (1024 -> 512 -> 10); the smallest workload."""
 from __future__ import annotations
 
 import torch
@@ -7,8 +7,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from perflab.workloads.base import Workload
+from perflab.workloads.settings import resolve_settings, setting
 
-DESCRIPTION = "Two-layer MLP 1024->512->10 (seed 003); tiny, for tests and CPU demos"
+DESCRIPTION = "Two-layer MLP 1024->512->10; tiny, for tests and CPU demos"
 DEFAULT_BATCH = {"cpu": 64, "cuda": 256}
 
 
@@ -37,11 +38,16 @@ class RandomVectors(Dataset):
         return self.inputs[index], self.targets[index]
 
 
+OPTIONS = (
+    setting("in_features", int, "input features", 1024, minimum=1),
+    setting("hidden", int, "hidden units", 512, minimum=1),
+    setting("classes", int, "output classes", 10, minimum=2),
+)
+
+
 def build(cfg) -> Workload:
-    opts = cfg.workload_options
-    in_features = int(opts.get("in_features", 1024))
-    hidden = int(opts.get("hidden", 512))
-    classes = int(opts.get("classes", 10))
+    opts = resolve_settings(OPTIONS, cfg.workload_options, cfg.device)
+    in_features, hidden, classes = opts["in_features"], opts["hidden"], opts["classes"]
     return Workload(
         name="mlp",
         model=SimpleNet(in_features, hidden, classes),

@@ -10,12 +10,28 @@ from typing import Callable
 from perflab.errors import PerflabError
 
 
-def load_user_build(spec: str) -> Callable:
-    """Import the module named in `spec` and return its build callable."""
+def _split(spec: str) -> tuple[str, str]:
+    """(file or module, build function name) of a plugin spec."""
     target, _, attr = spec.rpartition(":")
     if not target:  # "file.py" alone
         target, attr = spec, "build"
-    attr = attr or "build"
+    return target, attr or "build"
+
+
+def is_plugin_spec(spec: str) -> bool:
+    """True for a user's workload (`file.py[:build]` or `package.module:build`), not a built-in name."""
+    return ":" in spec or spec.endswith(".py")
+
+
+def plugin_name(spec: str) -> str:
+    """What a plugin spec is called: its file's stem (`models/bert.py:build` -> bert) or its module's name."""
+    target, _ = _split(spec)
+    return Path(target).stem if target.endswith(".py") else target
+
+
+def load_user_build(spec: str) -> Callable:
+    """Import the module named in `spec` and return its build callable."""
+    target, attr = _split(spec)
     module = _import_file(target) if target.endswith(".py") else _import_module(target)
     build = getattr(module, attr, None)
     if build is None:

@@ -1,4 +1,4 @@
-"""resnet50: torchvision ResNet-50 image classification (seed 001), random weights, synthetic images."""
+"""resnet50: torchvision ResNet-50 image classification, random weights, synthetic images."""
 from __future__ import annotations
 
 import torch
@@ -7,8 +7,9 @@ from torch.utils.data import Dataset
 from torchvision.models import resnet50
 
 from perflab.workloads.base import Workload
+from perflab.workloads.settings import resolve_settings, setting
 
-DESCRIPTION = "torchvision ResNet-50 classifier (seed 001); batches pre-staged on the device by default"
+DESCRIPTION = "torchvision ResNet-50 classifier; batches pre-staged on the device by default"
 DEFAULT_BATCH = {"cpu": 8, "cuda": 64}
 
 
@@ -29,10 +30,15 @@ class RandomImages(Dataset):
         return self.images[slot], self.labels[slot]
 
 
+OPTIONS = (
+    setting("image_res", int, "image side in pixels", 224, minimum=32),
+    setting("classes", int, "output classes", 1000, minimum=2),
+)
+
+
 def build(cfg) -> Workload:
-    opts = cfg.workload_options
-    image_res = int(opts.get("image_res", 224))
-    classes = int(opts.get("classes", 1000))
+    opts = resolve_settings(OPTIONS, cfg.workload_options, cfg.device)
+    image_res, classes = opts["image_res"], opts["classes"]
     return Workload(
         name="resnet50",
         model=resnet50(weights=None, num_classes=classes),

@@ -1,4 +1,4 @@
-"""segmentation: frozen pre-trained-style CNN encoder + trainable decoder, per-pixel labels (seed 004, part 1).
+"""segmentation: frozen pre-trained-style CNN encoder + trainable decoder, per-pixel labels.
 
 The encoder is frozen (requires_grad False, always in eval mode) and only the decoder trains, so the
 encoder of batch N+1 can run on its own CUDA stream while the decoder trains on batch N
@@ -14,8 +14,9 @@ from torch.utils.data import Dataset
 
 from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
+from perflab.workloads.settings import ByDevice, resolve_settings, setting
 
-DESCRIPTION = "frozen CNN encoder + trainable decoder, per-pixel labels (seed 004 part 1); --pipeline streams"
+DESCRIPTION = "frozen CNN encoder + trainable decoder, per-pixel labels; --pipeline streams"
 DEFAULT_BATCH = {"cpu": 4, "cuda": 8}
 
 
@@ -106,12 +107,16 @@ class RandomSegmentation(Dataset):
         return self.images[slot], self.labels[slot]
 
 
+OPTIONS = (
+    setting("image_size", int, "image side in pixels (a multiple of 16)", ByDevice(256, 64), minimum=16),
+    setting("width", int, "encoder width", ByDevice(64, 8), minimum=1),
+    setting("classes", int, "per-pixel classes (labels are uint8)", 10, minimum=2),
+)
+
+
 def build(cfg) -> Workload:
-    on_gpu = cfg.device == "cuda"
-    opts = cfg.workload_options
-    image_size = int(opts.get("image_size", 256 if on_gpu else 64))
-    width = int(opts.get("width", 64 if on_gpu else 8))
-    classes = int(opts.get("classes", 10))
+    opts = resolve_settings(OPTIONS, cfg.workload_options, cfg.device)
+    image_size, width, classes = opts["image_size"], opts["width"], opts["classes"]
     if not 1 < classes <= 256:
         raise PerflabError(f"segmentation: classes must be 2..256 (labels are uint8), got {classes}")
     if image_size % 16:

@@ -14,8 +14,9 @@ from torch.utils.data import Dataset
 
 from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
+from perflab.workloads.settings import ByDevice, resolve_settings, setting
 
-DESCRIPTION = "GPT-style decoder, causal SDPA attention, checkpointable blocks (seed 002); option seq_len"
+DESCRIPTION = "GPT-style decoder, causal SDPA attention, checkpointable blocks; option seq_len"
 DEFAULT_BATCH = {"cpu": 4, "cuda": 16}
 
 
@@ -102,14 +103,18 @@ class TokenSequences(Dataset):
         return sequence[:-1], sequence[1:]
 
 
+OPTIONS = (
+    setting("seq_len", int, "tokens per sequence", ByDevice(1024, 64), minimum=2),
+    setting("layers", int, "decoder blocks", ByDevice(6, 2), minimum=1),
+    setting("dim", int, "model width (a multiple of heads)", ByDevice(512, 64), minimum=1),
+    setting("heads", int, "attention heads", ByDevice(8, 4), minimum=1),
+    setting("vocab", int, "vocabulary size", ByDevice(8192, 512), minimum=2),
+)
+
+
 def build(cfg) -> Workload:
-    on_gpu = cfg.device == "cuda"
-    opts = cfg.workload_options
-    seq_len = int(opts.get("seq_len", 1024 if on_gpu else 64))
-    layers = int(opts.get("layers", 6 if on_gpu else 2))
-    dim = int(opts.get("dim", 512 if on_gpu else 64))
-    heads = int(opts.get("heads", 8 if on_gpu else 4))
-    vocab = int(opts.get("vocab", 8192 if on_gpu else 512))
+    opts = resolve_settings(OPTIONS, cfg.workload_options, cfg.device)
+    seq_len, layers, dim, heads, vocab = (opts[key] for key in ("seq_len", "layers", "dim", "heads", "vocab"))
     if dim % heads:
         raise PerflabError(f"transformer: dim ({dim}) must be a multiple of heads ({heads})")
     model = GPT(vocab, seq_len, layers, dim, heads, activation_checkpointing=cfg.activation_checkpointing)

@@ -1,0 +1,154 @@
+"""Area "scripts": users' own training scripts profiled unchanged (issue 15).
+
+    python -m benchmarks.bench_scripts --out DIR [--quick]
+
+For a plain ResNet-50 training script and a plain transformers-style (GPT) training script in
+benchmarks/scripts/, each in its own process:
+- the script alone (it prints its own steps/s, device synchronised at both ends);
+- `perflab run -- python SCRIPT ...` (steps, phases, NVML; no trace) and `perflab profile -- ...` (trace and diagnosis);
+- `perflab run` on the equivalent workload: the built-in resnet50, and gpt_train.py's own `build` as a plugin,
+  same batch and precision. The script under perflab should be within 5% of it, and of the script alone.
+A third script run feeds ResNet-50 from a DataLoader with a few workers, to show a GPU diagnosis of a script's
+input pipeline. DIR/<name>/ holds each run's result.json (and trace.json.gz, diagnosis.json when profiled).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from benchmarks.common import Rows, parse_args
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "benchmarks" / "scripts"
+WARMUP = 5
+PROCESS_TIMEOUT_S = 150
+PROFILE = ["--wait", "1", "--warmup-steps", "1", "--active", "3", "--gzip-trace"]
+
+
+def _run(command: list[str]) -> tuple[Optional[subprocess.CompletedProcess], float]:
+    began = time.time()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None, time.time() - began
+    if done.returncode != 0:
+        print(done.stdout[-2000:], done.stderr[-4000:], sep="\n", flush=True)
+    return done, time.time() - began
+
+
+def _failed(rows: Rows, experiment: str, done: Optional[subprocess.CompletedProcess], elapsed_s: float) -> bool:
+    if done is not None and done.returncode == 0:
+        return False
+    why = f"timeout after {elapsed_s:.0f}s" if done is None else f"exit {done.returncode}: {done.stderr.strip()[-200:]}"
+    rows.add(experiment, "samples_per_s", None, note=f"failed: {why}")
+    return True
+
+
+def script_alone(rows: Rows, name: str, script: str, args: list[str], batch: int) -> Optional[float]:
+    """The script by itself, as its user runs it: its own samples/s."""
+    experiment = f"{name}: script alone"
+    done, elapsed_s = _run([sys.executable, str(SCRIPTS / script), *args])
+    if _failed(rows, experiment, done, elapsed_s):
+        return None
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    rows.add(experiment, "steps_per_s", report["steps_per_s"], "steps/s")
+    rows.add(experiment, "samples_per_s", report["samples_per_s"], "samples/s",
+             note=f"batch {batch}; {report.get('model', '')} final loss {report['final_loss']:.3f}; {elapsed_s:.0f}s")
+    return report["samples_per_s"]
+
+
+def perflab_result(rows: Rows, experiment: str, perflab_args: list[str], out: Path) -> Optional[dict]:
+    """Run `python -m perflab ...` with --out, add its rows (steps/s, samples/s, diagnosis), return result.json."""
+    done, elapsed_s = _run([sys.executable, "-m", "perflab", *perflab_args[:1], "--out", str(out), *perflab_args[1:]])
+    if _failed(rows, experiment, done, elapsed_s):
+        return None
+    result = json.loads((out / "result.json").read_text())
+    metrics = result["metrics"]
+    throughput = metrics["throughput_samples_per_s"]
+    steps_per_s = metrics.get("steps_per_s") or throughput["median"] / result["config"]["batch_size"]
+    rows.add(experiment, "steps_per_s", steps_per_s, "steps/s", note=result["config"].get("step_source") or "")
+    util = (metrics.get("gpu") or {}).get("util_mean_pct")
+    phases = ", ".join(f"{name} {share:.0f}%" for name, share in metrics.get("phase_share_pct", {}).items()
+                       if share >= 1)
+    rows.add(experiment, "samples_per_s", throughput["median"], "samples/s",
+             note=f"batch {result['config']['batch_size']}; p50 {metrics['latency_ms']['p50']:.1f} ms; "
+                  f"NVML util {util if util is None else round(util)}%; phases {phases}; {elapsed_s:.0f}s")
+    diagnosis = result.get("diagnosis")
+    if diagnosis:
+        rows.add(experiment, "diagnosis_confidence", diagnosis["confidence"],
+                 note=f"{diagnosis['bottleneck']}: {diagnosis['headline']}; levers: "
+                      f"{', '.join(diagnosis['levers']) or '-'}")
+    return result
+
+
+def compare(rows: Rows, experiment: str, ours: Optional[float], reference: Optional[float], what: str) -> None:
+    """A row with the relative difference in %, and whether it is within 5%."""
+    if ours is None or reference is None:
+        return
+    delta = (ours - reference) / reference * 100
+    rows.add(experiment, "difference", delta, "%", note=f"{ours:.1f} vs {what} {reference:.1f} samples/s; "
+             f"{'within' if abs(delta) <= 5 else 'NOT within'} 5%")
+
+
+def study(rows: Rows, out: Path, name: str, script: str, script_args: list[str], batch: int,
+          equivalent_label: str, equivalent: list[str]) -> None:
+    """Script alone, under `perflab run --`, under `perflab profile --`, and the equivalent perflab workload."""
+    alone = script_alone(rows, name, script, script_args, batch)
+    command = ["--", "python", str(SCRIPTS / script), *script_args]
+    run = perflab_result(rows, f"{name}: perflab run --", ["run", "--warmup", str(WARMUP), *command], out / f"{name}_run")
+    perflab_result(rows, f"{name}: perflab profile --", ["profile", "--warmup", str(WARMUP), *PROFILE, *command],
+                   out / f"{name}_profile")
+    builtin = perflab_result(rows, f"{name}: perflab run {equivalent_label}", ["run", *equivalent],
+                             out / f"{name}_equivalent")
+    script_under_perflab = run["metrics"]["throughput_samples_per_s"]["median"] if run else None
+    compare(rows, f"{name}: script under perflab vs the equivalent workload", script_under_perflab,
+            builtin["metrics"]["throughput_samples_per_s"]["median"] if builtin else None, "perflab run workload")
+    compare(rows, f"{name}: script under perflab vs the script alone", script_under_perflab, alone, "script alone")
+
+
+def run_area(out: Path, quick: bool) -> list[dict]:
+    rows = Rows("scripts", out)
+    if not torch.cuda.is_available():
+        rows.add("(area)", "status", None, note="needs a CUDA GPU: the scripts train on cuda")
+        return rows.rows
+    steps = 40 if quick else 80
+    timed = steps - WARMUP
+    same = ["--steps", str(timed), "--trials", "1", "--warmup", str(WARMUP), "--no-check-quality"]
+    resnet = ["--batch", "128", "--precision", "bf16", "--steps", str(steps), "--warmup", str(WARMUP)]
+    study(rows, out, "resnet50 train bs128 bf16", "resnet50_train.py", resnet, 128, "--workload resnet50",
+          ["--workload", "resnet50", "--mode", "train", "--batch", "128", "--precision", "bf16", *same])
+    gpt = ["--batch", "32", "--precision", "bf16", "--steps", str(steps), "--warmup", str(WARMUP)]
+    study(rows, out, "gpt train bs32 bf16", "gpt_train.py", gpt, 32, "--workload gpt_train.py:build",
+          ["--workload", str(SCRIPTS / "gpt_train.py") + ":build", "--mode", "train", "--batch", "32",
+           "--precision", "bf16", *same])
+    loader = ["--batch", "128", "--precision", "bf16", "--steps", "20", "--warmup", str(WARMUP),
+              "--data", "loader", "--workers", "2"]  # a slow loader: few steps are enough for the diagnosis
+    perflab_result(rows, "resnet50 train bs128 bf16, DataLoader with 2 workers: perflab profile --",
+                   ["profile", "--warmup", str(WARMUP), *PROFILE, "--", "python", str(SCRIPTS / "resnet50_train.py"),
+                    *loader], out / "resnet50_loader_profile")
+    return rows.rows
+
+
+def run(out: Path, quick: bool) -> list[dict]:
+    """The suite protocol: run the area, return its rows."""
+    return run_area(out, quick)
+
+
+def main() -> int:
+    args = parse_args()
+    began = time.time()
+    run_area(args.out, args.quick)
+    print(f"[scripts] done in {time.time() - began:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""How a finished single run ends on the terminal: its table, then what its status means, as an exit code."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from perflab.report.terminal import print_result
+from perflab.results import Result
+
+EXIT_INTERRUPTED = 130
+
+
+def finish_run(console: Console, err_console: Console, result: Result, out: Path) -> int:
+    """Print the result (and why it is not a clean measurement, if it is not); return the exit code."""
+    if result.trials:
+        print_result(console, result)
+    if result.status == "interrupted":
+        checkpoint = out / "checkpoint.pt"
+        resume = (f"; resume training with --resume-from {checkpoint}" if checkpoint.exists() else "")
+        err_console.print(f"[yellow]interrupted[/]: {escape(result.status_reason)}; saved in {escape(str(out))} "
+                          f"(result.json marked interrupted){escape(resume)}", highlight=False)
+        return EXIT_INTERRUPTED
+    if result.status == "invalid":
+        err_console.print(f"[bold red]invalid run[/]: {escape(result.status_reason)}; saved in {escape(str(out))} "
+                          "(result.json marked invalid)", highlight=False)
+        return 1
+    if result.quality and result.quality.get("verdict") == "fail":
+        console.print(f"[bold red]quality gate failed[/]: {escape(result.quality['reason'])}; the result is "
+                      "saved (tolerances: docs/quality.md)", highlight=False)
+        return 1
+    return 0

@@ -1,0 +1,139 @@
+"""Was the machine busy with other work while a trial ran? CPU time of other processes, GPU neighbours.
+
+Timings taken beside another busy process are not clean, and a low spread does not prove they are (a
+steady neighbour slows every trial alike). So around each trial perflab reads, from /proc, how much CPU
+time processes other than this one and its children (DataLoader workers) used, and from NVML, which
+other processes hold the GPU; plus the 1-minute load average against the core count. A run whose trials
+saw more than BUSY_CORES of other CPU work, or another process on its GPU, is marked `busy` and says so.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+BUSY_CORES = 0.5  # other processes' CPU use, in cores, above which a trial counts as contaminated
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _total_busy_ticks() -> Optional[int]:
+    """Busy jiffies of all CPUs since boot (user + nice + system + irq + softirq + steal), from /proc/stat."""
+    try:
+        with open("/proc/stat") as stream:
+            fields = stream.readline().split()[1:]
+    except OSError:
+        return None
+    values = [int(v) for v in fields]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return sum(values[:8]) - idle
+
+
+def _process_ticks(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            fields = stream.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _own_ticks() -> int:
+    """CPU jiffies of this process and its live children (DataLoader workers)."""
+    me = os.getpid()
+    total = _process_ticks(me)
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return total
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stream:
+                fields = stream.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:  # parent pid
+            total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def gpu_neighbours(device_index: Optional[int]) -> list[int]:
+    """PIDs of other processes holding the GPU (NVML); empty when unknown."""
+    if device_index is None:
+        return []
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:  # NVML missing or not permitted (containers): no evidence either way
+        return []
+    return sorted({p.pid for p in processes if p.pid != os.getpid()})
+
+
+@dataclass
+class TrialLoad:
+    """What else the machine did during one trial."""
+
+    other_cpu_cores: Optional[float]  # mean cores busy with other processes' work
+    load_per_core: float
+    gpu_neighbours: list[int] = field(default_factory=list)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.gpu_neighbours) or (self.other_cpu_cores or 0.0) > BUSY_CORES
+
+
+class LoadProbe:
+    """Reads the machine's load at the start and the end of a trial."""
+
+    def __init__(self, device_index: Optional[int]):
+        self.device_index = device_index
+        self.cores = os.cpu_count() or 1
+        self._start: tuple[Optional[int], int, float] = (None, 0, 0.0)
+
+    def begin(self) -> None:
+        self._start = (_total_busy_ticks(), _own_ticks(), time.monotonic())
+
+    def end(self) -> TrialLoad:
+        total_before, own_before, began = self._start
+        total_after, own_after = _total_busy_ticks(), _own_ticks()
+        seconds = max(time.monotonic() - began, 1e-6)
+        other = None
+        if total_before is not None and total_after is not None:
+            other_ticks = (total_after - total_before) - (own_after - own_before)
+            other = max(0.0, other_ticks / CLOCK_TICKS / seconds)
+        load = os.getloadavg()[0] / self.cores if hasattr(os, "getloadavg") else 0.0
+        return TrialLoad(other, load, gpu_neighbours(self.device_index))
+
+
+def summarize_load(loads: list[TrialLoad]) -> dict[str, Any]:
+    """The run's interference record for result.json: per trial, and whether any trial was busy."""
+    busy = [i for i, load in enumerate(loads) if load.busy]
+    others = [load.other_cpu_cores for load in loads if load.other_cpu_cores is not None]
+    return {
+        "busy": bool(busy),
+        "busy_trials": busy,
+        "other_cpu_cores_max": max(others) if others else None,
+        "load_per_core_max": max((load.load_per_core for load in loads), default=None),
+        "gpu_neighbours": sorted({pid for load in loads for pid in load.gpu_neighbours}),
+        "threshold_cores": BUSY_CORES,
+        "method": "CPU time of other processes during each trial (/proc/stat minus this process and its "
+                  "children), 1-minute load average per core, other processes on the GPU (NVML)",
+    }
+
+
+def busy_note(record: dict[str, Any]) -> Optional[str]:
+    """One line for the run's notes when the machine was busy, else None."""
+    if not record.get("busy"):
+        return None
+    parts = []
+    if record.get("other_cpu_cores_max") is not None and record["other_cpu_cores_max"] > BUSY_CORES:
+        parts.append(f"other processes used up to {record['other_cpu_cores_max']:.1f} CPU cores")
+    if record.get("gpu_neighbours"):
+        parts.append(f"other processes on the GPU: pids {', '.join(map(str, record['gpu_neighbours']))}")
+    trials = ", ".join(str(i + 1) for i in record["busy_trials"])
+    return (f"the machine was busy during trial(s) {trials} ({'; '.join(parts)}): these timings are not clean; "
+            "compare declines to call changes significant on such runs unless --accept-noisy")

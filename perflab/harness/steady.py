@@ -1,0 +1,48 @@
+"""Steady state before timing: use up what the DataLoader prepared during warm-up, then size trials by time.
+
+With DataLoader workers, warm-up leaves the loader's queue full (workers x prefetch factor batches) and
+its workers just started. A trial that begins there is partly served from that queue, so a loader-bound
+run looks faster in its first trial than in the others (25-45% spread between trials measured on the
+H100 before this). `reach_steady_state` runs untimed windows of steps until two consecutive windows take
+the same time per step; `steps_for_time` then makes each trial last long enough that the loader's
+burstiness averages out.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Iterator
+
+from perflab.harness.loop import run_steps
+from perflab.harness.timers import NullTimer
+
+SETTLED_TOLERANCE = 0.10  # consecutive windows within 10% per step: steady
+MAX_WINDOWS = 8
+MAX_DRAIN_S = 30.0
+UNSTEADY_RANGE_PCT = 10.0  # trials whose throughput range exceeds this are reported as not steady
+
+
+def reach_steady_state(plan, batches: Iterator[Any], queued: int, synchronize: Callable[[], None]
+                       ) -> dict[str, Any]:
+    """Untimed windows of `queued` steps (at least 4) until the time per step settles; what it took."""
+    window = max(queued, 4)
+    per_step_s: list[float] = []
+    began = time.perf_counter()
+    settled = False
+    while len(per_step_s) < MAX_WINDOWS and time.perf_counter() - began < MAX_DRAIN_S:
+        start = time.perf_counter()
+        run_steps(plan, batches, window, NullTimer())
+        synchronize()
+        per_step_s.append((time.perf_counter() - start) / window)
+        if len(per_step_s) >= 2 and abs(per_step_s[-1] - per_step_s[-2]) <= SETTLED_TOLERANCE * per_step_s[-2]:
+            settled = True
+            break
+    return {"steps": window * len(per_step_s), "seconds": time.perf_counter() - began,
+            "step_s": per_step_s[-1], "settled": settled, "window_step_ms": [1e3 * s for s in per_step_s]}
+
+
+def steps_for_time(steps: int, step_s: float, min_trial_s: float) -> int:
+    """At least `steps`, and enough steps of `step_s` for a trial to last `min_trial_s`."""
+    if min_trial_s <= 0 or step_s <= 0:
+        return steps
+    return max(steps, math.ceil(min_trial_s / step_s))

@@ -1,0 +1,70 @@
+"""The terminal view of a sweep: one row per point, the best point, the plots and where everything went."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from perflab.report.terminal import fmt
+from perflab.sweep import SweepSummary, value_text
+
+
+def sweep_table(summary: SweepSummary, width: int = 200) -> Table:
+    """Every point: its swept values, status, quality, throughput, latency, peak memory and MFU; ★ marks the best.
+
+    One column per swept option when they fit in `width`; otherwise the point's label in one column that
+    wraps, so the numbers keep their full width (a number cut to "12,…" reads as nothing)."""
+    rows = summary.rows
+    params = list(dict.fromkeys(name for row in rows for name in row["params"]))
+    show_mfu = any(row.get("mfu_pct") is not None for row in rows if row["status"] == "ok")
+    index = {"#": [f"{row['index']}{' ★' if _is_best(summary, row) else ''}" for row in rows]}
+    swept = {name.replace("_size", ""): [value_text(row["params"].get(name)) for row in rows] for name in params}
+    # status says whether a point finished (ok, oom, error, invalid: NaN/inf); quality is its gate's verdict.
+    measured = {"status": [row["status"] for row in rows],
+                "quality": [row.get("quality") or "—" for row in rows]}
+    for header, key, digits in [("samples/s", "throughput", 1), ("p50 ms", "p50_ms", 2), ("p95 ms", "p95_ms", 2),
+                                ("peak MiB", "peak_memory_mb", 0)] + ([("MFU %", "mfu_pct", 1)] if show_mfu else []):
+        measured[header] = [fmt(row.get(key), digits) if row["status"] == "ok" else "" for row in rows]
+    one_point_column = _width_needed({**index, **swept, **measured}) > width
+    if one_point_column:
+        swept = {"point": [row["label"] for row in rows]}
+    table = Table(title=f"sweep · {len(rows)} points · {summary.out}", title_justify="left")
+    table.add_column("#", justify="right", no_wrap=True)
+    for header in swept:
+        if one_point_column:
+            table.add_column(header, overflow="fold")  # the one column that wraps
+        else:
+            table.add_column(header, justify="right", no_wrap=True)
+    for header in measured:
+        table.add_column(header, justify="right", no_wrap=True)
+    for cells in zip(*index.values(), *swept.values(), *measured.values()):
+        table.add_row(*cells)
+    return table
+
+
+def _is_best(summary: SweepSummary, row: dict) -> bool:
+    return bool(summary.best) and row["key"] == summary.best["key"]
+
+
+def _width_needed(columns: dict[str, list[str]]) -> int:
+    """Terminal columns a table of these cells takes unwrapped: each column's widest cell, padding and border."""
+    return 1 + sum(max(len(text) for text in [header, *cells]) + 3 for header, cells in columns.items())
+
+
+def print_sweep_summary(console: Console, summary: SweepSummary) -> None:
+    """The table, the best point (and the best under the latency bound), the plots and the saved files."""
+    console.print(sweep_table(summary, console.width))
+    if summary.best:
+        console.print(f"best throughput: [bold]{summary.best['label']}[/] "
+                      f"({fmt(summary.best['throughput'])} samples/s)", highlight=False)
+    if summary.max_p95_ms is not None:
+        bounded = summary.best_under_bound
+        text = (f"[bold]{bounded['label']}[/] ({fmt(bounded['throughput'])} samples/s, p95 "
+                f"{fmt(bounded['p95_ms'], 2)} ms)" if bounded else "[red]no point meets the bound[/]")
+        console.print(f"best with p95 ≤ {summary.max_p95_ms:g} ms: {text}", highlight=False)
+    memory_kind = next((row.get("memory_kind") for row in summary.rows if row["status"] == "ok"), None)
+    if memory_kind:
+        console.print(f"[dim]peak MiB: {memory_kind}[/]", highlight=False)
+    for path in summary.plots.values():
+        console.print(f"plot: {summary.out / path}")
+    console.print(f"saved [bold]{summary.out}/sweep.jsonl[/] and sweep.csv; `perflab report {summary.out}` "
+                  "writes report.md and report.html")

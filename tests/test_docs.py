@@ -1,0 +1,72 @@
+"""The README and docs stand alone: relative links point at files of this repository."""
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+DOCS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
+
+
+def links(document: str) -> list[str]:
+    return [target for target in LINK.findall((ROOT / document).read_text()) if not target.startswith("#")]
+
+
+@pytest.mark.parametrize("document", ["README.md", *DOCS])
+def test_relative_links_point_inside_the_repository_at_files_that_exist(document):
+    for target in links(document):
+        if "://" in target:
+            continue  # a web page (docs cite a few projects)
+        resolved = (ROOT / document).parent.joinpath(target.split("#")[0]).resolve()
+        assert resolved.is_relative_to(ROOT), f"{document} links outside the repository: {target}"
+        assert resolved.exists(), f"{document} links to a missing file: {target}"
+
+
+def test_readme_links_nothing_outside_the_repository():
+    assert [target for target in links("README.md") if "://" in target] == []
+
+
+def readme_blocks(language: str = "") -> list[str]:
+    """The README's fenced code blocks in `language` ("" for blocks with none)."""
+    blocks, current, fence_language = [], None, None
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current, fence_language = [], line[3:].strip()
+            else:
+                if fence_language == language:
+                    blocks.append("\n".join(current))
+                current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def test_every_perflab_command_in_the_readme_parses(monkeypatch):
+    from perflab.cli import build_parser
+    import shlex
+    commands = [line.split("#")[0].strip() for block in readme_blocks() + readme_blocks("bash")
+                for line in block.splitlines() if line.strip().startswith("perflab ")]
+    # synopsis lines with placeholders (NAME, N, DIR) describe a command rather than give one
+    commands = [c for c in commands if not re.search(r"\b[A-Z]{1,}(=[A-Z]+)?\b|\[", c.replace("<", "").replace(">", ""))]
+    assert len(commands) >= 10
+    parser = build_parser()
+    for command in commands:
+        argv = shlex.split(command.replace("...", "").replace("|", " "))[1:]
+        if argv[:1] == ["env"] and len(argv) > 1:
+            continue  # "perflab env | calibrate" names two commands
+        try:
+            parser.parse_args(argv)
+        except SystemExit as exit_info:
+            assert exit_info.code == 0, f"README command does not parse: {command}"
+
+
+def test_the_readme_python_snippet_runs_as_written(tmp_path, monkeypatch):
+    import shutil
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    snippet = next(block for block in readme_blocks("python") if "perflab.run(" in block and "result.save" in block)
+    snippet = snippet.replace("steps=50", "steps=3, trials=1, warmup=1")  # the same calls, fewer steps
+    exec(compile(snippet, "README.md", "exec"), {})
+    assert (tmp_path / "runs" / "mine" / "result.json").is_file()
