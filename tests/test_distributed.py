@@ -24,6 +24,7 @@ from perflab.errors import PerflabError
 from perflab.harness.data import first_batches, make_loader
 from perflab.harness.loop import run_steps
 from perflab.harness.plan import build_plan
+from perflab.harness.steady import reach_steady_state
 from perflab.harness.timers import NullTimer
 from perflab.workloads import load_workload
 
@@ -111,6 +112,15 @@ def test_grad_accum_steps_the_optimizer_once_every_n_steps():
     run_steps(plan, plan.batches(0), 7, NullTimer())
     assert steps == [3, 6]
     assert "grad-accum" in plan.levers
+
+
+def test_steady_state_runs_as_many_windows_as_the_ranks_agree_on():
+    cfg = RunConfig(workload="mlp", device="cpu", batch_size=4, workload_options={"in_features": "8", "hidden": "4"})
+    plan = build_plan(load_workload("mlp", cfg), cfg, torch.device("cpu"))
+    asked = []
+    steady = reach_steady_state(plan, plan.batches(0), 4, lambda: None, agree=lambda stop: asked.append(stop) or
+                                len(asked) == 3)
+    assert steady["steps"] == 3 * 4 and len(steady["window_step_ms"]) == 3
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 
@@ -31,3 +32,20 @@ def is_primary() -> bool:
 def needs_launch(cfg) -> bool:
     """A config that asks for several ranks, seen from outside a rank: the launcher must start them."""
     return (cfg.nproc > 1 or cfg.nnodes > 1) and not in_rank()
+
+
+def agree_any(flag: bool) -> bool:
+    """True on every rank when it is True on any rank (a decision that changes how many steps run)."""
+    return bool(_all_reduce_max(int(flag))) if in_rank() else flag
+
+
+def agree_max(value: int) -> int:
+    """The largest of the ranks' values, on every rank (e.g. steps per trial sized by time)."""
+    return _all_reduce_max(value) if in_rank() else value
+
+
+def _all_reduce_max(value: int) -> int:
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())

@@ -14,7 +14,7 @@ import torch
 
 from perflab.calibrate import peak_tflops
 from perflab.config import RunConfig
-from perflab.distributed import in_rank, needs_launch
+from perflab.distributed import agree_any, agree_max, in_rank, needs_launch
 from perflab.environment import collect_environment
 from perflab.errors import PerflabError
 from perflab.harness.data import map_tensors
@@ -218,9 +218,9 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
             # spread at 8 workers before this); on a CPU run the loader and the step share the same cores.
             queued = max(_loader_queue_depth(plan), 4)
             reporter.note(f"reaching a steady state: untimed windows of {queued} steps until the step time settles")
-            steady = reach_steady_state(plan, batches, queued, lambda: _synchronize(device))
+            steady = reach_steady_state(plan, batches, queued, lambda: _synchronize(device), agree=agree_any)
             if device.type == "cuda":
-                steps_per_trial = steps_for_time(cfg.steps, steady["step_s"], cfg.min_trial_s)
+                steps_per_trial = agree_max(steps_for_time(cfg.steps, steady["step_s"], cfg.min_trial_s))
             notes += _steady_notes(steady, steps_per_trial, cfg)
         warmup_peak_mb = None
         if device.type == "cuda":
