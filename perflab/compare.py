@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from perflab.config import numerics_fields
+from perflab.cost import cost_per_million
 from perflab.errors import PerflabError
 from perflab.harness.stats import RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
 from perflab.results import Result, resolve_result_path, write_json_atomic
@@ -105,8 +106,11 @@ def load_comparison(path: Union[str, Path]) -> Comparison:
 
 def load_result(path: Union[str, Path]) -> Result:
     """Result.load, with a one-line error for files that parse but do not hold a usable result."""
+    result = Result.load(path)
+    if "serve" in result.metrics:
+        raise PerflabError(f"{resolve_result_path(path)} is a `perflab serve` result; compare and rerun take `perflab "
+                           f"run` results (repeat it with: {' '.join(result.command) or 'perflab serve ...'})")
     try:
-        result = Result.load(path)
         trials = result.trials
         if not trials or not all(trial.step_ms is not None for trial in trials):
             raise ValueError("no trials")
@@ -163,6 +167,7 @@ def metric_changes(base: Result, cand: Result) -> list[MetricChange]:
                 note="NVML mean over the trials; one value per run"),
         _change("peak memory", "MiB", "lower", base_memory.mb, cand_memory.mb, note=base_memory.label),
         mfu_change(flops_base, flops_cand, base.config.get("precision"), cand.config.get("precision")),
+        *_cost_change(base, cand),
     ]
 
 
@@ -190,6 +195,18 @@ def mfu_change(base: dict[str, Any], cand: dict[str, Any], base_precision: Optio
 
 def _peak_text(peak: Optional[float], precision: Optional[str]) -> str:
     return f"{peak:.3g} TFLOP/s{f' {precision}' if precision else ''}" if peak else "no peak"
+
+
+def _cost_change(base: Result, cand: Result) -> list[MetricChange]:
+    """Cost per million samples, when both runs were given --gpu-cost-per-hour (the prices may differ)."""
+    prices = base.config.get("gpu_cost_per_hour"), cand.config.get("gpu_cost_per_hour")
+    if None in prices:
+        return []
+    per_trial = [[cost_per_million(price, t.throughput_samples_per_s) for t in result.trials]
+                 for price, result in zip(prices, (base, cand))]
+    return [_change("cost per million samples", "per 1M", "lower", base.metrics.get("cost_per_million_samples"),
+                    cand.metrics.get("cost_per_million_samples"), (per_trial[0], per_trial[1], np.median),
+                    note=f"at {prices[0]:g} and {prices[1]:g} per hour")]
 
 
 def config_changes(base: Result, cand: Result) -> dict[str, list[Any]]:
@@ -306,7 +323,8 @@ def _summary(result: Result) -> dict[str, Any]:
     return {"path": result.path, "label": describe_config(cfg, result.levers), "config": cfg,
             "environment": result.environment, "levers": result.levers, "quality": result.quality,
             "metrics": {key: result.metrics.get(key) for key in ("throughput_samples_per_s", "latency_ms",
-                                                                  "phases_ms", "memory", "gpu", "flops")},
+                                                                  "phases_ms", "memory", "gpu", "flops",
+                                                                  "cost_per_million_samples")},
             "step_ms": [ms for trial in result.trials for ms in trial.step_ms], "created_utc": result.created_utc}
 
 

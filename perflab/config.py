@@ -31,6 +31,8 @@ CHECKPOINTS = "checkpoints (training)"
 DISTRIBUTED = "distributed (torchrun underneath; see docs/distributed.md)"
 OUTPUT = "output"
 SINGLE_RUN = ("run", "profile")
+SERVE = ("serve",)
+RUN_AND_SERVE = options.RUN_COMMANDS + SERVE
 TRAIN = ("train",)
 
 NEEDS_RANKS = "needs --nproc 2 or more (a setting of the data-parallel wrapper)"
@@ -43,18 +45,21 @@ class RunConfig:
     """One run: the workload, how it is measured, and which levers are on."""
 
     workload: str = option("--workload", str, "built-in name (see `perflab workloads`) or path/file.py:build or "
-                           "package.module:build (default: driving)", MEASURE, "driving", metavar="NAME")
-    mode: str = option("--mode", str, "train or infer (default: train)", MEASURE, "train", choices=MODES)
+                           "package.module:build (default: driving)", MEASURE, "driving", metavar="NAME",
+                           commands=RUN_AND_SERVE)
+    mode: str = option("--mode", str, "train or infer (default: train; serve: infer only)", MEASURE, "train",
+                        choices=MODES, commands=RUN_AND_SERVE)
     batch_size: Optional[int] = option("--batch", int, "batch size (default: the workload's, by device)", MEASURE,
                                        minimum=1, metavar="N")
     steps: int = option("--steps", int, "timed steps per trial (default: 30)", MEASURE, 30, minimum=1, metavar="N")
-    warmup: int = option("--warmup", int, "untimed warm-up steps (default: 5)", MEASURE, 5, minimum=0, metavar="N")
+    warmup: int = option("--warmup", int, "untimed warm-up steps (default: 5; serve: per batch size)", MEASURE, 5,
+                        minimum=0, metavar="N", commands=RUN_AND_SERVE)
     trials: int = option("--trials", int, "timed trials; medians and spreads are over these (default: 3)", MEASURE,
                          3, minimum=1, metavar="N")
     device: str = option("--device", str, "auto, cuda or cpu (default: auto = cuda if present)", MEASURE, "auto",
-                         choices=DEVICES)
+                         choices=DEVICES, commands=RUN_AND_SERVE)
     seed: int = option("--seed", int, "random seed for weights, data order and augmentation (default: 0)", MEASURE,
-                       0, metavar="N")
+                       0, metavar="N", commands=RUN_AND_SERVE)
     min_trial_s: float = option("--min-trial-s", float, "on CUDA, a run fed by a DataLoader runs each trial at "
                                 "least this many seconds (more steps than --steps if needed), so a loader's "
                                 "bursts average out (default: 3; 0: exactly --steps)", MEASURE, 3.0,
@@ -65,7 +70,8 @@ class RunConfig:
     data: str = option("--data", str, "loader: DataLoader over the dataset; device: batches pre-staged on the "
                        "device (default: the workload's)", MEASURE, "auto", choices=DATA_SOURCES)
     workload_options: dict[str, Any] = option("--option", str, "workload-specific setting, e.g. image_res=128 "
-                                              "(repeatable)", MEASURE, {}, key_value=True, sweepable=False)
+                                              "(repeatable)", MEASURE, {}, key_value=True, sweepable=False,
+                                              commands=RUN_AND_SERVE)
 
     # data-path levers
     workers: int = option("--workers", int, "DataLoader worker processes (default: 0)", DATA_PATH, 0, minimum=0,
@@ -75,7 +81,8 @@ class RunConfig:
     prefetch_factor: Optional[int] = option("--prefetch-factor", int, "batches loaded ahead per worker", DATA_PATH,
                                             minimum=1, metavar="N")
     pin_memory: Optional[bool] = option("--pin-memory", bool, "page-locked host batches (default: on with CUDA)",
-                                        DATA_PATH, negatable=True, needs_cuda=(True,))
+                                        DATA_PATH, negatable=True, needs_cuda=(True,),
+                                        commands=RUN_AND_SERVE)
     non_blocking: bool = option("--non-blocking", bool, "asynchronous copies from pinned memory (default: on)",
                                 DATA_PATH, True, negatable=True)
     prefetcher: str = option("--prefetcher", str, "stream: copy the next batch on a side CUDA stream", DATA_PATH,
@@ -86,16 +93,16 @@ class RunConfig:
     # model / step levers
     precision: str = option("--precision", str, "fp32, tf32, bf16 or fp16 (default: fp32)", MODEL, "fp32",
                             choices=PRECISIONS, changes_numerics=("tf32", "bf16", "fp16"),
-                            needs_cuda=("tf32", "fp16"))
+                            needs_cuda=("tf32", "fp16"), commands=RUN_AND_SERVE)
     channels_last: bool = option("--channels-last", bool, "NHWC memory format for convolutions", MODEL, False,
-                                 changes_numerics=True)
+                                 changes_numerics=True, commands=RUN_AND_SERVE)
     compile: Optional[str] = option("--compile", str, "torch.compile the model (mode: default; in a sweep, a list "
                                     "of modes, none for eager)", MODEL, choices=COMPILE_MODES, const="default",
-                                    metavar="MODE", changes_numerics=True, conflicts=(
+                                    metavar="MODE", changes_numerics=True, commands=RUN_AND_SERVE, conflicts=(
                                         Conflict("cuda_graphs", "--compile and --cuda-graphs both capture the step; "
                                                  "use --compile reduce-overhead for graphs"),))
     cuda_graphs: bool = option("--cuda-graphs", bool, "capture the step as a CUDA graph and replay it", MODEL, False,
-                               changes_numerics=True, needs_cuda=True, conflicts=(
+                               changes_numerics=True, needs_cuda=True, commands=RUN_AND_SERVE, conflicts=(
                                    Conflict("augment", SECOND_STREAM, value="gpu-stream"),
                                    Conflict("pipeline", SECOND_STREAM, value="streams")))
     augment: Optional[str] = option("--augment", str, "cpu, gpu or gpu-stream augmentation (workloads that declare "
@@ -115,7 +122,7 @@ class RunConfig:
                                  choices=OPTIMIZER_IMPLS, changes_numerics=("fused",), modes=TRAIN)
     sdpa: str = option("--sdpa", str, "attention backend: auto, flash, efficient or math", MODEL, "auto",
                        choices=SDPA_BACKENDS, changes_numerics=("flash", "efficient", "math"),
-                       needs_cuda=("flash", "efficient"))
+                       needs_cuda=("flash", "efficient"), commands=RUN_AND_SERVE)
 
     # distributed: perflab starts --nproc ranks per node through torch.distributed.run (perflab/distributed/)
     nproc: int = option("--nproc", int, "ranks (processes) per node, one GPU each on CUDA, gloo on CPU; started "
@@ -203,10 +210,15 @@ class RunConfig:
                                         sweepable=False, commands=SINGLE_RUN)
 
     out: Optional[str] = option("--out", str, "run directory (default: runs/<timestamp>-<workload>)", OUTPUT,
-                                metavar="DIR", sweepable=False, in_argv=False, commands=SINGLE_RUN)
+                                metavar="DIR", sweepable=False, in_argv=False,
+                                commands=SINGLE_RUN + SERVE)
     nsys: Optional[str] = option("--nsys", str, "call cudaProfilerStart/Stop around ACTIVE timed steps after SKIP "
                                  "(default 2:3), for nsys --capture-range=cudaProfilerApi (see `perflab profile`)",
                                  OUTPUT, const="2:3", metavar="SKIP:ACTIVE", sweepable=False, commands=SINGLE_RUN)
+    gpu_cost_per_hour: Optional[float] = option("--gpu-cost-per-hour", float, "price of the GPU (or machine) per "
+                                                "hour, in any currency: results add the cost per million samples "
+                                                "(serve: per million queries)", OUTPUT, above=0, metavar="X",
+                                                sweepable=False, commands=RUN_AND_SERVE)
 
     def validate(self) -> "RunConfig":
         """Raise PerflabError naming the first bad field and the accepted values."""

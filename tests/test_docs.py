@@ -54,6 +54,7 @@ def test_every_perflab_command_in_the_readme_parses(monkeypatch):
     parser = build_parser()
     for command in commands:
         argv = shlex.split(command.replace("...", "").replace("|", " "))[1:]
+        argv = argv[:argv.index("--")] if "--" in argv else argv  # `-- python train.py`: the script's own
         if argv[:1] == ["env"] and len(argv) > 1:
             continue  # "perflab env | calibrate" names two commands
         try:

@@ -21,7 +21,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 # Commands appear in --help in this order; modules not listed come after, alphabetically.
-ORDER = ["run", "profile", "diagnose", "sweep", "scale", "compare", "report", "rerun", "info"]
+ORDER = ["run", "profile", "diagnose", "sweep", "scale", "compare", "report", "serve", "rerun", "info"]
 
 
 def _command_modules() -> list:

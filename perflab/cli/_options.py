@@ -10,7 +10,7 @@ from perflab.config import RunConfig
 def add_run_options(parser: argparse.ArgumentParser, command: str) -> None:
     """Add every RunConfig option `command` takes; a sweep takes comma-separated lists (a grid)."""
     options.add_arguments(parser, RunConfig, command)
-    if command in ("run", "profile"):
+    if command in ("run", "profile", "serve"):
         parser.add_argument("--overwrite", action="store_true",
                             help="reuse an --out directory that already holds a run: empty it first")
 

@@ -32,6 +32,26 @@ def diagnose(trace: Union[str, Path, ParsedTrace], result=None, tried_and_lost: 
     return diagnosis
 
 
+def diagnose_result(result, tried_and_lost: Iterable[str] = ()) -> Diagnosis:
+    """The diagnosis of a result without a trace (a `perflab serve` result): only the result rules run."""
+    ctx = Context(trace=None, profile=None, result=result, tried_and_lost=_lever_names(tried_and_lost))
+    diagnosis = decide(ctx, run_rules(ctx))
+    diagnosis.source = {"trace": None, "result": getattr(result, "path", None)}
+    return diagnosis
+
+
+def is_serve_result(path: Path) -> bool:
+    """True for a run directory whose result.json was written by `perflab serve`."""
+    import json
+    result = path / "result.json"
+    if not result.is_file():
+        return False
+    try:
+        return "serve" in (json.loads(result.read_text()).get("metrics") or {})
+    except (json.JSONDecodeError, AttributeError):
+        return False
+
+
 def _lever_names(names: Iterable[str]) -> frozenset[str]:
     """The given lever names, checked against `perflab levers`."""
     names = frozenset(names)
@@ -70,9 +90,13 @@ def find_trace(path: Union[str, Path]) -> tuple[Path, Optional[Path]]:
 def diagnose_path(path: Union[str, Path], tried_and_lost: Iterable[str] = ()):
     """(Diagnosis, Result or None) for a run directory or a trace file."""
     from perflab.results import Result
+    if Path(path).is_dir() and is_serve_result(Path(path)):
+        result = Result.load(path)
+        return diagnose_result(result, tried_and_lost), result
     trace, result_path = find_trace(path)
     result = Result.load(result_path) if result_path else None
     return diagnose(trace, result, tried_and_lost), result
 
 
-__all__ = ["diagnose", "diagnose_path", "find_trace", "Diagnosis", "Finding", "CLASS_SLUGS", "DIAGNOSIS_FILE"]
+__all__ = ["diagnose", "diagnose_result", "diagnose_path", "find_trace", "Diagnosis", "Finding", "CLASS_SLUGS",
+           "DIAGNOSIS_FILE"]

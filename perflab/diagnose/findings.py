@@ -15,13 +15,14 @@ MEMORY_BANDWIDTH = "memory bandwidth"
 COMPUTE_BOUND = "compute bound"
 ACTIVATION_MEMORY = "activation memory"
 COLLECTIVES = "collectives"
+INFERENCE_QUEUE = "inference queue"
 NO_CLEAR_BOTTLENECK = "no clear bottleneck"
 
 # Short names for file names and the command line (fixtures are named <slug>__<what>.json.gz).
 CLASS_SLUGS = {
     "input_pipeline": INPUT_PIPELINE, "h2d": H2D_COPIES, "launch": LAUNCH_OVERHEAD, "sync": HOST_DEVICE_SYNC,
     "memory_bandwidth": MEMORY_BANDWIDTH, "compute": COMPUTE_BOUND, "activation_memory": ACTIVATION_MEMORY,
-    "collectives": COLLECTIVES, "none": NO_CLEAR_BOTTLENECK,
+    "collectives": COLLECTIVES, "queue": INFERENCE_QUEUE, "none": NO_CLEAR_BOTTLENECK,
 }
 # On a CPU trace the op-mix rules (compute, memory bandwidth) read time shares only, with no device timeline
 # or roofline behind them, so they claim less than rules with a direct signal (data wait, syncs).
@@ -50,10 +51,11 @@ class Finding:
 
 @dataclass
 class Context:
-    """What every rule reads: the parsed trace, its summary (computed once), and the run's result if known."""
+    """What every rule reads: the parsed trace, its summary (computed once), and the run's result if known.
+    A result alone (perflab serve) has no trace: trace and profile are None and only result rules run."""
 
-    trace: ParsedTrace
-    profile: TraceProfile
+    trace: Optional[ParsedTrace]
+    profile: Optional[TraceProfile]
     result: Any = None  # perflab.Result or None
     tried_and_lost: frozenset[str] = frozenset()  # levers already measured on this run that did not win
 
@@ -65,6 +67,8 @@ class Context:
 
     @property
     def on_gpu(self) -> bool:
+        if self.profile is None:
+            return self.config("device") == "cuda"
         return self.profile.gpu is not None
 
     @property

@@ -9,6 +9,7 @@ from perflab.diagnose.collectives import collectives
 from perflab.diagnose.compute import compute_bound
 from perflab.diagnose.copies import host_to_device_copies
 from perflab.diagnose.findings import NO_CLEAR_BOTTLENECK, Context, Finding
+from perflab.diagnose.inference_queue import inference_queue
 from perflab.diagnose.input_pipeline import input_pipeline
 from perflab.diagnose.launch_overhead import launch_overhead
 from perflab.diagnose.lost_levers import apply_tried_and_lost
@@ -19,8 +20,10 @@ from perflab.diagnose.sync import host_device_sync
 # Order breaks ties of confidence and expected gain.
 RULES: list[Callable[[Context], Optional[Finding]]] = [
     input_pipeline, host_to_device_copies, host_device_sync, launch_overhead, activation_memory,
-    memory_bandwidth, compute_bound, collectives,
+    memory_bandwidth, compute_bound, collectives, inference_queue,
 ]
+# The rules that read only the result's metrics (a serve result has no trace).
+RESULT_RULES: list[Callable[[Context], Optional[Finding]]] = [inference_queue]
 MIN_CONFIDENCE = 0.5  # below this, no finding is named as the bottleneck
 BUSY_ENOUGH_PCT = 95.0
 
@@ -52,16 +55,18 @@ class Diagnosis:
 
 def run_rules(ctx: Context) -> list[Finding]:
     """Every rule's finding, levers ranked for this run, most confident first; equally confident findings
-    (many saturate at the cap) by the share of the step they explain."""
-    findings = [apply_tried_and_lost(ctx, finding) for rule in RULES if (finding := rule(ctx)) is not None]
+    (many saturate at the cap) by the share of the step they explain. A result without a trace (perflab serve)
+    runs the result rules only."""
+    rules = RULES if ctx.profile is not None else RESULT_RULES
+    findings = [apply_tried_and_lost(ctx, finding) for rule in rules if (finding := rule(ctx)) is not None]
     return sorted(findings, key=lambda f: (-round(f.confidence, 2), -f.expected_gain_pct))
 
 
 def decide(ctx: Context, findings: list[Finding]) -> Diagnosis:
     """Name the most confident finding, or 'no clear bottleneck' with what the numbers do say."""
     profile = ctx.profile
-    busy = profile.gpu.busy_pct if profile.gpu else None
-    common = {"findings": [f.to_dict() for f in findings], "profile": profile.to_dict(),
+    busy = profile.gpu.busy_pct if profile is not None and profile.gpu else None
+    common = {"findings": [f.to_dict() for f in findings], "profile": profile.to_dict() if profile else {},
               "tried_and_lost": sorted(ctx.tried_and_lost)}
     if findings and findings[0].confidence >= MIN_CONFIDENCE:
         top = findings[0]
@@ -80,6 +85,9 @@ def decide(ctx: Context, findings: list[Finding]) -> Diagnosis:
     elif busy is not None:
         headline = f"no clear bottleneck: GPU busy {busy:.0f}%, and no rule explains the idle time with confidence"
         confidence = 0.4
+    elif profile is None:
+        headline = "no clear bottleneck: the serve metrics show no queueing or batching problem"
+        confidence = 0.5
     else:
         headline = "no clear bottleneck: no rule fired with confidence on this CPU trace"
         confidence = 0.5

@@ -14,6 +14,7 @@ import torch
 
 from perflab.calibrate import peak_tflops
 from perflab.config import RunConfig
+from perflab.cost import cost_per_million
 from perflab.distributed import agree_any, agree_max, in_rank, needs_launch
 from perflab.environment import collect_environment
 from perflab.errors import PerflabError
@@ -245,6 +246,8 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
             notes.append("CUDA graphs keep their memory in private pools allocated at capture (in warm-up): "
                          "see peak_reserved_mb and peak_allocated_incl_warmup_mb, not only peak_allocated_mb")
     metrics["gpu"] = sampler.summary()
+    metrics["cost_per_million_samples"] = cost_per_million(cfg.gpu_cost_per_hour,
+                                                           metrics["throughput_samples_per_s"]["median"])
     metrics["flops"] = _flops(flops_per_sample, metrics["throughput_samples_per_s"]["median"], device, cfg)
     metrics["compile_s"] = warmup["first_step_s"] if cfg.compile or cfg.cuda_graphs else None
     metrics["interference"] = summarize_load(loads)

@@ -16,13 +16,14 @@ REPORT_HTML = "report.html"
 
 
 def detect_kind(directory: Path) -> str:
-    """compare, sweep or run, from the files the directory holds."""
+    """compare, sweep, serve or run, from the files the directory holds."""
     if (directory / "compare.json").is_file():
         return "compare"
     if (directory / "sweep.jsonl").is_file():
         return "sweep"
     if (directory / RESULT_FILE).is_file():
-        return "run"
+        from perflab.diagnose import is_serve_result
+        return "serve" if is_serve_result(directory) else "run"
     raise PerflabError(f"{directory} holds no result.json, sweep.jsonl or compare.json: give a run, sweep or "
                        "compare directory")
 
@@ -70,7 +71,15 @@ def _compare_report(directory: Path, out: Path) -> str:
     return compare_markdown(comparison, images)
 
 
-BUILDERS = {"run": _run_report, "sweep": _sweep_report, "compare": _compare_report}
+def _serve_report(directory: Path, out: Path) -> str:
+    from perflab.report.serve_markdown import serve_markdown
+    from perflab.report.serve_plots import serve_plots
+
+    result = Result.load(directory)
+    return serve_markdown(result, _names(serve_plots(result.metrics["serve"], out), out), str(directory))
+
+
+BUILDERS = {"run": _run_report, "sweep": _sweep_report, "compare": _compare_report, "serve": _serve_report}
 
 
 def write_report(directory: Union[str, Path], out: Optional[Union[str, Path]] = None) -> list[Path]:

@@ -27,10 +27,15 @@ def _num(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
-def _gain(finding: dict[str, Any]) -> str:
-    """'explains 40% of the step' (the gain to expect if the cause were removed), or nothing if unknown."""
+def _gain(finding: dict[str, Any], of: str = "the step") -> str:
+    """'explains 40% of the step' (the gain to expect if the cause were removed), or nothing if unknown. A serve
+    diagnosis (no trace) explains a share of the p99 tail latency instead."""
     pct = finding.get("expected_gain_pct")
-    return "" if pct is None else f"explains {pct:.0f}% of the step"
+    return "" if pct is None else f"explains {pct:.0f}% of {of}"
+
+
+def _whole(profile: dict[str, Any]) -> str:
+    return "the step" if profile else "the p99 tail"
 
 
 def _lever_flags() -> dict[str, str]:
@@ -56,11 +61,12 @@ def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
     d = _as_dict(diag)
     profile = d["profile"]
     flags = _lever_flags()
-    gain = _gain(d)
+    gain = _gain(d, _whole(profile))
     console.print(f"[bold]diagnosis:[/] [bold magenta]{d['bottleneck']}[/] (confidence {d['confidence']:.2f}"
                   f"{', ' + gain if gain else ''}) — {escape(d['headline'])}", highlight=False)
-    verdict = Table(show_header=False, title=f"{profile['device']} trace · {profile['steps']} steps · "
-                    f"{profile['step_ms']:.2f} ms per step", title_justify="left")
+    title = (f"{profile['device']} trace · {profile['steps']} steps · {profile['step_ms']:.2f} ms per step"
+             if profile else "from the result's metrics (no trace)")
+    verdict = Table(show_header=False, title=title, title_justify="left")
     verdict.add_column("what", style="bold")
     verdict.add_column("value")
     for key, value in d["evidence"].items():
@@ -72,6 +78,8 @@ def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
     if d.get("tried_and_lost"):
         verdict.add_row("tried and lost", escape(", ".join(d["tried_and_lost"])))
     console.print(verdict)
+    if not profile:  # a diagnosis from a result alone (perflab serve): no trace breakdown to show
+        return
     breakdown = Table(title="where the time goes (share of the profiled steps)", title_justify="left")
     breakdown.add_column("part")
     breakdown.add_column("share", justify="right")
@@ -84,7 +92,7 @@ def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
         console.print(_memcpy_table(gpu["memcpy_table"]))
     others = [f for f in d["findings"] if f["cls"] != d["bottleneck"]]
     for finding in others:
-        gain = _gain(finding)
+        gain = _gain(finding, _whole(profile))
         console.print(f"[dim]also considered: {finding['cls']} ({finding['confidence']:.2f}"
                       f"{', ' + gain if gain else ''}): {escape(finding['summary'])}[/]")
 
@@ -125,11 +133,12 @@ def diagnosis_markdown(diag: Union[Diagnosis, dict]) -> str:
     d = _as_dict(diag)
     profile = d["profile"]
     flags = _lever_flags()
-    gain = _gain(d)
+    gain = _gain(d, _whole(profile))
     lines = ["## Diagnosis", "",
              f"**{d['bottleneck']}** (confidence {d['confidence']:.2f}{', ' + gain if gain else ''}): "
              f"{d['headline']}", "",
-             f"{profile['device']} trace, {profile['steps']} profiled steps, {profile['step_ms']:.2f} ms per step.", ""]
+             f"{profile['device']} trace, {profile['steps']} profiled steps, {profile['step_ms']:.2f} ms per step."
+             if profile else "From the result's metrics (no trace).", ""]
     if d["evidence"]:
         lines += ["| evidence | value |", "|---|---|"]
         lines += [f"| {key} | {_num(value)} |" for key, value in d["evidence"].items()]
@@ -144,6 +153,8 @@ def diagnosis_markdown(diag: Union[Diagnosis, dict]) -> str:
         lines.append("")
     if d.get("tried_and_lost"):
         lines += [f"Tried on this run and lost (not proposed again): {', '.join(d['tried_and_lost'])}.", ""]
+    if not profile:
+        return "\n".join(lines)
     lines += ["| where the time goes | share |", "|---|---|"]
     lines += [f"| {label} | {_num(pct)}% |" for label, pct in _breakdown(profile)]
     lines.append("")

@@ -95,6 +95,9 @@ def run_summary_rows(result: Result) -> list[list[str]]:
     if gpu.get("samples"):
         rows.append(["GPU (NVML)", f"utilisation mean {num(gpu.get('util_mean_pct'))}% (min "
                                    f"{num(gpu.get('util_min_pct'), 0)}%) · SM clock {num(gpu.get('sm_clock_median_mhz'), 0)} MHz"])
+    if m.get("cost_per_million_samples") is not None:
+        rows.append(["cost", f"{num(m['cost_per_million_samples'], 3)} per million samples at "
+                             f"{result.config.get('gpu_cost_per_hour'):g} per hour (--gpu-cost-per-hour)"])
     rows.append(["levers", ", ".join(result.levers) or "none (baseline)"])
     warm = f"{num(m.get('warmup_s'), 2)} s"
     if m.get("compile_s") is not None:

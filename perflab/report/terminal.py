@@ -79,6 +79,9 @@ def result_table(result: Result) -> Table:
         reasons = ", ".join(gpu["clock_event_reasons"]) or "none"
         table.add_row("GPU (NVML)", f"util mean {fmt(gpu['util_mean_pct'])}% (min {fmt(gpu['util_min_pct'], 0)}"
                       f"%) · SM clock median {fmt(gpu['sm_clock_median_mhz'], 0)} MHz · clock limits seen: {reasons}")
+    if m.get("cost_per_million_samples") is not None:
+        table.add_row("cost", f"{fmt(m['cost_per_million_samples'], 3)} per million samples at "
+                      f"{result.config.get('gpu_cost_per_hour'):g} per hour")
     warm = f"warm-up {fmt(m.get('warmup_s'), 2)} s"
     if m.get("compile_s") is not None:
         warm += f" · compile/capture (first step) {fmt(m['compile_s'], 2)} s"

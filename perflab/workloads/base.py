@@ -37,6 +37,7 @@ class Workload:
     supports_augment: bool = False
     uses_attention: bool = False
     is_classifier: bool = False
+    supports_inference: bool = True  # False for a training-only workload (perflab serve refuses it)
     default_data: str = "loader"  # "loader" or "device" (pre-staged synthetic batches)
     info: dict[str, Any] = field(default_factory=dict)
     # A dataset smaller than one batch is refused unless this is True: then its items repeat within batches.

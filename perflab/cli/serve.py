@@ -1,0 +1,60 @@
+"""perflab serve: LoadGen scenarios (server, offline, single-stream) through a dynamic batcher, with tail latency."""
+from __future__ import annotations
+
+import argparse
+
+from rich.markup import escape
+
+from perflab import options
+from perflab.cli import console, err_console
+from perflab.cli._options import add_run_options
+from perflab.config import RunConfig
+from perflab.errors import PerflabError
+from perflab.report.serve_table import point_row, print_serve
+from perflab.rundir import run_dir
+from perflab.serve import ServeConfig, serve, serve_run_config
+from perflab.workloads.plugin import is_plugin_spec, plugin_name
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="load a model as MLPerf LoadGen does: Poisson arrivals, a dynamic batcher, p99, max QPS",
+        description="Serve a workload (inference, with its levers) under a LoadGen scenario: server (seeded Poisson "
+                    "arrivals at --qps, or --find-max-qps under --p99-ms), offline (every query at once) or "
+                    "single-stream (one at a time). A dynamic batcher (--max-batch, --batch-timeout-ms) feeds "
+                    "--instances model copies. Each point is saved to <out>/result.json as it finishes; Ctrl-C "
+                    "keeps finished points. See docs/serve.md.")
+    add_run_options(parser, "serve")
+    options.add_arguments(parser, ServeConfig, "serve")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    if args.mode == "train":
+        raise PerflabError("perflab serve measures inference; --mode train cannot be served (drop --mode)")
+    run_cfg = RunConfig(**options.changes_from_args(RunConfig, args, "serve")).validate()
+    serve_cfg = ServeConfig(**options.changes_from_args(ServeConfig, args, "serve")).validate()
+    cfg = serve_run_config(run_cfg, serve_cfg)
+    finished: list[dict] = []
+
+    def show(point: dict) -> None:
+        finished.append(point)
+        cells = point_row(point)
+        console.print(f"  point {cells[0]}: {cells[1]} q/s offered, {cells[2]} achieved, p99 {cells[5]} ms, batch "
+                      f"{cells[7]}: {cells[-1]}", highlight=False)
+
+    name = plugin_name(cfg.workload) if is_plugin_spec(cfg.workload) else cfg.workload
+    with run_dir(cfg.out, f"serve-{name}", args.overwrite) as out:
+        console.print(f"[dim]serving {escape(cfg.workload)} ({serve_cfg.scenario}) into {out}: warm-up, the harness's "
+                      "own capacity, then the points[/]", highlight=False)
+        try:
+            result = serve(run_cfg.replace(out=str(out)), serve_cfg, out, on_point=show,
+                           command=["perflab"] + args.argv)
+        except KeyboardInterrupt:
+            if not finished:
+                raise  # nothing finished: run_dir removes the directory it created
+            err_console.print(f"[yellow]interrupted[/]: {len(finished)} finished point(s) are kept in "
+                              f"{out}/result.json")
+            return 130
+    print_serve(console, result)
+    return 0

@@ -1,0 +1,67 @@
+"""The Markdown report of a serve result: settings, points, max QPS, the harness's capacity, plots, diagnosis."""
+from __future__ import annotations
+
+from typing import Optional
+
+from perflab.environment import describe_device
+from perflab.report.markdown import config_table, diagnosis_text, environment_table, image, num, table
+from perflab.results import Result
+
+PARTS = ("issue_delay", "queue_wait", "batch_formation", "copy_in", "compute", "copy_out")
+
+
+def serve_markdown(result: Result, images: dict[str, str], run_dir: Optional[str] = None) -> str:
+    cfg, serve = result.config, result.metrics["serve"]
+    settings = serve["settings"]
+    device = describe_device(result.environment, cfg["device"])
+    rows = [[str(p["index"]), p["scenario"], num(p["offered_qps"], 0), num(p["achieved_qps"], 1),
+             num(p["latency_ms"]["p50"], 2), num(p["latency_ms"]["p90"], 2), num(p["latency_ms"]["p99"], 2),
+             num(p["latency_ms"]["p99.9"], 2), f"{num(p['batch_mean'])} ({num(p['batch_fill_pct'], 0)}%)",
+             num(p["instance_busy_pct"], 0), num((p.get("gpu") or {}).get("util_mean_pct"), 0),
+             num(p.get("cost_per_million_queries"), 3),
+             "pass" if p["passed"] else ("behind schedule" if p["behind_schedule"] else "fail")]
+            for p in serve["points"]]
+    tail_rows = [[str(p["index"])] + [num(p["time_ms"]["tail"].get(part), 2) for part in PARTS]
+                 + [num(p["issue_lateness_ms"]["p99_ms"], 2)] for p in serve["points"]]
+    summary = [f"- **scenario**: {serve['scenario']}; schedule seed {serve['schedule_seed']}, sample seed "
+               f"{serve['sample_seed']}",
+               f"- **batcher**: max batch {settings['max_batch']}, timeout {settings['batch_timeout_ms']:g} ms, "
+               f"{settings['instances']} instance(s); levers: {', '.join(result.levers) or 'none'}",
+               f"- **bound**: p99 ≤ {settings['p99_ms']:g} ms; each point ≥ {settings['duration_s']:g} s and ≥ "
+               f"{settings['min_queries']} queries"]
+    if serve.get("search"):
+        summary.append(f"- **max QPS** with p99 ≤ {settings['p99_ms']:g} ms: "
+                       f"{num(serve['max_qps'], 1) if serve['max_qps'] else 'none (the lowest rate failed)'} "
+                       f"({len(serve['search']['tried'])} points, widen then bisect to "
+                       f"{100 * serve['search']['tolerance']:g}%)")
+    capacity = serve.get("capacity")
+    if capacity:
+        summary.append(f"- **harness capacity** (no-op model): the load generator issues "
+                       f"{num(capacity['loadgen_issue_qps'], 0)} queries/s; the batcher moves "
+                       f"{num(capacity['batcher_qps_at_max_batch'], 0)} queries/s at max batch and "
+                       f"{num(capacity['batcher_batches_per_s'], 0)} batches/s")
+    if not serve.get("complete"):
+        summary.append("- **interrupted**: only the finished points are here")
+    parts = [
+        f"# perflab serve: {cfg['workload']} · {serve['scenario']} · max batch {settings['max_batch']} · "
+        f"{cfg['precision']} · {device}",
+        f"Measured {result.created_utc or 'n/a'} with perflab {result.perflab_version}. Command: "
+        f"`{' '.join(result.command)}`",
+        "## Summary", "\n".join(summary),
+        "## Points", table(["#", "scenario", "offered q/s", "achieved q/s", "p50 ms", "p90 ms", "p99 ms",
+                            "p99.9 ms", "batch (fill)", "busy %", "GPU %", "cost/1M queries", "verdict"], rows,
+                           "rlrrrrrrrrrrl"),
+        "Latency is measured from each query's scheduled arrival (as LoadGen does), so a late issue counts.",
+        "## Latency vs offered load", image("latency vs offered load", images.get("latency")),
+        "## Where the p99 tail goes (mean ms per query at or past p99)",
+        table(["#"] + [part.replace("_", " ") for part in PARTS] + ["issue lateness p99"], tail_rows, "r" * 8),
+        image("where a query's time goes", images.get("breakdown")),
+        "## Batch fill", image("batch fill", images.get("fill")),
+    ]
+    diagnosis = diagnosis_text(result.diagnosis, run_dir)
+    parts += [diagnosis] if diagnosis.lstrip().startswith("## Diagnosis") else ["## Diagnosis", diagnosis]
+    if result.notes:
+        parts += ["## Notes", "\n".join(f"- {note}" for note in result.notes)]
+    parts += ["## Configuration", config_table({k: v for k, v in cfg.items() if k != "serve"}),
+              config_table(cfg.get("serve") or {}), "## Environment", environment_table(result.environment)]
+    return "\n\n".join(part for part in parts if part) + "\n"

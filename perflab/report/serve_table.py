@@ -1,0 +1,93 @@
+"""The terminal view of a serve result: one row per point, the max QPS, the harness's own capacity."""
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from perflab.environment import describe_device
+from perflab.report.terminal import fmt
+from perflab.results import Result
+
+PARTS = ("issue_delay", "queue_wait", "batch_formation", "copy_in", "compute", "copy_out")
+
+
+def _verdict(point: dict[str, Any]) -> str:
+    if point["passed"]:
+        return "[green]pass[/]"
+    return "[yellow]behind[/]" if point["behind_schedule"] else "[red]fail[/]"
+
+
+def point_row(point: dict[str, Any]) -> list[str]:
+    """The cells of one point (also printed as each point finishes)."""
+    lat = point["latency_ms"]
+    return [str(point["index"]), fmt(point["offered_qps"], 0), fmt(point["achieved_qps"], 0), fmt(lat["p50"], 2),
+            fmt(lat["p90"], 2), fmt(lat["p99"], 2), fmt(lat["p99.9"], 2),
+            f"{fmt(point['batch_mean'])} ({fmt(point['batch_fill_pct'], 0)}%)",
+            fmt((point.get("gpu") or {}).get("util_mean_pct"), 0), fmt(point.get("cost_per_million_queries"), 3),
+            _verdict(point)]
+
+
+POINT_COLUMNS = ("#", "offered q/s", "achieved q/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "batch (fill)",
+                 "GPU %", "cost/1M", "verdict")
+
+
+def serve_table(result: Result) -> Table:
+    serve, cfg = result.metrics["serve"], result.config
+    settings = serve["settings"]
+    levers = ", ".join(result.levers) or "none"
+    table = Table(title=f"perflab serve · {cfg['workload']} · {serve['scenario']} · max batch {settings['max_batch']} "
+                        f"· timeout {settings['batch_timeout_ms']:g} ms · {settings['instances']} instance(s) · "
+                        f"{cfg['precision']} · levers: {levers} · {describe_device(result.environment, cfg['device'])}"
+                        f" · verdict: p99 ≤ {settings['p99_ms']:g} ms", title_justify="left")
+    for name in POINT_COLUMNS:
+        table.add_column(name, justify="right")
+    for point in serve["points"]:
+        table.add_row(*point_row(point))
+    return table
+
+
+def tail_table(result: Result) -> Table:
+    """Where the time of the slowest 1% of queries goes, per point (mean ms of each part)."""
+    table = Table(title="where the p99 tail goes (mean ms per query at or past p99)", title_justify="left")
+    for name in ("#",) + tuple(part.replace("_", " ") for part in PARTS):
+        table.add_column(name, justify="right")
+    for point in result.metrics["serve"]["points"]:
+        tail = point["time_ms"]["tail"]
+        table.add_row(str(point["index"]), *[fmt(tail.get(part), 2) for part in PARTS])
+    return table
+
+
+def print_serve(console: Console, result: Result) -> None:
+    """The points table, the max QPS, the capacity of the harness, the diagnosis headline and notes."""
+    serve = result.metrics["serve"]
+    console.print(serve_table(result))
+    console.print(tail_table(result))
+    if serve.get("search"):
+        found = serve["max_qps"]
+        console.print(f"max QPS with p99 ≤ {serve['settings']['p99_ms']:g} ms: "
+                      + (f"[bold]{fmt(found, 1)}[/] queries/s" if found else "[red]none: even the lowest rate failed[/]")
+                      + f" ({len(serve['search']['tried'])} points, bracket to "
+                      f"{fmt(serve['search']['lowest_failing_qps'], 1)})", highlight=False)
+    offline = [p for p in serve["points"] if p["scenario"] == "offline"]
+    if offline:
+        console.print(f"offline: [bold]{fmt(offline[0]['achieved_qps'], 1)}[/] samples/s", highlight=False)
+    capacity = serve.get("capacity")
+    if capacity:
+        console.print(f"harness capacity (no-op model): load generator issues {fmt(capacity['loadgen_issue_qps'], 0)}"
+                      f" queries/s · batcher moves {fmt(capacity['batcher_qps_at_max_batch'], 0)} queries/s at max "
+                      f"batch, {fmt(capacity['batcher_batches_per_s'], 0)} batches/s", highlight=False)
+    if any(p["behind_schedule"] for p in serve["points"]):
+        console.print("[yellow]note:[/] the load generator fell behind its schedule on some points (issue lateness "
+                      f"p99 > {serve['settings']['behind_schedule_ms']:g} ms): those points are not valid")
+    diagnosis = result.diagnosis
+    if diagnosis:
+        console.print(f"[bold]diagnosis:[/] [bold magenta]{diagnosis['bottleneck']}[/] — {diagnosis['headline']}",
+                      highlight=False)
+        for advice in diagnosis.get("advice", []):
+            console.print(f"  · {advice}", highlight=False)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    if result.path:
+        console.print(f"saved [bold]{result.path}[/]; `perflab report {result.path.rsplit('/', 1)[0]}` plots it")

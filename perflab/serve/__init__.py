@@ -1,0 +1,10 @@
+"""perflab serve: LoadGen scenarios and a dynamic batcher in front of any workload and its levers.
+
+    result = perflab.serve.serve(RunConfig(workload="mlp", device="cpu"), ServeConfig(qps="200,400"), out="runs/x")
+
+schedule (arrivals) -> loadgen (issues them) -> batcher (forms batches) -> server (instances run engines)
+-> metrics (per-query stamps to percentiles); search (max QPS) and capacity (the harness's own) on top."""
+from perflab.serve.config import SCENARIOS, ServeConfig
+from perflab.serve.driver import serve, serve_run_config
+
+__all__ = ["ServeConfig", "serve", "serve_run_config", "SCENARIOS"]

@@ -1,0 +1,93 @@
+"""ServeConfig: how `perflab serve` loads the model (scenario, rates, bounds, batcher), one option per field."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from perflab import options
+from perflab.errors import PerflabError
+from perflab.options import option
+
+SCENARIOS = ("server", "offline", "single-stream")
+SERVE = ("serve",)
+LOAD = "load (LoadGen scenarios)"
+BATCHER = "dynamic batcher"
+
+
+@dataclass
+class ServeConfig:
+    """One serve session: the scenario and its load, the latency bound, and the batching policy."""
+
+    scenario: str = option("--scenario", str, "server: Poisson arrivals at --qps; offline: every query at once "
+                           "(the throughput ceiling); single-stream: one query at a time (the latency floor) "
+                           "(default: server)", LOAD, "server", choices=SCENARIOS, commands=SERVE)
+    qps: Optional[str] = option("--qps", str, "server: offered queries per second; a comma list (100,200,400) "
+                                "sweeps a latency-vs-load curve (default: half the full-batch throughput)", LOAD,
+                                metavar="RATE[,RATE...]", commands=SERVE)
+    find_max_qps: bool = option("--find-max-qps", bool, "server: search the highest rate whose p99 meets --p99-ms "
+                                "(widen, then bisect, as LoadGen's peak finder)", LOAD, False, commands=SERVE)
+    p99_ms: float = option("--p99-ms", float, "the p99 latency bound a server point must meet (default: 15)", LOAD,
+                           15.0, above=0, metavar="MS", commands=SERVE)
+    search_tolerance_pct: float = option("--search-tolerance-pct", float, "the search stops when the bracket around "
+                                         "the max QPS is narrower than this, in percent (default: 5)", LOAD, 5.0,
+                                         above=0, metavar="PCT", commands=SERVE)
+    duration_s: float = option("--duration", float, "seconds of load per point (default: 1)", LOAD, 1.0, above=0,
+                               metavar="SECONDS", commands=SERVE)
+    min_queries: int = option("--min-queries", int, "queries per point at least, so a short lucky run cannot pass "
+                              "(default: 64)", LOAD, 64, minimum=1, metavar="N", commands=SERVE)
+    schedule_seed: int = option("--schedule-seed", int, "seed of the Poisson arrival times (default: 0)", LOAD, 0,
+                                metavar="N", commands=SERVE)
+    sample_seed: int = option("--sample-seed", int, "seed of the order samples are drawn in (default: 0)", LOAD, 0,
+                              metavar="N", commands=SERVE)
+    max_batch: Optional[int] = option("--max-batch", int, "largest batch the batcher forms (default: the "
+                                      "workload's batch size on this device)", BATCHER, minimum=1, metavar="N",
+                                      commands=SERVE)
+    batch_timeout_ms: float = option("--batch-timeout-ms", float, "how long the oldest waiting query may wait for "
+                                     "a batch to fill (default: 2)", BATCHER, 2.0, minimum=0, metavar="MS",
+                                     commands=SERVE)
+    instances: int = option("--instances", int, "model instances, each on its own CUDA stream with its own pinned "
+                            "buffers (default: 1)", BATCHER, 1, minimum=1, metavar="N", commands=SERVE)
+
+    def validate(self) -> "ServeConfig":
+        """Raise PerflabError naming the first bad setting."""
+        options.validate(self)
+        rates = self.rates()
+        if self.scenario != "server" and (rates or self.find_max_qps):
+            raise PerflabError(f"--qps and --find-max-qps apply to --scenario server, not {self.scenario}")
+        if rates and self.find_max_qps:
+            raise PerflabError("give either --qps (fixed rates) or --find-max-qps (a search), not both")
+        for rate in rates:
+            check_query_count(rate, self.duration_s, self.min_queries)
+        return self
+
+    def rates(self) -> list[float]:
+        """The offered rates of --qps, in the order given."""
+        if self.qps is None:
+            return []
+        rates = []
+        for part in str(self.qps).split(","):
+            try:
+                rate = float(part)
+            except ValueError:
+                raise PerflabError(f"--qps: cannot read {part.strip()!r} as a rate (queries per second)") from None
+            if not rate > 0 or math.isinf(rate):
+                raise PerflabError(f"--qps must be positive rates, got {part.strip()}")
+            rates.append(rate)
+        return rates
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_argv(self) -> list[str]:
+        return options.to_argv(self, "serve")
+
+
+def check_query_count(rate: float, duration_s: float, min_queries: int) -> None:
+    """A point at `rate` for `duration_s` must issue at least `min_queries` queries."""
+    expected = rate * duration_s
+    if expected < min_queries:
+        raise PerflabError(f"--duration {duration_s:g} s at {rate:g} queries/s issues about {expected:.0f} queries, "
+                           f"fewer than --min-queries {min_queries}; use --duration "
+                           f"{math.ceil(min_queries / rate):g} or more, or lower --min-queries")

@@ -1,0 +1,176 @@
+"""serve(): build the model after levers, warm every instance, measure the harness's own capacity, then run the
+scenario's points (fixed rates, or the max-QPS search), saving result.json after every point."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import ExitStack, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Union
+
+import numpy as np
+import torch
+
+from perflab.config import RunConfig
+from perflab.environment import collect_environment
+from perflab.errors import PerflabError
+from perflab.harness.data import make_loader
+from perflab.harness.runner import describe_workload, resolve_config, resolve_device, seed_everything
+from perflab.levers import check_levers
+from perflab.results import Result
+from perflab.serve.capacity import measure_capacity
+from perflab.serve.config import ServeConfig
+from perflab.serve.engine import ModelEngine, batch_shapes
+from perflab.serve.session import Session, behind_threshold_ms, run_scenario
+from perflab.serve.server import Engine, Server
+from perflab.version import __version__
+from perflab.workloads import Workload, load_workload
+
+POOL_SAMPLES = 128  # samples loaded into host memory before the load starts (LoadGen's performance sample set)
+ESTIMATE_BATCHES = 3
+
+
+def serve_run_config(run_cfg: RunConfig, serve_cfg: ServeConfig, workload: Union[Workload, str, None] = None
+                     ) -> RunConfig:
+    """The run config of a serve session: inference (whatever its mode said), batch size = max batch, device
+    resolved."""
+    return resolve_config(run_cfg.replace(mode="infer", batch_size=serve_cfg.max_batch), workload)
+
+
+def _single_query_ms(engine: Engine) -> float:
+    """The fastest of a few lone queries: the latency floor no load can beat."""
+    times = []
+    for _ in range(ESTIMATE_BATCHES):
+        began = time.perf_counter()
+        engine.serve(np.zeros(1, dtype=int))
+        times.append(1000 * (time.perf_counter() - began))
+    return min(times)
+
+
+def _estimate_samples_per_s(engine: Engine, max_batch: int, samples: int) -> float:
+    """Samples/s of back-to-back full batches on one instance: where the first rate and query counts start."""
+    ids = np.arange(max_batch) % samples
+    began = time.perf_counter()
+    for _ in range(ESTIMATE_BATCHES):
+        engine.serve(ids)
+    return ESTIMATE_BATCHES * max_batch / (time.perf_counter() - began)
+
+
+def _load_pool(workload: Workload, seed: int) -> Any:
+    """The model inputs of the first POOL_SAMPLES samples, stacked (targets are not served)."""
+    count = min(POOL_SAMPLES, len(workload.dataset))
+    loader = make_loader(workload.dataset, count, 0, False, False, None, workload.collate_fn, seed)
+    inputs, _ = next(iter(loader))
+    return inputs, count
+
+
+def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, Path]] = None,
+          workload: Union[Workload, str, None] = None, engines: Optional[list[Engine]] = None,
+          on_point: Callable[[dict], None] = lambda point: None, command: Optional[list[str]] = None) -> Result:
+    """Serve a workload under the scenario of `serve_cfg`; `engines` replaces the model (tests, capacity)."""
+    serve_cfg.validate()
+    cfg = serve_run_config(run_cfg, serve_cfg, workload)
+    device = resolve_device(cfg.device)
+    seed_everything(cfg.seed)
+    if not isinstance(workload, Workload):
+        workload = load_workload(cfg.workload, cfg)
+    if not workload.supports_inference:
+        raise PerflabError(f"{workload.name} is a training-only workload: it has no inference mode to serve; "
+                           "choose another --workload")
+    pool, samples = _load_pool(workload, serve_cfg.sample_seed)
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    plan = None
+    if engines is None:
+        from perflab.harness.plan import build_plan
+        plan = build_plan(workload, cfg, device, check_levers(cfg, workload, device))
+        graphs = cfg.cuda_graphs and device.type == "cuda"
+        sizes = batch_shapes(serve_cfg.scenario, cfg.batch_size) if graphs or cfg.compile else None
+        engines = [ModelEngine(plan, pool, cfg.batch_size, sizes, graphs) for _ in range(serve_cfg.instances)]
+        if engines[0].sizes is not None:
+            notes.append(f"batches are padded up to {engines[0].sizes} so that only those shapes are "
+                         "compiled/captured (in warm-up); padded_samples counts the padding")
+    result = Result(config={**cfg.to_dict(), "serve": serve_cfg.to_dict()}, environment=collect_environment(device),
+                    workload=describe_workload(workload, None), trials=[], metrics={}, levers=[],
+                    notes=notes, command=list(command if command is not None else sys.argv),
+                    created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), perflab_version=__version__,
+                    status="interrupted", status_reason="the session stopped before its last point; the finished "
+                    "points are kept")
+    with ExitStack() as stack:
+        stack.enter_context(cpu_threads_for(serve_cfg.instances, device.type))
+        if plan is not None:
+            stack.callback(plan.cleanup)
+            result.levers = list(plan.levers)
+        server = Server(engines, plan.stepping if plan is not None else nullcontext)
+        stack.callback(server.close)
+        server.warm_up(cfg.warmup)
+        estimate = _estimate_in_thread(server, cfg.batch_size, samples)
+        result.metrics["serve"] = _record_head(serve_cfg, cfg, engines, estimate)
+        result.metrics["serve"]["single_query_ms"] = _single_query_in_thread(server)
+        session = Session(server, cfg, serve_cfg, result, Path(out) if out else None, samples,
+                          device.index if device.type == "cuda" else None, on_point)
+        session.record["capacity"] = measure_capacity(cfg.batch_size, serve_cfg.batch_timeout_ms / 1000,
+                                                      serve_cfg.instances)
+        session.save()
+        run_scenario(session, estimate)
+        session.record["complete"] = True
+        result.status, result.status_reason = "complete", ""
+        _diagnose(result)
+        session.save()
+    return result
+
+
+@contextmanager
+def cpu_threads_for(instances: int, device_type: str) -> Iterator[None]:
+    """On a CPU, leave a core to the load generator: OpenMP workers spinning on every core starve the thread
+    that issues queries (its lateness then counts against the model)."""
+    if device_type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(before, ((os.cpu_count() or 2) - 1) // instances)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _estimate_in_thread(server: Server, max_batch: int, samples: int) -> float:
+    """Every instance serves full batches on its own thread at once (compiled and captured graphs live there)."""
+    found: list[float] = []
+    serving = server.on_every_instance(
+        lambda engine: found.append(_estimate_samples_per_s(engine, max_batch, samples)))
+    serving.wait()
+    return sum(found)  # the instances ran at once, as they serve
+
+
+def _single_query_in_thread(server: Server) -> float:
+    found: list[float] = []
+    server.on_instance(0, lambda engine: found.append(_single_query_ms(engine))).wait()
+    return found[0]
+
+
+def _record_head(serve_cfg: ServeConfig, cfg: RunConfig, engines: list, estimate: float) -> dict[str, Any]:
+    return {
+        "scenario": serve_cfg.scenario,
+        "schedule_seed": serve_cfg.schedule_seed,
+        "sample_seed": serve_cfg.sample_seed,
+        "settings": {"max_batch": cfg.batch_size, "batch_timeout_ms": serve_cfg.batch_timeout_ms,
+                     "instances": serve_cfg.instances, "p99_ms": serve_cfg.p99_ms,
+                     "duration_s": serve_cfg.duration_s, "min_queries": serve_cfg.min_queries,
+                     "buckets": getattr(engines[0], "sizes", None),
+                     "behind_schedule_ms": behind_threshold_ms(serve_cfg)},
+        "estimated_samples_per_s": estimate,
+        "points": [],
+        "max_qps": None,
+        "search": None,
+        "capacity": None,
+        "complete": False,
+    }
+
+
+def _diagnose(result: Result) -> None:
+    from perflab.diagnose import diagnose_result
+    result.diagnosis = diagnose_result(result).to_dict()

@@ -1,0 +1,139 @@
+"""Per-query timestamps, and what they add up to: latency percentiles, where a query's time goes (on average and
+in the tail), achieved vs offered rate, batch fill, and the cost of a million queries."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+import numpy as np
+
+from perflab.cost import cost_per_million
+
+PERCENTILES = (50, 90, 95, 99, 99.9)
+# A query's life, in order; the parts add up to its latency (done - scheduled).
+COMPONENTS = ("issue_delay", "queue_wait", "batch_formation", "copy_in", "compute", "copy_out")
+TAIL_PERCENTILE = 99.0
+
+
+class QueryLog:
+    """Host-clock timestamps (seconds from the start of the point) of every query, filled as queries move on."""
+
+    def __init__(self, scheduled_s: np.ndarray):
+        count = len(scheduled_s)
+        self.scheduled_s = np.asarray(scheduled_s, dtype=float)
+        self.issued_s = np.full(count, np.nan)
+        self.formation_s = np.full(count, np.nan)  # when an instance began forming its batch (or it arrived)
+        self.dispatched_s = np.full(count, np.nan)
+        self.copied_in_s = np.full(count, np.nan)
+        self.computed_s = np.full(count, np.nan)
+        self.done_s = np.full(count, np.nan)
+        self.batch_size = np.zeros(count, dtype=int)
+        self.batch_sizes: list[int] = []  # one entry per batch, in dispatch order
+        self.busy_s = 0.0  # instance time spent on batches (copy in, compute, copy out), summed over instances
+        self._lock = threading.Lock()  # instances record from their own threads
+
+    def __len__(self) -> int:
+        return len(self.scheduled_s)
+
+    def truncated(self, count: int) -> "QueryLog":
+        """The first `count` queries (a log allocated for more queries than were issued)."""
+        for name, value in vars(self).items():
+            if isinstance(value, np.ndarray):
+                setattr(self, name, value[:count])
+        return self
+
+    def record_batch(self, ids: list[int], opened_s: float, dispatched_s: float, copied_in_s: float,
+                     computed_s: float, done_s: float) -> None:
+        """Stamp every query of one batch (called by the instance that served it)."""
+        index = np.asarray(ids)
+        with self._lock:
+            self._record(index, opened_s, dispatched_s, copied_in_s, computed_s, done_s)
+
+    def _record(self, index: np.ndarray, opened_s: float, dispatched_s: float, copied_in_s: float,
+                computed_s: float, done_s: float) -> None:
+        self.formation_s[index] = np.maximum(self.issued_s[index], opened_s)
+        self.dispatched_s[index] = dispatched_s
+        self.copied_in_s[index] = copied_in_s
+        self.computed_s[index] = computed_s
+        self.done_s[index] = done_s
+        self.batch_size[index] = len(index)
+        self.batch_sizes.append(len(index))
+        self.busy_s += done_s - dispatched_s
+
+    @property
+    def completed(self) -> np.ndarray:
+        return ~np.isnan(self.done_s)
+
+    def components_ms(self) -> dict[str, np.ndarray]:
+        """Each query's time in each part of its life, in ms (completed queries only)."""
+        done = self.completed
+        stamps = [self.scheduled_s, self.issued_s, self.formation_s, self.dispatched_s, self.copied_in_s,
+                  self.computed_s, self.done_s]
+        return {name: 1000 * (stamps[i + 1][done] - stamps[i][done]) for i, name in enumerate(COMPONENTS)}
+
+    def latency_ms(self) -> np.ndarray:
+        done = self.completed
+        return 1000 * (self.done_s[done] - self.scheduled_s[done])
+
+
+def latency_percentiles(latency_ms: np.ndarray) -> dict[str, float]:
+    """p50, p90, p95, p99 and p99.9 (keys p50 ... p99.9), mean and max."""
+    # Not harness.stats.percentiles: its keys drop decimals (p99.9 would overwrite p99).
+    found = {f"p{p:g}": float(np.percentile(latency_ms, p)) if latency_ms.size else float("nan")
+             for p in PERCENTILES}
+    found.update(mean=float(np.mean(latency_ms)) if latency_ms.size else float("nan"),
+                 max=float(np.max(latency_ms)) if latency_ms.size else float("nan"))
+    return found
+
+
+def where_time_goes(log: QueryLog) -> dict[str, dict[str, float]]:
+    """Mean ms per component over all queries, and over the tail (queries at or past the p99 latency)."""
+    parts = log.components_ms()
+    latency = log.latency_ms()
+    if latency.size == 0:
+        return {"mean": {}, "tail": {}}
+    tail = latency >= np.percentile(latency, TAIL_PERCENTILE)
+    return {"mean": {name: float(values.mean()) for name, values in parts.items()},
+            "tail": {name: float(values[tail].mean()) for name, values in parts.items()}}
+
+
+def lateness(log: QueryLog) -> dict[str, float]:
+    """How late the load generator issued queries against their schedule, in ms."""
+    late_ms = 1000 * (log.issued_s - log.scheduled_s)
+    late_ms = late_ms[~np.isnan(late_ms)]
+    if late_ms.size == 0:
+        return {"p99_ms": float("nan"), "max_ms": float("nan")}
+    return {"p99_ms": float(np.percentile(late_ms, 99)), "max_ms": float(late_ms.max())}
+
+
+def summarize_point(log: QueryLog, scenario: str, offered_qps: Optional[float], max_batch: int, instances: int,
+                    behind_ms: float, gpu: Optional[dict] = None, cost_per_hour: Optional[float] = None
+                    ) -> dict[str, Any]:
+    """Everything one point measured, as result.json keeps it."""
+    latency = log.latency_ms()
+    done = log.completed
+    first, last = float(np.nanmin(log.scheduled_s)), float(np.nanmax(log.done_s)) if done.any() else float("nan")
+    span_s = last - first
+    achieved = float(done.sum() / span_s) if span_s > 0 else float("nan")
+    sizes = np.asarray(log.batch_sizes)
+    histogram = {int(size): int(count) for size, count in zip(*np.unique(sizes, return_counts=True))}
+    late = lateness(log)
+    return {
+        "scenario": scenario,
+        "offered_qps": offered_qps,
+        "achieved_qps": achieved,
+        "queries": int(len(log)),
+        "completed": int(done.sum()),
+        "duration_s": span_s,
+        "latency_ms": latency_percentiles(latency),
+        "time_ms": where_time_goes(log),
+        "batches": int(sizes.size),
+        "batch_histogram": histogram,
+        "batch_mean": float(sizes.mean()) if sizes.size else 0.0,
+        "batch_fill_pct": float(100 * sizes.mean() / max_batch) if sizes.size else 0.0,
+        "instance_busy_pct": float(100 * log.busy_s / (instances * span_s)) if span_s > 0 else float("nan"),
+        "issue_lateness_ms": late,
+        "behind_schedule": bool(late["p99_ms"] > behind_ms),
+        "gpu": gpu,
+        "cost_per_million_queries": cost_per_million(cost_per_hour, achieved),
+    }

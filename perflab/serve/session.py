@@ -1,0 +1,127 @@
+"""A serve session: the server, its settings and the result; runs the scenario's points one at a time and
+saves result.json after each (Ctrl-C keeps every finished point)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from perflab.config import RunConfig
+from perflab.harness.nvml import NvmlSampler
+from perflab.results import Result
+from perflab.serve import loadgen, schedule
+from perflab.serve.config import ServeConfig
+from perflab.serve.metrics import summarize_point
+from perflab.serve.search import find_max_qps
+from perflab.serve.server import Server
+
+LONGEST_POINT = 4  # a search point lasts at most this many times --duration (to reach --min-queries)
+BEHIND_FLOOR_MS = 1.0
+
+
+def behind_threshold_ms(serve_cfg: ServeConfig) -> float:
+    """Issue lateness (p99) past which the load generator counts as behind its schedule."""
+    return max(BEHIND_FLOOR_MS, 0.1 * serve_cfg.p99_ms)
+
+
+class Session:
+    """A serve session's state: the server, its settings, and the result rewritten after each point."""
+
+    def __init__(self, server: Server, cfg: RunConfig, serve_cfg: ServeConfig, result: Result, out: Optional[Path],
+                 samples: int, device_index: Optional[int], on_point: Callable[[dict], None]):
+        self.server = server
+        self.cfg = cfg
+        self.serve_cfg = serve_cfg
+        self.result = result
+        self.out = out
+        self.samples = samples
+        self.device_index = device_index
+        self.on_point = on_point
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return self.result.metrics["serve"]
+
+    def save(self) -> None:
+        if self.out is not None:
+            self.result.save(self.out)
+
+    def point(self, scenario: str, rate: Optional[float] = None, queries: Optional[int] = None,
+              duration_s: Optional[float] = None) -> dict[str, Any]:
+        """Run one point, add it to the result, save."""
+        sc, max_batch = self.serve_cfg, self.cfg.batch_size
+        timeout_s = sc.batch_timeout_ms / 1000
+        index = len(self.record["points"])
+        seed = sc.sample_seed + index
+        with NvmlSampler(self.device_index) as sampler:
+            if scenario == "server":
+                arrivals = schedule.poisson_arrivals(rate, duration_s, sc.min_queries, sc.schedule_seed + index)
+                order = schedule.sample_order(len(arrivals), self.samples, seed)
+                log = loadgen.run_scheduled(self.server, arrivals, order, max_batch, timeout_s)
+            elif scenario == "offline":
+                order = schedule.sample_order(queries, self.samples, seed)
+                log = loadgen.run_offline(self.server, queries, order, max_batch, timeout_s)
+            else:
+                order = schedule.sample_order(loadgen.SINGLE_STREAM_CAP, self.samples, seed)
+                log = loadgen.run_single_stream(self.server, sc.duration_s, sc.min_queries, order)
+        point = summarize_point(log, scenario, rate, max_batch, sc.instances, behind_threshold_ms(sc),
+                                sampler.summary(), self.cfg.gpu_cost_per_hour)
+        point["index"] = index
+        point["schedule_seed"] = sc.schedule_seed + index if scenario == "server" else None
+        point["meets_bound"] = bool(point["latency_ms"]["p99"] <= sc.p99_ms)
+        point["passed"] = point["meets_bound"] and not point["behind_schedule"]
+        padding = [engine for engine in self.server.engines if hasattr(engine, "padded_samples")]
+        point["padded_samples"] = sum(engine.padded_samples for engine in padding)
+        for engine in padding:
+            engine.padded_samples = 0
+        self.record["points"].append(point)
+        self.save()
+        self.on_point(point)
+        return point
+
+
+def run_scenario(session: Session, estimate: float) -> None:
+    """The scenario's points: one offline or single-stream point, the --qps rates, or the max-QPS search."""
+    sc = session.serve_cfg
+    if sc.scenario == "offline":
+        queries = max(sc.min_queries, math.ceil(estimate * sc.duration_s))
+        session.point("offline", queries=queries)
+    elif sc.scenario == "single-stream":
+        session.point("single-stream")
+    elif sc.find_max_qps:
+        search(session, estimate)
+    elif sc.rates():  # each was checked against --duration and --min-queries by ServeConfig.validate
+        for rate in sc.rates():
+            session.point("server", rate=rate, duration_s=sc.duration_s)
+    else:
+        rate = _rate(estimate / 2)
+        session.point("server", rate=rate, duration_s=max(sc.duration_s, sc.min_queries / rate))
+
+
+def search(session: Session, estimate: float) -> None:
+    """The max-QPS search from half the full-batch throughput; `max_qps` and the bracket go into the record."""
+    sc = session.serve_cfg
+    tolerance = sc.search_tolerance_pct / 100
+    single_ms = session.record["single_query_ms"]
+    if single_ms > sc.p99_ms:
+        reason = f"one query alone takes {single_ms:.2f} ms, more than the p99 bound of {sc.p99_ms:g} ms: no rate " \
+                 "can meet it"
+        session.record["search"] = {"skipped": reason, "tried": [], "lowest_failing_qps": None,
+                                    "tolerance": tolerance, "start_qps": None}
+        session.result.notes.append(reason)
+        return
+
+    def passes(rate: float) -> bool:  # both minimums, as LoadGen: the duration and the query count
+        return session.point("server", rate=rate, duration_s=max(sc.duration_s, sc.min_queries / rate))["passed"]
+    # A point lasts at most LONGEST_POINT x --duration: halving stops where --min-queries would take longer.
+    lowest = sc.min_queries / (LONGEST_POINT * sc.duration_s)
+    outcome = find_max_qps(passes, max(_rate(estimate / 2), lowest), tolerance, lowest_qps=lowest)
+    session.record["max_qps"] = outcome.max_qps
+    session.record["search"] = {"lowest_failing_qps": outcome.lowest_failing_qps, "tolerance": tolerance,
+                                "tried": [{"qps": rate, "passed": passed} for rate, passed in outcome.tried],
+                                "start_qps": outcome.tried[0][0]}
+
+
+def _rate(qps: float) -> float:
+    """A rate to three significant digits (readable in tables), never rounded to zero."""
+    return float(f"{qps:.3g}")
