@@ -22,6 +22,8 @@ SDPA_BACKENDS = ("auto", "flash", "efficient", "math")
 DATA_SOURCES = ("auto", "loader", "device")
 KV_CACHES = ("dynamic", "static")
 QUANT_SCHEMES = ("int8-weight", "fp8", "int4-weight")
+PARALLEL_KINDS = ("ddp", "fsdp")
+COMM_HOOKS = ("bf16", "fp16")
 
 MEASURE = "workload and measurement"
 DATA_PATH = "data-path levers"
@@ -29,6 +31,7 @@ MODEL = "model and step levers"
 GENERATION = "generation levers (--workload generate, or a causal LM through perflab.generation)"
 QUALITY = "quality gate"
 CHECKPOINTS = "checkpoints (training)"
+DISTRIBUTED = "distributed (torchrun underneath; see docs/distributed.md)"
 OUTPUT = "output"
 SINGLE_RUN = ("run", "profile")
 SERVE = ("serve",)
@@ -36,6 +39,8 @@ RUN_AND_SERVE = options.RUN_COMMANDS + SERVE
 TRAIN = ("train",)
 INFER = ("infer",)
 
+NEEDS_RANKS = "needs --nproc 2 or more (a setting of the data-parallel wrapper)"
+ONE_PROCESS = "runs in one process; drop --nproc"
 SECOND_STREAM = "a captured step cannot also run work on a second stream; drop --augment gpu-stream/--pipeline"
 
 
@@ -140,6 +145,68 @@ class RunConfig:
                                   modes=INFER)
     slo: Optional[str] = option("--slo", str, "per-request latency objectives for goodput, e.g. ttft:200,tpot:50 "
                                 "(milliseconds)", GENERATION, metavar="ttft:MS,tpot:MS", sweepable=False, modes=INFER)
+    # distributed: perflab starts --nproc ranks per node through torch.distributed.run (perflab/distributed/)
+    nproc: int = option("--nproc", int, "ranks (processes) per node, one GPU each on CUDA, gloo on CPU; started "
+                        "through torchrun's launcher (default: 1, no launcher)", DISTRIBUTED, 1, minimum=1,
+                        metavar="N", conflicts=(
+                            Conflict("cuda_graphs", "a captured step cannot hold DDP's gradient all-reduce; drop "
+                                     "--cuda-graphs"),
+                            Conflict("pipeline", "the stream pipeline steps a model of its own, not the "
+                                     "data-parallel one; drop --pipeline", value="streams"),
+                            Conflict("checkpoint_every", "checkpoints are per process; " + ONE_PROCESS),
+                            Conflict("resume_from", "checkpoints are per process; " + ONE_PROCESS),
+                            Conflict("nsys", "run nsys around torchrun yourself (docs/distributed.md); drop "
+                                     "--nsys")))
+    parallel: str = option("--parallel", str, "ddp: DistributedDataParallel (a full replica per rank); fsdp: "
+                           "FSDP2 fully_shard (parameters, gradients and optimizer state sharded) (default: ddp)",
+                           DISTRIBUTED, "ddp", choices=PARALLEL_KINDS, conflicts=(
+                               Conflict("nproc", "--parallel " + NEEDS_RANKS, value=1),
+                               Conflict("precision", "FSDP2 with fp16 needs a sharded gradient scaler; use "
+                                        "--precision bf16", value="fp16")))
+    nnodes: int = option("--nnodes", int, "nodes taking part (run the same command on each; default: 1)",
+                         DISTRIBUTED, 1, minimum=1, metavar="N", sweepable=False, conflicts=(
+                             Conflict("rdzv_endpoint", "several nodes meet at one address: add --rdzv-endpoint "
+                                      "HOST:PORT (node 0's address)", value=(None,)),))
+    node_rank: int = option("--node-rank", int, "this node's rank, 0..nnodes-1 (node 0 hosts the rendezvous; "
+                            "default: 0)", DISTRIBUTED, 0, minimum=0, metavar="R", sweepable=False)
+    rdzv_endpoint: Optional[str] = option("--rdzv-endpoint", str, "HOST:PORT where the nodes meet (node 0's "
+                                          "address; default: a free local port)", DISTRIBUTED, metavar="HOST:PORT",
+                                          sweepable=False)
+    ddp_bucket_mb: Optional[float] = option("--ddp-bucket-mb", float, "DDP gradient bucket size in MiB: smaller "
+                                            "starts all-reduces earlier in backward, larger sends fewer "
+                                            "(default: DDP's 25)", DISTRIBUTED, above=0, metavar="MB", modes=TRAIN, conflicts=(
+                                                Conflict("nproc", "--ddp-bucket-mb " + NEEDS_RANKS, value=1),
+                                                Conflict("parallel", "--ddp-bucket-mb is a DDP setting; drop it "
+                                                         "or use --parallel ddp", value="fsdp")))
+    gradient_as_bucket_view: bool = option("--gradient-as-bucket-view", bool, "gradients are views into DDP's "
+                                           "buckets: no copy into them, less memory", DISTRIBUTED, False, modes=TRAIN, conflicts=(
+                                               Conflict("nproc", "--gradient-as-bucket-view " + NEEDS_RANKS,
+                                                        value=1),
+                                               Conflict("parallel", "--gradient-as-bucket-view is a DDP setting",
+                                                        value="fsdp")))
+    static_graph: bool = option("--static-graph", bool, "tell DDP the graph is the same every step (it can "
+                                "reorder buckets and skip unused-parameter search)", DISTRIBUTED, False, modes=TRAIN, conflicts=(
+                                    Conflict("nproc", "--static-graph " + NEEDS_RANKS, value=1),
+                                    Conflict("parallel", "--static-graph is a DDP setting", value="fsdp")))
+    ddp_comm_hook: Optional[str] = option("--ddp-comm-hook", str, "compress gradients to bf16 or fp16 for the "
+                                          "all-reduce (half the bytes; changes numerics)", DISTRIBUTED,
+                                          choices=COMM_HOOKS, changes_numerics=True, needs_cuda=True, modes=TRAIN, conflicts=(
+                                              Conflict("nproc", "--ddp-comm-hook " + NEEDS_RANKS, value=1),
+                                              Conflict("parallel", "--ddp-comm-hook is a DDP setting",
+                                                       value="fsdp")))
+    reshard_after_forward: bool = option("--reshard-after-forward", bool, "FSDP: free gathered parameters after "
+                                         "forward and gather them again in backward (--no-...: keep them, one "
+                                         "all-gather less per step, more memory) (default: on)", DISTRIBUTED,
+                                         True, negatable=True, conflicts=(
+                                             Conflict("parallel", "--no-reshard-after-forward is an FSDP setting; "
+                                                      "add --parallel fsdp", value="ddp"),))
+    grad_accum: int = option("--grad-accum", int, "accumulate gradients over N steps and step the optimizer on the "
+                             "last; with --nproc, the first N-1 skip the all-reduce (no_sync) (default: 1)",
+                             DISTRIBUTED, 1, minimum=1, metavar="N", modes=TRAIN, conflicts=(
+                                 Conflict("cuda_graphs", "a captured step always steps the optimizer; drop "
+                                          "--cuda-graphs"),
+                                 Conflict("pipeline", "the stream pipeline steps the optimizer itself; drop "
+                                          "--pipeline", value="streams")))
 
     # quality gate: None means "on whenever a lever differs from the fp32 eager baseline"
     check_quality: Optional[bool] = option("--check-quality", bool, "compare outputs/losses with the fp32 eager "

@@ -60,16 +60,19 @@ def run_quality_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
     if workload.generation is not None:
         from perflab.generation.quality import run_generation_gate
         return run_generation_gate(workload, cfg, device)
+    if cfg.mode == "train" and _world_size() > 1:
+        from perflab.distributed.quality import run_distributed_quality_gate
+        return run_distributed_quality_gate(workload, cfg, device)
     began = time.perf_counter()
     tolerance = precision_tolerance(cfg)
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # the timed run's random state is not the gate's business
-        levers, inputs, candidate = _run_candidate(workload, cfg, device)
+        levers, inputs, candidate = run_candidate(workload, cfg, device)
         inputs = [_contiguous(batch) for batch in inputs]
-        baseline = _observe(_plan(workload, cfg, device, levers=[]), inputs, cfg)
+        baseline = observe(gate_plan(workload, cfg, device, levers=[]), inputs, cfg)
         if cfg.mode == "train" and tolerance["source"] != "--quality-loss-rtol":
-            nudged = _observe(_plan(workload, cfg, device, levers=[], perturb_seed=cfg.seed + 1), inputs, cfg)
-            tolerance = _with_noise_floor(tolerance, baseline, nudged)
+            nudged = observe(gate_plan(workload, cfg, device, levers=[], perturb_seed=cfg.seed + 1), inputs, cfg)
+            tolerance = with_noise_floor(tolerance, baseline, nudged)
     del inputs
     _release_memory(device)
     if cfg.mode == "infer":
@@ -82,13 +85,18 @@ def run_quality_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
     return verdict
 
 
-def _run_candidate(workload, cfg, device: torch.device) -> tuple[list[str], list[Any], list[Any]]:
+def _world_size() -> int:
+    import torch.distributed as dist
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def run_candidate(workload, cfg, device: torch.device) -> tuple[list[str], list[Any], list[Any]]:
     """The candidate's lever names, the batches its steps received, and what its steps computed.
 
     The candidate runs exactly as timed: its own loader, prefetcher, GPU augmentation or stream pipeline
     deliver the batches; the recorder keeps a copy of each, which becomes the baseline's input.
     """
-    plan = _plan(workload, cfg, device, levers=None)
+    plan = gate_plan(workload, cfg, device, levers=None)
     try:
         recorder = _Recorder(plan)
         return list(plan.levers), *_steps(plan, recorder, plan.batches(cfg.seed), cfg)
@@ -96,7 +104,7 @@ def _run_candidate(workload, cfg, device: torch.device) -> tuple[list[str], list
         plan.cleanup()
 
 
-def _with_noise_floor(tolerance: dict[str, Any], baseline: list[float], nudged: list[float]) -> dict[str, Any]:
+def with_noise_floor(tolerance: dict[str, Any], baseline: list[float], nudged: list[float]) -> dict[str, Any]:
     """Raise the loss tolerance to NOISE_FACTOR x the baseline's own sensitivity to rounding, if larger."""
     pairs = list(zip(baseline, nudged))
     finite = all(math.isfinite(a) and math.isfinite(b) for a, b in pairs)
@@ -107,7 +115,7 @@ def _with_noise_floor(tolerance: dict[str, Any], baseline: list[float], nudged: 
     return tolerance
 
 
-def _plan(workload, cfg, device: torch.device, levers, perturb_seed: Optional[int] = None) -> StepPlan:
+def gate_plan(workload, cfg, device: torch.device, levers, perturb_seed: Optional[int] = None) -> StepPlan:
     """A plan over a private deep copy of the workload (the dataset is shared: it is only read).
 
     With `perturb_seed`, every floating-point weight is nudged by relative noise at fp32 rounding level.
@@ -219,7 +227,7 @@ def observe_output(output: Any, output_key: Optional[str]) -> Observed:
     return Observed([host(tensor) for tensor in tensors], None if logits is None else host(logits))
 
 
-def _observe(plan: StepPlan, inputs: list[Any], cfg) -> list[Any]:
+def observe(plan: StepPlan, inputs: list[Any], cfg) -> list[Any]:
     """Run the plan on the given device batches, one step each, then clean it up; per step, what it computed."""
     try:
         plan.data_source, plan.device_feeder, plan.gpu_transform = "device", None, None  # inputs are ready

@@ -70,6 +70,7 @@ class Result:
     perflab_version: str = ""
     status: str = "complete"  # complete | interrupted (Ctrl-C; finished trials kept) | invalid (NaN/inf)
     status_reason: str = ""
+    world_size: int = 1  # ranks that measured together (perflab run --nproc); figures are over all of them
     path: Optional[str] = field(default=None, compare=False)
 
     @property

@@ -126,6 +126,7 @@ def result_row(result: Result) -> dict[str, Any]:
         "gpu_util_pct": gpu.get("util_mean_pct"),
         "mfu_pct": flops.get("mfu_pct"),
         "quality": (result.quality or {}).get("verdict"),
+        "world_size": result.world_size,
     }
 
 

@@ -13,7 +13,7 @@ from perflab.errors import PerflabError
 from perflab.harness.runner import resolve_config
 from perflab.levers import optimizer as optimizer_levers
 from perflab.levers import precision as precision_levers
-from perflab.quality import _with_noise_floor, run_quality_gate, top1_flips
+from perflab.quality import with_noise_floor, run_quality_gate, top1_flips
 from perflab.workloads import load_workload
 
 CPU = torch.device("cpu")
@@ -149,10 +149,10 @@ def test_gate_leaves_the_workload_of_the_timed_run_untouched(monkeypatch):
 
 def test_noise_floor_widens_the_loss_tolerance_only_when_the_baseline_is_that_sensitive():
     default = {"rtol": 1e-4, "source": "fp32 default"}
-    chaotic = _with_noise_floor(default, baseline=[2.0, 1.0], nudged=[2.0, 1.1])
+    chaotic = with_noise_floor(default, baseline=[2.0, 1.0], nudged=[2.0, 1.1])
     assert chaotic["rtol"] == pytest.approx(0.3) and chaotic["precision_rtol"] == 1e-4
     assert chaotic["source"].startswith("noise floor")
-    calm = _with_noise_floor(default, baseline=[2.0, 1.0], nudged=[2.0, 1.0000001])
+    calm = with_noise_floor(default, baseline=[2.0, 1.0], nudged=[2.0, 1.0000001])
     assert calm["rtol"] == 1e-4 and calm["source"] == "fp32 default"
 
 

@@ -23,7 +23,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 # Commands appear in --help in this order; modules not listed come after, alphabetically.
-ORDER = ["run", "profile", "diagnose", "sweep", "compare", "report", "serve", "rerun", "tune", "info"]
+ORDER = ["run", "profile", "diagnose", "sweep", "scale", "compare", "report", "serve", "rerun", "tune", "info"]
 
 
 def _command_modules() -> list:
@@ -83,7 +83,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return int(args.handler(args) or 0)
     except PerflabError as err:
         print_error(err, debug_enabled(args))
-        return 2
+        return getattr(err, "exit_code", 2)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]: nothing partial was saved as a result")
         return 130

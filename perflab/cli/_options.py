@@ -28,3 +28,9 @@ def grid_from_args(args: argparse.Namespace) -> tuple[list[RunConfig], list[str]
 def gave_run_options(args: argparse.Namespace) -> bool:
     """True when any run option was given on the command line."""
     return bool(options.changes_from_args(RunConfig, args, args.command))
+
+
+def add_rank_mode(parser: argparse.ArgumentParser) -> None:
+    """The hidden flag of the ranks perflab starts itself (perflab/distributed/launch.py); not for users."""
+    from perflab.distributed.rank import RANK_MODE_FLAG
+    parser.add_argument(RANK_MODE_FLAG, dest="rank_mode", action="store_true", help=argparse.SUPPRESS)

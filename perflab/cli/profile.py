@@ -7,13 +7,13 @@ import shlex
 from rich.markup import escape
 
 from perflab.cli import console, err_console
-from perflab.cli._options import add_run_options, config_from_args
+from perflab.cli._options import add_rank_mode, add_run_options, config_from_args
 from perflab.cli._outcome import finish_run
 from perflab.cli._script import EPILOG, handle_script
+from perflab.cli.run import launcher_or_rich_reporter, rank_reporter
 from perflab.harness.runner import resolve_config
 from perflab.profile.capture import CaptureOptions, profile_run
 from perflab.report.diagnosis import print_diagnosis
-from perflab.report.progress import RichReporter
 from perflab.rundir import run_dir
 
 
@@ -34,6 +34,7 @@ def register(subparsers) -> None:
     group.add_argument("--with-stack", action="store_true", help="Python stacks on ops (bigger trace)")
     group.add_argument("--profile-memory", action="store_true", help="allocations and frees (bigger trace)")
     group.add_argument("--gzip-trace", action="store_true", help="write trace.json.gz instead of trace.json")
+    add_rank_mode(parser)
     parser.set_defaults(handler=handle, runs_scripts=True)
 
 
@@ -43,11 +44,17 @@ def handle(args: argparse.Namespace) -> int:
                              profile_memory=args.profile_memory, gzip=args.gzip_trace)
     if args.script_command is not None:
         return handle_script(args, capture=options.check(options.steps_needed))
+    if args.rank_mode:
+        return profile_rank(config_from_args(args), options, args)
     cfg = resolve_config(config_from_args(args), None)
     options.check(cfg.steps)
-    with run_dir(args.out, cfg.workload, args.overwrite, cfg.resume_from) as out, RichReporter(console) as reporter:
+    with run_dir(args.out, cfg.workload, args.overwrite, cfg.resume_from) as out, \
+            launcher_or_rich_reporter(cfg) as reporter:
         result, diagnosis, command = profile_run(cfg.workload, cfg, out, options, reporter=reporter,
                                                  command=["perflab"] + args.argv)
+    if result is None:
+        console.print("this node's ranks finished; node 0 writes the result, traces and diagnosis in its --out")
+        return 0
     code = finish_run(console, err_console, result, out)
     if diagnosis is not None:
         print_diagnosis(console, diagnosis)
@@ -57,3 +64,15 @@ def handle(args: argparse.Namespace) -> int:
     console.print("Nsight Systems, for the same run (where nsys is installed):\n  " + escape(shlex.join(command)),
                   highlight=False, soft_wrap=True)
     return code
+
+
+def profile_rank(cfg, options: CaptureOptions, args: argparse.Namespace) -> int:
+    """One rank of `perflab profile --nproc N`: each rank writes its trace; rank 0 diagnoses and saves."""
+    from perflab.distributed import is_primary
+    from perflab.distributed.rank import run_as_rank
+
+    def body() -> None:
+        with rank_reporter(is_primary()) as reporter:
+            profile_run(cfg.workload, resolve_config(cfg, None), args.out, options, reporter=reporter,
+                        command=["perflab"] + args.argv)
+    return run_as_rank(cfg.device, body)

@@ -11,6 +11,7 @@ import numpy as np
 from perflab.diagnose.intervals import Intervals, intervals_of
 from perflab.diagnose.phases import COMPUTE_PHASES, PHASES, loader_intervals, phase_intervals
 from perflab.diagnose.sync_sites import SyncProfile, SyncSite, find_sync_sites, sync_profile, sync_shadow
+from perflab.distributed.collectives import is_nccl_kernel
 from perflab.diagnose.trace import EventTable, ParsedTrace
 
 SHORT_KERNEL_US = 10.0
@@ -33,7 +34,7 @@ _COMPUTE_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::
 
 def kernel_kind(name: str) -> str:
     """matmul/conv, elementwise/reduction, communication or other, from the kernel's name."""
-    if "nccl" in name.lower():
+    if is_nccl_kernel(name):
         return "communication"
     if _COMPUTE_KERNEL.search(name) and not re.search(r"bn_|nchwToNhwc|nhwcToNchw", name):
         return "matmul/conv"

@@ -14,10 +14,16 @@ Batch = Any
 
 
 class CyclingSampler(Sampler):
-    """Indices 0..n-1 in a fixed shuffled order, repeated forever, so one loader serves every trial."""
+    """Indices 0..n-1 in a fixed shuffled order, repeated forever, so one loader serves every trial.
 
-    def __init__(self, length: int, seed: int):
-        self.order = torch.randperm(length, generator=torch.Generator().manual_seed(seed)).tolist()
+    With `world_size` > 1, rank r takes every world_size-th index of that order from position r
+    (DistributedSampler's split): batch k of all ranks together is batch k of one rank at world_size x the
+    batch size, which is what the distributed quality gate compares against.
+    """
+
+    def __init__(self, length: int, seed: int, rank: int = 0, world_size: int = 1):
+        order = torch.randperm(length, generator=torch.Generator().manual_seed(seed)).tolist()
+        self.order = order[rank::world_size]
 
     def __iter__(self) -> Iterator[int]:
         return itertools.cycle(self.order)
@@ -53,14 +59,14 @@ def to_device(batch: Batch, device: torch.device, non_blocking: bool,
 
 
 def make_loader(dataset, batch_size: int, workers: int, pin_memory: bool, persistent_workers: bool,
-                prefetch_factor: Optional[int], collate_fn, seed: int) -> DataLoader:
-    """An endless DataLoader with the data-path levers applied."""
+                prefetch_factor: Optional[int], collate_fn, seed: int, shard: tuple[int, int] = (0, 1)) -> DataLoader:
+    """An endless DataLoader with the data-path levers applied; `shard` = (rank, world size)."""
     options: dict[str, Any] = {}
     if workers > 0:
         options["persistent_workers"] = persistent_workers
         if prefetch_factor is not None:
             options["prefetch_factor"] = prefetch_factor
-    return DataLoader(dataset, batch_size=batch_size, sampler=CyclingSampler(len(dataset), seed),
+    return DataLoader(dataset, batch_size=batch_size, sampler=CyclingSampler(len(dataset), seed, *shard),
                       num_workers=workers, pin_memory=pin_memory, drop_last=True,
                       collate_fn=collate_fn, **options)
 

@@ -11,6 +11,7 @@ from perflab.harness.calls import call_loss, call_model
 
 # What the counter's tracing raises on a model it cannot follow; anything else is the model's own error.
 UNCOUNTABLE = (RuntimeError, NotImplementedError, TypeError)
+from perflab.harness.data import map_tensors
 
 
 def count_flops_per_sample(plan, batch: Any) -> Optional[float]:
@@ -23,6 +24,8 @@ def count_flops_per_sample(plan, batch: Any) -> Optional[float]:
         return None
     inputs, target = plan.to_device(batch)
     model = plan.eager_model
+    if any(param.is_meta for param in model.parameters()):  # a replica without storage (FSDP): shapes suffice
+        inputs, target = map_tensors((inputs, target), lambda tensor: tensor.to("meta"))
     counter = FlopCounterMode(display=False)
     try:
         with counter, plan.autocast():

@@ -44,11 +44,17 @@ def run_steps(plan: StepPlan, batches: Iterator[Any], steps: int, timer,
 
 def train_step(plan: StepPlan, batch: Any, timer, mark: type) -> None:
     inputs, target = batch
-    with timer.phase("forward"), mark("forward"), plan.autocast():
-        loss = call_loss(plan.loss_fn, call_model(plan.model, inputs), target)
-    plan.last_value = loss  # kept, not read: checked for NaN/inf once after the trial
-    with timer.phase("backward"), mark("backward"):
-        (plan.scaler.scale(loss) if plan.scaler is not None else loss).backward()
+    accumulating = plan.grad_accum > 1 and plan.accumulating()
+    with plan.gradient_sync(accumulating):
+        with timer.phase("forward"), mark("forward"), plan.autocast():
+            loss = call_loss(plan.loss_fn, call_model(plan.model, inputs), target)
+        plan.last_value = loss  # kept, not read: checked for NaN/inf once after the trial
+        # accumulated gradients add up: divide so that N steps of batch B give the gradient of one of N x B
+        scaled = loss / plan.grad_accum if plan.grad_accum > 1 else loss
+        with timer.phase("backward"), mark("backward"):
+            (plan.scaler.scale(scaled) if plan.scaler is not None else scaled).backward()
+    if accumulating:
+        return
     with timer.phase("optimizer"), mark("optimizer"):
         if plan.scaler is not None:
             plan.scaler.step(plan.optimizer)

@@ -48,6 +48,15 @@ class StepPlan:
     generation: Any = None
     # StepHooks the plan itself needs around the timed trials (generation's per-token metrics).
     hooks: list[Any] = field(default_factory=list)
+    # Data parallelism (perflab/levers/distributed.py): this rank's share of the data, (rank, world size); the
+    # settings of the DDP / fully_shard wrapper, gathered by the levers before the wrapping lever reads them;
+    # and gradient accumulation (the optimizer steps, and DDP all-reduces, every `grad_accum` steps).
+    data_shard: tuple[int, int] = (0, 1)
+    parallel_options: dict[str, Any] = field(default_factory=dict)
+    grad_accum: int = 1
+    micro_step: int = 0  # training steps taken, for the accumulation cycle
+    # A context that skips the data-parallel gradient all-reduce (DDP no_sync), set by the wrapping lever.
+    skip_gradient_sync: Optional[Callable[[], ContextManager]] = None
     # Context managers worn around warm-up and trials (e.g. an SDPA backend choice).
     run_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
@@ -78,13 +87,27 @@ class StepPlan:
                 stack.enter_context(torch.inference_mode())
             yield
 
+    def accumulating(self) -> bool:
+        """Advance the accumulation cycle: True for the first grad_accum-1 steps of each cycle (no optimizer
+        step, no gradient all-reduce), False on the last."""
+        position = self.micro_step % self.grad_accum
+        self.micro_step += 1
+        return position < self.grad_accum - 1
+
+    def gradient_sync(self, accumulating: bool) -> ContextManager:
+        """What forward and backward wear: the wrapper's no_sync while accumulating, else nothing."""
+        if accumulating and self.skip_gradient_sync is not None:
+            return self.skip_gradient_sync()
+        return contextlib.nullcontext()
+
     def to_device(self, batch: Any) -> Any:
         return to_device(batch, self.device, self.non_blocking and self.pin_memory, self.memory_format)
 
     def batches(self, seed: int) -> Iterator[Any]:
         """The endless stream of batches the loop consumes: on the host, or already on the device."""
         loader = make_loader(self.workload.dataset, self.batch_size, self.workers, self.pin_memory,
-                             self.persistent_workers, self.prefetch_factor, self.workload.collate_fn, seed)
+                             self.persistent_workers, self.prefetch_factor, self.workload.collate_fn, seed,
+                             self.data_shard)
         if self.data_source == "device":
             return iter(DeviceBatches(first_batches(loader, DeviceBatches.STAGED), self.device,
                                       self.memory_format))

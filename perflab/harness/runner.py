@@ -16,6 +16,7 @@ import torch
 from perflab.calibrate import peak_tflops
 from perflab.config import RunConfig
 from perflab.cost import cost_per_million
+from perflab.distributed import agree_any, agree_max, in_rank, needs_launch
 from perflab.environment import collect_environment
 from perflab.errors import PerflabError
 from perflab.harness.calls import floating_tensors
@@ -50,6 +51,9 @@ def resolve_device(requested: str) -> torch.device:
 def resolve_config(config: RunConfig, workload: Union[Workload, str, None]) -> RunConfig:
     """Validated config with the device and batch size made concrete, as recorded in result.json."""
     cfg = config.validate()
+    if needs_launch(cfg):
+        from perflab.distributed.launch import check_visible_gpus
+        check_visible_gpus(cfg.nproc, cfg.device)
     device = resolve_device(cfg.device)
     spec = workload.name if isinstance(workload, Workload) else (workload or cfg.workload)
     return cfg.replace(workload=spec, device=device.type,
@@ -65,10 +69,15 @@ def seed_everything(seed: int) -> None:
 def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig] = None,
         reporter: Optional[Reporter] = None, command: Optional[list[str]] = None,
         hooks: Sequence[StepHook] = ()) -> Result:
-    """Measure a workload (a Workload, a workload spec, or config.workload) and return its Result."""
+    """Measure a workload (a Workload, a workload spec, or config.workload) and return its Result.
+
+    With --nproc N the ranks are started here (perflab/distributed/) and the result gathered over all of
+    them is returned (None on a node other than node 0 of a multi-node run)."""
     if isinstance(workload, Workload) and not workload.name:  # a plugin's gets its file's name when loaded
         workload = dataclasses.replace(workload, name=type(workload.model).__name__)
     cfg = resolve_config(config or RunConfig(), workload)
+    if needs_launch(cfg):
+        return _launch(workload, cfg, command)
     device = resolve_device(cfg.device)
     reporter = reporter or Reporter()
     seed_everything(cfg.seed)
@@ -117,6 +126,9 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
     )
     for hook in hooks:
         hook.finish(result)
+    if in_rank():
+        from perflab.distributed.gather import gather_result
+        result = gather_result(result)
     return result
 
 
@@ -127,6 +139,22 @@ def _status(interrupted: Optional[str], non_finite: Optional[str], cfg: RunConfi
     if non_finite:
         return "invalid", non_finite
     return "complete", ""
+
+
+def _launch(workload: Union[Workload, str, None], cfg: RunConfig, command: Optional[list[str]]) -> Optional[Result]:
+    """Start cfg.nproc ranks of `perflab run` writing to cfg.out (a temporary directory when unset)."""
+    import tempfile
+    from pathlib import Path
+
+    from perflab.distributed.launch import launch
+
+    if isinstance(workload, Workload):
+        raise PerflabError(f"--nproc {cfg.nproc}: each rank builds the workload itself, so give a spec (a built-in "
+                           "name, path/file.py:build or package.module:build), not a Workload object")
+    if cfg.out:
+        return launch(cfg, "run", Path(cfg.out), recorded_command=command)
+    with tempfile.TemporaryDirectory(prefix="perflab-ranks-") as out:
+        return launch(cfg, "run", Path(out), recorded_command=command)
 
 
 def config_hooks(cfg: RunConfig) -> list[StepHook]:
@@ -196,9 +224,9 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
             # spread at 8 workers before this); on a CPU run the loader and the step share the same cores.
             queued = max(_loader_queue_depth(plan), 4)
             reporter.note(f"reaching a steady state: untimed windows of {queued} steps until the step time settles")
-            steady = reach_steady_state(plan, batches, queued, lambda: _synchronize(device))
+            steady = reach_steady_state(plan, batches, queued, lambda: _synchronize(device), agree=agree_any)
             if device.type == "cuda":
-                steps_per_trial = steps_for_time(cfg.steps, steady["step_s"], cfg.min_trial_s)
+                steps_per_trial = agree_max(steps_for_time(cfg.steps, steady["step_s"], cfg.min_trial_s))
             notes += _steady_notes(steady, steps_per_trial, cfg)
         warmup_peak_mb = None
         if device.type == "cuda":

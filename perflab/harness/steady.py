@@ -22,20 +22,24 @@ MAX_DRAIN_S = 30.0
 UNSTEADY_RANGE_PCT = 10.0  # trials whose throughput range exceeds this are reported as not steady
 
 
-def reach_steady_state(plan, batches: Iterator[Any], queued: int, synchronize: Callable[[], None]
-                       ) -> dict[str, Any]:
-    """Untimed windows of `queued` steps (at least 4) until the time per step settles; what it took."""
+def reach_steady_state(plan, batches: Iterator[Any], queued: int, synchronize: Callable[[], None],
+                       agree: Callable[[bool], bool] = lambda stop: stop) -> dict[str, Any]:
+    """Untimed windows of `queued` steps (at least 4) until the time per step settles; what it took.
+
+    `agree` turns this process's wish to stop into the decision of every process that steps together (the
+    ranks of a distributed run must run the same number of steps)."""
     window = max(queued, 4)
     per_step_s: list[float] = []
     began = time.perf_counter()
     settled = False
-    while len(per_step_s) < MAX_WINDOWS and time.perf_counter() - began < MAX_DRAIN_S:
+    while True:
         start = time.perf_counter()
         run_steps(plan, batches, window, NullTimer())
         synchronize()
         per_step_s.append((time.perf_counter() - start) / window)
-        if len(per_step_s) >= 2 and abs(per_step_s[-1] - per_step_s[-2]) <= SETTLED_TOLERANCE * per_step_s[-2]:
-            settled = True
+        settled = len(per_step_s) >= 2 and abs(per_step_s[-1] - per_step_s[-2]) <= SETTLED_TOLERANCE * per_step_s[-2]
+        out_of_budget = len(per_step_s) >= MAX_WINDOWS or time.perf_counter() - began >= MAX_DRAIN_S
+        if agree(settled or out_of_budget):
             break
     return {"steps": window * len(per_step_s), "seconds": time.perf_counter() - began,
             "step_s": per_step_s[-1], "settled": settled, "window_step_ms": [1e3 * s for s in per_step_s]}

@@ -60,16 +60,18 @@ class ProfilerCapture(StepHook):
     trials never appears in the trace as if the step had caused it.
     """
 
-    def __init__(self, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None):
+    def __init__(self, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None, rank: int = 0):
         self.out_dir = Path(out_dir)
         self.options = options or CaptureOptions()
-        self.trace_path = self.out_dir / self.options.trace_name
+        self.trace_path = self.out_dir / rank_trace_name(self.options.trace_name, rank)
         self.profiler: Optional[torch.profiler.profile] = None
         self.cuda = False
+        self.distributed = False
         self.written = False
 
     def start(self, plan) -> None:
         self.cuda = plan.device.type == "cuda"
+        self.distributed = plan.data_shard[1] > 1
 
     def __enter__(self) -> "ProfilerCapture":
         opts = self.options
@@ -106,9 +108,29 @@ class ProfilerCapture(StepHook):
             return
         result.artifacts["trace"] = self.trace_path.name
         result.metrics["profile"] = {**asdict(self.options), "activities": "cpu+cuda" if self.cuda else "cpu"}
+        if self.distributed and self.cuda:
+            # each rank reads its own trace (it may be on another node); rank 0 gathers the figures
+            from perflab.diagnose.trace import load_trace
+            from perflab.distributed.collectives import communication_profile
+            profile = communication_profile(load_trace(self.trace_path))
+            result.metrics["collectives"] = profile.to_dict() if profile is not None else None
         result.notes.append(f"profiled: steps {self.options.wait + self.options.warmup + 1}-"
                             f"{self.options.steps_needed} of the first trial are in {self.trace_path.name}; "
                             "the profiler slows those steps, so compare timings with `perflab run`")
+
+
+def rank_trace_name(name: str, rank: int) -> str:
+    """trace.json for rank 0 (what `perflab diagnose` reads), trace.rank<N>.json beside it for the others."""
+    return name if rank == 0 else name.replace(TRACE_FILE, f"trace.rank{rank}.json")
+
+
+def capture_argv(options: CaptureOptions) -> list[str]:
+    """`perflab profile`'s own options that reproduce `options` (for the ranks of a distributed profile)."""
+    argv = ["--wait", str(options.wait), "--warmup-steps", str(options.warmup), "--active", str(options.active)]
+    argv.append("--record-shapes" if options.record_shapes else "--no-record-shapes")
+    argv += [flag for flag, on in (("--with-stack", options.with_stack), ("--profile-memory", options.profile_memory),
+                                   ("--gzip-trace", options.gzip)) if on]
+    return argv
 
 
 # Kineto's log levels run VERBOSE 0 … ERROR 4, USDT 5; above the last, it prints nothing.
@@ -138,16 +160,26 @@ def profile_run(workload, cfg, out_dir: Union[str, Path], options: Optional[Capt
     from perflab.diagnose import DIAGNOSIS_FILE, diagnose
     from perflab.harness.runner import run
     from perflab.profile.nsys import nsys_command, save_nsys_command
+    from perflab.diagnose.verdict import Diagnosis
+    from perflab.distributed import in_rank, is_primary, needs_launch
     from perflab.results import write_json_atomic
 
     options = (options or CaptureOptions()).check(cfg.steps)
     out_dir = Path(out_dir)
-    capture = ProfilerCapture(out_dir, options)
     cfg = cfg.replace(out=str(out_dir))
     if command is None:
         command = ["perflab", "profile", *cfg.to_argv("profile"), "--out", str(out_dir)]
-    result = run(workload, cfg, reporter=reporter, command=command, hooks=[capture])
     nsys = nsys_command(out_dir, cfg, options.wait + options.warmup, options.active)
+    if needs_launch(cfg):  # the ranks profile themselves; rank 0 diagnoses and saves
+        from perflab.distributed.launch import launch
+        result = launch(cfg, "profile", out_dir, capture_argv(options), recorded_command=command)
+        diagnosis = Diagnosis.from_dict(result.diagnosis) if result and result.diagnosis else None
+        return result, diagnosis, nsys
+    import torch.distributed as dist
+    capture = ProfilerCapture(out_dir, options, rank=dist.get_rank() if in_rank() else 0)
+    result = run(workload, cfg, reporter=reporter, command=command, hooks=[capture])
+    if not is_primary():
+        return result, None, nsys
     result.artifacts["nsys_command"] = save_nsys_command(out_dir, nsys).name
     diagnosis = diagnose(capture.trace_path, result) if capture.written and result.trials else None
     if diagnosis is not None:

@@ -35,6 +35,9 @@ def parse_range(text: str) -> tuple[int, int]:
 def nsys_command(run_dir: Path, cfg, skip: int, active: int) -> list[str]:
     """`nsys profile ...` recording `active` timed steps after `skip` of `perflab run` with the same config."""
     run_dir = Path(run_dir)
+    if cfg.nproc > 1 or cfg.nnodes > 1:  # nsys follows the launcher's rank processes; each records itself whole
+        return ["nsys", "profile", "-t", "cuda,nvtx,osrt", "-o", str(run_dir / "nsys"), "--force-overwrite=true",
+                "perflab", "run", *cfg.to_argv("run"), "--out", str(run_dir / "nsys_run")]
     return ["nsys", "profile", "-t", "cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
             "--capture-range-end=stop", "-o", str(run_dir / "nsys"), "--force-overwrite=true",
             "perflab", "run", *cfg.replace(nsys=None).to_argv("run"), "--out", str(run_dir / "nsys_run"),

@@ -202,3 +202,18 @@ def waterfall_plot(start_label: str, start_value: float, steps: Sequence[tuple[s
     fig.tight_layout()
     fig.savefig(path)
     return path
+def scaling_plots(rows: Sequence[dict[str, Any]], axes: Sequence[str], out: Path) -> dict[str, Path]:
+    """Per-rank throughput and scaling efficiency against the number of ranks (perflab scale), as PNGs in `out`."""
+    figures = {
+        "per_rank_throughput": ("per_rank_throughput_vs_nproc.png", _line_figure(
+            rows, axes, "throughput per rank vs ranks (flat = perfect scaling)", "samples/s per rank",
+            [("per_rank_throughput", "", "-")])),
+        "efficiency": ("scaling_efficiency_vs_nproc.png", _line_figure(
+            rows, axes, "scaling efficiency: throughput(N) / (N x throughput(1))", "% of linear",
+            [("efficiency_pct", "", "-")])),
+    }
+    paths = {}
+    for name, (file_name, fig) in figures.items():
+        paths[name] = Path(out) / file_name
+        fig.savefig(paths[name])
+    return paths

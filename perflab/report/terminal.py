@@ -63,6 +63,8 @@ def result_table(result: Result) -> Table:
     table.add_row("step latency", f"p50 {fmt(lat['p50'], 2)} ms · p95 {fmt(lat['p95'], 2)} ms · "
                   f"p99 {fmt(lat['p99'], 2)} ms")
     table.add_row("levers", levers)
+    for name, text in distributed_rows(m):
+        table.add_row(name, text)
     flops = m.get("flops") or {}
     if flops.get("per_sample"):
         mfu = f"MFU {fmt(flops['mfu_pct'])}% of {fmt(flops['peak_tflops'])} TFLOP/s ({flops['peak_source']})" \
@@ -120,6 +122,25 @@ def add_generation_rows(table: Table, generation: dict) -> None:
     regime = generation.get("decode_regime")
     if regime:
         table.add_row("decode", f"{regime['cls']}: {regime['summary']}")
+def distributed_rows(metrics: dict) -> list[tuple[str, str]]:
+    """The ranks (throughput per rank, straggler spread, memory by rank) and the exposed communication."""
+    dist = metrics.get("distributed")
+    if not dist:
+        return []
+    memory = [rank["memory"].get("peak_allocated_mb", rank["memory"].get("host_peak_rss_mb"))
+              for rank in dist["per_rank"]]
+    rows = [("ranks", f"{dist['world_size']} ({dist['parallel']}, {dist['backend']}) · global batch "
+                      f"{dist['global_batch_size']} · {fmt(dist['throughput_per_rank_samples_per_s'])} samples/s per "
+                      f"rank · straggler spread {fmt(dist['straggler_spread_pct'])}% (slowest: rank "
+                      f"{dist['slowest_rank']}) · peak MiB by rank {', '.join(fmt(mb, 0) for mb in memory)}")]
+    comm = metrics.get("collectives")
+    if comm:
+        rows.append(("communication", f"{fmt(comm['communication_ms_per_step'], 2)} ms NCCL per step, "
+                                      f"{fmt(comm['overlap_pct'])}% overlapped with compute · exposed "
+                                      f"{fmt(comm['exposed_ms_per_step'], 2)} ms = "
+                                      f"{fmt(comm['exposed_share_pct'])}% of the step (worst: rank "
+                                      f"{comm.get('worst_rank', 0)})"))
+    return rows
 
 
 def phase_table(result: Result) -> Table:

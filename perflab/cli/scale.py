@@ -1,0 +1,84 @@
+"""perflab scale: the same run at --nproc 1,2,... ranks, with throughput per rank and scaling efficiency."""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from perflab.cli import console, err_console
+from perflab.cli._options import add_run_options, grid_from_args
+from perflab.cli.sweep import RichSweepProgress
+from perflab.distributed.scale import ScaleSummary, at_rank_counts, run_scale
+from perflab.errors import PerflabError
+from perflab.report.terminal import fmt
+from perflab.sweep import read_rows
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "scale", help="run at --nproc 1,2,... ranks: throughput per rank and scaling efficiency",
+        description="Run the same configuration at each --nproc in the list (the 1-rank run is added when "
+                    "missing) and compute scaling efficiency = throughput(N) / (N x throughput(1)). Saved like "
+                    "a sweep (sweep.jsonl, points/, --resume), plus scale.json, scaling.csv and two plots. "
+                    "Other options may be lists too (e.g. --parallel ddp,fsdp). See docs/distributed.md.")
+    add_run_options(parser, "sweep")
+    group = parser.add_argument_group("scale")
+    group.add_argument("--out", default=None, metavar="DIR", help="directory (default: runs/<timestamp>-scale)")
+    group.add_argument("--resume", action="store_true", help="continue in --out, skipping finished points")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    counts = rank_counts(args.nproc)
+    # the grid is validated at the largest count (DDP settings need ranks); the 1-rank points drop them
+    args.nproc = str(max(counts))
+    configs = at_rank_counts(grid_from_args(args)[0], counts)
+    out = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-scale"
+    try:
+        with RichSweepProgress() as progress:
+            summary = run_scale(configs, out, resume=args.resume, observer=progress, command=["perflab"] + args.argv)
+    except KeyboardInterrupt:
+        done = len(read_rows(out)) if (out / "sweep.jsonl").exists() else 0
+        err_console.print(f"[yellow]interrupted[/]: {done} finished point(s) are kept in {out}; run `perflab scale "
+                          f"--resume --out {out}` with the same options to continue")
+        return 130
+    print_scaling(summary)
+    if all(row["status"] != "ok" for row in summary.rows):
+        raise PerflabError(f"every point failed; the first: {summary.rows[0].get('error')}")
+    return 0
+
+
+def rank_counts(text) -> list[int]:
+    """--nproc 1,2,4 -> [1, 2, 4]."""
+    if text is None:
+        raise PerflabError("perflab scale needs --nproc with the rank counts to compare, e.g. --nproc 1,2")
+    try:
+        counts = sorted({int(part) for part in str(text).split(",") if part.strip()})
+    except ValueError:
+        raise PerflabError(f"--nproc {text}: give rank counts like 1,2,4") from None
+    if not counts or counts[0] < 1:
+        raise PerflabError(f"--nproc {text}: rank counts must be positive integers, like 1,2,4")
+    return counts
+
+
+def print_scaling(summary: ScaleSummary) -> None:
+    """The table of ranks, throughput, throughput per rank and efficiency; failed points; the files."""
+    params = [name for name in dict.fromkeys(n for row in summary.rows for n in row["params"]) if name != "nproc"]
+    table = Table(title=f"scale · {summary.sweep.out}", title_justify="left")
+    for name in ["ranks"] + params + ["status", "samples/s", "per rank", "efficiency", "p50 ms"]:
+        table.add_column(name.replace("_size", ""), justify="right")
+    for row in summary.rows:
+        ok = row["status"] == "ok"
+        efficiency = row.get("efficiency_pct")
+        table.add_row(str(row["world_size"]), *[str(row["params"].get(name)) for name in params], row["status"],
+                      fmt(row.get("throughput")) if ok else "", fmt(row.get("per_rank_throughput")) if ok else "",
+                      f"{efficiency:.1f}%" if efficiency is not None else "", fmt(row.get("p50_ms"), 2) if ok else "")
+    console.print(table)
+    for row in summary.rows:
+        if row["status"] != "ok":
+            console.print(f"[red]{row['label']}[/]: {row.get('error')}", highlight=False)
+    for path in summary.plots.values():
+        console.print(f"plot: {summary.sweep.out / path}")
+    console.print(f"saved [bold]{summary.sweep.out}/scale.json[/], scaling.csv and the sweep files")

@@ -1,0 +1,123 @@
+"""perflab scale: the same run at 1, 2, ... ranks in one command, and its scaling efficiency.
+
+It is a sweep over --nproc (sweep.jsonl, sweep.csv, points/<label>/result.json, resumable), plus
+scale.json and scaling.csv with, per point, efficiency = throughput(N) / (N x throughput(1)) against the
+1-rank point with the same other settings (added when not asked for), and two plots.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
+
+from perflab import options
+from perflab.config import DISTRIBUTED, RunConfig
+from perflab.harness.progress import Reporter
+from perflab.results import atomic_file, write_json_atomic
+from perflab.sweep import SweepObserver, SweepSummary, run_sweep, swept_axes
+
+SCALE_JSON = "scale.json"
+SCALE_CSV = "scaling.csv"
+SCALE_COLUMNS = ["label", "status", "nproc", "world_size", "throughput", "per_rank_throughput", "efficiency_pct",
+                 "p50_ms", "peak_memory_mb"]
+
+
+@dataclass
+class ScaleSummary:
+    """What `perflab scale` produced: the sweep, its rows with efficiency, and the plots written."""
+
+    sweep: SweepSummary
+    rows: list[dict[str, Any]]  # the sweep's rows with world_size, per_rank_throughput, efficiency_pct
+    plots: dict[str, str] = field(default_factory=dict)
+
+
+def distributed_fields() -> list[str]:
+    """The options that only mean something with several ranks (reset for the 1-rank point); --grad-accum
+    is part of the recipe and stays."""
+    return [declared.name for declared in options.options_of(RunConfig)
+            if declared.group == DISTRIBUTED and declared.name != "grad_accum"]
+
+
+def single_rank(cfg: RunConfig) -> RunConfig:
+    """The same run in one process: every distributed-only option back to its default."""
+    return cfg.replace(**{name: options.option_named(RunConfig, name).default for name in distributed_fields()})
+
+
+def at_rank_counts(configs: Sequence[RunConfig], counts: Sequence[int]) -> list[RunConfig]:
+    """Each config at each rank count; at 1 rank, without the options that need ranks."""
+    return [single_rank(cfg) if count == 1 else cfg.replace(nproc=count) for cfg in configs for count in counts]
+
+
+def with_single_rank(configs: Sequence[RunConfig]) -> list[RunConfig]:
+    """The configs, each group of equal other settings led by its 1-rank config (added when missing)."""
+    ordered: list[RunConfig] = []
+    for cfg in configs:
+        single = single_rank(cfg)
+        if single not in ordered:
+            ordered.append(single)
+    for cfg in configs:
+        if cfg not in ordered:
+            ordered.append(cfg)
+    return ordered
+
+
+def _group_key(row: dict[str, Any]) -> str:
+    skip = set(distributed_fields())
+    params = {name: value for name, value in row["config"].items() if name not in skip and name != "out"}
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def scaling_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row with world_size, throughput per rank and efficiency against its group's 1-rank point."""
+    single = {_group_key(row): row["throughput"] for row in rows
+              if row["status"] == "ok" and row["params"]["nproc"] == 1}
+    scaled = []
+    for row in rows:
+        world = row["params"]["nproc"] * (row["config"].get("nnodes") or 1)
+        row = dict(row, world_size=world, per_rank_throughput=None, efficiency_pct=None)
+        base = single.get(_group_key(row))
+        if row["status"] == "ok":
+            row["per_rank_throughput"] = row["throughput"] / world
+            if base:
+                row["efficiency_pct"] = 100 * row["throughput"] / (world * base)
+        scaled.append(row)
+    return scaled
+
+
+def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool = False,
+              observer: Optional[SweepObserver] = None, command: Optional[list[str]] = None, plots: bool = True,
+              reporter_factory: Callable[[], Reporter] = Reporter) -> ScaleSummary:
+    """Run every config at its --nproc (and at 1 rank), then compute and save the scaling efficiency."""
+    configs = with_single_rank(configs)
+    axes = ["nproc"] + [name for name in swept_axes(configs) if name != "nproc"]
+    sweep = run_sweep(configs, out, axes=axes, resume=resume, observer=observer, command=command, plots=plots,
+                      reporter_factory=reporter_factory)
+    rows = scaling_rows(sweep.rows)
+    files: dict[str, str] = {}
+    if plots and any(row["efficiency_pct"] is not None for row in rows):
+        from perflab.report.plots import scaling_plots
+        files = {name: str(path.relative_to(sweep.out)) for name, path in scaling_plots(rows, axes, sweep.out).items()}
+    write_json_atomic(sweep.out / SCALE_JSON, {"kind": "scale", "axes": axes, "command": command or [],
+                                               "efficiency": "throughput(N) / (N x throughput(1))",
+                                               "rows": [_scale_record(row) for row in rows], "plots": files})
+    _write_csv(sweep.out / SCALE_CSV, rows)
+    return ScaleSummary(sweep, rows, files)
+
+
+def _scale_record(row: dict[str, Any]) -> dict[str, Any]:
+    return {"label": row["label"], "status": row["status"], "params": row["params"],
+            **{name: row.get(name) for name in SCALE_COLUMNS if name not in ("label", "status", "nproc")}}
+
+
+def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(SCALE_COLUMNS)
+    for row in rows:
+        values = {**row, "nproc": row["params"]["nproc"]}
+        writer.writerow(["" if values.get(name) is None else values[name] for name in SCALE_COLUMNS])
+    with atomic_file(path) as temp:
+        temp.write_text(buffer.getvalue())
