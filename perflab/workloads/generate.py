@@ -15,8 +15,8 @@ from perflab.generation.plan import GenerationSpec
 from perflab.generation.requests import Requests, collate_requests, parse_lengths
 from perflab.workloads.base import Workload
 
-DESCRIPTION = ("GPT-style decoder generating tokens with a KV cache: TTFT, TPOT, % of the memory-bandwidth bound "
-               "(seed 002); options size, prompt_len, output_len, weights")
+DESCRIPTION = ("GPT-style decoder generating tokens with a KV cache: TTFT, TPOT, % of the memory-bandwidth bound; "
+               "options size, prompt_len, output_len, weights")
 DEFAULT_BATCH = {"cpu": 1, "cuda": 1}
 KNOWN_OPTIONS = {"size", "prompt_len", "output_len", "weights"}
 EVAL_SEQUENCES = 4  # sequences in the quality gate's perplexity set
