@@ -14,6 +14,8 @@ without CUDA (or with --quick) everything shrinks to a smoke run.
 """
 from __future__ import annotations
 
+import os
+
 import time
 import traceback
 from pathlib import Path
@@ -81,10 +83,12 @@ def tune_rows(area: str, out: Path, experiments: list[tuple[str, RunConfig, Tune
     return rows.rows
 
 
-def run(out: Path, quick: bool) -> list[dict]:
-    return tune_rows("tune", out, experiments(torch.cuda.is_available(), quick))
+def run(out: Path, quick: bool, only: str = "") -> list[dict]:
+    """Every experiment, or those whose name contains `only` (BENCH_TUNE_ONLY=resnet50 for one)."""
+    chosen = [e for e in experiments(torch.cuda.is_available(), quick) if only in e[0]]
+    return tune_rows("tune", out, chosen)
 
 
 if __name__ == "__main__":
     args = parse_args()
-    run(args.out, args.quick)
+    run(args.out, args.quick, os.environ.get("BENCH_TUNE_ONLY", ""))
