@@ -22,6 +22,7 @@ from perflab.results import Result
 from perflab.serve.capacity import measure_capacity
 from perflab.serve.config import ServeConfig
 from perflab.serve.engine import ModelEngine, batch_shapes
+from perflab.serve.pool import stage_pool
 from perflab.serve.session import Session, behind_threshold_ms, run_scenario
 from perflab.serve.server import Engine, Server
 from perflab.version import __version__
@@ -57,7 +58,7 @@ def _estimate_samples_per_s(engine: Engine, max_batch: int, samples: int) -> flo
     return ESTIMATE_BATCHES * max_batch / (time.perf_counter() - began)
 
 
-def _load_pool(workload: Workload, seed: int) -> Any:
+def _load_pool(workload: Workload, seed: int) -> tuple[Any, int]:
     """The model inputs of the first POOL_SAMPLES samples, stacked (targets are not served)."""
     count = min(POOL_SAMPLES, len(workload.dataset))
     loader = make_loader(workload.dataset, count, 0, False, False, None, workload.collate_fn, seed)
@@ -88,7 +89,9 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
         plan = build_plan(workload, cfg, device, check_levers(cfg, workload, device))
         graphs = cfg.cuda_graphs and device.type == "cuda"
         sizes = batch_shapes(serve_cfg.scenario, cfg.batch_size) if graphs or cfg.compile else None
-        engines = [ModelEngine(plan, pool, cfg.batch_size, sizes, graphs) for _ in range(serve_cfg.instances)]
+        # staged once (memory format, pinned) and shared: instances copy samples straight out of it
+        staged = stage_pool(pool, samples, device, plan.memory_format)
+        engines = [ModelEngine(plan, staged, cfg.batch_size, sizes, graphs) for _ in range(serve_cfg.instances)]
         if engines[0].sizes is not None:
             notes.append(f"batches are padded up to {engines[0].sizes} so that only those shapes are "
                          "compiled/captured (in warm-up); padded_samples counts the padding")
