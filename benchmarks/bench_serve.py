@@ -1,6 +1,7 @@
-"""Area "serve": perflab serve on the GPU, as MLPerf LoadGen measures inference (issue 10).
+"""Area "serve": perflab serve on the GPU, as MLPerf LoadGen measures inference (issues 10 and 11).
 
     python -m benchmarks.bench_serve --out DIR [--quick]
+    BENCH_SERVE_ONLY=resnet50 python -m benchmarks.bench_serve --out DIR     # experiments whose name has it
 
 For resnet50 (bf16 + channels-last + torch.compile) and the transformer workload (bf16 + compile, seq_len 256):
 - offline: every query at once, full batches on two instances: the samples/s ceiling;
@@ -8,19 +9,23 @@ For resnet50 (bf16 + channels-last + torch.compile) and the transformer workload
   the ratio server / offline is the figure LoadGen's submitters quote (NVIDIA's H100 TensorRT ResNet-50
   entry: 82%; the goal here: 85% or more);
 - the load generator's and batcher's own capacity with a no-op model (they must not be the bottleneck);
-- the latency-vs-load plot of each search, copied to latency_vs_load_<workload>.png, and each run's report.
+- the latency-vs-load plot of each search, copied to latency_vs_load_<workload>.png, and each run's report;
+- "generate 125m server" (issue 11): the generation workload (125m, bf16, static KV cache, compiled decode) at
+  max batch 8: offline requests/s, then server points at 25/50/75% of it, with TTFT from the scheduled arrival
+  (queue wait included), TPOT, output tokens/s and goodput under an SLO.
 
 Every serve run's result.json, report.md and plots land under --out. Without CUDA (or with --quick) sizes and
 durations shrink so the area checks the machinery in about a minute (no compile on a CPU).
 """
 from __future__ import annotations
 
+import os
 import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -70,7 +75,8 @@ def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> N
     point = offline.metrics["serve"]["points"][0]
     offline_qps = point["achieved_qps"]
     rows.add(name, f"offline samples/s (max batch {experiment.offline_batch}, 2 instances)", offline_qps,
-             "samples/s", f"p99 {point['latency_ms']['p99']:.1f} ms; session {offline_s:.0f} s incl. compile")
+             "samples/s", f"p99 {point['latency_ms']['p99']:.1f} ms; {parts(point)}; session {offline_s:.0f} s "
+             "incl. compile")
 
     search = ServeConfig(find_max_qps=True, p99_ms=experiment.p99_ms, max_batch=experiment.server_batch,
                          batch_timeout_ms=2.0, instances=2, search_tolerance_pct=10.0,
@@ -80,14 +86,15 @@ def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> N
     max_qps = record["max_qps"]
     at_max = max((p for p in record["points"] if p["passed"]), key=lambda p: p["offered_qps"], default=None)
     note = (f"p99 {at_max['latency_ms']['p99']:.2f} ms, mean batch {at_max['batch_mean']:.1f}, instances busy "
-            f"{at_max['instance_busy_pct']:.0f}%, GPU {(at_max.get('gpu') or {}).get('util_mean_pct')}%"
-            if at_max else "no rate met the bound")
+            f"{at_max['instance_busy_pct']:.0f}%, GPU {(at_max.get('gpu') or {}).get('util_mean_pct')}%, "
+            f"{parts(at_max)}" if at_max else "no rate met the bound")
     rows.add(name, f"server max QPS at p99 <= {experiment.p99_ms:g} ms (max batch {experiment.server_batch}, "
              f"timeout 2 ms, 2 instances)", max_qps, "queries/s",
              f"{note}; {len(record['search']['tried'])} points; session {server_s:.0f} s "
              f"{record['search'].get('skipped') or ''}")
     rows.add(name, "server / offline", 100 * max_qps / offline_qps if max_qps and offline_qps else None, "%",
-             "goal >= 85% (LoadGen's H100 TensorRT ResNet-50 entry: 82%)")
+             f"server {max_qps} / offline {offline_qps:.0f}; goal >= 85% (LoadGen's H100 TensorRT ResNet-50 "
+             "entry: 82%)")
     capacity = record["capacity"]
     rows.add(name, "load generator capacity (no-op model)", capacity["loadgen_issue_qps"], "queries/s",
              f"batcher {capacity['batcher_qps_at_max_batch']:.0f} queries/s at max batch, "
@@ -102,20 +109,81 @@ def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> N
         shutil.copy(plot, out / f"latency_vs_load_{name}.png")
 
 
-def main() -> None:
-    args = parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows = Rows("serve", args.out)
+def parts(point: dict) -> str:
+    """Mean ms per query of copy in, compute and copy out: where a batch's time went."""
+    mean = point["time_ms"]["mean"]
+    return "copy in / compute / copy out " + " / ".join(f"{mean[k]:.2f}" for k in ("copy_in", "compute", "copy_out")) \
+        + " ms per query"
+
+
+GENERATE_SLO = "ttft:300,tpot:30"
+GENERATE_FRACTIONS = (0.25, 0.5, 0.75)  # server points, as fractions of the offline requests/s
+
+
+def measure_generation(out: Path, rows: Rows, full: bool) -> None:
+    """Generation under a serve load: offline requests/s at max batch 8, then Poisson points below it."""
+    name = "generate 125m server" if full else "generate tiny server"
+    levers = {"precision": "bf16", "kv_cache": "static", "compile": "reduce-overhead"} if full else {}
+    options = {"size": "125m", "prompt_len": "64-128", "output_len": "64"} if full else \
+        {"size": "tiny", "output_len": "8"}
+    cfg = RunConfig(workload="generate", device="cuda" if full else "auto", warmup=2 if full else 1,
+                    workload_options=options, slo=GENERATE_SLO, **levers)
+    timing = dict(duration_s=3.0, min_queries=40) if full else dict(duration_s=0.5, min_queries=16)
+    began = time.perf_counter()
+    offline = serve(cfg, ServeConfig(scenario="offline", max_batch=8, **timing), out / "generate_offline",
+                    command=["benchmarks/bench_serve.py"])
+    point = offline.metrics["serve"]["points"][0]
+    offline_rps = point["achieved_qps"]
+    rows.add(name, "offline requests/s (max batch 8)", offline_rps, "requests/s",
+             f"{point['generation']['output_tokens_per_s']:.0f} output tokens/s; session "
+             f"{time.perf_counter() - began:.0f} s incl. compile")
+    rates = [float(f"{fraction * offline_rps:.3g}") for fraction in GENERATE_FRACTIONS]
+    # every point long enough for --min-queries at the lowest rate
+    timing["duration_s"] = max(timing["duration_s"], timing["min_queries"] / rates[0])
+    began = time.perf_counter()
+    server = serve(cfg, ServeConfig(qps=",".join(f"{rate:g}" for rate in rates), max_batch=8, batch_timeout_ms=5.0,
+                                    **timing),
+                   out / "generate_server", command=["benchmarks/bench_serve.py"])
+    write_report(out / "generate_server")
+    for point in server.metrics["serve"]["points"]:
+        gen = point["generation"]
+        goodput = gen.get("goodput") or {}
+        rows.add(name, f"server at {point['offered_qps']:g} requests/s "
+                 f"({100 * point['offered_qps'] / offline_rps:.0f}% of offline)", gen["ttft_ms"]["p99"], "ms TTFT p99",
+                 f"TTFT p50 {gen['ttft_ms']['p50']:.1f} ms (queue wait mean {point['time_ms']['mean']['queue_wait']:.1f}"
+                 f" ms), TPOT p50 {gen['tpot_ms']['p50']:.2f} ms, ITL p99 {gen['itl_ms']['p99']:.2f} ms, "
+                 f"{gen['output_tokens_per_s']:.0f} output tokens/s, achieved {point['achieved_qps']:.1f} requests/s, "
+                 f"mean batch {point['batch_mean']:.1f}, goodput {goodput.get('goodput_requests_per_s', 0):.1f} "
+                 f"requests/s ({goodput.get('requests_meeting_slo_pct', 0):.0f}% meet {GENERATE_SLO})")
+    rows.add(name, "session", time.perf_counter() - began, "s", "server points incl. compile")
+
+
+def run(out: Path, quick: bool, only: str = "") -> list[dict]:
+    """Every experiment, or those whose name contains `only` (BENCH_SERVE_ONLY=generate for one)."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = Rows("serve", out)
     cuda = torch.cuda.is_available()
-    full = cuda and not args.quick
+    full = cuda and not quick
     if not cuda:
         torch.set_num_threads(1)
-    for experiment in experiments(full):
+    chosen = [(e.workload, lambda e=e: measure(e, out, rows, full)) for e in experiments(full)]
+    chosen.append(("generate 125m server", lambda: measure_generation(out, rows, full)))
+    for name, measure_one in chosen:
+        if only not in name:
+            continue
+        began = time.perf_counter()
         try:
-            measure(experiment, args.out, rows, full)
-        except Exception as err:  # one workload failing must not lose the other's rows
+            measure_one()
+        except Exception as err:  # one experiment failing must not lose the others' rows
             traceback.print_exc()
-            rows.add(experiment.workload, "status", None, "", f"failed: {type(err).__name__}: {err}"[:300])
+            rows.add(name, "status", None, "", f"failed: {type(err).__name__}: {err}"[:300])
+        rows.add(name, "experiment wall time", time.perf_counter() - began, "s")
+    return rows.rows
+
+
+def main() -> None:
+    args = parse_args()
+    run(args.out, args.quick, os.environ.get("BENCH_SERVE_ONLY", ""))
 
 
 if __name__ == "__main__":

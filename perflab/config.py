@@ -131,20 +131,23 @@ class RunConfig:
     # generation (perflab/generation/): decode levers and request metrics; docs/generate.md
     kv_cache: str = option("--kv-cache", str, "dynamic: the cache grows every token (default); static: pre-allocated "
                            "to the longest request, so torch.compile / CUDA graphs can capture the decode step",
-                           GENERATION, "dynamic", choices=KV_CACHES, changes_numerics=("static",), modes=INFER)
+                           GENERATION, "dynamic", choices=KV_CACHES, changes_numerics=("static",), modes=INFER,
+                           commands=RUN_AND_SERVE)
     quantize: Optional[str] = option("--quantize", str, "weight quantization through torchao (pip install "
                                      "'perflab[quant]'): int8-weight, fp8 or int4-weight", GENERATION,
                                      choices=QUANT_SCHEMES, metavar="SCHEME", changes_numerics=True, modes=INFER,
-                                     needs_cuda=("fp8", "int4-weight"))
+                                     needs_cuda=("fp8", "int4-weight"), commands=RUN_AND_SERVE)
     speculative: Optional[int] = option("--speculative", int, "speculative decoding: a draft model proposes K tokens, "
                                         "the target verifies them in one forward (greedy outputs stay identical)",
-                                        GENERATION, minimum=1, metavar="K", changes_numerics=True, modes=INFER)
+                                        GENERATION, minimum=1, metavar="K", changes_numerics=True, modes=INFER,
+                                        commands=RUN_AND_SERVE)
     draft: Optional[str] = option("--draft", str, "the draft model for --speculative: path/file.py:build_draft or "
                                   "package.module:build_draft, build_draft(cfg) -> a causal LM (default: the built-in "
                                   "draft trained with the target)", GENERATION, metavar="SPEC", sweepable=False,
-                                  modes=INFER)
+                                  modes=INFER, commands=RUN_AND_SERVE)
     slo: Optional[str] = option("--slo", str, "per-request latency objectives for goodput, e.g. ttft:200,tpot:50 "
-                                "(milliseconds)", GENERATION, metavar="ttft:MS,tpot:MS", sweepable=False, modes=INFER)
+                                "(milliseconds); with perflab serve TTFT counts from each request's scheduled arrival", GENERATION,
+                                metavar="ttft:MS,tpot:MS", sweepable=False, modes=INFER, commands=RUN_AND_SERVE)
     # distributed: perflab starts --nproc ranks per node through torch.distributed.run (perflab/distributed/)
     nproc: int = option("--nproc", int, "ranks (processes) per node, one GPU each on CUDA, gloo on CPU; started "
                         "through torchrun's launcher (default: 1, no launcher)", DISTRIBUTED, 1, minimum=1,

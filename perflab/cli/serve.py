@@ -32,7 +32,8 @@ def register(subparsers) -> None:
 def handle(args: argparse.Namespace) -> int:
     if args.mode == "train":
         raise PerflabError("perflab serve measures inference; --mode train cannot be served (drop --mode)")
-    run_cfg = RunConfig(**options.changes_from_args(RunConfig, args, "serve")).validate()
+    # serve always infers: inference-only options (--kv-cache, --slo, ...) are checked as such
+    run_cfg = RunConfig(**{**options.changes_from_args(RunConfig, args, "serve"), "mode": "infer"}).validate()
     serve_cfg = ServeConfig(**options.changes_from_args(ServeConfig, args, "serve")).validate()
     cfg = serve_run_config(run_cfg, serve_cfg)
     finished: list[dict] = []

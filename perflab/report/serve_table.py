@@ -59,11 +59,34 @@ def tail_table(result: Result) -> Table:
     return table
 
 
+def generation_table(result: Result) -> Table:
+    """Per point of a generation workload: TTFT (from the scheduled arrival), TPOT, ITL, tokens/s, goodput."""
+    table = Table(title="generation per point (TTFT from each request's scheduled arrival: queue wait included)",
+                  title_justify="left")
+    for name in ("#", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "ITL p99 ms", "output tok/s",
+                 "requests/s", "goodput req/s (SLO met)"):
+        table.add_column(name, justify="right")
+    for point in result.metrics["serve"]["points"]:
+        gen = point.get("generation")
+        if not gen:
+            continue
+        ttft, tpot, itl = (gen.get(key) or {} for key in ("ttft_ms", "tpot_ms", "itl_ms"))
+        goodput = gen.get("goodput")
+        table.add_row(str(point["index"]), fmt(ttft.get("p50"), 2), fmt(ttft.get("p99"), 2), fmt(tpot.get("p50"), 2),
+                      fmt(tpot.get("p99"), 2), fmt(itl.get("p99"), 2), fmt(gen["output_tokens_per_s"], 0),
+                      fmt(gen["requests_per_s"], 1),
+                      f"{fmt(goodput['goodput_requests_per_s'], 1)} ({fmt(goodput['requests_meeting_slo_pct'], 0)}%)"
+                      if goodput else "no --slo")
+    return table
+
+
 def print_serve(console: Console, result: Result) -> None:
     """The points table, the max QPS, the capacity of the harness, the diagnosis headline and notes."""
     serve = result.metrics["serve"]
     console.print(serve_table(result))
     console.print(tail_table(result))
+    if any(point.get("generation") for point in serve["points"]):
+        console.print(generation_table(result))
     if serve.get("search"):
         found = serve["max_qps"]
         console.print(f"max QPS with p99 ≤ {serve['settings']['p99_ms']:g} ms: "

@@ -22,6 +22,8 @@ from perflab.results import Result
 from perflab.serve.capacity import measure_capacity
 from perflab.serve.config import ServeConfig
 from perflab.serve.engine import ModelEngine, batch_shapes
+from perflab.serve.generation import GenerationEngine, check_generation_serving, load_requests
+from perflab.serve.pool import stage_pool
 from perflab.serve.session import Session, behind_threshold_ms, run_scenario
 from perflab.serve.server import Engine, Server
 from perflab.version import __version__
@@ -57,7 +59,7 @@ def _estimate_samples_per_s(engine: Engine, max_batch: int, samples: int) -> flo
     return ESTIMATE_BATCHES * max_batch / (time.perf_counter() - began)
 
 
-def _load_pool(workload: Workload, seed: int) -> Any:
+def _load_pool(workload: Workload, seed: int) -> tuple[Any, int]:
     """The model inputs of the first POOL_SAMPLES samples, stacked (targets are not served)."""
     count = min(POOL_SAMPLES, len(workload.dataset))
     loader = make_loader(workload.dataset, count, 0, False, False, None, workload.collate_fn, seed)
@@ -78,7 +80,13 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
     if not workload.supports_inference:
         raise PerflabError(f"{workload.name} is a training-only workload: it has no inference mode to serve; "
                            "choose another --workload")
-    pool, samples = _load_pool(workload, serve_cfg.sample_seed)
+    generates = workload.generation is not None
+    if generates:
+        check_generation_serving(workload, serve_cfg.instances)
+        requests = load_requests(workload, POOL_SAMPLES, device)
+        samples = requests.count
+    else:
+        pool, samples = _load_pool(workload, serve_cfg.sample_seed)
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
@@ -86,9 +94,16 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
     if engines is None:
         from perflab.harness.plan import build_plan
         plan = build_plan(workload, cfg, device, check_levers(cfg, workload, device))
-        graphs = cfg.cuda_graphs and device.type == "cuda"
-        sizes = batch_shapes(serve_cfg.scenario, cfg.batch_size) if graphs or cfg.compile else None
-        engines = [ModelEngine(plan, pool, cfg.batch_size, sizes, graphs) for _ in range(serve_cfg.instances)]
+        if generates:
+            engines = [GenerationEngine(plan, requests, cfg.batch_size)]
+            notes.append("generation is served with static batching: a batch of requests is prefilled together and "
+                         "decoded to completion (no continuous batching)")
+        else:
+            graphs = cfg.cuda_graphs and device.type == "cuda"
+            sizes = batch_shapes(serve_cfg.scenario, cfg.batch_size) if graphs or cfg.compile else None
+            # staged once (memory format, pinned) and shared: instances copy samples straight out of it
+            staged = stage_pool(pool, samples, device, plan.memory_format)
+            engines = [ModelEngine(plan, staged, cfg.batch_size, sizes, graphs) for _ in range(serve_cfg.instances)]
         if engines[0].sizes is not None:
             notes.append(f"batches are padded up to {engines[0].sizes} so that only those shapes are "
                          "compiled/captured (in warm-up); padded_samples counts the padding")

@@ -1,19 +1,26 @@
-"""One model instance: samples gathered into a pinned host buffer, copied to the device on the instance's own
-CUDA stream, the model (after levers) run on them, and the results copied back to the host.
+"""One model instance: each batch's samples copied straight from the pinned sample pool into the instance's input
+buffer on the device (on its own CUDA stream, one copy per run of consecutive samples, no host-side gather), the
+model (after levers) run on them, and the batch's result rows copied back into the instance's pinned output buffer.
 
 With --compile or --cuda-graphs a batch is padded up to a bucket so that only a few shapes are ever compiled or
 captured, all in warm-up: 1, 2, 4, ... max batch in the server scenario, max batch alone offline, 1 in
-single-stream. Eager models run the exact batch size."""
+single-stream. Padding costs no copy: the rows past the batch keep the samples they last held (the buffer starts
+full of real samples), and their results are not copied back. Eager models run the exact batch size. With CUDA
+graphs the input buffer is the graphs' static input: a batch is copied into it, then the graph replays."""
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from perflab.harness.data import in_memory_format, map_tensors
 from perflab.harness.plan import StepPlan
+from perflab.serve.pool import SamplePool, batch_buffer, consecutive_runs, copy_samples, flat_tensors, rebuild
+
+# on_results(sample_ids, outputs): a batch's results on the host, one row per query (valid until the next batch)
+ResultsHandler = Callable[[np.ndarray, Any], None]
 
 
 def buckets(max_batch: int) -> list[int]:
@@ -30,50 +37,71 @@ def batch_shapes(scenario: str, max_batch: int) -> list[int]:
     return {"offline": [max_batch], "single-stream": [1]}.get(scenario) or buckets(max_batch)
 
 
-def first_tensor(tree: Any) -> torch.Tensor:
-    found: list[torch.Tensor] = []
-    map_tensors(tree, lambda t: found.append(t) or t)
-    return found[0]
-
-
 class ModelEngine:
-    """A model instance over a pool of samples already in host memory (LoadGen's loaded sample set)."""
+    """A model instance over the staged sample pool (LoadGen's loaded sample set), shared by every instance."""
 
-    def __init__(self, plan: StepPlan, pool: Any, max_batch: int, sizes: Optional[list[int]], graphs: bool):
+    def __init__(self, plan: StepPlan, pool: SamplePool, max_batch: int, sizes: Optional[list[int]], graphs: bool,
+                 on_results: Optional[ResultsHandler] = None):
         """`sizes`: the padded batch sizes (None: run each batch at its own size); `graphs`: capture each."""
         self.plan = plan
-        self.pool = pool  # the model inputs of every loaded sample, stacked along dim 0
+        self.pool = pool
         self.max_batch = max_batch
         self.sizes = sizes
+        self.on_results = on_results
         self.cuda = plan.device.type == "cuda"
         self.stream = torch.cuda.Stream(plan.device) if self.cuda else None
-        self.host_buffer = map_tensors(pool, lambda t: torch.empty((max_batch, *t.shape[1:]), dtype=t.dtype,
-                                                                  pin_memory=self.cuda))
-        self.graphs: Optional[dict[int, tuple[torch.cuda.CUDAGraph, Any, Any]]] = {} if graphs else None
+        # made once: recording the same events every batch is safe, as serve() waits for the last one
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if self.cuda else []
+        self.input_buffers = [batch_buffer(tensor, max_batch, plan.device) for tensor in pool.tensors]
+        self._inputs_of_size: dict[int, Any] = {}
+        self.output_buffers: Optional[list[Optional[torch.Tensor]]] = None  # host rows, made at the first batch
+        self.graphs: Optional[dict[int, tuple[torch.cuda.CUDAGraph, Any]]] = {} if graphs else None
         self.padded_samples = 0
+        with self._on_stream():  # every row holds a real sample from the start: padding is never garbage
+            self._copy_in(np.arange(max_batch) % pool.count)
+        if self.cuda:
+            self.stream.synchronize()
+
+    def _on_stream(self):
+        return torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
 
     def _forward(self, inputs: Any) -> Any:
         with self.plan.autocast():
             return self.plan.model(inputs)
 
-    def _gather(self, sample_ids: np.ndarray) -> tuple[Any, int]:
-        """The samples' inputs in the pinned buffer, padded to the bucket; returns (inputs, padded size)."""
-        count = len(sample_ids)
-        size = count if self.sizes is None else next(s for s in self.sizes if s >= count)
-        index = torch.as_tensor(np.concatenate([sample_ids, np.repeat(sample_ids[:1], size - count)]))
-        self.padded_samples += size - count
-        buffers = iter(_flat(self.host_buffer))  # the same traversal order as the pool's
-        return map_tensors(self.pool, lambda t: torch.index_select(t, 0, index, out=next(buffers)[:size])), size
+    def inputs(self, size: int) -> Any:
+        """The model input of a batch of `size`: views of the first rows of the input buffers (made once)."""
+        if size not in self._inputs_of_size:
+            self._inputs_of_size[size] = rebuild(self.pool.inputs, [buffer[:size] for buffer in self.input_buffers])
+        return self._inputs_of_size[size]
 
-    def _to_device(self, host: Any) -> Any:
-        moved = map_tensors(host, lambda t: t.to(self.plan.device, non_blocking=True))
-        return in_memory_format(moved, self.plan.memory_format)
+    def _copy_in(self, sample_ids: np.ndarray) -> None:
+        runs = consecutive_runs(sample_ids)
+        for buffer, source in zip(self.input_buffers, self.pool.tensors):
+            copy_samples(buffer, source, runs, non_blocking=self.cuda)
+
+    def _copy_out(self, outputs: Any, size: int, count: int) -> Any:
+        """The first `count` rows of each output in the instance's host buffer (batch-first outputs), or a
+        whole copy of an output that is not one row per sample."""
+        flat = flat_tensors(outputs)
+        if self.output_buffers is None:
+            self.output_buffers = [torch.empty((self.max_batch, *t.shape[1:]), dtype=t.dtype, pin_memory=self.cuda)
+                                   if _rows_of(t, size) else None for t in flat]
+        host = []
+        for tensor, buffer in zip(flat, self.output_buffers):
+            if buffer is not None and _rows_of(tensor, size) and tensor.shape[1:] == buffer.shape[1:]:
+                host.append(buffer[:count].copy_(tensor[:count], non_blocking=self.cuda))
+            else:
+                host.append(tensor.to("cpu", non_blocking=True) if self.cuda else tensor.detach().clone())
+        return rebuild(outputs, host)
+
+    def _bucket(self, count: int) -> int:
+        return count if self.sizes is None else next(size for size in self.sizes if size >= count)
 
     def warm_up(self, rounds: int) -> None:
         """Every batch shape, `rounds` times (at least once); CUDA graphs are captured here."""
-        sizes = self.sizes or sorted({1, self.max_batch})
-        for size in sizes:
-            ids = np.arange(size) % len(first_tensor(self.pool))
+        for size in self.sizes or sorted({1, self.max_batch}):
+            ids = np.arange(size) % self.pool.count
             if self.graphs is not None:
                 self._capture(size, ids)
             for _ in range(max(rounds, 1)):
@@ -81,55 +109,54 @@ class ModelEngine:
         self.padded_samples = 0
 
     def _capture(self, size: int, ids: np.ndarray) -> None:
-        host, _ = self._gather(ids)
         with torch.cuda.stream(self.stream):
-            static_in = self._to_device(host)
+            self._copy_in(ids)
+            static_in = self.inputs(size)  # the input buffer itself: every batch is copied into it
             for _ in range(3):  # eager iterations before capture, as the CUDA graphs docs ask
                 self._forward(static_in)
             self.stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=self.stream):
                 static_out = self._forward(static_in)
-        self.graphs[size] = (graph, static_in, static_out)
+        self.graphs[size] = (graph, static_out)
 
     def serve(self, sample_ids: np.ndarray) -> tuple[float, float]:
         """Serve one batch; (seconds copying in, seconds copying out), from CUDA events on a GPU."""
-        began = time.perf_counter()
-        host, size = self._gather(sample_ids)
-        gathered_s = time.perf_counter() - began
+        count = len(sample_ids)
+        size = self._bucket(count)
+        self.padded_samples += size - count
         if not self.cuda:
+            began = time.perf_counter()
+            self._copy_in(sample_ids)
             copied = time.perf_counter()
-            outputs = self._forward(host)
+            outputs = self._forward(self.inputs(size))
             computed = time.perf_counter()
-            map_tensors(outputs, lambda t: t.detach().clone())  # results handed back: one copy, as on a GPU
-            return copied - began, time.perf_counter() - computed
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            host = self._copy_out(outputs, size, count)
+            done = time.perf_counter()
+            self._hand_back(sample_ids, host)
+            return copied - began, done - computed
+        began, copied, computed, done = self.events
         with torch.cuda.stream(self.stream):
-            events[0].record()
+            began.record()
+            self._copy_in(sample_ids)
+            copied.record()
             if self.graphs is not None:
-                graph, static_in, static_out = self.graphs[size]
-                map_tensors_pair(static_in, host, lambda dst, src: dst.copy_(src, non_blocking=True))
-                events[1].record()
+                graph, outputs = self.graphs[size]
                 graph.replay()
-                outputs = static_out
             else:
-                inputs = self._to_device(host)
-                events[1].record()
-                outputs = self._forward(inputs)
-            events[2].record()
-            map_tensors(outputs, lambda t: t.to("cpu", non_blocking=True))
-            events[3].record()
-        events[3].synchronize()
-        return (gathered_s + events[0].elapsed_time(events[1]) / 1000, events[2].elapsed_time(events[3]) / 1000)
+                outputs = self._forward(self.inputs(size))
+            computed.record()
+            host = self._copy_out(outputs, size, count)
+            done.record()
+        done.synchronize()  # releases the GIL while the stream drains: other instances keep launching
+        self._hand_back(sample_ids, host)
+        return began.elapsed_time(copied) / 1000, computed.elapsed_time(done) / 1000
+
+    def _hand_back(self, sample_ids: np.ndarray, host: Any) -> None:
+        if self.on_results is not None:
+            self.on_results(sample_ids, host)
 
 
-def _flat(tree: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    map_tensors(tree, lambda t: found.append(t) or t)
-    return found
-
-
-def map_tensors_pair(destination: Any, source: Any, fn) -> None:
-    """Apply fn(dst, src) to matching tensors of two same-shaped structures."""
-    for dst, src in zip(_flat(destination), _flat(source)):
-        fn(dst, src)
+def _rows_of(tensor: torch.Tensor, size: int) -> bool:
+    """True for an output with one row per sample of a batch of `size`."""
+    return tensor.dim() >= 1 and tensor.shape[0] == size

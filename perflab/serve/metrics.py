@@ -8,6 +8,7 @@ from typing import Any, Optional
 import numpy as np
 
 from perflab.cost import cost_per_million
+from perflab.generation.metrics import RequestTiming
 
 PERCENTILES = (50, 90, 95, 99, 99.9)
 # A query's life, in order; the parts add up to its latency (done - scheduled).
@@ -30,6 +31,8 @@ class QueryLog:
         self.batch_size = np.zeros(count, dtype=int)
         self.batch_sizes: list[int] = []  # one entry per batch, in dispatch order
         self.busy_s = 0.0  # instance time spent on batches (copy in, compute, copy out), summed over instances
+        # generation: per batch, (query ids, its token times, host time its last token came out)
+        self.token_batches: list[tuple[list[int], RequestTiming, float]] = []
         self._lock = threading.Lock()  # instances record from their own threads
 
     def __len__(self) -> int:
@@ -42,12 +45,22 @@ class QueryLog:
                 setattr(self, name, value[:count])
         return self
 
+    def query_requests(self) -> list[RequestTiming]:
+        """Every generated query's token times, in ms from its scheduled arrival (TTFT includes the queue)."""
+        return [timing for ids, request, last_token_s in self.token_batches
+                for timing in per_query_requests(ids, request, last_token_s, self.scheduled_s)]
+
     def record_batch(self, ids: list[int], opened_s: float, dispatched_s: float, copied_in_s: float,
                      computed_s: float, done_s: float) -> None:
         """Stamp every query of one batch (called by the instance that served it)."""
         index = np.asarray(ids)
         with self._lock:
             self._record(index, opened_s, dispatched_s, copied_in_s, computed_s, done_s)
+
+    def record_tokens(self, ids: list[int], request: RequestTiming, last_token_s: float) -> None:
+        """Keep one generated batch's token times."""
+        with self._lock:
+            self.token_batches.append((list(ids), request, last_token_s))
 
     def _record(self, index: np.ndarray, opened_s: float, dispatched_s: float, copied_in_s: float,
                 computed_s: float, done_s: float) -> None:
@@ -74,6 +87,15 @@ class QueryLog:
     def latency_ms(self) -> np.ndarray:
         done = self.completed
         return 1000 * (self.done_s[done] - self.scheduled_s[done])
+
+
+def per_query_requests(ids: Any, request: RequestTiming, last_token_s: float, scheduled_s: np.ndarray
+                       ) -> list[RequestTiming]:
+    """The batch's token times as each of its queries saw them: ms from the query's scheduled arrival (so TTFT
+    includes the queue wait), anchored where the last token came out (`last_token_s`, host clock)."""
+    emitted_s = [last_token_s - (request.emitted_ms[-1] - ms) / 1000 for ms in request.emitted_ms]
+    return [RequestTiming(1, request.prompt_len, [1000 * (s - scheduled_s[query]) for s in emitted_s],
+                          list(request.counts)) for query in ids]
 
 
 def latency_percentiles(latency_ms: np.ndarray) -> dict[str, float]:
@@ -104,6 +126,16 @@ def lateness(log: QueryLog) -> dict[str, float]:
     if late_ms.size == 0:
         return {"p99_ms": float("nan"), "max_ms": float("nan")}
     return {"p99_ms": float(np.percentile(late_ms, 99)), "max_ms": float(late_ms.max())}
+
+
+def summarize_tokens(log: QueryLog, span_s: float, slo: dict[str, float]) -> dict[str, Any]:
+    """TTFT (from the scheduled arrival), TPOT, ITL, output tokens/s and goodput of a point's generated queries,
+    as perflab run reports them (perflab.generation.metrics), over the point's span."""
+    from perflab.generation.metrics import summarize_requests
+    requests = log.query_requests()
+    summary = summarize_requests(requests, [(len(requests), span_s)], None, slo)
+    summary["ttft_from"] = "scheduled arrival (queue wait included)"
+    return summary
 
 
 def summarize_point(log: QueryLog, scenario: str, offered_qps: Optional[float], max_batch: int, instances: int,

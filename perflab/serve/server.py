@@ -22,7 +22,8 @@ class Engine(Protocol):
         """Run every batch shape the engine will see (compilation, capture, autotuning happen here)."""
 
     def serve(self, sample_ids: np.ndarray) -> tuple[float, float]:
-        """Serve one batch; returns the seconds spent copying inputs in and results out (the rest is compute)."""
+        """Serve one batch; returns the seconds spent copying inputs in and results out (the rest is compute).
+        An engine that generates tokens also sets `last_request` (a RequestTiming): its batch's token times."""
 
 
 class Serving:
@@ -98,6 +99,9 @@ class Server:
                 done_s = batcher.clock()
                 log.record_batch(batch.query_ids, batch.opened_s, batch.dispatched_s,
                                  batch.dispatched_s + copy_in_s, done_s - copy_out_s, done_s)
+                request = getattr(engine, "last_request", None)
+                if request is not None:  # the last token came out as the compute ended
+                    log.record_tokens(batch.query_ids, request, done_s - copy_out_s)
                 if on_done is not None:
                     on_done(batch.query_ids)
         return self.on_every_instance(serve_batches)

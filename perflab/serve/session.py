@@ -11,7 +11,8 @@ from perflab.harness.nvml import NvmlSampler
 from perflab.results import Result
 from perflab.serve import loadgen, schedule
 from perflab.serve.config import ServeConfig
-from perflab.serve.metrics import summarize_point
+from perflab.generation.metrics import parse_slo
+from perflab.serve.metrics import summarize_point, summarize_tokens
 from perflab.serve.search import find_max_qps
 from perflab.serve.server import Server
 
@@ -66,6 +67,8 @@ class Session:
                 log = loadgen.run_single_stream(self.server, sc.duration_s, sc.min_queries, order)
         point = summarize_point(log, scenario, rate, max_batch, sc.instances, behind_threshold_ms(sc),
                                 sampler.summary(), self.cfg.gpu_cost_per_hour)
+        if log.token_batches:
+            point["generation"] = summarize_tokens(log, point["duration_s"], parse_slo(self.cfg.slo))
         point["index"] = index
         point["schedule_seed"] = sc.schedule_seed + index if scenario == "server" else None
         point["meets_bound"] = bool(point["latency_ms"]["p99"] <= sc.p99_ms)

@@ -1,0 +1,125 @@
+"""Generation under a serve load: one query is one request (a prompt and how many tokens to generate).
+
+Static batching: the batcher's batch of requests is prefilled together and decoded to completion, and only then
+does the instance take the next batch (continuous batching, where requests join and leave a running batch, is not
+done). A batch takes the prompt length and output length of its first request, as `perflab run`'s request batches
+do. The decode itself is the generation workload's own step (perflab/generation: its session, KV cache, compiled
+decode, speculative decoding), timed per token by its TokenClock; the server turns those times into each query's
+TTFT from its scheduled arrival, so the queue wait counts (perflab/serve/metrics.py)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from perflab.errors import PerflabError
+from perflab.generation.metrics import RequestTiming, TokenClock
+from perflab.harness.plan import StepPlan
+from perflab.serve.pool import batch_buffer, consecutive_runs, copy_samples
+from perflab.workloads import Workload
+
+
+@dataclass
+class RequestPool:
+    """The loaded requests: prompts at the longest prompt length (pinned on a GPU) and each one's lengths."""
+
+    prompts: torch.Tensor
+    prompt_len: list[int]
+    output_len: list[int]
+
+    @property
+    def count(self) -> int:
+        return len(self.prompt_len)
+
+
+def load_requests(workload: Workload, count: int, device: torch.device) -> RequestPool:
+    """The first `count` requests of a generation workload's dataset."""
+    items = [workload.dataset[index] for index in range(min(count, len(workload.dataset)))]
+    prompts = torch.stack([tokens for tokens, _ in items])
+    if device.type == "cuda":
+        prompts = prompts.pin_memory()
+    return RequestPool(prompts, [lengths[0] for _, lengths in items], [lengths[1] for _, lengths in items])
+
+
+def check_generation_serving(workload: Workload, instances: int) -> None:
+    """Refuse what a generation workload cannot serve, in one line."""
+    if instances > 1:
+        raise PerflabError(f"{workload.name} generates with KV caches that live on the model itself, so it is served "
+                           "by one instance: drop --instances")
+
+
+class GenerationEngine:
+    """The one instance of a generation workload: copies a batch's prompts in, generates, copies the tokens out."""
+
+    def __init__(self, plan: StepPlan, pool: RequestPool, max_batch: int,
+                 on_results: Optional[Callable[[np.ndarray, torch.Tensor], None]] = None):
+        self.plan = plan
+        self.step = plan.custom_step  # the workload's GenerationStep: its session, caches, compiled decode
+        self.pool = pool
+        self.max_batch = max_batch
+        self.on_results = on_results
+        # A static KV cache holds exactly max_batch rows: batches are padded to it (padding rows repeat samples).
+        self.sizes = [max_batch] if plan.generation.static_cache else None
+        self.cuda = plan.device.type == "cuda"
+        self.clock = TokenClock(plan.device)
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if self.cuda else []
+        self.prompt_buffer = batch_buffer(pool.prompts, max_batch, plan.device)
+        copy_samples(self.prompt_buffer, pool.prompts, consecutive_runs(np.arange(max_batch) % pool.count),
+                     non_blocking=False)
+        self.token_buffer = torch.empty(max_batch * max(pool.output_len), dtype=torch.long, pin_memory=self.cuda)
+        self.last_request: Optional[RequestTiming] = None  # the token times of the batch just served
+        self.padded_samples = 0
+
+    def warm_up(self, rounds: int) -> None:
+        """Every batch shape, `rounds` times (at least once): compiled decode steps are compiled here."""
+        for size in self.sizes or sorted({1, self.max_batch}):
+            for _ in range(max(rounds, 1)):
+                self.serve(np.arange(size) % self.pool.count)
+        self.padded_samples = 0
+
+    def _generate(self, sample_ids: np.ndarray) -> torch.Tensor:
+        count = len(sample_ids)
+        size = count if self.sizes is None else self.max_batch
+        self.padded_samples += size - count
+        first = int(sample_ids[0])
+        prompt_len, new_tokens = self.pool.prompt_len[first], self.pool.output_len[first]
+        copy_samples(self.prompt_buffer, self.pool.prompts, consecutive_runs(sample_ids), non_blocking=self.cuda)
+        prompt = self.prompt_buffer[:size, :prompt_len].contiguous()
+        self.clock.clear()
+        tokens = self.step.generate(prompt, new_tokens, self.clock)
+        return tokens[:count]
+
+    def _copy_out(self, tokens: torch.Tensor) -> torch.Tensor:
+        host = self.token_buffer[:tokens.numel()].view(tokens.shape)  # contiguous: one asynchronous copy
+        return host.copy_(tokens, non_blocking=self.cuda)
+
+    def serve(self, sample_ids: np.ndarray) -> tuple[float, float]:
+        """Generate for one batch of requests; (seconds copying prompts in, seconds copying tokens out)."""
+        if not self.cuda:
+            began = time.perf_counter()
+            tokens = self._generate(sample_ids)
+            computed = time.perf_counter()
+            host = self._copy_out(tokens)
+            done = time.perf_counter()
+            copy_in_s = (self.clock.requests[0][0] - began) if self.clock.requests else 0.0
+            return self._finish(sample_ids, host, copy_in_s, done - computed)
+        began, copied, computed, done = self.events
+        began.record()
+        tokens = self._generate(sample_ids)
+        computed.record()
+        host = self._copy_out(tokens)
+        done.record()
+        done.synchronize()
+        start = self.clock.requests[0][0]  # the TokenClock's event at the prefill's start: the copy ended there
+        return self._finish(sample_ids, host, began.elapsed_time(start) / 1000, computed.elapsed_time(done) / 1000)
+
+    def _finish(self, sample_ids: np.ndarray, host: torch.Tensor, copy_in_s: float, copy_out_s: float
+                ) -> tuple[float, float]:
+        self.last_request = self.clock.timings()[0]
+        if self.on_results is not None:
+            self.on_results(sample_ids, host)
+        return copy_in_s, copy_out_s
+
