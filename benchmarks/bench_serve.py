@@ -3,7 +3,8 @@
     python -m benchmarks.bench_serve --out DIR [--quick]
     BENCH_SERVE_ONLY=resnet50 python -m benchmarks.bench_serve --out DIR     # experiments whose name has it
 
-For resnet50 (bf16 + channels-last + torch.compile) and the transformer workload (bf16 + compile, seq_len 256):
+For resnet50 (bf16 + channels-last + torch.compile) and the transformer workload (bf16 + compile, seq_len 256),
+and each again eager with the engine's CUDA graphs ("resnet50 cuda-graphs", "transformer cuda-graphs"):
 - offline: every query at once, full batches on two instances: the samples/s ceiling;
 - server: seeded Poisson arrivals, the max QPS whose p99 latency is at most 15 ms (widen, then bisect to 10%);
   the ratio server / offline is the figure LoadGen's submitters quote (NVIDIA's H100 TensorRT ResNet-50
@@ -47,15 +48,27 @@ class ServeExperiment:
     server_batch: int
     options: dict[str, str] = field(default_factory=dict)
     p99_ms: float = P99_BOUND_MS
+    label: str = ""  # told apart from the same workload's other experiments
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload} {self.label}".strip()
 
 
 def experiments(full: bool) -> list[ServeExperiment]:
     if not full:  # a CPU check of the machinery: small models, no compile, a CPU-sized bound
         return [ServeExperiment("mlp", {}, 32, 16, p99_ms=200.0),
                 ServeExperiment("transformer", {}, 8, 4, p99_ms=200.0)]
-    return [ServeExperiment("resnet50", {"precision": "bf16", "channels_last": True, "compile": "default"}, 256, 64),
-            ServeExperiment("transformer", {"precision": "bf16", "compile": "default"}, 64, 32,
-                            {"seq_len": "256"})]
+    # compile (default mode) is the configuration the issue names; the earlier H100 run showed its small server
+    # batches launch-bound (7 ms of compute for a batch of 3 transformer queries, the GPU 19-30% busy), so each
+    # workload also runs eager with the engine's own CUDA graphs (torch.compile's CUDA graphs assert when several
+    # instance threads replay them: pytorch/pytorch#123177).
+    resnet, transformer = {"precision": "bf16", "channels_last": True}, {"precision": "bf16"}
+    seq = {"seq_len": "256"}
+    return [ServeExperiment("resnet50", {**resnet, "compile": "default"}, 256, 64),
+            ServeExperiment("resnet50", {**resnet, "cuda_graphs": True}, 256, 64, label="cuda-graphs"),
+            ServeExperiment("transformer", {**transformer, "compile": "default"}, 64, 32, seq),
+            ServeExperiment("transformer", {**transformer, "cuda_graphs": True}, 64, 32, seq, label="cuda-graphs")]
 
 
 def run_one(experiment: ServeExperiment, serve_cfg: ServeConfig, out: Path, full: bool):
@@ -68,10 +81,11 @@ def run_one(experiment: ServeExperiment, serve_cfg: ServeConfig, out: Path, full
 
 
 def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> None:
-    name = experiment.workload
+    name = experiment.name
+    folder = name.replace(" ", "_")
     timing = dict(duration_s=2.0, min_queries=1000) if full else dict(duration_s=0.5, min_queries=50)
     offline, offline_s = run_one(experiment, ServeConfig(scenario="offline", max_batch=experiment.offline_batch,
-                                                         instances=2, **timing), out / f"{name}_offline", full)
+                                                         instances=2, **timing), out / f"{folder}_offline", full)
     point = offline.metrics["serve"]["points"][0]
     offline_qps = point["achieved_qps"]
     rows.add(name, f"offline samples/s (max batch {experiment.offline_batch}, 2 instances)", offline_qps,
@@ -81,7 +95,7 @@ def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> N
     search = ServeConfig(find_max_qps=True, p99_ms=experiment.p99_ms, max_batch=experiment.server_batch,
                          batch_timeout_ms=2.0, instances=2, search_tolerance_pct=10.0,
                          duration_s=1.0 if full else 0.5, min_queries=500 if full else 50)
-    server, server_s = run_one(experiment, search, out / f"{name}_server", full)
+    server, server_s = run_one(experiment, search, out / f"{folder}_server", full)
     record = server.metrics["serve"]
     max_qps = record["max_qps"]
     at_max = max((p for p in record["points"] if p["passed"]), key=lambda p: p["offered_qps"], default=None)
@@ -104,9 +118,9 @@ def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> N
         rows.add(name, "points where the load generator fell behind", len(behind), "points", str(behind))
     diagnosis = server.diagnosis or {}
     rows.add(name, "diagnosis of the search", None, "", f"{diagnosis.get('bottleneck')}: {diagnosis.get('headline')}")
-    plot = out / f"{name}_server" / "serve_latency_vs_load.png"
+    plot = out / f"{folder}_server" / "serve_latency_vs_load.png"
     if plot.is_file():
-        shutil.copy(plot, out / f"latency_vs_load_{name}.png")
+        shutil.copy(plot, out / f"latency_vs_load_{folder}.png")
 
 
 def parts(point: dict) -> str:
@@ -117,12 +131,17 @@ def parts(point: dict) -> str:
 
 
 GENERATE_SLO = "ttft:300,tpot:30"
+
+
+def generation_name(full: bool) -> str:
+    return "generate 125m server" if full else "generate tiny server"
+
 GENERATE_FRACTIONS = (0.25, 0.5, 0.75)  # server points, as fractions of the offline requests/s
 
 
 def measure_generation(out: Path, rows: Rows, full: bool) -> None:
     """Generation under a serve load: offline requests/s at max batch 8, then Poisson points below it."""
-    name = "generate 125m server" if full else "generate tiny server"
+    name = generation_name(full)
     levers = {"precision": "bf16", "kv_cache": "static", "compile": "reduce-overhead"} if full else {}
     options = {"size": "125m", "prompt_len": "64-128", "output_len": "64"} if full else \
         {"size": "tiny", "output_len": "8"}
@@ -166,8 +185,8 @@ def run(out: Path, quick: bool, only: str = "") -> list[dict]:
     full = cuda and not quick
     if not cuda:
         torch.set_num_threads(1)
-    chosen = [(e.workload, lambda e=e: measure(e, out, rows, full)) for e in experiments(full)]
-    chosen.append(("generate 125m server", lambda: measure_generation(out, rows, full)))
+    chosen = [(e.name, lambda e=e: measure(e, out, rows, full)) for e in experiments(full)]
+    chosen.append((generation_name(full), lambda: measure_generation(out, rows, full)))
     for name, measure_one in chosen:
         if only not in name:
             continue
