@@ -111,3 +111,46 @@ def test_decode_attention_is_math_only_when_tuned_and_no_backend_is_pinned():
     assert decode_attention(True, "auto")[1].startswith("math")
     assert decode_attention(False, "auto")[1].startswith("auto")
     assert decode_attention(True, "efficient")[1] == "efficient"
+
+
+def test_a_compiled_decode_whose_host_needs_the_whole_step_to_issue_it_is_host_bound():
+    from perflab.diagnose.decode import classify_decode
+    from perflab.diagnose.findings import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
+
+    def metrics(host_ms):
+        return {"bandwidth_bound": {"pct_of_bound": 27.0, "measured_ms_per_token": 2.8, "bound_ms_per_token": 0.75,
+                                    "measured_over_bound": 3.7, "memory_gbps": 2900.0, "memory_gbps_source": "test",
+                                    "host_issue_ms_per_token": host_ms}}
+    config = {"batch_size": 1, "compile": "reduce-overhead", "device": "cuda"}
+    host_bound = classify_decode(metrics(2.7), config, None)
+    assert host_bound.cls == LAUNCH_OVERHEAD and "host-bound" in host_bound.summary
+    assert host_bound.evidence["host_issue_ms_per_token"] == 2.7
+    assert "host-bound" not in classify_decode(metrics(0.3), config, None).summary
+    assert classify_decode(metrics(0.3), config, None).cls in (LAUNCH_OVERHEAD, MEMORY_BANDWIDTH)
+
+
+def test_token_clock_reports_how_long_the_host_took_to_issue_each_decode_token():
+    from perflab.generation.metrics import TokenClock
+    clock = TokenClock(CPU)
+    model = tiny_decoder()
+    session = open_session(model, 1, 40, CPU, torch.float32, static=True)
+    with torch.inference_mode():
+        generate_greedy(session, torch.zeros(1, 6, dtype=torch.long), 10, clock)
+    (request,) = clock.timings()
+    assert len(request.issued_ms) == 10 and request.issued_ms == sorted(request.issued_ms)
+    assert request.issued_ms[-1] > request.issued_ms[0] > 0
+
+
+def test_int8_weight_asks_torchao_not_to_change_inductor_for_the_whole_process(monkeypatch):
+    import sys
+    import types
+    from perflab.generation.quantize import quantization_config
+
+    class Int8WeightOnlyConfig:  # the shape of torchao >= 0.10's config
+        def __init__(self, set_inductor_config=True):
+            self.set_inductor_config = set_inductor_config
+    quantization = types.ModuleType("torchao.quantization")
+    quantization.Int8WeightOnlyConfig = Int8WeightOnlyConfig
+    monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
+    monkeypatch.setitem(sys.modules, "torchao.quantization", quantization)
+    assert quantization_config("int8-weight").set_inductor_config is False
