@@ -154,3 +154,46 @@ def test_int8_weight_asks_torchao_not_to_change_inductor_for_the_whole_process(m
     monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
     monkeypatch.setitem(sys.modules, "torchao.quantization", quantization)
     assert quantization_config("int8-weight").set_inductor_config is False
+
+
+@pytest.mark.slow  # Inductor compiles C++ for the step: about half a minute on a small CPU
+def test_inductor_compiled_decode_with_gpt_fast_settings_gives_eager_tokens_and_leaves_inductor_config_alone():
+    import torch._inductor.config as inductor_config
+    before = (inductor_config.coordinate_descent_tuning, inductor_config.triton.unique_kernel_names)
+    model = tiny_decoder()
+    prompt = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = generate_greedy(open_session(model, 1, 40, CPU, torch.float32, static=True), prompt, 12)
+        session = open_session(model, 1, 40, CPU, torch.float32, static=True, compile_mode="reduce-overhead")
+        try:
+            assert torch.equal(generate_greedy(session, prompt, 12), expected)
+        finally:
+            session.close()
+    assert (inductor_config.coordinate_descent_tuning, inductor_config.triton.unique_kernel_names) == before
+
+
+def cuda_run(tmp_path, name, *levers):
+    from perflab.cli import main
+    import json
+    out = tmp_path / name
+    assert main(["run", "--workload", "generate", "--mode", "infer", "--option", "size=tiny", "--option",
+                 "prompt_len=8", "--option", "output_len=16", "--steps", "2", "--warmup", "2", "--trials", "2",
+                 "--quality-steps", "1", "--device", "cuda", "--precision", "bf16", "--kv-cache", "static",
+                 "--compile", "reduce-overhead", *levers, "--out", str(out)]) == 0
+    return json.loads((out / "result.json").read_text())
+
+
+@pytest.mark.cuda
+def test_compiled_decode_replays_as_cuda_graphs_on_a_gpu(tmp_path):
+    data = cuda_run(tmp_path, "bf16")
+    compiled = data["metrics"]["generation"]["decode_compile"]
+    assert compiled["inductor_options"]["coordinate_descent_tuning"] is True
+    assert compiled["cudagraph_skips"] == 0 and data["quality"]["verdict"] == "pass"
+
+
+@pytest.mark.cuda
+def test_int8_weight_compiled_decode_replays_as_cuda_graphs_on_a_gpu(tmp_path):
+    pytest.importorskip("torchao")
+    data = cuda_run(tmp_path, "int8", "--quantize", "int8-weight")
+    assert data["metrics"]["generation"]["decode_compile"]["cudagraph_skips"] == 0
+    assert data["quality"]["verdict"] == "pass"
