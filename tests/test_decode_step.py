@@ -197,3 +197,10 @@ def test_int8_weight_compiled_decode_replays_as_cuda_graphs_on_a_gpu(tmp_path):
     data = cuda_run(tmp_path, "int8", "--quantize", "int8-weight")
     assert data["metrics"]["generation"]["decode_compile"]["cudagraph_skips"] == 0
     assert data["quality"]["verdict"] == "pass"
+
+
+def test_an_unknown_decode_tuning_exits_2_naming_the_choices(capsys):
+    from perflab.cli import main
+    assert main(["run", "--workload", "generate", "--mode", "infer", "--option", "size=tiny",
+                 "--option", "decode_tuning=fast"]) == 2
+    assert "decode_tuning must be gpt-fast or off" in capsys.readouterr().err
