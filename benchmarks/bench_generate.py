@@ -1,18 +1,27 @@
 """Area "generate": token generation held to the memory-bandwidth bound, and speculative decoding.
 
     python -m benchmarks.bench_generate --out DIR [--quick]
+    BENCH_GENERATE_ONLY=bandwidth python -m benchmarks.bench_generate --out DIR   # one part (or: speculative)
 
-- `generate --option size=1b`, batch 1, prompt 128, 128 new tokens, bf16: eager with a dynamic KV cache →
-  static cache + torch.compile reduce-overhead (CUDA graphs) → + int8 weight-only (torchao, gated). Rows: output
-  tokens/s, ms per decode step, the bandwidth bound per step and the share of it reached, TTFT.
-- speculative decoding on the trained pair (size 350m target, its small draft; trained and cached on first use):
-  plain greedy vs K=4, both static cache + compile; rows: acceptance rate, tokens per target forward, speed-up.
+- "bandwidth": `generate --option size=1b`, batch 1, prompt 128, 128 new tokens, bf16: eager with a dynamic KV
+  cache → static cache + torch.compile reduce-overhead (CUDA graphs) with the compile mode's settings alone
+  (decode_tuning=off) → the same with gpt-fast's decode settings (coordinate descent GEMVs, math SDPA; the default)
+  → + int8 weight-only (torchao, gated). Rows: output tokens/s, ms per decode step, the bandwidth bound per step
+  and the share of it reached, the host's issue time per step, CUDA-graph skips, TTFT.
+- "speculative": speculative decoding on the trained pair (size 350m target, its small draft; trained and cached
+  on first use): plain greedy vs K=4, both static cache + compile; rows: acceptance rate, tokens per target
+  forward, speed-up.
+
+BENCH_GENERATE_ONLY picks the variants whose "experiment label" contains it, or one of its comma-separated parts
+(bandwidth, speculative, eager, decode_tuning=off, bf16 compiled, int8, plain greedy, K=4), so the parts can run in
+separate device calls.
 
 The device bandwidth comes from `perflab calibrate` (run here, quick, when no measurement is cached). Without
 CUDA (or with --quick) the sizes shrink to tiny so the area finishes in about a minute on a CPU.
 """
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from pathlib import Path
@@ -34,12 +43,16 @@ def bandwidth_experiment(full: bool) -> tuple[dict[str, Any], list[tuple[str, di
                                      "output_len": "128" if full else "16"}}
     # on a CPU (or --quick) compiling takes minutes on a small shared machine: the static cache alone stands in
     compiled = {"kv_cache": "static", **({"compile": "reduce-overhead"} if full else {})}
-    variants = [("eager, dynamic cache", {"check_quality": False}),
-                ("static cache + compile reduce-overhead" if full else "static cache", {**compiled,
-                                                                                   "check_quality": False})]
-    if full:
-        variants.append(("static cache + compile reduce-overhead + int8-weight",
-                         {**compiled, "quantize": "int8-weight", "check_quality": True}))
+    variants = [("eager, dynamic cache", {"check_quality": False})]
+    if full:  # labels start differently, so BENCH_GENERATE_ONLY can pick any one of them
+        untuned = {**settings["workload_options"], "decode_tuning": "off"}
+        variants += [("compiled decode (static cache + reduce-overhead), decode_tuning=off",
+                      {**compiled, "workload_options": untuned, "check_quality": False}),
+                     ("bf16 compiled decode + gpt-fast decode tuning", {**compiled, "check_quality": False}),
+                     ("int8-weight compiled decode + gpt-fast decode tuning",
+                      {**compiled, "quantize": "int8-weight", "check_quality": True})]
+    else:
+        variants.append(("static cache", {**compiled, "check_quality": False}))
     return settings, variants
 
 
@@ -51,6 +64,13 @@ def speculative_experiment(full: bool) -> tuple[dict[str, Any], list[tuple[str, 
     levers = {"kv_cache": "static", "compile": "reduce-overhead"} if full else {}
     return settings, [("plain greedy (trained target)", {**levers, "check_quality": False}),
                       ("speculative K=4 (trained draft)", {**levers, "speculative": 4, "check_quality": True})]
+
+
+def chosen(experiment: str, variants: list[tuple[str, dict[str, Any]]], only: str
+           ) -> list[tuple[str, dict[str, Any]]]:
+    """The variants whose "experiment label" contains `only`, or one of its comma-separated parts (all when empty)."""
+    parts = [part.strip() for part in only.split(",")]
+    return [(label, changes) for label, changes in variants if any(part in f"{experiment} {label}" for part in parts)]
 
 
 def measure(rows: Rows, out: Path, experiment: str, label: str, settings: dict[str, Any]) -> Optional[perflab.Result]:
@@ -86,10 +106,16 @@ def add_bound_rows(rows: Rows, experiment: str, label: str, result: perflab.Resu
              bound["memory_gbps_source"])
     rows.add(experiment, f"{label} share of the bandwidth bound", bound["pct_of_bound"], "%",
              f"measured ÷ bound {bound['measured_over_bound']:.2f}x" if bound["measured_over_bound"] else "")
+    compiled = generation.get("decode_compile") or {}
+    rows.add(experiment, f"{label} host issue ms per decode step", bound.get("host_issue_ms_per_token"), "ms",
+             f"CUDA-graph skips {compiled.get('cudagraph_skips')} · decode SDPA {compiled.get('decode_sdpa')}"
+             if compiled else "eager decode")
     return generation["output_tokens_per_s"]
 
 
-def run(out: Path, quick: bool) -> list[dict]:
+def run(out: Path, quick: bool, only: Optional[str] = None) -> list[dict]:
+    """Every part, or the variants whose "experiment label" contains `only` (default: $BENCH_GENERATE_ONLY)."""
+    only = os.environ.get("BENCH_GENERATE_ONLY", "") if only is None else only
     out.mkdir(parents=True, exist_ok=True)
     rows = Rows("generate", out)
     cuda = torch.cuda.is_available()
@@ -101,15 +127,15 @@ def run(out: Path, quick: bool) -> list[dict]:
     else:
         rows.add("calibrate", "device memory bandwidth", cached_ceilings(device)["memory_gbps"], "GB/s", "cached")
     settings, variants = bandwidth_experiment(full)
-    name = f"generate {settings['workload_options']['size']} bs1"
-    for label, changes in variants:
+    name = f"bandwidth bound, generate {settings['workload_options']['size']} bs1"
+    for label, changes in chosen(name, variants, only):
         result = measure(rows, out, name, label, {**settings, **changes})
         if result is not None:
             add_bound_rows(rows, name, label, result)
     settings, variants = speculative_experiment(full)
     name = f"speculative {settings['workload_options']['size']} trained pair"
     plain_tokens_per_s = None
-    for label, changes in variants:
+    for label, changes in chosen(name, variants, only):
         result = measure(rows, out, name, label, {**settings, **changes})
         if result is None:
             continue
@@ -123,6 +149,9 @@ def run(out: Path, quick: bool) -> list[dict]:
         if plain_tokens_per_s:
             rows.add(name, "speculative speed-up", tokens_per_s / plain_tokens_per_s, "x",
                      "output tokens/s vs plain greedy with the same levers")
+        elif speculative.get("speedup_vs_plain") is not None:  # plain greedy not run in this call
+            rows.add(name, "speculative speed-up (quality gate)", speculative["speedup_vs_plain"], "x",
+                     speculative.get("speedup_method", ""))
     return rows.rows
 
 

@@ -5,7 +5,9 @@ fastest the step can be (metrics.generation.bandwidth_bound). Near the bound (â‰
 bandwidth-bound: only reading fewer bytes (quantization) or producing more tokens per read (speculative decoding,
 a larger batch) helps. Far above it with an eager step at a small batch, the GPU waits for the host to launch
 kernels: launch-bound. When the batch is large enough that the matmuls at peak FLOP/s take longer than the
-reads, the step is compute-bound.
+reads, the step is compute-bound. When the host needs about as long to issue a step as the device takes to run it
+(host_issue_ms_per_token, from the host's clock at each token: nothing waits on the device per token), the host is
+the limit even for a compiled step (Dynamo's guards, CUDA-graph bookkeeping, launches outside the graph).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from perflab.diagnose.findings import (COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BA
 NEAR_BOUND_PCT = 60.0  # at or above: bandwidth-bound
 FAR_FROM_BOUND_PCT = 35.0  # below, eager and small batch: launch-bound
 SMALL_BATCH = 8
+HOST_BOUND_SHARE = 0.9  # issuing a step takes at least this share of the step: the device waits for the host
 
 
 def decode_regime(ctx: Context) -> Optional[Finding]:
@@ -46,6 +49,9 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
         "memory_gbps": bound["memory_gbps"], "memory_gbps_source": bound["memory_gbps_source"],
         "decode_batch": batch, "compiled_decode": compiled,
     }
+    host_ms = bound.get("host_issue_ms_per_token")
+    if host_ms is not None:
+        evidence["host_issue_ms_per_token"] = host_ms
     if gpu and gpu.get("util_mean_pct") is not None:
         evidence["nvml_util_mean_pct"] = gpu["util_mean_pct"]
     if gpu_busy_pct is not None:
@@ -60,6 +66,14 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
                         f"{step}; at batch {batch} the matmuls need {compute_ms:.3g} ms at peak FLOP/s, more "
                         "than the reads: compute-bound", evidence, ["bf16", "fp8"], active,
                         ["a smaller decode batch lowers latency; a larger one only adds throughput now"])
+    if (compiled and config.get("device") == "cuda" and host_ms is not None and pct < NEAR_BOUND_PCT
+            and host_ms >= HOST_BOUND_SHARE * bound["measured_ms_per_token"]):
+        return _finding(LAUNCH_OVERHEAD, clamp(0.5 + host_ms / bound["measured_ms_per_token"] / 4),
+                        f"{step}; the host needs {host_ms:.3g} ms to issue each step: host-bound", evidence,
+                        [], active,
+                        ["check generation.decode_compile.cudagraph_skips (0: the step replays as one CUDA graph)",
+                         "per-call host cost grows with the number of guarded weights (tensor-subclass weights "
+                         "cost most): TORCH_LOGS=guards lists them"])
     if pct >= NEAR_BOUND_PCT:
         return _finding(MEMORY_BANDWIDTH, clamp(0.5 + (pct - NEAR_BOUND_PCT) / 80), f"{step}: bandwidth-bound",
                         evidence, ["int8-weight", "int4-weight", "fp8", "speculative"], active,

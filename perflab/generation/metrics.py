@@ -27,6 +27,7 @@ class RequestTiming:
     prompt_len: int
     emitted_ms: list[float]
     counts: list[int]
+    issued_ms: Optional[list[float]] = None  # when the host had issued each output's work (ms from its start)
 
     @property
     def output_tokens(self) -> int:
@@ -54,7 +55,8 @@ class TokenClock:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.requests: list[tuple[Any, list[Any], list[int], int, int]] = []
+        # per request: start mark, output marks, counts, batch, prompt length, host start, host issue times
+        self.requests: list[tuple[Any, list[Any], list[int], int, int, float, list[float]]] = []
 
     def _now(self) -> Any:
         if self.cuda:
@@ -64,12 +66,13 @@ class TokenClock:
         return time.perf_counter()
 
     def begin(self, batch: int, prompt_len: int) -> None:
-        self.requests.append((self._now(), [], [], batch, prompt_len))
+        self.requests.append((self._now(), [], [], batch, prompt_len, time.perf_counter(), []))
 
     def emit(self, count: int) -> None:
-        _, marks, counts, _, _ = self.requests[-1]
+        _, marks, counts, _, _, _, issued = self.requests[-1]
         marks.append(self._now())
         counts.append(count)
+        issued.append(time.perf_counter())  # the host's own clock: how fast it issues the steps
 
     def clear(self) -> None:
         self.requests.clear()
@@ -79,8 +82,9 @@ class TokenClock:
 
     def timings(self) -> list[RequestTiming]:
         """Every request recorded since the last clear (call after synchronising the device)."""
-        return [RequestTiming(batch, prompt_len, [self._ms(start, mark) for mark in marks], list(counts))
-                for start, marks, counts, batch, prompt_len in self.requests if marks]
+        return [RequestTiming(batch, prompt_len, [self._ms(start, mark) for mark in marks], list(counts),
+                              [(at - host_start) * 1e3 for at in issued])
+                for start, marks, counts, batch, prompt_len, host_start, issued in self.requests if marks]
 
 
 # ---------------------------------------------------------------------------------------------- SLOs
@@ -195,6 +199,7 @@ def _bound_summary(requests: list[RequestTiming], bound: BandwidthBound) -> dict
         "weight_bytes": bound.weight_bytes, "kv_bytes_per_position": bound.kv_bytes_per_position,
         "memory_gbps": bound.memory_gbps, "memory_gbps_source": bound.source, "notes": list(bound.notes),
         "bound_ms_per_token": None, "measured_ms_per_token": None, "measured_over_bound": None, "pct_of_bound": None,
+        "host_issue_ms_per_token": None,
         "compute_ms_per_token": (bound.matmul_flops_per_step / (bound.peak_tflops * 1e12) * 1e3
                                  if bound.peak_tflops else None),
     }
@@ -203,6 +208,9 @@ def _bound_summary(requests: list[RequestTiming], bound: BandwidthBound) -> dict
     bound_ms = sum(bound.decode_bound_ms(r) for r in decoding)
     measured_ms = sum(r.emitted_ms[-1] - r.emitted_ms[0] for r in decoding)
     tokens = sum(r.output_tokens - 1 for r in decoding)
+    issued = [r for r in decoding if r.issued_ms]
+    summary["host_issue_ms_per_token"] = (sum(r.issued_ms[-1] - r.issued_ms[0] for r in issued) /
+                                          sum(r.output_tokens - 1 for r in issued) if issued else None)
     summary.update(bound_ms_per_token=bound_ms / tokens, measured_ms_per_token=measured_ms / tokens,
                    measured_over_bound=measured_ms / bound_ms if bound_ms else None,
                    pct_of_bound=100 * bound_ms / measured_ms if measured_ms else None,

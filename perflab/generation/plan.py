@@ -35,6 +35,7 @@ class GenerationSpec:
     context_limit: Optional[int] = None  # positions the model supports, when known
     builtin_draft: Optional[Callable[[], nn.Module]] = None  # the draft trained with the target, if any
     builtin_decoder: bool = False  # the model is perflab's Decoder (static cache and compiled decode apply)
+    decode_tuning: bool = True  # compile decode with gpt-fast's Inductor settings (compiled_decode.py)
 
 
 @dataclass
@@ -102,7 +103,7 @@ def prepare_generation(plan, cfg) -> None:
 
     def session(of: nn.Module, largest_compiled: int = 1):
         return open_session(of, plan.batch_size, positions, plan.device, dtype, settings.static_cache,
-                            settings.compile_mode, largest_compiled)
+                            settings.compile_mode, largest_compiled, spec.decode_tuning, cfg.sdpa)
     step = GenerationStep(target=session(model, largest_compiled=k + 1 if k else 1), clock=TokenClock(plan.device))
     if k:
         draft = load_draft(cfg, spec, plan.device, dtype)
@@ -185,7 +186,9 @@ class GenerationHook(StepHook):
     """Clears the clock before the timed trials; turns its records into result.metrics['generation'] at the end."""
 
     def __init__(self, step: GenerationStep, bound: BandwidthBound, slo: dict[str, float], cfg):
+        from perflab.generation.compiled_decode import cudagraph_skips
         self.step, self.bound, self.slo, self.cfg = step, bound, slo, cfg
+        self.skips_before = cudagraph_skips()  # the decode step compiles after this, in warm-up
 
     def __enter__(self) -> "GenerationHook":
         self.step.clock.clear()
@@ -204,6 +207,7 @@ class GenerationHook(StepHook):
         metrics = summarize_requests(requests, trial_walls, self.bound, self.slo)
         metrics["levers"] = {"kv_cache": self.cfg.kv_cache, "compile": self.cfg.compile,
                              "quantize": self.cfg.quantize, "speculative": self.cfg.speculative}
+        metrics["decode_compile"] = self.decode_compile(result)
         if self.step.k:
             metrics["speculative"] = self.step.stats.summary(self.step.k)
             gate = (result.quality or {}).get("metrics", {})
@@ -216,3 +220,13 @@ class GenerationHook(StepHook):
         finding = classify_decode(metrics, result.config, result.metrics.get("gpu"), active=result.levers)
         metrics["decode_regime"] = finding.to_dict() if finding is not None else None
         result.metrics["generation"] = metrics
+
+    def decode_compile(self, result) -> Optional[dict[str, Any]]:
+        """How the decode step was compiled (mode, Inductor options, SDPA backend) and, on a GPU with CUDA graphs
+        asked for, how many compiled graphs ran without them (0: the whole step replays as one graph)."""
+        from perflab.generation.compiled_decode import cudagraph_skips
+        settings = getattr(self.step.target, "compile_settings", None)
+        if settings is None:
+            return None
+        graphs = settings["inductor_options"].get("triton.cudagraphs") and self.step.target.device.type == "cuda"
+        return {**settings, "cudagraph_skips": cudagraph_skips() - self.skips_before if graphs else None}

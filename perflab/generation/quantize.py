@@ -3,6 +3,13 @@
 torchao changed its API: newer releases take config objects (`quantize_(model, Int8WeightOnlyConfig())`), older
 ones factory functions (`quantize_(model, int8_weight_only())`). Both are supported; torchao is imported only
 when a scheme is asked for.
+
+int8-weight is per-row (one scale per output channel). torchao's linear for it (0.18: Int8Tensor) is gpt-fast's
+WeightOnlyInt8Linear: `mm(x, w_int8.t().to(x.dtype)) * scale`. Eager, that converts every weight to bf16 before the
+matmul (more bytes moved than bf16 weights: slower); compiled with coordinate descent tuning, Inductor turns the
+batch-1 product into one multiply-and-reduce kernel that reads the int8 weight once (compiled_decode.py). torchao
+would switch that tuning on for the whole process when quantizing (`set_inductor_config`); it is asked not to,
+because the compiled decode step sets it for itself, and nothing else in the run should change.
 """
 from __future__ import annotations
 
@@ -52,7 +59,10 @@ def quantization_config(scheme: str) -> Any:
                 return config_class(**kwargs, int4_packing_format=INT4_KERNEL_FORMAT)
             except TypeError:  # before the packing-format argument: its default layout is tinygemm's
                 return config_class(**kwargs)
-        return config_class(**kwargs)
+        try:
+            return config_class(**kwargs, set_inductor_config=False)
+        except TypeError:  # a config without the switch
+            return config_class(**kwargs)
     factory = getattr(tq, old_name, None)
     if factory is None:
         raise PerflabError(f"this torchao ({getattr(__import__('torchao'), '__version__', '?')}) has neither "

@@ -10,19 +10,23 @@ verification), and can roll back (rejected drafts). Two kinds:
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import contextlib
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 from torch import nn
 
 from perflab.errors import PerflabError
+from perflab.generation.compiled_decode import compile_decode, decode_attention
 from perflab.generation.decoder import Decoder
+
 
 class DecoderSession:
     """Prefill and decode through the built-in Decoder and its KV caches."""
 
     def __init__(self, model: Decoder, batch: int, max_seq: int, static: bool, device: torch.device,
-                 dtype: torch.dtype, compile_mode: Optional[str] = None, largest_compiled: int = 1):
+                 dtype: torch.dtype, compile_mode: Optional[str] = None, largest_compiled: int = 1,
+                 tuned: bool = True, sdpa: str = "auto"):
         if max_seq > model.size.max_seq:
             raise PerflabError(f"requests need {max_seq} positions but the decoder has {model.size.max_seq}: use "
                                "shorter prompt_len/output_len options")
@@ -34,36 +38,63 @@ class DecoderSession:
         # prefills stay eager: their lengths vary by request and would each compile a graph.
         self.largest_compiled = largest_compiled
         self.compiled = None
+        self.compile_settings: Optional[dict] = None
+        self.attention: Callable[[], ContextManager] = contextlib.nullcontext
         if compile_mode is not None:
             if not static:
                 raise PerflabError("compiling the decode step needs fixed shapes: add --kv-cache static")
-            self.compiled = torch.compile(self._forward, mode=compile_mode, fullgraph=True, dynamic=False)
+            self.compiled, options = compile_decode(self._step, compile_mode, tuned)
+            self.attention, attention_name = decode_attention(tuned, sdpa)
+            self.compile_settings = {"mode": compile_mode, "decode_tuning": "gpt-fast" if tuned else "off",
+                                     "inductor_options": options, "decode_sdpa": attention_name}
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # row p of the static mask: a query at position p sees every position up to p, nothing after
+        # row p of the static mask: a query at position p sees every position up to p, nothing after (one row per
+        # new token: (1, 1, T, max_seq), never the whole table)
         rows = self.model.static_mask_rows
         mask = rows[positions].view(1, 1, tokens.shape[1], self.max_seq) if self.static else None
         return self.model(tokens, positions, mask)
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and the greedy next token of every position: the argmax runs inside the compiled step (and its
+        CUDA graph), so a greedy decode launches nothing per token outside it but the inputs' copies."""
+        logits = self._forward(tokens, positions)
+        return logits, logits.argmax(dim=-1)
 
     def start(self, prompt: torch.Tensor) -> torch.Tensor:
         """Forget the previous request and run the prompt; logits (batch, prompt length, vocab)."""
         for cache in self.model.caches():
             cache.reset()
         self.length = 0
-        return self.extend(prompt, compiled=False)
+        return self._extend(prompt, compiled=False)[0]
 
     def extend(self, tokens: torch.Tensor, compiled: bool = True) -> torch.Tensor:
-        """Run `tokens` (batch, T) after everything cached; logits (batch, T, vocab)."""
+        """Run `tokens` (batch, T) after everything cached; logits (batch, T, vocab). From the compiled step
+        (CUDA graphs) they live in the graph's memory: valid until this session's next call, clone to keep."""
+        return self._extend(tokens, compiled)[0]
+
+    def extend_greedy(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Run `tokens` (batch, T) after everything cached; the greedy next token after each: (batch, T), valid
+        until this session's next call (clone to keep)."""
+        logits, chosen = self._extend(tokens, compiled=True)
+        return chosen if chosen is not None else logits.argmax(dim=-1)
+
+    def _extend(self, tokens: torch.Tensor, compiled: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         count = tokens.shape[1]
         if self.length + count > self.max_seq:
             raise PerflabError(f"a request reached {self.length + count} positions, more than the {self.max_seq} "
                                "the session was sized for")
-        # a fresh tensor (not a view of a table): a compiled step's inputs stay aligned and shaped alike
+        # a fresh tensor (not a view of a table): a compiled step's inputs stay aligned and shaped alike; made on
+        # the device (a fill kernel), never copied from the host
         positions = torch.arange(self.length, self.length + count, device=self.device)
+        chosen = None
         if compiled and self.compiled is not None and count <= self.largest_compiled:
             # row-major strides whatever the tokens were sliced from: Dynamo guards on strides, so a (1, 1) slice of
-            # a (1, K) tensor would otherwise compile another graph
-            logits = self.compiled(tokens.clone(memory_format=torch.contiguous_format), positions)
+            # a (1, K) tensor would otherwise compile another graph (copied only when they differ)
+            if tokens.stride() != (count, 1):
+                tokens = tokens.clone(memory_format=torch.contiguous_format)
+            with self.attention():
+                logits, chosen = self.compiled(tokens, positions)
         elif self.static or self.length == 0 or count == 1:
             logits = self._forward(tokens, positions)
         else:  # several new tokens after a dynamic cache: each sees the cache and the new tokens before it
@@ -71,7 +102,7 @@ class DecoderSession:
             mask = (seen[None, :] <= positions[:, None]).view(1, 1, count, -1)
             logits = self.model(tokens, positions, mask)
         self.length += count
-        return logits
+        return logits, chosen
 
     def truncate(self, length: int) -> None:
         """Roll back to the first `length` positions."""
@@ -107,6 +138,10 @@ class CausalLMSession:
         logits, self.past = output_field(output, "logits", 0), output_field(output, "past_key_values", 1)
         self.length += count
         return logits
+
+    def extend_greedy(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The greedy next token after each of `tokens`: (batch, T)."""
+        return self.extend(tokens).argmax(dim=-1)
 
     def truncate(self, length: int) -> None:
         self.past = crop_past(self.past, length)
@@ -147,8 +182,10 @@ def crop_past(past: Any, length: int) -> Any:
 
 
 def open_session(model: nn.Module, batch: int, max_seq: int, device: torch.device, dtype: torch.dtype,
-                 static: bool = False, compile_mode: Optional[str] = None, largest_compiled: int = 1):
+                 static: bool = False, compile_mode: Optional[str] = None, largest_compiled: int = 1,
+                 tuned: bool = True, sdpa: str = "auto"):
     """A session for `model`: the built-in Decoder's own caches, or the transformers convention."""
     if isinstance(model, Decoder):
-        return DecoderSession(model, batch, max_seq, static, device, dtype, compile_mode, largest_compiled)
+        return DecoderSession(model, batch, max_seq, static, device, dtype, compile_mode, largest_compiled, tuned,
+                              sdpa)
     return CausalLMSession(model, batch, max_seq, device)

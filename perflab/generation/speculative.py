@@ -69,10 +69,11 @@ def _round(target, draft, token: torch.Tensor, k: int) -> tuple[torch.Tensor, in
     proposals = []
     proposal = token
     for _ in range(k):
-        proposal = greedy(draft.extend(proposal))
+        # a compiled step's output lives until its next call: keep a copy of each proposal
+        proposal = draft.extend_greedy(proposal)[:, -1:].clone()
         proposals.append(proposal)
     drafted = torch.cat(proposals, dim=1)
-    predicted = target.extend(torch.cat([token, drafted], dim=1)).argmax(dim=-1)  # (batch, k + 1)
+    predicted = target.extend_greedy(torch.cat([token, drafted], dim=1)).clone()  # (batch, k + 1)
     # every row of the batch must agree: the batch accepts the shortest matching prefix
     matching = (drafted == predicted[:, :k]).long().cumprod(dim=1).sum(dim=1).min()
     accepted = int(matching)  # the host sync of the round

@@ -108,6 +108,14 @@ def add_generation_rows(table: Table, generation: dict) -> None:
                       f"GB/s ({bound['memory_gbps_source']})")
     elif bound:
         table.add_row("bandwidth bound", f"n/a: {bound.get('memory_gbps_source')}")
+    compiled = generation.get("decode_compile")
+    if compiled:
+        skips = compiled.get("cudagraph_skips")
+        table.add_row("decode step", f"compiled {compiled['mode']}, decode tuning {compiled['decode_tuning']}, SDPA "
+                      f"{compiled['decode_sdpa'].split(' ')[0]}" +
+                      (f" · CUDA-graph skips {skips}" if skips is not None else "") +
+                      (f" · host issues a step in {fmt(bound['host_issue_ms_per_token'], 3)} ms"
+                       if bound.get("host_issue_ms_per_token") is not None else ""))
     speculative = generation.get("speculative")
     if speculative and speculative.get("acceptance_rate") is not None:
         table.add_row("speculative", f"K={speculative['k']} · acceptance {fmt(100 * speculative['acceptance_rate'])}% · "

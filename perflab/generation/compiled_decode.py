@@ -1,0 +1,65 @@
+"""The compiled decode step: torch.compile with gpt-fast's Inductor settings, scoped to that one function.
+
+At batch 1 a decode step multiplies a (1, dim) activation by every weight matrix. Inductor only generates
+matrix-vector products that reach the memory bandwidth with coordinate descent tuning on: it then decomposes a
+(1, K) x (K, N) product into a fused multiply-and-reduce kernel (int8 weights dequantised inside it) and tunes its
+block sizes, instead of calling cuBLAS (torch/_inductor/decomposition.py: "Our matrix vector multiplies only
+achieve peak bandwidth with coordinate descent tuning"). gpt-fast sets these globally; here they go through
+`torch.compile(options=...)`, which patches Inductor's config only while the decode step compiles, so nothing
+else in the process changes. gpt-fast also traces decode under the math SDPA backend so that Inductor generates
+the attention itself (one query token: two small matrix-vector products), done here when --sdpa is auto.
+
+`--option decode_tuning=off` compiles with the mode's settings alone (the previous behaviour, for comparison).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager, Optional
+
+import torch
+
+# gpt-fast's generate.py settings. unique_kernel_names: profiler traces name each kernel after the ops it fuses;
+# fx_graph_cache: a second process (the quality gate, a rerun) loads the compiled graph instead of compiling again.
+DECODE_INDUCTOR_OPTIONS = {"coordinate_descent_tuning": True, "triton.unique_kernel_names": True,
+                           "fx_graph_cache": True}
+
+
+def inductor_options(mode: Optional[str], tuned: bool) -> dict[str, Any]:
+    """Inductor's options for `mode` (reduce-overhead: CUDA graphs), plus gpt-fast's decode settings when tuned
+    (those this torch knows)."""
+    import torch._inductor
+    import torch._inductor.config
+    options = dict(torch._inductor.list_mode_options(mode or "default"))
+    if tuned:
+        known = torch._inductor.config.get_config_copy()
+        options.update({key: value for key, value in DECODE_INDUCTOR_OPTIONS.items() if key in known})
+    return options
+
+
+def compile_decode(step: Callable, mode: Optional[str], tuned: bool) -> tuple[Callable, dict[str, Any]]:
+    """`step` compiled whole (fullgraph: a graph break is an error, not a silent slowdown) for fixed shapes;
+    returns it with the Inductor options it compiles with."""
+    options = inductor_options(mode, tuned)
+    if options.get("triton.cudagraphs"):
+        # imported now, not first inside torch._dynamo.reset() (session.close): importing it registers a backend,
+        # and reset would fail with "dictionary changed size during iteration" over its backends
+        import torch._inductor.cudagraph_trees  # noqa: F401
+    # torch.compile takes a mode or options, not both: the mode's own options are already in `options`
+    compiled = torch.compile(step, options=options or None, fullgraph=True, dynamic=False)
+    return compiled, options
+
+
+def decode_attention(tuned: bool, sdpa: str) -> tuple[Callable[[], ContextManager], str]:
+    """The SDPA context the compiled decode runs (and is traced) in, and its name for result.json: the math backend
+    when tuned and no --sdpa backend was pinned (Inductor then generates the attention), otherwise the run's."""
+    if tuned and sdpa == "auto":
+        from perflab.levers.sdpa import sdpa_context
+        return sdpa_context("math"), "math (Inductor generates the attention)"
+    return contextlib.nullcontext, sdpa if sdpa != "auto" else "auto (PyTorch picks per call)"
+
+
+def cudagraph_skips() -> int:
+    """How many compiled graphs Inductor has run without CUDA graphs so far in this process (its counter); a rise
+    while the decode step compiles means reduce-overhead did not capture it (TORCH_LOGS=cudagraphs says why)."""
+    from torch._dynamo.utils import counters
+    return int(counters["inductor"]["cudagraph_skips"])

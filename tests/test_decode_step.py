@@ -1,0 +1,206 @@
+"""The decode step: no host sync per token, one graph without breaks or recompiles, gpt-fast's Inductor settings
+scoped to the compiled step, and the compiled path's outputs equal to eager decoding."""
+import pytest
+import torch
+
+from perflab.generation.compiled_decode import DECODE_INDUCTOR_OPTIONS, decode_attention, inductor_options
+from perflab.generation.decode import generate_greedy, teacher_forced_logits
+from perflab.generation.decoder import SIZES, Decoder
+from perflab.generation.session import open_session
+from perflab.generation.speculative import generate_speculative
+
+CPU = torch.device("cpu")
+SYNC_OP = "aten::_local_scalar_dense"  # under .item(), .tolist(), int(tensor), bool(tensor): a read to the host
+
+
+def tiny_decoder(seed: int = 0) -> Decoder:
+    torch.manual_seed(seed)
+    return Decoder(SIZES["tiny"]).eval()
+
+
+def host_syncs(run) -> int:
+    """How many times `run` read a tensor's value back to the host (what blocks on a GPU)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        run()
+    return sum(event.count for event in profiler.key_averages() if event.key == SYNC_OP)
+
+
+def eager_backend_session(model, static=True, batch=1, positions=48, largest_compiled=1):
+    """A session whose decode step goes through Dynamo (fullgraph) with the eager backend: what Dynamo captures,
+    without the minutes Inductor's C++ compile takes on a CPU."""
+    session = open_session(model, batch, positions, CPU, torch.float32, static=static)
+    session.compiled = torch.compile(session._step, backend="eager", fullgraph=True, dynamic=False)
+    session.largest_compiled = largest_compiled
+    return session
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic-cache", "static-cache"])
+def test_greedy_decode_reads_nothing_back_to_the_host_per_token(static):
+    model = tiny_decoder()
+    prompt = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(1))
+    session = open_session(model, 1, 40, CPU, torch.float32, static=static)
+    with torch.inference_mode():
+        generate_greedy(session, prompt, 2)  # first use out of the count
+        assert host_syncs(lambda: generate_greedy(session, prompt, 24)) == 0
+
+
+def test_speculative_decoding_syncs_once_per_round_not_per_token():
+    target, draft = tiny_decoder(0), tiny_decoder(1)
+    prompt = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(1))
+    sessions = [open_session(model, 1, 40, CPU, torch.float32, static=True) for model in (target, draft)]
+    from perflab.generation.speculative import SpeculativeStats
+    stats = SpeculativeStats()
+    with torch.inference_mode():
+        syncs = host_syncs(lambda: generate_speculative(*sessions, prompt, 20, 3, stats))
+    assert stats.rounds > 0 and syncs == stats.rounds
+
+
+def test_compiled_decode_step_is_one_graph_without_breaks():
+    model = tiny_decoder()
+    session = open_session(model, 1, 32, CPU, torch.float32, static=True)
+    with torch.inference_mode():
+        session.start(torch.zeros(1, 4, dtype=torch.long))
+        explained = torch._dynamo.explain(session._step)(torch.zeros(1, 1, dtype=torch.long), torch.tensor([4]))
+    torch._dynamo.reset()
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_compiled_decode_never_recompiles_across_tokens_requests_and_the_gate_path():
+    model = tiny_decoder()
+    prompts = [torch.randint(0, 512, (1, length), generator=torch.Generator().manual_seed(length))
+               for length in (6, 9)]
+    session = eager_backend_session(model)
+    try:
+        with torch.inference_mode():
+            tokens = generate_greedy(session, prompts[0], 3)  # compiles the one-token step once
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                for prompt in prompts:
+                    tokens = generate_greedy(session, prompt, 12)
+                    teacher_forced_logits(session, prompt, tokens)  # the quality gate's way through the step
+    finally:
+        session.close()
+
+
+def test_compiled_decode_gives_eager_decodings_tokens_and_speculative_stays_identical():
+    target, draft = tiny_decoder(0), tiny_decoder(1)
+    prompt = torch.randint(0, 512, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        expected = generate_greedy(open_session(target, 2, 40, CPU, torch.float32, static=True), prompt, 16)
+        compiled = eager_backend_session(target, batch=2, largest_compiled=4)
+        assert torch.equal(generate_greedy(compiled, prompt, 16), expected)
+        speculative = generate_speculative(compiled, eager_backend_session(draft, batch=2), prompt, 16, 3)
+    torch._dynamo.reset()
+    assert torch.equal(speculative, expected)
+
+
+def test_decode_tuning_adds_gpt_fast_inductor_settings_to_the_mode_without_touching_global_config():
+    import torch._inductor.config as inductor_config
+    before = inductor_config.coordinate_descent_tuning
+    tuned = inductor_options("reduce-overhead", tuned=True)
+    assert tuned["triton.cudagraphs"] is True and tuned["coordinate_descent_tuning"] is True
+    assert set(DECODE_INDUCTOR_OPTIONS) <= set(tuned)
+    assert inductor_options("reduce-overhead", tuned=False) == {"triton.cudagraphs": True}
+    session = open_session(tiny_decoder(), 1, 16, CPU, torch.float32, static=True, compile_mode="reduce-overhead")
+    assert session.compile_settings["inductor_options"] == tuned
+    assert session.compile_settings["decode_sdpa"].startswith("math")
+    session.close()
+    assert inductor_config.coordinate_descent_tuning == before
+
+
+def test_decode_attention_is_math_only_when_tuned_and_no_backend_is_pinned():
+    assert decode_attention(True, "auto")[1].startswith("math")
+    assert decode_attention(False, "auto")[1].startswith("auto")
+    assert decode_attention(True, "efficient")[1] == "efficient"
+
+
+def test_a_compiled_decode_whose_host_needs_the_whole_step_to_issue_it_is_host_bound():
+    from perflab.diagnose.decode import classify_decode
+    from perflab.diagnose.findings import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
+
+    def metrics(host_ms):
+        return {"bandwidth_bound": {"pct_of_bound": 27.0, "measured_ms_per_token": 2.8, "bound_ms_per_token": 0.75,
+                                    "measured_over_bound": 3.7, "memory_gbps": 2900.0, "memory_gbps_source": "test",
+                                    "host_issue_ms_per_token": host_ms}}
+    config = {"batch_size": 1, "compile": "reduce-overhead", "device": "cuda"}
+    host_bound = classify_decode(metrics(2.7), config, None)
+    assert host_bound.cls == LAUNCH_OVERHEAD and "host-bound" in host_bound.summary
+    assert host_bound.evidence["host_issue_ms_per_token"] == 2.7
+    assert "host-bound" not in classify_decode(metrics(0.3), config, None).summary
+    assert classify_decode(metrics(0.3), config, None).cls in (LAUNCH_OVERHEAD, MEMORY_BANDWIDTH)
+
+
+def test_token_clock_reports_how_long_the_host_took_to_issue_each_decode_token():
+    from perflab.generation.metrics import TokenClock
+    clock = TokenClock(CPU)
+    model = tiny_decoder()
+    session = open_session(model, 1, 40, CPU, torch.float32, static=True)
+    with torch.inference_mode():
+        generate_greedy(session, torch.zeros(1, 6, dtype=torch.long), 10, clock)
+    (request,) = clock.timings()
+    assert len(request.issued_ms) == 10 and request.issued_ms == sorted(request.issued_ms)
+    assert request.issued_ms[-1] > request.issued_ms[0] > 0
+
+
+def test_int8_weight_asks_torchao_not_to_change_inductor_for_the_whole_process(monkeypatch):
+    import sys
+    import types
+    from perflab.generation.quantize import quantization_config
+
+    class Int8WeightOnlyConfig:  # the shape of torchao >= 0.10's config
+        def __init__(self, set_inductor_config=True):
+            self.set_inductor_config = set_inductor_config
+    quantization = types.ModuleType("torchao.quantization")
+    quantization.Int8WeightOnlyConfig = Int8WeightOnlyConfig
+    monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
+    monkeypatch.setitem(sys.modules, "torchao.quantization", quantization)
+    assert quantization_config("int8-weight").set_inductor_config is False
+
+
+@pytest.mark.slow  # Inductor compiles C++ for the step: about half a minute on a small CPU
+def test_inductor_compiled_decode_with_gpt_fast_settings_gives_eager_tokens_and_leaves_inductor_config_alone():
+    import torch._inductor.config as inductor_config
+    before = (inductor_config.coordinate_descent_tuning, inductor_config.triton.unique_kernel_names)
+    model = tiny_decoder()
+    prompt = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = generate_greedy(open_session(model, 1, 40, CPU, torch.float32, static=True), prompt, 12)
+        session = open_session(model, 1, 40, CPU, torch.float32, static=True, compile_mode="reduce-overhead")
+        try:
+            assert torch.equal(generate_greedy(session, prompt, 12), expected)
+        finally:
+            session.close()
+    assert (inductor_config.coordinate_descent_tuning, inductor_config.triton.unique_kernel_names) == before
+
+
+def cuda_run(tmp_path, name, *levers):
+    from perflab.cli import main
+    import json
+    out = tmp_path / name
+    assert main(["run", "--workload", "generate", "--mode", "infer", "--option", "size=tiny", "--option",
+                 "prompt_len=8", "--option", "output_len=16", "--steps", "2", "--warmup", "2", "--trials", "2",
+                 "--quality-steps", "1", "--device", "cuda", "--precision", "bf16", "--kv-cache", "static",
+                 "--compile", "reduce-overhead", *levers, "--out", str(out)]) == 0
+    return json.loads((out / "result.json").read_text())
+
+
+@pytest.mark.cuda
+def test_compiled_decode_replays_as_cuda_graphs_on_a_gpu(tmp_path):
+    data = cuda_run(tmp_path, "bf16")
+    compiled = data["metrics"]["generation"]["decode_compile"]
+    assert compiled["inductor_options"]["coordinate_descent_tuning"] is True
+    assert compiled["cudagraph_skips"] == 0 and data["quality"]["verdict"] == "pass"
+
+
+@pytest.mark.cuda
+def test_int8_weight_compiled_decode_replays_as_cuda_graphs_on_a_gpu(tmp_path):
+    pytest.importorskip("torchao")
+    data = cuda_run(tmp_path, "int8", "--quantize", "int8-weight")
+    assert data["metrics"]["generation"]["decode_compile"]["cudagraph_skips"] == 0
+    assert data["quality"]["verdict"] == "pass"
+
+
+def test_an_unknown_decode_tuning_exits_2_naming_the_choices(capsys):
+    from perflab.cli import main
+    assert main(["run", "--workload", "generate", "--mode", "infer", "--option", "size=tiny",
+                 "--option", "decode_tuning=fast"]) == 2
+    assert "decode_tuning must be gpt-fast or off" in capsys.readouterr().err
