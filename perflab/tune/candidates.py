@@ -24,6 +24,9 @@ TORCH_PREFETCH_DEFAULT = 2  # DataLoader's prefetch_factor when none is given
 # times the default mode.
 COMPILE_ESTIMATE_S = {"default": 30.0, "reduce-overhead": 45.0, "max-autotune": 180.0}
 COMPILE_SCALE = {"default": 1.0, "reduce-overhead": 1.5, "max-autotune": 5.0}
+# Warm-up steps a compile mode needs before its steps are steady: the first compiles; with CUDA graphs
+# (reduce-overhead, max-autotune) Inductor warms up on the second call and records on the third.
+COMPILE_WARMUP = {"default": 2, "reduce-overhead": 3, "max-autotune": 3}
 
 ONCE, LADDER, ALTERNATIVES, BATCH = "once", "ladder", "alternatives", "batch"
 
@@ -105,15 +108,15 @@ def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: floa
 
 
 def worker_ladder(current: int, cpu_count: int) -> list[int]:
-    """DataLoader worker counts to try above `current`: 2, 4, 8, ... up to the CPU count (1 on one core)."""
-    if cpu_count <= 1:
-        return [1] if current < 1 else []
-    values, workers = [], 2
-    while workers <= cpu_count:
-        if workers > current:
-            values.append(workers)
+    """DataLoader worker counts to try above `current`: 2, 4, 8, ... and last one per CPU but the main
+    process's (which runs the step and pins the batches): 2, 4, 8, 15 on 16 CPUs; 1 on one or two."""
+    top = max(1, cpu_count - 1)
+    values, workers = [], min(2, top)
+    while workers < top:
+        values.append(workers)
         workers *= 2
-    return values
+    values.append(top)
+    return [n for n in values if n > current]
 
 
 def compile_cost_s(mode: str, measured_default_s: Optional[float]) -> float:
@@ -121,6 +124,16 @@ def compile_cost_s(mode: str, measured_default_s: Optional[float]) -> float:
     if measured_default_s:
         return measured_default_s * COMPILE_SCALE[mode]
     return COMPILE_ESTIMATE_S[mode]
+
+
+def compile_trial_cost_s(mode: str, plain_trial_s: float, measured_extra_s: Optional[float]) -> float:
+    """Expected wall time of a trial in a compile mode: a plain trial plus what compiling adds. Once a
+    compile=default trial has run, what it took beyond the trial it was judged against (its compilations, the
+    timed run's and the quality gate's, and their warm-up) scaled by COMPILE_SCALE; before, two compilations
+    at COMPILE_ESTIMATE_S."""
+    if measured_extra_s is not None:
+        return plain_trial_s + measured_extra_s * COMPILE_SCALE[mode]
+    return plain_trial_s + 2 * COMPILE_ESTIMATE_S[mode]
 
 
 def expand(proposal: Proposal, lever: Any, best: RunConfig, cpu_count: int) -> list[Candidate]:

@@ -22,15 +22,20 @@ from perflab.errors import PerflabError
 from perflab.levers import all_levers
 from perflab.results import Result
 from perflab.tune import candidates as search
+from perflab.tune import ordering
 from perflab.tune.decision import Decision, judge, not_measured
 from perflab.tune.journal import Journal, trial_key
 from perflab.tune.settings import TuneConfig, strict_tolerances
-from perflab.tune.trial import OK, OOM, QUALITY_FAIL, TrialOutcome, run_trial, trial_figures
+from perflab.tune.trial import OK, OOM, PROFILE_STEPS, QUALITY_FAIL, TrialOutcome, run_trial, trial_figures
 
 TRIALS_DIR = "trials"
 NEAR_PEAK_BUSY_PCT = 95.0
 NEAR_PEAK_MFU_PCT = 70.0  # share of the calibrated peak that counts as "near it"
 BATCH_LIMIT = 4096
+# A one-value lever measured inside the noise while its finding predicted at least this gain is tried once more,
+# after the next kept lever (the bottleneck has moved); inside the noise twice, it is lost.
+RETRY_PREDICTED_PCT = 25.0
+NO_SIGNIFICANT_CHANGE = "no significant change"
 BATCH_NOTE = ("batch size changes the optimisation (the learning rate and schedule were tuned for the old batch): "
               "re-check convergence before adopting it")
 
@@ -107,11 +112,15 @@ class Tuner:
         self.count = 0
         self.lost: list[str] = []  # levers tried that never won (the diagnosis is told, and never re-proposes)
         self.settled: set[str] = set()  # levers whose search is over, won or lost
+        self.deferred: list[str] = []  # inside the noise against a large prediction: once more after a keep
+        self.retried: set[str] = set()  # levers given their one retry
         self.chain: list[dict[str, Any]] = []
         self.diagnoses: list[dict[str, Any]] = []
         self.skipped: dict[str, str] = {}
         self.notes: list[str] = []
         self.measured_compile_s: Optional[float] = None
+        self.plain_trial_s: Optional[float] = None  # wall time of the trial compile=default was judged against
+        self.compile_extra_s: Optional[float] = None  # what compile=default's trial took beyond that one
         self.best_cfg = self.start
         self.best: Optional[Result] = None
         self.best_row: Optional[dict[str, Any]] = None
@@ -163,7 +172,7 @@ class Tuner:
 
     def _try_levers(self) -> bool:
         """Try the proposed levers in order until one is kept (True) or none is left (False)."""
-        for proposal in search.proposals(self.diagnosis, self.levers):
+        for proposal in ordering.arrange(search.proposals(self.diagnosis, self.levers), self.best_cfg):
             if proposal.lever in self.settled or proposal.lever in self.settings.exclude:
                 continue
             candidates = search.expand(proposal, self.levers[proposal.lever], self.best_cfg, self.cpu_count)
@@ -189,9 +198,31 @@ class Tuner:
                 break
         if tried:
             self.settled.add(lever)
-        if measured and not kept_any:
-            self.lost.append(lever)  # refused, crashed or noisy trials are not losses: nothing was judged
+        if measured and not kept_any:  # refused, crashed or noisy trials are not losses: nothing was judged
+            if self._worth_a_retry(candidates[-1], self.chain[-1]):
+                self.deferred.append(lever)
+            else:
+                self.lost.append(lever)
         return kept_any
+
+    def _worth_a_retry(self, candidate: search.Candidate, row: dict[str, Any]) -> bool:
+        """A one-value lever inside the noise while its finding predicted a large gain, not retried yet: the
+        prediction may hold once the bottleneck moves (it is tried again after the next kept lever, once)."""
+        predicted = row.get("predicted_gain_pct")
+        if (candidate.search != search.ONCE or candidate.lever in self.retried or predicted is None
+                or predicted < RETRY_PREDICTED_PCT or row["decision"].get("verdict") != NO_SIGNIFICANT_CHANGE):
+            return False
+        self.notes.append(f"{candidate.lever} measured inside the noise ({row.get('measured_gain_pct') or 0:+.1f}%) "
+                          f"although the diagnosis predicted {predicted:+.0f}%: tried once more after the next kept "
+                          "lever")
+        return True
+
+    def _release_deferred(self) -> None:
+        """After a kept lever, the levers deferred as inside the noise may be proposed once more."""
+        for lever in self.deferred:
+            self.settled.discard(lever)
+            self.retried.add(lever)
+        self.deferred = []
 
     def _search_batch(self) -> bool:
         """Grow the batch until it runs out of memory or stops paying, then bisect towards the OOM."""
@@ -218,16 +249,26 @@ class Tuner:
     def _can_try(self, candidate: search.Candidate) -> bool:
         cfg = self._candidate_config(candidate)
         reason = search.refusal_before_trying(candidate, cfg, self.levers.get(candidate.lever), self._workload())
+        if reason is None and candidate.search == search.ONCE:
+            reason = ordering.replaces_kept(candidate.option, candidate.value, self.best_cfg, self.start)
         if reason is None and candidate.option == "compile":
-            # the timed run compiles, and so does the quality gate's copy of the model
-            cost = 2 * search.compile_cost_s(candidate.value, self.measured_compile_s)
-            left = self.settings.budget_s - self.spent_s
-            if cost > left:
-                reason = f"needs about {cost:.0f} s of compilation and {left:.0f} s of the budget is left"
+            reason = self._compile_over_budget(candidate.value)
         if reason is not None:
             self.skipped.setdefault(candidate.label, reason)
             return False
         return True
+
+    def _compile_over_budget(self, mode: str) -> Optional[str]:
+        """Why a compile mode does not fit in the budget left (its trial's expected wall time is more), or None."""
+        plain_s = self.plain_trial_s if self.plain_trial_s is not None else self.best_row["wall_s"]
+        cost = search.compile_trial_cost_s(mode, plain_s, self.compile_extra_s)
+        left = self.settings.budget_s - self.spent_s
+        if cost <= left:
+            return None
+        basis = (f"{search.COMPILE_SCALE[mode]:g}x the {self.compile_extra_s:.0f} s that compile=default added to a "
+                 f"{plain_s:.0f} s trial" if self.compile_extra_s is not None
+                 else f"a {plain_s:.0f} s trial plus two compilations estimated at {search.COMPILE_ESTIMATE_S[mode]:.0f} s")
+        return f"needs about {cost:.0f} s ({basis}) and {left:.0f} s of the budget is left"
 
     def _workload(self) -> Any:
         if self.check_workload:
@@ -240,8 +281,9 @@ class Tuner:
 
     def _candidate_config(self, candidate: search.Candidate) -> RunConfig:
         cfg = candidate.apply(self.best_cfg)
-        if candidate.option == "compile" and cfg.warmup < 2:
-            cfg = cfg.replace(warmup=2)  # compilation must stay out of the timed steps
+        if candidate.option == "compile" and cfg.warmup < search.COMPILE_WARMUP[candidate.value]:
+            # compilation (and, with CUDA graphs, their recording) must stay out of the timed steps
+            cfg = cfg.replace(warmup=search.COMPILE_WARMUP[candidate.value])
         return cfg
 
     def _trial_config(self, cfg: RunConfig) -> RunConfig:
@@ -261,13 +303,17 @@ class Tuner:
                    "finding_confidence": candidate.proposal.confidence,
                    "predicted_step_share_pct": candidate.proposal.expected_share_pct,
                    "predicted_gain_pct": predicted}
+        against_s = self.best_row["wall_s"]
         row, result = self._trial(cfg, "run", candidate.label, context, judge_against=self.best)
         self.chain.append(row)
-        if candidate.option == "compile" and candidate.value == "default" and row.get("compile_s"):
-            self.measured_compile_s = row["compile_s"]  # kept or not, it tells what the other modes will cost
+        if candidate.option == "compile" and candidate.value == "default" and row["status"] in (OK, QUALITY_FAIL):
+            # kept or not, it tells what the other modes will cost: its compile step, and its whole extra time
+            self.measured_compile_s = row.get("compile_s")
+            self.plain_trial_s, self.compile_extra_s = against_s, max(0.0, row["wall_s"] - against_s)
         if row["decision"]["kept"]:
             self.best_cfg = cfg
             self.best, self.best_row = result, row
+            self._release_deferred()
         return row["decision"]["kept"]
 
     def _trial(self, cfg: RunConfig, kind: str, label: str, context: Optional[dict[str, Any]] = None,
@@ -319,7 +365,10 @@ class Tuner:
 
     def _profile_and_diagnose(self) -> Any:
         """Profile the current best in its own process and diagnose its trace (levers that lost excluded)."""
-        cfg = self.best_cfg.replace(trials=1, check_quality=False)
+        # The diagnosis reads the profiled steps only (the loader's queue is drained before them): a trial of
+        # just the profiler's schedule is enough, not --steps or --min-trial-s of timed steps.
+        cfg = self.best_cfg.replace(trials=1, check_quality=False, steps=min(self.best_cfg.steps, PROFILE_STEPS),
+                                    min_trial_s=0.0)
         row, result = self._trial(cfg, "profile", f"profile-{self.best_row['label']}")
         entry = {"trial": row["name"], "after": self.best_row["name"], "status": row["status"]}
         diagnosis = None

@@ -24,6 +24,7 @@ QUALITY_FAILED_EXIT = 1  # `perflab run` saves the result and exits 1 when the q
 INTERRUPTED_EXITS = (130, -2)  # the child was interrupted (Ctrl-C reaches the whole process group)
 # The profile a tune records: a short schedule inside the first (only) trial.
 PROFILE_WAIT, PROFILE_WARMUP, PROFILE_ACTIVE = 1, 1, 3
+PROFILE_STEPS = PROFILE_WAIT + PROFILE_WARMUP + PROFILE_ACTIVE  # a profile trial's timed steps
 
 OK, QUALITY_FAIL, REFUSED, OOM, ERROR = "ok", "quality-fail", "refused", "oom", "error"
 INVALID = "invalid"  # the run finished but its numbers cannot be used (result.json status: NaN/inf)

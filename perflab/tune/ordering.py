@@ -1,0 +1,97 @@
+"""Tune's order of the proposed levers: cheap levers and the levers that pair with one already kept come first.
+
+The diagnosis ranks levers by what they address; tune also pays for each try, so it rearranges that ranking:
+
+- layout follows precision: on a model with convolutions, channels-last goes right after bf16/fp16 (or first,
+  once one of them is kept). cuDNN's Tensor Core convolutions want NHWC in reduced precision; in NCHW a bf16
+  network spends its time in layout transposes, so the two are one win measured in two trials;
+- the per-item work leaves the host before the queue is tuned: augment-gpu goes right after workers. While the
+  loader is the limit, a deeper queue, pinning or a copy stream change nothing measurable (BENCHMARKS.md,
+  "driving: each data-path lever"); moving the transforms to the device does;
+- compilation comes after the cheap levers of the same finding: a compile trial costs one or two compilations
+  (tens of seconds to minutes), so it must not crowd out levers that cost one plain trial. Compile is still
+  tried in the same round, and it is as effective after them as before them.
+
+A lever that would replace one already kept instead of adding to it (tf32 after bf16 was kept: both are values of
+--precision) is not a candidate at all: `replaces_kept` says why.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from perflab.config import RunConfig
+
+REDUCED_PRECISION = ("bf16", "fp16")
+LAYOUT = "channels-last"
+DEVICE_AUGMENT = "augment-gpu"
+WORKERS = "workers"
+LOADER_QUEUE = ("prefetch-factor", "persistent-workers", "prefetcher-stream", "pin-memory")
+COMPILE_COST = ("compile",)  # levers whose trial compiles the model
+
+
+def arrange(proposals: list[Any], best: RunConfig) -> list[Any]:
+    """The proposals in the order tune tries them (see the module docstring for the rules)."""
+    order = list(proposals)
+    order = _layout_after_precision(order, best)
+    order = _device_augment_after_workers(order)
+    return _compile_after_cheap_levers(order)
+
+
+def _names(order: list[Any]) -> list[str]:
+    return [proposal.lever for proposal in order]
+
+
+def _move(order: list[Any], lever: str, index: int) -> list[Any]:
+    """`order` with `lever` moved to position `index` (of the list without it)."""
+    moving = next(proposal for proposal in order if proposal.lever == lever)
+    rest = [proposal for proposal in order if proposal.lever != lever]
+    return rest[:index] + [moving] + rest[index:]
+
+
+def _layout_after_precision(order: list[Any], best: RunConfig) -> list[Any]:
+    names = _names(order)
+    if LAYOUT not in names:
+        return order
+    if best.precision in REDUCED_PRECISION:
+        return _move(order, LAYOUT, 0)
+    precise = [name for name in names if name in REDUCED_PRECISION]
+    if not precise:
+        return order
+    rest = [name for name in names if name != LAYOUT]
+    return _move(order, LAYOUT, rest.index(precise[0]) + 1)
+
+
+def _device_augment_after_workers(order: list[Any]) -> list[Any]:
+    names = _names(order)
+    if DEVICE_AUGMENT not in names:
+        return order
+    rest = [name for name in names if name != DEVICE_AUGMENT]
+    if WORKERS in rest:
+        return _move(order, DEVICE_AUGMENT, rest.index(WORKERS) + 1)
+    queue = [rest.index(name) for name in LOADER_QUEUE if name in rest]
+    return _move(order, DEVICE_AUGMENT, min(queue)) if queue and min(queue) < names.index(DEVICE_AUGMENT) else order
+
+
+def _compile_after_cheap_levers(order: list[Any]) -> list[Any]:
+    """Each compile lever moves behind the last cheap lever proposed by the same finding."""
+    for lever in COMPILE_COST:
+        names = _names(order)
+        if lever not in names:
+            continue
+        source = order[names.index(lever)].source
+        rest = [proposal for proposal in order if proposal.lever != lever]
+        same = [index for index, proposal in enumerate(rest) if proposal.source == source]
+        if same and same[-1] >= names.index(lever):
+            order = _move(order, lever, same[-1] + 1)
+    return order
+
+
+def replaces_kept(option: str, value: Any, best: RunConfig, start: RunConfig) -> Optional[str]:
+    """Why a one-value lever would replace a kept lever rather than add to it (its option already holds another
+    value that tune kept), or None."""
+    current, started = getattr(best, option), getattr(start, option)
+    if current == started or current == value or current is None:
+        return None
+    flag = "--" + option.replace("_", "-")
+    return (f"{flag} is already {current} (kept); {value} would replace it, not add to it, and would be "
+            f"measured against it")
