@@ -16,12 +16,14 @@ from perflab import options
 from perflab.config import RunConfig
 
 NO_CLEAR_BOTTLENECK = "no clear bottleneck"
+LAUNCH_OVERHEAD = "launch / framework overhead"
 UNSURE_BELOW = 0.7  # a verdict less confident than this: try the next most likely levers too
 BATCH_LEVER = "batch-size"  # not a lever of perflab.levers: searched only with --tune-batch
 TORCH_PREFETCH_DEFAULT = 2  # DataLoader's prefetch_factor when none is given
 # Seconds of compilation to expect per torch.compile mode before one has been measured (a ResNet-50 compiles
 # in about half a minute in default mode on an H100); max-autotune benchmarks kernel choices and takes several
-# times the default mode.
+# times the default mode. Once compile=default has run, COMPILE_SCALE times what its trial took beyond a plain
+# one is the estimate.
 COMPILE_ESTIMATE_S = {"default": 30.0, "reduce-overhead": 45.0, "max-autotune": 180.0}
 COMPILE_SCALE = {"default": 1.0, "reduce-overhead": 1.5, "max-autotune": 5.0}
 # Warm-up steps a compile mode needs before its steps are steady: the first compiles; with CUDA graphs
@@ -119,11 +121,15 @@ def worker_ladder(current: int, cpu_count: int) -> list[int]:
     return [n for n in values if n > current]
 
 
-def compile_cost_s(mode: str, measured_default_s: Optional[float]) -> float:
-    """Expected compile time of a mode: scaled from a measured default compile, else the estimate."""
-    if measured_default_s:
-        return measured_default_s * COMPILE_SCALE[mode]
-    return COMPILE_ESTIMATE_S[mode]
+def compile_modes(proposal: Proposal, best: RunConfig) -> list[str]:
+    """The torch.compile modes to try, in order: default first (it measures what compiling costs); on CUDA
+    then CUDA graphs (reduce-overhead) first where launching is the finding, else max-autotune first (better
+    kernels for a compute- or memory-bound step; it captures CUDA graphs too)."""
+    if best.device != "cuda":
+        return ["default"]
+    if proposal.source == LAUNCH_OVERHEAD:
+        return ["default", "reduce-overhead", "max-autotune"]
+    return ["default", "max-autotune", "reduce-overhead"]
 
 
 def compile_trial_cost_s(mode: str, plain_trial_s: float, measured_extra_s: Optional[float]) -> float:
@@ -145,8 +151,8 @@ def expand(proposal: Proposal, lever: Any, best: RunConfig, cpu_count: int) -> l
         return [Candidate(proposal, "prefetch_factor", n, LADDER) for n in (4, 8)
                 if n > (current or TORCH_PREFETCH_DEFAULT)]
     if lever.option == "compile":
-        modes = ["default"] + (["reduce-overhead", "max-autotune"] if best.device == "cuda" else [])
-        return [Candidate(proposal, "compile", mode, ALTERNATIVES) for mode in modes if mode != current]
+        return [Candidate(proposal, "compile", mode, ALTERNATIVES) for mode in compile_modes(proposal, best)
+                if mode != current]
     if lever.option == "pin_memory" and best.pin_memory is None and best.device == "cuda":
         return []  # unset means pinned on CUDA already: the candidate would measure the same config
     if lever.value is None or lever.is_active(best):

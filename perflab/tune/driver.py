@@ -39,7 +39,7 @@ NO_SIGNIFICANT_CHANGE = "no significant change"
 BATCH_NOTE = ("batch size changes the optimisation (the learning rate and schedule were tuned for the old batch): "
               "re-check convergence before adopting it")
 
-Runner = Callable[[RunConfig, str, Path], TrialOutcome]
+Runner = Callable[..., TrialOutcome]  # (cfg, kind, out[, time_limit_s=]) -> outcome
 Diagnoser = Callable[[Path, Optional[Result], list[str]], Any]
 
 
@@ -118,7 +118,6 @@ class Tuner:
         self.diagnoses: list[dict[str, Any]] = []
         self.skipped: dict[str, str] = {}
         self.notes: list[str] = []
-        self.measured_compile_s: Optional[float] = None
         self.plain_trial_s: Optional[float] = None  # wall time of the trial compile=default was judged against
         self.compile_extra_s: Optional[float] = None  # what compile=default's trial took beyond that one
         self.best_cfg = self.start
@@ -253,6 +252,8 @@ class Tuner:
             reason = ordering.replaces_kept(candidate.option, candidate.value, self.best_cfg, self.start)
         if reason is None and candidate.option == "compile":
             reason = self._compile_over_budget(candidate.value)
+        if reason is None and candidate.value == "reduce-overhead" and self.best_cfg.compile == "max-autotune":
+            reason = "compile=max-autotune (kept) already captures CUDA graphs"
         if reason is not None:
             self.skipped.setdefault(candidate.label, reason)
             return False
@@ -304,11 +305,12 @@ class Tuner:
                    "predicted_step_share_pct": candidate.proposal.expected_share_pct,
                    "predicted_gain_pct": predicted}
         against_s = self.best_row["wall_s"]
-        row, result = self._trial(cfg, "run", candidate.label, context, judge_against=self.best)
+        # A compile trial's cost was estimated: it is stopped when it would pass the budget rather than overrun it.
+        limit_s = self.settings.budget_s - self.spent_s if candidate.option == "compile" else None
+        row, result = self._trial(cfg, "run", candidate.label, context, judge_against=self.best, time_limit_s=limit_s)
         self.chain.append(row)
         if candidate.option == "compile" and candidate.value == "default" and row["status"] in (OK, QUALITY_FAIL):
             # kept or not, it tells what the other modes will cost: its compile step, and its whole extra time
-            self.measured_compile_s = row.get("compile_s")
             self.plain_trial_s, self.compile_extra_s = against_s, max(0.0, row["wall_s"] - against_s)
         if row["decision"]["kept"]:
             self.best_cfg = cfg
@@ -317,7 +319,8 @@ class Tuner:
         return row["decision"]["kept"]
 
     def _trial(self, cfg: RunConfig, kind: str, label: str, context: Optional[dict[str, Any]] = None,
-               judge_against: Optional[Result] = None) -> tuple[dict[str, Any], Optional[Result]]:
+               judge_against: Optional[Result] = None, time_limit_s: Optional[float] = None
+               ) -> tuple[dict[str, Any], Optional[Result]]:
         """Run (or reuse from tune.jsonl) one trial; record it, with its decision, before returning."""
         key = trial_key(cfg, kind)
         name = f"{self.count:02d}-{_slug(label)}"
@@ -325,7 +328,8 @@ class Tuner:
         reused = row is not None
         if row is None:
             self.observer.trial_started(name, kind)
-            outcome = self.runner(cfg, kind, self.out / TRIALS_DIR / name)
+            limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
+            outcome = self.runner(cfg, kind, self.out / TRIALS_DIR / name, **limit)
             row = self._row(key, name, kind, label, cfg, outcome, context or {})
             if judge_against is not None:
                 decision = self._judge(judge_against, outcome)

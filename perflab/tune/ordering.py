@@ -5,7 +5,8 @@ The diagnosis ranks levers by what they address; tune also pays for each try, so
 - layout follows precision: on a model with convolutions, channels-last goes right after bf16/fp16 (or first,
   once one of them is kept). cuDNN's Tensor Core convolutions want NHWC in reduced precision; in NCHW a bf16
   network spends its time in layout transposes, so the two are one win measured in two trials;
-- the per-item work leaves the host before the queue is tuned: augment-gpu goes right after workers. While the
+- the per-item work leaves the host before the queue is tuned: augment-gpu goes before prefetch-factor,
+  persistent-workers, prefetcher-stream and pin-memory (workers, when proposed, stays first). While the
   loader is the limit, a deeper queue, pinning or a copy stream change nothing measurable (BENCHMARKS.md,
   "driving: each data-path lever"); moving the transforms to the device does;
 - compilation comes after the cheap levers of the same finding: a compile trial costs one or two compilations
@@ -24,7 +25,6 @@ from perflab.config import RunConfig
 REDUCED_PRECISION = ("bf16", "fp16")
 LAYOUT = "channels-last"
 DEVICE_AUGMENT = "augment-gpu"
-WORKERS = "workers"
 LOADER_QUEUE = ("prefetch-factor", "persistent-workers", "prefetcher-stream", "pin-memory")
 COMPILE_COST = ("compile",)  # levers whose trial compiles the model
 
@@ -33,7 +33,7 @@ def arrange(proposals: list[Any], best: RunConfig) -> list[Any]:
     """The proposals in the order tune tries them (see the module docstring for the rules)."""
     order = list(proposals)
     order = _layout_after_precision(order, best)
-    order = _device_augment_after_workers(order)
+    order = _device_augment_before_queue(order)
     return _compile_after_cheap_levers(order)
 
 
@@ -61,15 +61,15 @@ def _layout_after_precision(order: list[Any], best: RunConfig) -> list[Any]:
     return _move(order, LAYOUT, rest.index(precise[0]) + 1)
 
 
-def _device_augment_after_workers(order: list[Any]) -> list[Any]:
+def _device_augment_before_queue(order: list[Any]) -> list[Any]:
+    """augment-gpu moves before the first loader-queue lever (workers, searched first, stays ahead of it)."""
     names = _names(order)
     if DEVICE_AUGMENT not in names:
         return order
-    rest = [name for name in names if name != DEVICE_AUGMENT]
-    if WORKERS in rest:
-        return _move(order, DEVICE_AUGMENT, rest.index(WORKERS) + 1)
-    queue = [rest.index(name) for name in LOADER_QUEUE if name in rest]
-    return _move(order, DEVICE_AUGMENT, min(queue)) if queue and min(queue) < names.index(DEVICE_AUGMENT) else order
+    queue = [names.index(name) for name in LOADER_QUEUE if name in names]
+    if not queue or min(queue) > names.index(DEVICE_AUGMENT):
+        return order
+    return _move(order, DEVICE_AUGMENT, min(queue))
 
 
 def _compile_after_cheap_levers(order: list[Any]) -> list[Any]:
