@@ -61,6 +61,8 @@ def test_conv_net_tune_tries_channels_last_after_bf16_and_never_measures_tf32_ag
                         exclude=["compile"], max_trials=8)
     labels = [link["label"] for link in summary["chain"]]
     assert labels[:2] == ["bf16", "channels-last"] and summary["kept"] == ["bf16", "channels-last"]
+    # channels-last runs straight after bf16 is kept: its partner, before the re-profile
+    assert [name for _, name in trials.calls][:4] == ["00-start", "01-profile-start", "02-bf16", "03-channels-last"]
     assert "tf32" not in labels and "fp16" not in labels
     assert "would replace it" in summary["skipped"]["tf32"] and "--precision is already bf16" in summary["skipped"]["tf32"]
     assert summary["speedup"] == 3.0

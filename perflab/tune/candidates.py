@@ -41,6 +41,7 @@ class Proposal:
     source: str  # the bottleneck class of the finding that proposed it, or "fallback"
     confidence: Optional[float]
     expected_share_pct: Optional[float]  # the share of the step that finding explains, when the diagnosis says
+    named: bool = True  # the finding named it (False: it only addresses the finding's class, or the fallback)
 
 
 @dataclass(frozen=True)
@@ -87,18 +88,18 @@ def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: floa
     unsure = confidence < unsure_below or not findings or _field(diagnosis, "bottleneck") == NO_CLEAR_BOTTLENECK
     chosen: dict[str, Proposal] = {}
 
-    def add(name: str, finding: Any) -> None:
+    def add(name: str, finding: Any, named: bool = False) -> None:
         if name not in chosen and name in levers_by_name:
             source = _field(finding, "cls") if finding is not None else "fallback"
             chosen[name] = Proposal(name, source, _field(finding, "confidence") if finding is not None else None,
-                                    _field(finding, "expected_gain_pct") if finding is not None else None)
+                                    _field(finding, "expected_gain_pct") if finding is not None else None, named)
 
     # A confident diagnosis leads with the finding it named; an unsure one is weighed finding by finding.
     named = [f for f in findings if _field(f, "cls") == _field(diagnosis, "bottleneck")]
     considered = findings if unsure else (named or findings)[:1]
     for finding in considered:
         for name in _field(finding, "levers") or []:
-            add(name, finding)
+            add(name, finding, named=True)
     for finding in considered:  # then the other levers for the same bottleneck classes
         for lever in levers_by_name.values():
             if _field(finding, "cls") in lever.addresses:

@@ -171,15 +171,24 @@ class Tuner:
 
     def _try_levers(self) -> bool:
         """Try the proposed levers in order until one is kept (True) or none is left (False)."""
-        for proposal in ordering.arrange(search.proposals(self.diagnosis, self.levers), self.best_cfg):
-            if proposal.lever in self.settled or proposal.lever in self.settings.exclude:
-                continue
-            candidates = search.expand(proposal, self.levers[proposal.lever], self.best_cfg, self.cpu_count)
-            if candidates and self._search(candidates):
+        arranged = ordering.arrange(search.proposals(self.diagnosis, self.levers), self.best_cfg)
+        for proposal in arranged:
+            if self._search_lever(proposal):
+                partner = ordering.PARTNERS.get(proposal.lever)
+                for other in arranged:  # its partner before re-profiling: the two are one win in two trials
+                    if other.lever == partner:
+                        self._search_lever(other)
                 return True
         if self.settings.tune_batch and search.BATCH_LEVER not in self.settled:
             return self._search_batch()
         return False
+
+    def _search_lever(self, proposal: search.Proposal) -> bool:
+        """Search one proposed lever's values against the best so far; True when one was kept."""
+        if proposal.lever in self.settled or proposal.lever in self.settings.exclude:
+            return False
+        candidates = search.expand(proposal, self.levers[proposal.lever], self.best_cfg, self.cpu_count)
+        return bool(candidates) and self._search(candidates)
 
     def _search(self, candidates: list[search.Candidate]) -> bool:
         """Try a lever's values: a ladder climbs while each step wins; alternatives are each tried."""
@@ -255,7 +264,9 @@ class Tuner:
         if reason is None and candidate.value == "reduce-overhead" and self.best_cfg.compile == "max-autotune":
             reason = "compile=max-autotune (kept) already captures CUDA graphs"
         if reason is not None:
-            self.skipped.setdefault(candidate.label, reason)
+            if candidate.label not in self.skipped:
+                self.skipped[candidate.label] = reason
+                self.observer.note(f"not trying {candidate.label}: {reason}")
             return False
         return True
 

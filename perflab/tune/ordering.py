@@ -4,12 +4,13 @@ The diagnosis ranks levers by what they address; tune also pays for each try, so
 
 - layout follows precision: on a model with convolutions, channels-last goes right after bf16/fp16 (or first,
   once one of them is kept). cuDNN's Tensor Core convolutions want NHWC in reduced precision; in NCHW a bf16
-  network spends its time in layout transposes, so the two are one win measured in two trials;
+  network spends its time in layout transposes, so the two are one win measured in two trials (and once bf16
+  is kept, channels-last is tried at once, before the re-profile);
 - the per-item work leaves the host before the queue is tuned: augment-gpu goes before prefetch-factor,
   persistent-workers, prefetcher-stream and pin-memory (workers, when proposed, stays first). While the
   loader is the limit, a deeper queue, pinning or a copy stream change nothing measurable (BENCHMARKS.md,
   "driving: each data-path lever"); moving the transforms to the device does;
-- compilation comes after the cheap levers of the same finding: a compile trial costs one or two compilations
+- compilation comes after the cheap levers the same finding named: a compile trial costs one or two compilations
   (tens of seconds to minutes), so it must not crowd out levers that cost one plain trial. Compile is still
   tried in the same round, and it is as effective after them as before them.
 
@@ -27,6 +28,8 @@ LAYOUT = "channels-last"
 DEVICE_AUGMENT = "augment-gpu"
 LOADER_QUEUE = ("prefetch-factor", "persistent-workers", "prefetcher-stream", "pin-memory")
 COMPILE_COST = ("compile",)  # levers whose trial compiles the model
+# A kept lever whose partner is tried at once, before the re-profile (the partner is what the kept lever needs)
+PARTNERS = {precision: LAYOUT for precision in REDUCED_PRECISION}
 
 
 def arrange(proposals: list[Any], best: RunConfig) -> list[Any]:
@@ -73,14 +76,15 @@ def _device_augment_before_queue(order: list[Any]) -> list[Any]:
 
 
 def _compile_after_cheap_levers(order: list[Any]) -> list[Any]:
-    """Each compile lever moves behind the last cheap lever proposed by the same finding."""
+    """Each compile lever moves behind the last cheap lever the same finding named (not behind the levers that
+    merely address its class: those are the next most likely, not the finding's advice)."""
     for lever in COMPILE_COST:
         names = _names(order)
         if lever not in names:
             continue
         source = order[names.index(lever)].source
         rest = [proposal for proposal in order if proposal.lever != lever]
-        same = [index for index, proposal in enumerate(rest) if proposal.source == source]
+        same = [index for index, proposal in enumerate(rest) if proposal.source == source and proposal.named]
         if same and same[-1] >= names.index(lever):
             order = _move(order, lever, same[-1] + 1)
     return order
