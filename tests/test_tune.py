@@ -118,11 +118,11 @@ def test_no_clear_bottleneck_falls_back_to_every_lever():
 
 
 def test_numeric_knobs_are_searched_not_guessed():
-    assert search.worker_ladder(0, 16) == [2, 4, 8, 15]  # the last: one worker per CPU but the main process's
-    assert search.worker_ladder(0, 8) == [2, 4, 7]
-    assert search.worker_ladder(2, 6) == [4, 5]
-    assert search.worker_ladder(0, 1) == search.worker_ladder(0, 2) == [1]
-    assert search.worker_ladder(15, 16) == []
+    assert search.worker_ladder(0, 16) == [2, 4, 8, 16]
+    assert search.worker_ladder(0, 12) == [2, 4, 8, 12]  # the CPU count itself is the last rung
+    assert search.worker_ladder(2, 6) == [4, 6]
+    assert search.worker_ladder(0, 1) == [1]
+    assert search.worker_ladder(16, 16) == []
     proposal = search.Proposal("compile", "launch / framework overhead", 0.8, None)
     cuda = START.replace(device="cuda")
     modes = [c.value for c in search.expand(proposal, LEVERS["compile"], cuda, 8)]

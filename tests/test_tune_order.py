@@ -122,3 +122,14 @@ def test_a_trial_past_its_time_limit_is_killed_and_recorded_as_a_timeout(tmp_pat
     assert outcome.status == TIMEOUT and "stopped after 0 s" in outcome.reason and outcome.result is None
     assert __import__("time").perf_counter() - began < 30
     assert Path(str(tmp_path / "slow") + ".log").read_text().startswith("$ " + sys.executable)
+
+
+def test_the_workers_search_reaches_the_cpus_this_process_may_use_capped_by_a_cgroup_quota(tmp_path):
+    from perflab.tune.driver import usable_cpus
+    affinity = usable_cpus(tmp_path / "absent")
+    quota = tmp_path / "cpu.max"
+    quota.write_text("100000 100000\n")
+    assert usable_cpus(quota) == 1
+    quota.write_text("max 100000\n")
+    assert usable_cpus(quota) == affinity
+    assert search.worker_ladder(0, 16)[-1] == 16

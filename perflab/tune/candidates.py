@@ -111,14 +111,15 @@ def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: floa
 
 
 def worker_ladder(current: int, cpu_count: int) -> list[int]:
-    """DataLoader worker counts to try above `current`: 2, 4, 8, ... and last one per CPU but the main
-    process's (which runs the step and pins the batches): 2, 4, 8, 15 on 16 CPUs; 1 on one or two."""
-    top = max(1, cpu_count - 1)
-    values, workers = [], min(2, top)
-    while workers < top:
+    """DataLoader worker counts to try above `current`: 2, 4, 8, ... and last the CPU count itself (a loader-bound
+    main process mostly waits for the workers): 2, 4, 8, 16 on 16 CPUs, 2, 4, 8, 12 on 12; 1 on one CPU."""
+    if cpu_count <= 1:
+        return [1] if current < 1 else []
+    values, workers = [], 2
+    while workers < cpu_count:
         values.append(workers)
         workers *= 2
-    values.append(top)
+    values.append(cpu_count)
     return [n for n in values if n > current]
 
 

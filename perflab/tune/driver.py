@@ -76,11 +76,17 @@ def diagnose_trace(trace: Path, result: Optional[Result], tried_and_lost: list[s
     return diagnose(trace, result)
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (DataLoader workers beyond that only contend)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+def usable_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this process may run on (DataLoader workers beyond that only contend): its affinity, or
+    os.cpu_count, capped by a container's cgroup v2 CPU quota ("200000 100000" is 2 CPUs; "max" is none)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = cgroup_cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota readable: the affinity is the limit
+    return cpus
 
 
 def _slug(text: str) -> str:
