@@ -125,7 +125,7 @@ def test_a_trial_past_its_time_limit_is_killed_and_recorded_as_a_timeout(tmp_pat
 
 
 def test_the_workers_search_reaches_the_cpus_this_process_may_use_capped_by_a_cgroup_quota(tmp_path):
-    from perflab.tune.driver import usable_cpus
+    from perflab.tune.candidates import usable_cpus
     affinity = usable_cpus(tmp_path / "absent")
     quota = tmp_path / "cpu.max"
     quota.write_text("100000 100000\n")

@@ -7,7 +7,9 @@ explains (`expected_gain_pct`) times its confidence, or by confidence alone when
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import torch
@@ -110,6 +112,19 @@ def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: floa
     return list(chosen.values())
 
 
+def usable_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this process may run on (DataLoader workers beyond that only contend): its affinity, or
+    os.cpu_count, capped by a container's cgroup v2 CPU quota ("200000 100000" is 2 CPUs; "max" is none)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = cgroup_cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota readable: the affinity is the limit
+    return cpus
+
+
 def worker_ladder(current: int, cpu_count: int) -> list[int]:
     """DataLoader worker counts to try above `current`: 2, 4, 8, ... and last the CPU count itself (a loader-bound
     main process mostly waits for the workers): 2, 4, 8, 16 on 16 CPUs, 2, 4, 8, 12 on 12; 1 on one CPU."""
@@ -142,6 +157,17 @@ def compile_trial_cost_s(mode: str, plain_trial_s: float, measured_extra_s: Opti
     if measured_extra_s is not None:
         return plain_trial_s + measured_extra_s * COMPILE_SCALE[mode]
     return plain_trial_s + 2 * COMPILE_ESTIMATE_S[mode]
+
+
+def compile_over_budget(mode: str, plain_s: float, extra_s: Optional[float], left_s: float) -> Optional[str]:
+    """Why a compile mode's trial does not fit in the budget left (with the estimate it was judged by), or None."""
+    cost = compile_trial_cost_s(mode, plain_s, extra_s)
+    if cost <= left_s:
+        return None
+    basis = (f"{COMPILE_SCALE[mode]:g}x the {extra_s:.0f} s that compile=default added to a {plain_s:.0f} s trial"
+             if extra_s is not None else
+             f"a {plain_s:.0f} s trial plus two compilations estimated at {COMPILE_ESTIMATE_S[mode]:.0f} s")
+    return f"needs about {cost:.0f} s ({basis}) and {left_s:.0f} s of the budget is left"
 
 
 def expand(proposal: Proposal, lever: Any, best: RunConfig, cpu_count: int) -> list[Candidate]:

@@ -12,7 +12,6 @@ reuses the recorded rows (its choices depend only on them), so nothing is lost a
 from __future__ import annotations
 
 import inspect
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -22,6 +21,7 @@ from perflab.errors import PerflabError
 from perflab.levers import all_levers
 from perflab.results import Result
 from perflab.tune import candidates as search
+from perflab.tune.candidates import usable_cpus
 from perflab.tune import ordering
 from perflab.tune.decision import Decision, judge, not_measured
 from perflab.tune.journal import Journal, trial_key
@@ -74,19 +74,6 @@ def diagnose_trace(trace: Path, result: Optional[Result], tried_and_lost: list[s
     if "tried_and_lost" in inspect.signature(diagnose).parameters:
         return diagnose(trace, result, tried_and_lost=list(tried_and_lost))
     return diagnose(trace, result)
-
-
-def usable_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
-    """CPUs this process may run on (DataLoader workers beyond that only contend): its affinity, or
-    os.cpu_count, capped by a container's cgroup v2 CPU quota ("200000 100000" is 2 CPUs; "max" is none)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        quota, period = cgroup_cpu_max.read_text().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, int(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass  # no cgroup v2 quota readable: the affinity is the limit
-    return cpus
 
 
 def _slug(text: str) -> str:
@@ -279,14 +266,7 @@ class Tuner:
     def _compile_over_budget(self, mode: str) -> Optional[str]:
         """Why a compile mode does not fit in the budget left (its trial's expected wall time is more), or None."""
         plain_s = self.plain_trial_s if self.plain_trial_s is not None else self.best_row["wall_s"]
-        cost = search.compile_trial_cost_s(mode, plain_s, self.compile_extra_s)
-        left = self.settings.budget_s - self.spent_s
-        if cost <= left:
-            return None
-        basis = (f"{search.COMPILE_SCALE[mode]:g}x the {self.compile_extra_s:.0f} s that compile=default added to a "
-                 f"{plain_s:.0f} s trial" if self.compile_extra_s is not None
-                 else f"a {plain_s:.0f} s trial plus two compilations estimated at {search.COMPILE_ESTIMATE_S[mode]:.0f} s")
-        return f"needs about {cost:.0f} s ({basis}) and {left:.0f} s of the budget is left"
+        return search.compile_over_budget(mode, plain_s, self.compile_extra_s, self.settings.budget_s - self.spent_s)
 
     def _workload(self) -> Any:
         if self.check_workload:
