@@ -80,7 +80,9 @@ def test_max_autotune_is_skipped_with_its_estimate_when_the_budget_left_is_below
     assert "needs about 160 s" in reason and "5x the 30 s" in reason and "90 s of the budget is left" in reason
     assert summary["kept"] == ["compile=default", "compile=reduce-overhead"]
     # compile trials carry the budget left as their time limit; other trials have none
-    assert trials.limits == [None, None, 130.0, 90.0, None]
+    assert trials.limits == [None, None, 130.0, 90.0]
+    # 40 s left: less than a profile (10 s) and one trial like the best's (50 s), so no re-profile is spent
+    assert summary["stop_reason"] == "budget nearly spent: 40 s left, less than a profile (10 s) and one trial (50 s) take"
 
 
 def test_max_autotune_is_tried_before_reduce_overhead_for_a_compute_bound_step_when_it_fits(tmp_path):

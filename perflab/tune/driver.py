@@ -25,6 +25,7 @@ from perflab.tune.candidates import usable_cpus
 from perflab.tune import ordering
 from perflab.tune.decision import Decision, judge, not_measured
 from perflab.tune.journal import Journal, trial_key
+from perflab.tune.retry import NoiseRetries
 from perflab.tune.settings import TuneConfig, strict_tolerances
 from perflab.tune.trial import OK, OOM, PROFILE_STEPS, QUALITY_FAIL, TrialOutcome, run_trial, trial_figures
 
@@ -32,10 +33,6 @@ TRIALS_DIR = "trials"
 NEAR_PEAK_BUSY_PCT = 95.0
 NEAR_PEAK_MFU_PCT = 70.0  # share of the calibrated peak that counts as "near it"
 BATCH_LIMIT = 4096
-# A one-value lever measured inside the noise while its finding predicted at least this gain is tried once more,
-# after the next kept lever (the bottleneck has moved); inside the noise twice, it is lost.
-RETRY_PREDICTED_PCT = 25.0
-NO_SIGNIFICANT_CHANGE = "no significant change"
 BATCH_NOTE = ("batch size changes the optimisation (the learning rate and schedule were tuned for the old batch): "
               "re-check convergence before adopting it")
 
@@ -105,12 +102,12 @@ class Tuner:
         self.count = 0
         self.lost: list[str] = []  # levers tried that never won (the diagnosis is told, and never re-proposes)
         self.settled: set[str] = set()  # levers whose search is over, won or lost
-        self.deferred: list[str] = []  # inside the noise against a large prediction: once more after a keep
-        self.retried: set[str] = set()  # levers given their one retry
+        self.retries = NoiseRetries()  # inside the noise against a large prediction: once more after a keep
         self.chain: list[dict[str, Any]] = []
         self.diagnoses: list[dict[str, Any]] = []
         self.skipped: dict[str, str] = {}
         self.notes: list[str] = []
+        self.last_profile_s: Optional[float] = None  # wall time of the last profile trial
         self.plain_trial_s: Optional[float] = None  # wall time of the trial compile=default was judged against
         self.compile_extra_s: Optional[float] = None  # what compile=default's trial took beyond that one
         self.best_cfg = self.start
@@ -136,6 +133,7 @@ class Tuner:
         try:
             while True:
                 self._check_budget()
+                self._check_room_for_a_round()
                 self.diagnosis = self._profile_and_diagnose()
                 if self._near_peak():
                     return "near the peak: the GPU is busy and MFU is near the calibrated peak; nothing left to win"
@@ -161,6 +159,17 @@ class Tuner:
             raise BudgetSpent(f"budget spent: {self.spent_s:.0f} s of {budget:.0f} s (the last trial ran past it)")
         if self.settings.max_trials is not None and self.count >= self.settings.max_trials:
             raise BudgetSpent(f"--max-trials {self.settings.max_trials} reached")
+
+    def _check_room_for_a_round(self) -> None:
+        """Stop before a re-profile when the budget left would not cover it and one trial after it (as long as
+        the last ones took): a profile that no trial can follow only spends time."""
+        if self.last_profile_s is None:
+            return
+        left = self.settings.budget_s - self.spent_s
+        trial_s = self.best_row["wall_s"]
+        if left < self.last_profile_s + trial_s:
+            raise BudgetSpent(f"budget nearly spent: {left:.0f} s left, less than a profile ({self.last_profile_s:.0f} "
+                              f"s) and one trial ({trial_s:.0f} s) take")
 
     def _try_levers(self) -> bool:
         """Try the proposed levers in order until one is kept (True) or none is left (False)."""
@@ -200,30 +209,12 @@ class Tuner:
         if tried:
             self.settled.add(lever)
         if measured and not kept_any:  # refused, crashed or noisy trials are not losses: nothing was judged
-            if self._worth_a_retry(candidates[-1], self.chain[-1]):
-                self.deferred.append(lever)
-            else:
+            note = self.retries.defer(lever, candidates[-1].search == search.ONCE, self.chain[-1])
+            if note is None:
                 self.lost.append(lever)
+            else:
+                self.notes.append(note)
         return kept_any
-
-    def _worth_a_retry(self, candidate: search.Candidate, row: dict[str, Any]) -> bool:
-        """A one-value lever inside the noise while its finding predicted a large gain, not retried yet: the
-        prediction may hold once the bottleneck moves (it is tried again after the next kept lever, once)."""
-        predicted = row.get("predicted_gain_pct")
-        if (candidate.search != search.ONCE or candidate.lever in self.retried or predicted is None
-                or predicted < RETRY_PREDICTED_PCT or row["decision"].get("verdict") != NO_SIGNIFICANT_CHANGE):
-            return False
-        self.notes.append(f"{candidate.lever} measured inside the noise ({row.get('measured_gain_pct') or 0:+.1f}%) "
-                          f"although the diagnosis predicted {predicted:+.0f}%: tried once more after the next kept "
-                          "lever")
-        return True
-
-    def _release_deferred(self) -> None:
-        """After a kept lever, the levers deferred as inside the noise may be proposed once more."""
-        for lever in self.deferred:
-            self.settled.discard(lever)
-            self.retried.add(lever)
-        self.deferred = []
 
     def _search_batch(self) -> bool:
         """Grow the batch until it runs out of memory or stops paying, then bisect towards the OOM."""
@@ -312,7 +303,7 @@ class Tuner:
         if row["decision"]["kept"]:
             self.best_cfg = cfg
             self.best, self.best_row = result, row
-            self._release_deferred()
+            self.settled.difference_update(self.retries.release())
         return row["decision"]["kept"]
 
     def _trial(self, cfg: RunConfig, kind: str, label: str, context: Optional[dict[str, Any]] = None,
@@ -371,6 +362,7 @@ class Tuner:
         cfg = self.best_cfg.replace(trials=1, check_quality=False, steps=min(self.best_cfg.steps, PROFILE_STEPS),
                                     min_trial_s=0.0)
         row, result = self._trial(cfg, "profile", f"profile-{self.best_row['label']}")
+        self.last_profile_s = row["wall_s"]
         entry = {"trial": row["name"], "after": self.best_row["name"], "status": row["status"]}
         diagnosis = None
         trace = self.out / row["dir"] / "trace.json"
