@@ -68,6 +68,14 @@ def test_conv_net_tune_tries_channels_last_after_bf16_and_never_measures_tf32_ag
     assert summary["speedup"] == 3.0
 
 
+def test_a_precision_is_tried_only_where_it_reduces_the_arithmetic_further():
+    from perflab.tune.ordering import replaces_kept
+    assert replaces_kept("precision", "tf32", CUDA.replace(precision="bf16"), CUDA.replace(precision="bf16"))
+    assert replaces_kept("precision", "bf16", CUDA.replace(precision="tf32"), CUDA.replace(precision="tf32")) is None
+    assert replaces_kept("precision", "bf16", CUDA, CUDA) is None
+    assert "(kept)" in replaces_kept("compile", "default", CUDA.replace(compile="max-autotune"), CUDA)
+
+
 def test_max_autotune_is_skipped_with_its_estimate_when_the_budget_left_is_below_it(tmp_path):
     # plain trials take 10 s; compile=default 40 s, so it added 30 s: max-autotune is estimated at 10 + 5 x 30 s
     trials = TimedTrials({("compile", "default"): 1.5, ("compile", "reduce-overhead"): 1.65},

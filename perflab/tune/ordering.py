@@ -90,12 +90,22 @@ def _compile_after_cheap_levers(order: list[Any]) -> list[Any]:
     return order
 
 
+# How far each --precision reduces the arithmetic: a candidate precision is tried only above the current one
+PRECISION_TIER = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 2}
+
+
 def replaces_kept(option: str, value: Any, best: RunConfig, start: RunConfig) -> Optional[str]:
     """Why a one-value lever would replace a kept lever rather than add to it (its option already holds another
-    value that tune kept), or None."""
+    value that tune kept), or a precision no lower than the current one (tf32 after bf16); None when it adds."""
     current, started = getattr(best, option), getattr(start, option)
-    if current == started or current == value or current is None:
+    if current == value or current is None:
         return None
     flag = "--" + option.replace("_", "-")
+    if option == "precision" and PRECISION_TIER.get(value, 0) <= PRECISION_TIER.get(current, 0):
+        origin = "the starting point" if current == started else "kept"
+        return (f"{flag} is already {current} ({origin}); {value} reduces the arithmetic no further, and would "
+                "replace it, not add to it")
+    if current == started:
+        return None
     return (f"{flag} is already {current} (kept); {value} would replace it, not add to it, and would be "
             f"measured against it")
