@@ -38,6 +38,8 @@ def test_channels_last_follows_bf16_before_tf32_and_compile_follows_the_cheap_le
     assert names(arrange(memory_bound, CUDA)) == ["bf16", "channels-last", "fp16", "compile"]
     assert names(arrange(proposals("compile", "channels-last"), CUDA.replace(precision="bf16"))) == [
         "channels-last", "compile"]  # bf16 already kept: the layout it needs comes first
+    unsure = proposals("workers", source="input pipeline") + proposals("compile", "channels-last")
+    assert names(arrange(unsure, CUDA.replace(precision="bf16"))) == ["workers", "channels-last", "compile"]
 
 
 def test_compile_stays_ahead_of_levers_another_finding_proposed():

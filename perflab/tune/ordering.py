@@ -4,8 +4,8 @@ The diagnosis ranks levers by what they address; tune also pays for each try, so
 
 - layout follows precision: on a model with convolutions, channels-last goes right after bf16/fp16 (or first,
   once one of them is kept). cuDNN's Tensor Core convolutions want NHWC in reduced precision; in NCHW a bf16
-  network spends its time in layout transposes, so the two are one win measured in two trials (and once bf16
-  is kept, channels-last is tried at once, before the re-profile);
+  network spends its time in layout transposes, so the two are one win measured in two trials (once bf16 is
+  kept, channels-last leads its finding's levers, and it is tried at once, before the re-profile);
 - the per-item work leaves the host before the queue is tuned: augment-gpu goes before prefetch-factor,
   persistent-workers, prefetcher-stream and pin-memory (workers, when proposed, stays first). While the
   loader is the limit, a deeper queue, pinning or a copy stream change nothing measurable (BENCHMARKS.md,
@@ -55,8 +55,9 @@ def _layout_after_precision(order: list[Any], best: RunConfig) -> list[Any]:
     names = _names(order)
     if LAYOUT not in names:
         return order
-    if best.precision in REDUCED_PRECISION:
-        return _move(order, LAYOUT, 0)
+    if best.precision in REDUCED_PRECISION:  # first among the levers of the finding that proposed it
+        source = order[names.index(LAYOUT)].source
+        return _move(order, LAYOUT, next(index for index, proposal in enumerate(order) if proposal.source == source))
     precise = [name for name in names if name in REDUCED_PRECISION]
     if not precise:
         return order
