@@ -21,8 +21,8 @@ from perflab.errors import PerflabError
 from perflab.levers import all_levers
 from perflab.results import Result
 from perflab.tune import candidates as search
-from perflab.tune.candidates import usable_cpus
 from perflab.tune import ordering
+from perflab.tune.candidates import usable_cpus
 from perflab.tune.decision import Decision, judge, not_measured
 from perflab.tune.journal import Journal, trial_key
 from perflab.tune.retry import NoiseRetries
