@@ -56,6 +56,7 @@ class FakeTrials:
         self.factors, self.wall_s, self.statuses = factors, wall_s, statuses or {}
         self.interrupt_at = interrupt_at
         self.calls: list[tuple[str, str]] = []
+        self.limits: list = []  # each call's time limit (None: none)
 
     def throughput(self, cfg: RunConfig) -> float:
         value = 100.0
@@ -64,7 +65,8 @@ class FakeTrials:
                 value *= factor
         return value
 
-    def __call__(self, cfg: RunConfig, kind: str, out: Path) -> TrialOutcome:
+    def __call__(self, cfg: RunConfig, kind: str, out: Path, time_limit_s=None) -> TrialOutcome:
+        self.limits.append(time_limit_s)
         if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
             raise KeyboardInterrupt
         self.calls.append((kind, out.name))
@@ -116,13 +118,15 @@ def test_no_clear_bottleneck_falls_back_to_every_lever():
 
 
 def test_numeric_knobs_are_searched_not_guessed():
-    assert search.worker_ladder(0, 8) == [2, 4, 8]
-    assert search.worker_ladder(2, 6) == [4]
+    assert search.worker_ladder(0, 16) == [2, 4, 8, 16]
+    assert search.worker_ladder(0, 12) == [2, 4, 8, 12]  # the CPU count itself is the last rung
+    assert search.worker_ladder(2, 6) == [4, 6]
     assert search.worker_ladder(0, 1) == [1]
+    assert search.worker_ladder(16, 16) == []
     proposal = search.Proposal("compile", "launch / framework overhead", 0.8, None)
     cuda = START.replace(device="cuda")
     modes = [c.value for c in search.expand(proposal, LEVERS["compile"], cuda, 8)]
-    assert modes == ["default", "reduce-overhead", "max-autotune"]
+    assert modes == ["default", "reduce-overhead", "max-autotune"]  # launching is the finding: graphs first
     assert [c.value for c in search.expand(proposal, LEVERS["compile"], START, 8)] == ["default"]
     prefetch = search.Proposal("prefetch-factor", "input pipeline", 0.8, None)
     assert [c.value for c in search.expand(prefetch, LEVERS["prefetch-factor"], START.replace(workers=2), 8)] == [4, 8]
@@ -134,8 +138,8 @@ def test_batch_bisects_between_the_largest_that_ran_and_the_oom():
 
 
 def test_compile_modes_are_tried_only_when_the_budget_allows_their_compile_time(tmp_path):
-    assert search.compile_cost_s("max-autotune", None) > search.compile_cost_s("default", None)
-    assert search.compile_cost_s("max-autotune", 20.0) == 100.0
+    assert search.compile_trial_cost_s("max-autotune", 10.0, None) > search.compile_trial_cost_s("default", 10.0, None)
+    assert search.compile_trial_cost_s("max-autotune", 10.0, 20.0) == 110.0
     compile_bound = diagnosis_of(("launch / framework overhead", 0.9, ["compile"]))
     short = run_tuner(tmp_path / "short", FakeTrials({}), compile_bound, budget="50s", exclude=["foreach-optimizer",
                                                                                                 "fused-optimizer"])

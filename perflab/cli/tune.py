@@ -22,7 +22,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "tune", help="diagnose -> try the ranked levers -> keep what is proven, within a time budget",
         description="Start from the given run options: measure, profile and diagnose; try the levers the "
-                    "diagnosis ranks, each as a full measured run (its own process, quality gate on) against "
+                    "diagnosis ranks (cheap ones before compilation; a compile mode only where the budget left "
+                    "covers its estimated compile time), each as a full measured run (its own process, quality gate on) against "
                     "the best so far; keep a lever only when compare accepts it (a significant gain, quality "
                     "pass) within the constraints; re-diagnose and go on until no lever wins or --budget is "
                     "spent. Writes runs/<id>-tune/ with tune.jsonl (one line per trial; --resume reuses them), "

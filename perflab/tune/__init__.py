@@ -8,9 +8,11 @@ Layout of a tune directory (`runs/<id>-tune/`):
     trials/NN-<lever>.log  what the trial's process printed
     report.md/.html     the chain, a waterfall of the gains, the breakdown before and after
 
-Modules: settings (TuneConfig, --budget parsing), candidates (what to try, in which order, with which
-values), trial (one subprocess), journal (tune.jsonl), decision (keep or reject), driver (the loop),
-output (tune.json), recipe (the tuned command line and RunConfig).
+Modules: settings (TuneConfig, --budget parsing), candidates (what to try and with which values; compile
+modes' estimated cost), ordering (tune's order of the proposals: cheap and paired levers first), retry (one
+more try for a lever inside the noise against a large prediction), trial (one subprocess), journal
+(tune.jsonl), decision (keep or reject), driver (the loop), output (tune.json), recipe (the tuned command line
+and RunConfig).
 """
 from __future__ import annotations
 

@@ -7,7 +7,9 @@ explains (`expected_gain_pct`) times its confidence, or by confidence alone when
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import torch
@@ -16,14 +18,19 @@ from perflab import options
 from perflab.config import RunConfig
 
 NO_CLEAR_BOTTLENECK = "no clear bottleneck"
+LAUNCH_OVERHEAD = "launch / framework overhead"
 UNSURE_BELOW = 0.7  # a verdict less confident than this: try the next most likely levers too
 BATCH_LEVER = "batch-size"  # not a lever of perflab.levers: searched only with --tune-batch
 TORCH_PREFETCH_DEFAULT = 2  # DataLoader's prefetch_factor when none is given
 # Seconds of compilation to expect per torch.compile mode before one has been measured (a ResNet-50 compiles
 # in about half a minute in default mode on an H100); max-autotune benchmarks kernel choices and takes several
-# times the default mode.
+# times the default mode. Once compile=default has run, COMPILE_SCALE times what its trial took beyond a plain
+# one is the estimate.
 COMPILE_ESTIMATE_S = {"default": 30.0, "reduce-overhead": 45.0, "max-autotune": 180.0}
 COMPILE_SCALE = {"default": 1.0, "reduce-overhead": 1.5, "max-autotune": 5.0}
+# Warm-up steps a compile mode needs before its steps are steady: the first compiles; with CUDA graphs
+# (reduce-overhead, max-autotune) Inductor warms up on the second call and records on the third.
+COMPILE_WARMUP = {"default": 2, "reduce-overhead": 3, "max-autotune": 3}
 
 ONCE, LADDER, ALTERNATIVES, BATCH = "once", "ladder", "alternatives", "batch"
 
@@ -36,6 +43,7 @@ class Proposal:
     source: str  # the bottleneck class of the finding that proposed it, or "fallback"
     confidence: Optional[float]
     expected_share_pct: Optional[float]  # the share of the step that finding explains, when the diagnosis says
+    named: bool = True  # the finding named it (False: it only addresses the finding's class, or the fallback)
 
 
 @dataclass(frozen=True)
@@ -82,18 +90,18 @@ def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: floa
     unsure = confidence < unsure_below or not findings or _field(diagnosis, "bottleneck") == NO_CLEAR_BOTTLENECK
     chosen: dict[str, Proposal] = {}
 
-    def add(name: str, finding: Any) -> None:
+    def add(name: str, finding: Any, named: bool = False) -> None:
         if name not in chosen and name in levers_by_name:
             source = _field(finding, "cls") if finding is not None else "fallback"
             chosen[name] = Proposal(name, source, _field(finding, "confidence") if finding is not None else None,
-                                    _field(finding, "expected_gain_pct") if finding is not None else None)
+                                    _field(finding, "expected_gain_pct") if finding is not None else None, named)
 
     # A confident diagnosis leads with the finding it named; an unsure one is weighed finding by finding.
     named = [f for f in findings if _field(f, "cls") == _field(diagnosis, "bottleneck")]
     considered = findings if unsure else (named or findings)[:1]
     for finding in considered:
         for name in _field(finding, "levers") or []:
-            add(name, finding)
+            add(name, finding, named=True)
     for finding in considered:  # then the other levers for the same bottleneck classes
         for lever in levers_by_name.values():
             if _field(finding, "cls") in lever.addresses:
@@ -104,23 +112,62 @@ def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: floa
     return list(chosen.values())
 
 
+def usable_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this process may run on (DataLoader workers beyond that only contend): its affinity, or
+    os.cpu_count, capped by a container's cgroup v2 CPU quota ("200000 100000" is 2 CPUs; "max" is none)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = cgroup_cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota readable: the affinity is the limit
+    return cpus
+
+
 def worker_ladder(current: int, cpu_count: int) -> list[int]:
-    """DataLoader worker counts to try above `current`: 2, 4, 8, ... up to the CPU count (1 on one core)."""
+    """DataLoader worker counts to try above `current`: 2, 4, 8, ... and last the CPU count itself (a loader-bound
+    main process mostly waits for the workers): 2, 4, 8, 16 on 16 CPUs, 2, 4, 8, 12 on 12; 1 on one CPU."""
     if cpu_count <= 1:
         return [1] if current < 1 else []
     values, workers = [], 2
-    while workers <= cpu_count:
-        if workers > current:
-            values.append(workers)
+    while workers < cpu_count:
+        values.append(workers)
         workers *= 2
-    return values
+    values.append(cpu_count)
+    return [n for n in values if n > current]
 
 
-def compile_cost_s(mode: str, measured_default_s: Optional[float]) -> float:
-    """Expected compile time of a mode: scaled from a measured default compile, else the estimate."""
-    if measured_default_s:
-        return measured_default_s * COMPILE_SCALE[mode]
-    return COMPILE_ESTIMATE_S[mode]
+def compile_modes(proposal: Proposal, best: RunConfig) -> list[str]:
+    """The torch.compile modes to try, in order: default first (it measures what compiling costs); on CUDA
+    then CUDA graphs (reduce-overhead) first where launching is the finding, else max-autotune first (better
+    kernels for a compute- or memory-bound step; it captures CUDA graphs too)."""
+    if best.device != "cuda":
+        return ["default"]
+    if proposal.source == LAUNCH_OVERHEAD:
+        return ["default", "reduce-overhead", "max-autotune"]
+    return ["default", "max-autotune", "reduce-overhead"]
+
+
+def compile_trial_cost_s(mode: str, plain_trial_s: float, measured_extra_s: Optional[float]) -> float:
+    """Expected wall time of a trial in a compile mode: a plain trial plus what compiling adds. Once a
+    compile=default trial has run, what it took beyond the trial it was judged against (its compilations, the
+    timed run's and the quality gate's, and their warm-up) scaled by COMPILE_SCALE; before, two compilations
+    at COMPILE_ESTIMATE_S."""
+    if measured_extra_s is not None:
+        return plain_trial_s + measured_extra_s * COMPILE_SCALE[mode]
+    return plain_trial_s + 2 * COMPILE_ESTIMATE_S[mode]
+
+
+def compile_over_budget(mode: str, plain_s: float, extra_s: Optional[float], left_s: float) -> Optional[str]:
+    """Why a compile mode's trial does not fit in the budget left (with the estimate it was judged by), or None."""
+    cost = compile_trial_cost_s(mode, plain_s, extra_s)
+    if cost <= left_s:
+        return None
+    basis = (f"{COMPILE_SCALE[mode]:g}x the {extra_s:.0f} s that compile=default added to a {plain_s:.0f} s trial"
+             if extra_s is not None else
+             f"a {plain_s:.0f} s trial plus two compilations estimated at {COMPILE_ESTIMATE_S[mode]:.0f} s")
+    return f"needs about {cost:.0f} s ({basis}) and {left_s:.0f} s of the budget is left"
 
 
 def expand(proposal: Proposal, lever: Any, best: RunConfig, cpu_count: int) -> list[Candidate]:
@@ -132,8 +179,8 @@ def expand(proposal: Proposal, lever: Any, best: RunConfig, cpu_count: int) -> l
         return [Candidate(proposal, "prefetch_factor", n, LADDER) for n in (4, 8)
                 if n > (current or TORCH_PREFETCH_DEFAULT)]
     if lever.option == "compile":
-        modes = ["default"] + (["reduce-overhead", "max-autotune"] if best.device == "cuda" else [])
-        return [Candidate(proposal, "compile", mode, ALTERNATIVES) for mode in modes if mode != current]
+        return [Candidate(proposal, "compile", mode, ALTERNATIVES) for mode in compile_modes(proposal, best)
+                if mode != current]
     if lever.option == "pin_memory" and best.pin_memory is None and best.device == "cuda":
         return []  # unset means pinned on CUDA already: the candidate would measure the same config
     if lever.value is None or lever.is_active(best):

@@ -75,5 +75,6 @@ def judge(best: Result, candidate: Result, min_effect_pct: float, max_p99_ms: Op
 def not_measured(status: str, reason: str) -> Decision:
     """The decision for a trial that produced no result (refused, out of memory, crashed)."""
     words = {"refused": "refused by the run", "oom": "out of memory", "error": "the run failed",
-             "invalid": "the run finished with unusable numbers"}
+             "invalid": "the run finished with unusable numbers",
+             "timeout": "stopped at its time limit"}
     return Decision(kept=False, verdict=status, why=f"{words.get(status, status)}: {reason}")

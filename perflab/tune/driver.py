@@ -12,7 +12,6 @@ reuses the recorded rows (its choices depend only on them), so nothing is lost a
 from __future__ import annotations
 
 import inspect
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -22,10 +21,13 @@ from perflab.errors import PerflabError
 from perflab.levers import all_levers
 from perflab.results import Result
 from perflab.tune import candidates as search
+from perflab.tune import ordering
+from perflab.tune.candidates import usable_cpus
 from perflab.tune.decision import Decision, judge, not_measured
 from perflab.tune.journal import Journal, trial_key
+from perflab.tune.retry import NoiseRetries
 from perflab.tune.settings import TuneConfig, strict_tolerances
-from perflab.tune.trial import OK, OOM, QUALITY_FAIL, TrialOutcome, run_trial, trial_figures
+from perflab.tune.trial import OK, OOM, PROFILE_STEPS, QUALITY_FAIL, TrialOutcome, run_trial, trial_figures
 
 TRIALS_DIR = "trials"
 NEAR_PEAK_BUSY_PCT = 95.0
@@ -34,7 +36,7 @@ BATCH_LIMIT = 4096
 BATCH_NOTE = ("batch size changes the optimisation (the learning rate and schedule were tuned for the old batch): "
               "re-check convergence before adopting it")
 
-Runner = Callable[[RunConfig, str, Path], TrialOutcome]
+Runner = Callable[..., TrialOutcome]  # (cfg, kind, out[, time_limit_s=]) -> outcome
 Diagnoser = Callable[[Path, Optional[Result], list[str]], Any]
 
 
@@ -71,13 +73,6 @@ def diagnose_trace(trace: Path, result: Optional[Result], tried_and_lost: list[s
     return diagnose(trace, result)
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (DataLoader workers beyond that only contend)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-." else "-" for c in text)
 
@@ -107,11 +102,14 @@ class Tuner:
         self.count = 0
         self.lost: list[str] = []  # levers tried that never won (the diagnosis is told, and never re-proposes)
         self.settled: set[str] = set()  # levers whose search is over, won or lost
+        self.retries = NoiseRetries()  # inside the noise against a large prediction: once more after a keep
         self.chain: list[dict[str, Any]] = []
         self.diagnoses: list[dict[str, Any]] = []
         self.skipped: dict[str, str] = {}
         self.notes: list[str] = []
-        self.measured_compile_s: Optional[float] = None
+        self.last_profile_s: Optional[float] = None  # wall time of the last profile trial
+        self.plain_trial_s: Optional[float] = None  # wall time of the trial compile=default was judged against
+        self.compile_extra_s: Optional[float] = None  # what compile=default's trial took beyond that one
         self.best_cfg = self.start
         self.best: Optional[Result] = None
         self.best_row: Optional[dict[str, Any]] = None
@@ -135,6 +133,7 @@ class Tuner:
         try:
             while True:
                 self._check_budget()
+                self._check_room_for_a_round()
                 self.diagnosis = self._profile_and_diagnose()
                 if self._near_peak():
                     return "near the peak: the GPU is busy and MFU is near the calibrated peak; nothing left to win"
@@ -161,17 +160,37 @@ class Tuner:
         if self.settings.max_trials is not None and self.count >= self.settings.max_trials:
             raise BudgetSpent(f"--max-trials {self.settings.max_trials} reached")
 
+    def _check_room_for_a_round(self) -> None:
+        """Stop before a re-profile when the budget left would not cover it and one trial after it (as long as
+        the last ones took): a profile that no trial can follow only spends time."""
+        if self.last_profile_s is None:
+            return
+        left = self.settings.budget_s - self.spent_s
+        trial_s = self.best_row["wall_s"]
+        if left < self.last_profile_s + trial_s:
+            raise BudgetSpent(f"budget nearly spent: {left:.0f} s left, less than a profile ({self.last_profile_s:.0f} "
+                              f"s) and one trial ({trial_s:.0f} s) take")
+
     def _try_levers(self) -> bool:
         """Try the proposed levers in order until one is kept (True) or none is left (False)."""
-        for proposal in search.proposals(self.diagnosis, self.levers):
-            if proposal.lever in self.settled or proposal.lever in self.settings.exclude:
-                continue
-            candidates = search.expand(proposal, self.levers[proposal.lever], self.best_cfg, self.cpu_count)
-            if candidates and self._search(candidates):
+        arranged = ordering.arrange(search.proposals(self.diagnosis, self.levers), self.best_cfg)
+        for proposal in arranged:
+            if self._search_lever(proposal):
+                partner = ordering.PARTNERS.get(proposal.lever)
+                for other in arranged:  # its partner before re-profiling: the two are one win in two trials
+                    if other.lever == partner:
+                        self._search_lever(other)
                 return True
         if self.settings.tune_batch and search.BATCH_LEVER not in self.settled:
             return self._search_batch()
         return False
+
+    def _search_lever(self, proposal: search.Proposal) -> bool:
+        """Search one proposed lever's values against the best so far; True when one was kept."""
+        if proposal.lever in self.settled or proposal.lever in self.settings.exclude:
+            return False
+        candidates = search.expand(proposal, self.levers[proposal.lever], self.best_cfg, self.cpu_count)
+        return bool(candidates) and self._search(candidates)
 
     def _search(self, candidates: list[search.Candidate]) -> bool:
         """Try a lever's values: a ladder climbs while each step wins; alternatives are each tried."""
@@ -189,8 +208,12 @@ class Tuner:
                 break
         if tried:
             self.settled.add(lever)
-        if measured and not kept_any:
-            self.lost.append(lever)  # refused, crashed or noisy trials are not losses: nothing was judged
+        if measured and not kept_any:  # refused, crashed or noisy trials are not losses: nothing was judged
+            note = self.retries.defer(lever, candidates[-1].search == search.ONCE, self.chain[-1])
+            if note is None:
+                self.lost.append(lever)
+            else:
+                self.notes.append(note)
         return kept_any
 
     def _search_batch(self) -> bool:
@@ -218,16 +241,23 @@ class Tuner:
     def _can_try(self, candidate: search.Candidate) -> bool:
         cfg = self._candidate_config(candidate)
         reason = search.refusal_before_trying(candidate, cfg, self.levers.get(candidate.lever), self._workload())
+        if reason is None and candidate.search == search.ONCE:
+            reason = ordering.replaces_kept(candidate.option, candidate.value, self.best_cfg, self.start)
         if reason is None and candidate.option == "compile":
-            # the timed run compiles, and so does the quality gate's copy of the model
-            cost = 2 * search.compile_cost_s(candidate.value, self.measured_compile_s)
-            left = self.settings.budget_s - self.spent_s
-            if cost > left:
-                reason = f"needs about {cost:.0f} s of compilation and {left:.0f} s of the budget is left"
+            reason = self._compile_over_budget(candidate.value)
+        if reason is None and candidate.value == "reduce-overhead" and self.best_cfg.compile == "max-autotune":
+            reason = "compile=max-autotune (kept) already captures CUDA graphs"
         if reason is not None:
-            self.skipped.setdefault(candidate.label, reason)
+            if candidate.label not in self.skipped:
+                self.skipped[candidate.label] = reason
+                self.observer.note(f"not trying {candidate.label}: {reason}")
             return False
         return True
+
+    def _compile_over_budget(self, mode: str) -> Optional[str]:
+        """Why a compile mode does not fit in the budget left (its trial's expected wall time is more), or None."""
+        plain_s = self.plain_trial_s if self.plain_trial_s is not None else self.best_row["wall_s"]
+        return search.compile_over_budget(mode, plain_s, self.compile_extra_s, self.settings.budget_s - self.spent_s)
 
     def _workload(self) -> Any:
         if self.check_workload:
@@ -240,8 +270,9 @@ class Tuner:
 
     def _candidate_config(self, candidate: search.Candidate) -> RunConfig:
         cfg = candidate.apply(self.best_cfg)
-        if candidate.option == "compile" and cfg.warmup < 2:
-            cfg = cfg.replace(warmup=2)  # compilation must stay out of the timed steps
+        if candidate.option == "compile" and cfg.warmup < search.COMPILE_WARMUP[candidate.value]:
+            # compilation (and, with CUDA graphs, their recording) must stay out of the timed steps
+            cfg = cfg.replace(warmup=search.COMPILE_WARMUP[candidate.value])
         return cfg
 
     def _trial_config(self, cfg: RunConfig) -> RunConfig:
@@ -261,17 +292,23 @@ class Tuner:
                    "finding_confidence": candidate.proposal.confidence,
                    "predicted_step_share_pct": candidate.proposal.expected_share_pct,
                    "predicted_gain_pct": predicted}
-        row, result = self._trial(cfg, "run", candidate.label, context, judge_against=self.best)
+        against_s = self.best_row["wall_s"]
+        # A compile trial's cost was estimated: it is stopped when it would pass the budget rather than overrun it.
+        limit_s = self.settings.budget_s - self.spent_s if candidate.option == "compile" else None
+        row, result = self._trial(cfg, "run", candidate.label, context, judge_against=self.best, time_limit_s=limit_s)
         self.chain.append(row)
-        if candidate.option == "compile" and candidate.value == "default" and row.get("compile_s"):
-            self.measured_compile_s = row["compile_s"]  # kept or not, it tells what the other modes will cost
+        if candidate.option == "compile" and candidate.value == "default" and row["status"] in (OK, QUALITY_FAIL):
+            # kept or not, it tells what the other modes will cost: its compile step, and its whole extra time
+            self.plain_trial_s, self.compile_extra_s = against_s, max(0.0, row["wall_s"] - against_s)
         if row["decision"]["kept"]:
             self.best_cfg = cfg
             self.best, self.best_row = result, row
+            self.settled.difference_update(self.retries.release())
         return row["decision"]["kept"]
 
     def _trial(self, cfg: RunConfig, kind: str, label: str, context: Optional[dict[str, Any]] = None,
-               judge_against: Optional[Result] = None) -> tuple[dict[str, Any], Optional[Result]]:
+               judge_against: Optional[Result] = None, time_limit_s: Optional[float] = None
+               ) -> tuple[dict[str, Any], Optional[Result]]:
         """Run (or reuse from tune.jsonl) one trial; record it, with its decision, before returning."""
         key = trial_key(cfg, kind)
         name = f"{self.count:02d}-{_slug(label)}"
@@ -279,7 +316,8 @@ class Tuner:
         reused = row is not None
         if row is None:
             self.observer.trial_started(name, kind)
-            outcome = self.runner(cfg, kind, self.out / TRIALS_DIR / name)
+            limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
+            outcome = self.runner(cfg, kind, self.out / TRIALS_DIR / name, **limit)
             row = self._row(key, name, kind, label, cfg, outcome, context or {})
             if judge_against is not None:
                 decision = self._judge(judge_against, outcome)
@@ -319,8 +357,12 @@ class Tuner:
 
     def _profile_and_diagnose(self) -> Any:
         """Profile the current best in its own process and diagnose its trace (levers that lost excluded)."""
-        cfg = self.best_cfg.replace(trials=1, check_quality=False)
+        # The diagnosis reads the profiled steps only (the loader's queue is drained before them): a trial of
+        # just the profiler's schedule is enough, not --steps or --min-trial-s of timed steps.
+        cfg = self.best_cfg.replace(trials=1, check_quality=False, steps=min(self.best_cfg.steps, PROFILE_STEPS),
+                                    min_trial_s=0.0)
         row, result = self._trial(cfg, "profile", f"profile-{self.best_row['label']}")
+        self.last_profile_s = row["wall_s"]
         entry = {"trial": row["name"], "after": self.best_row["name"], "status": row["status"]}
         diagnosis = None
         trace = self.out / row["dir"] / "trace.json"

@@ -24,8 +24,10 @@ QUALITY_FAILED_EXIT = 1  # `perflab run` saves the result and exits 1 when the q
 INTERRUPTED_EXITS = (130, -2)  # the child was interrupted (Ctrl-C reaches the whole process group)
 # The profile a tune records: a short schedule inside the first (only) trial.
 PROFILE_WAIT, PROFILE_WARMUP, PROFILE_ACTIVE = 1, 1, 3
+PROFILE_STEPS = PROFILE_WAIT + PROFILE_WARMUP + PROFILE_ACTIVE  # a profile trial's timed steps
 
 OK, QUALITY_FAIL, REFUSED, OOM, ERROR = "ok", "quality-fail", "refused", "oom", "error"
+TIMEOUT = "timeout"  # killed at its time limit (a compile trial that would pass the budget)
 INVALID = "invalid"  # the run finished but its numbers cannot be used (result.json status: NaN/inf)
 
 
@@ -65,8 +67,9 @@ def log_path(out: Path) -> Path:
     return out.with_name(out.name + LOG_SUFFIX)
 
 
-def run_trial(cfg: RunConfig, kind: str, out: Path) -> TrialOutcome:
-    """Run one trial in a fresh process and classify how it ended; KeyboardInterrupt if it was interrupted."""
+def run_trial(cfg: RunConfig, kind: str, out: Path, time_limit_s: Optional[float] = None) -> TrialOutcome:
+    """Run one trial in a fresh process and classify how it ended; KeyboardInterrupt if it was interrupted.
+    With `time_limit_s`, a child still running then is killed and the trial is a TIMEOUT."""
     if out.exists():  # a trial that was interrupted before it was recorded: start it again from nothing
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -75,8 +78,14 @@ def run_trial(cfg: RunConfig, kind: str, out: Path) -> TrialOutcome:
     with open(log_path(out), "w") as log:
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
-        # subprocess.run kills the child if this process is interrupted while waiting for it.
-        finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # subprocess.run kills the child if this process is interrupted while waiting for it, or at the limit.
+        try:
+            finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      timeout=time_limit_s)
+        except subprocess.TimeoutExpired:
+            return TrialOutcome(TIMEOUT, time.perf_counter() - began, f"stopped after {time_limit_s:.0f} s, the "
+                                "budget left when it began (its compile time was an estimate)",
+                                files={"log": log_path(out).name})
     wall_s = time.perf_counter() - began
     if finished.returncode in INTERRUPTED_EXITS:
         raise KeyboardInterrupt
