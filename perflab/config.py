@@ -100,6 +100,9 @@ class RunConfig:
                             needs_cuda=("tf32", "fp16"), commands=RUN_AND_SERVE)
     channels_last: bool = option("--channels-last", bool, "NHWC memory format for convolutions", MODEL, False,
                                  changes_numerics=True, commands=RUN_AND_SERVE)
+    cudnn_benchmark: bool = option("--cudnn-benchmark", bool, "cuDNN times its convolution algorithms for each "
+                                   "new input shape (in warm-up) and keeps the fastest", MODEL, False,
+                                   changes_numerics=True, needs_cuda=True, commands=RUN_AND_SERVE)
     compile: Optional[str] = option("--compile", str, "torch.compile the model (mode: default; in a sweep, a list "
                                     "of modes, none for eager)", MODEL, choices=COMPILE_MODES, const="default",
                                     metavar="MODE", changes_numerics=True, commands=RUN_AND_SERVE, conflicts=(

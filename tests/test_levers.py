@@ -21,6 +21,7 @@ REFUSALS = [
     (["--workload", "mlp", "--precision", "fp16"], "--precision fp16 needs a CUDA GPU"),
     (["--workload", "mlp", "--precision", "tf32"], "--precision tf32 needs a CUDA GPU"),
     (["--workload", "mlp", "--cuda-graphs"], "--cuda-graphs needs a CUDA GPU"),
+    (["--workload", "resnet50", "--cudnn-benchmark"], "--cudnn-benchmark needs a CUDA GPU"),
     (["--workload", "mlp", "--prefetcher", "stream"], "--prefetcher stream needs a CUDA GPU"),
     (["--workload", "mlp", "--pin-memory"], "--pin-memory needs a CUDA GPU"),
     (["--workload", "mlp", "--persistent-workers"], "only applies with DataLoader workers; add --workers N"),
@@ -136,3 +137,19 @@ def test_undoing_the_graph_warm_up_leaves_weights_as_if_it_never_trained(optimiz
         step(warmed)
     for a, b in zip(fresh.model.parameters(), warmed.model.parameters()):
         torch.testing.assert_close(a, b)
+
+
+def test_cudnn_benchmark_is_switched_for_the_run_only_and_refused_without_convolutions():
+    from perflab.levers.cudnn import LEVERS, set_cudnn_benchmark
+
+    before = torch.backends.cudnn.benchmark
+    restore = set_cudnn_benchmark(not before)
+    assert torch.backends.cudnn.benchmark is (not before)
+    restore()
+    assert torch.backends.cudnn.benchmark is before
+    lever = LEVERS[0]
+    cfg = RunConfig(workload="mlp", cudnn_benchmark=True)
+    mlp, driving = load_workload("mlp", cfg), load_workload("driving", RunConfig(workload="driving"))
+    assert "mlp has no convolutions" in lever.checks(cfg, mlp, torch.device("cuda"))
+    assert lever.checks(cfg, driving, torch.device("cuda")) is None
+    assert lever.changes_numerics and lever.needs_cuda

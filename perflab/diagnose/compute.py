@@ -49,6 +49,7 @@ def compute_bound(ctx: Context) -> Optional[Finding]:
         levers += ["bf16", "tf32", "fp16"]
     if any("conv" in name for name in ctx.trace.cpu_ops.names):
         levers.append("channels-last")
+        levers.append("cudnn-benchmark")
     if any("attention" in name or "fmha" in name for name in ctx.trace.kernels.names + ctx.trace.cpu_ops.names):
         levers.append("sdpa-flash")
     levers.append("compile")

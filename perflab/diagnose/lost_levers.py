@@ -31,6 +31,8 @@ LEFT_WHEN_LOST = {
     "fp16": "fp16 lost: the matmuls are not the limit at this size; a larger batch or less work is",
     "tf32": "TF32 lost: the fp32 matmuls are not the limit; a larger batch or less work is",
     "channels-last": "channels-last lost: these convolutions are fastest in NCHW; keep it",
+    "cudnn-benchmark": "cuDNN's timed algorithms lost: its heuristic choice is already the fastest here, or the "
+                       "input shapes change between steps",
     "sdpa-flash": "flash attention lost: try the efficient backend, or a longer sequence per call",
     "activation-checkpointing": "checkpointing lost: a smaller batch with gradient accumulation, or lower precision",
 }

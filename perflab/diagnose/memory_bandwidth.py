@@ -36,7 +36,7 @@ def memory_bandwidth(ctx: Context) -> Optional[Finding]:
         evidence["memory_bound_matmul_conv_achieved_gbps"] = memory_bound_rows[0]["achieved_gbps"]
     levers = ["compile"]
     if _has_convolutions(ctx):
-        levers.append("channels-last")
+        levers += ["channels-last", "cudnn-benchmark"]
     if ctx.config("precision", "fp32") in ("fp32", "tf32"):
         levers += ["bf16", "fp16"]
     return Finding(cls=MEMORY_BANDWIDTH, confidence=confidence, summary=summary, evidence=rounded(evidence),

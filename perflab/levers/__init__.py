@@ -64,9 +64,10 @@ class Lever:
 
 def all_levers() -> list[Lever]:
     """Every lever perflab knows, in application order."""
-    from perflab.levers import (compile, cuda_graphs, data_path, distributed, generation, memory_format, optimizer,
-                                precision, prefetcher)
-    modules = [data_path, prefetcher, precision, memory_format, optimizer, distributed, compile, cuda_graphs, generation]
+    from perflab.levers import (compile, cuda_graphs, cudnn, data_path, distributed, generation, memory_format,
+                                optimizer, precision, prefetcher)
+    modules = [data_path, prefetcher, precision, memory_format, cudnn, optimizer, distributed, compile, cuda_graphs,
+               generation]
     modules += _optional_modules()
     levers = [lever for module in modules for lever in module.LEVERS]
     return sorted(levers, key=lambda lever: lever.order)
