@@ -35,3 +35,24 @@ def test_unsteady_trials_are_reported(monkeypatch):
     metrics = {"throughput_samples_per_s": {"range_pct": 40.0}, "steady": False}
     assert "not steady" in runner._unsteady_note(metrics)
     assert runner._unsteady_note({"throughput_samples_per_s": {"range_pct": 2.0}, "steady": True}) is None
+
+
+def test_the_phase_that_moved_between_trials_is_named():
+    from perflab.harness.steady import moving_phase
+    # the H100's augment run: forward/backward/optimizer fixed, the data wait drifting between 10-s trials
+    trials = [{"data_wait": wait, "forward": 1.3, "backward": 2.1 + jitter, "optimizer": 0.6}
+              for wait, jitter in ((3.1, 0.0), (3.8, 0.1), (4.4, 0.2), (3.9, 0.1))]
+    moved = moving_phase(trials)
+    assert moved["phase"] == "data_wait" and (moved["low_ms"], moved["high_ms"]) == (3.1, 4.4)
+    assert moving_phase(trials[:1]) is None
+    # every phase moving alike: no single culprit
+    assert moving_phase([{"forward": 1.0, "backward": 2.0}, {"forward": 1.5, "backward": 2.5}]) is None
+
+
+def test_unsteady_note_says_the_input_pipeline_drifts_when_the_data_wait_moved():
+    from perflab.harness import runner
+    metrics = {"throughput_samples_per_s": {"range_pct": 24.0}, "steady": False,
+               "unsteady_phase": {"phase": "data_wait", "low_ms": 2.5, "high_ms": 4.4,
+                                  "other_phases_range_ms": {"forward": 0.2}}}
+    note = runner._unsteady_note(metrics)
+    assert "data_wait phase moved between 2.50 and 4.40 ms" in note and "input pipeline" in note

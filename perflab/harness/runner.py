@@ -29,7 +29,7 @@ from perflab.harness.nvml import NvmlSampler
 from perflab.harness.plan import StepPlan, build_plan
 from perflab.harness.progress import Reporter
 from perflab.harness.stats import percentiles, summarize
-from perflab.harness.steady import UNSTEADY_RANGE_PCT, reach_steady_state, steps_for_time
+from perflab.harness.steady import UNSTEADY_RANGE_PCT, moving_phase, reach_steady_state, steps_for_time
 from perflab.harness.timers import NullTimer, make_timer
 from perflab.levers import check_levers
 from perflab.results import Result, Trial
@@ -260,6 +260,7 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
     metrics["interference"] = summarize_load(loads)
     metrics["steady_state"] = steady
     metrics["steady"] = metrics["throughput_samples_per_s"]["range_pct"] <= UNSTEADY_RANGE_PCT
+    metrics["unsteady_phase"] = None if metrics["steady"] else moving_phase([t.phase_ms for t in trials])
     notes += [note for note in (busy_note(metrics["interference"]), _unsteady_note(metrics)) if note]
     if interrupted:
         notes.append(interrupted)
@@ -290,8 +291,15 @@ def _unsteady_note(metrics: dict[str, Any]) -> Optional[str]:
     spread = metrics["throughput_samples_per_s"]["range_pct"]
     if metrics["steady"]:
         return None
-    return (f"trials disagree by {spread:.0f}% (more than {UNSTEADY_RANGE_PCT:g}%): this run is not steady; use "
+    note = (f"trials disagree by {spread:.0f}% (more than {UNSTEADY_RANGE_PCT:g}%): this run is not steady; use "
             "more --trials, longer trials (--steps, --min-trial-s) or a quieter machine before trusting a change")
+    moved = metrics.get("unsteady_phase")
+    if moved is None:
+        return note
+    where = ("the input pipeline's rate drifts between trials (DataLoader workers and the host CPU), not the model"
+             if moved["phase"] == "data_wait" else f"the {moved['phase']} phase is what varies")
+    return (f"{note}. The {moved['phase']} phase moved between {moved['low_ms']:.2f} and {moved['high_ms']:.2f} ms "
+            f"per step while the other phases moved less: {where}")
 
 
 def _non_finite_reason(plan: StepPlan) -> Optional[str]:
