@@ -8,6 +8,8 @@ benchmarks/scripts/, each in its own process:
 - `perflab run -- python SCRIPT ...` (steps, phases, NVML; no trace) and `perflab profile -- ...` (trace and diagnosis);
 - `perflab run` on the equivalent workload: the built-in resnet50, and gpt_train.py's own `build` as a plugin,
   same batch and precision. The script under perflab should be within 5% of it, and of the script alone.
+- perflab's overhead on the script: the script's own figure (it prints it under perflab too) under `perflab run --`
+  against the script alone, the same clock on both sides.
 A third script run feeds ResNet-50 from a DataLoader with a few workers, to show a GPU diagnosis of a script's
 input pipeline. DIR/<name>/ holds each run's result.json (and trace.json.gz, diagnosis.json when profiled).
 """
@@ -52,13 +54,21 @@ def _failed(rows: Rows, experiment: str, done: Optional[subprocess.CompletedProc
     return True
 
 
+def own_report(stdout: str) -> Optional[dict]:
+    """The script's own JSON line ({"script": ..., "samples_per_s": ...}) in its output, alone or under perflab."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith('{"script"'):
+            return json.loads(line)
+    return None
+
+
 def script_alone(rows: Rows, name: str, script: str, args: list[str], batch: int) -> Optional[float]:
     """The script by itself, as its user runs it: its own samples/s."""
     experiment = f"{name}: script alone"
     done, elapsed_s = _run([sys.executable, str(SCRIPTS / script), *args])
     if _failed(rows, experiment, done, elapsed_s):
         return None
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = own_report(done.stdout)
     rows.add(experiment, "steps_per_s", report["steps_per_s"], "steps/s")
     rows.add(experiment, "samples_per_s", report["samples_per_s"], "samples/s",
              note=f"batch {batch}; {report.get('model', '')} final loss {report['final_loss']:.3f}; {elapsed_s:.0f}s")
@@ -66,11 +76,13 @@ def script_alone(rows: Rows, name: str, script: str, args: list[str], batch: int
 
 
 def perflab_result(rows: Rows, experiment: str, perflab_args: list[str], out: Path) -> Optional[dict]:
-    """Run `python -m perflab ...` with --out, add its rows (steps/s, samples/s, diagnosis), return result.json."""
+    """Run `python -m perflab ...` with --out, add its rows (steps/s, samples/s, diagnosis), return result.json
+    (with the script's own report, if it printed one, under "own_report")."""
     done, elapsed_s = _run([sys.executable, "-m", "perflab", *perflab_args[:1], "--out", str(out), *perflab_args[1:]])
     if _failed(rows, experiment, done, elapsed_s):
         return None
     result = json.loads((out / "result.json").read_text())
+    result["own_report"] = own_report(done.stdout)
     metrics = result["metrics"]
     throughput = metrics["throughput_samples_per_s"]
     steps_per_s = metrics.get("steps_per_s") or throughput["median"] / result["config"]["batch_size"]
@@ -112,6 +124,9 @@ def study(rows: Rows, out: Path, name: str, script: str, script_args: list[str],
     compare(rows, f"{name}: script under perflab vs the equivalent workload", script_under_perflab,
             builtin["metrics"]["throughput_samples_per_s"]["median"] if builtin else None, "perflab run workload")
     compare(rows, f"{name}: script under perflab vs the script alone", script_under_perflab, alone, "script alone")
+    own = (run or {}).get("own_report")
+    compare(rows, f"{name}: perflab's overhead (the script's own figure, under perflab run -- vs alone)",
+            own["samples_per_s"] if own else None, alone, "script alone")
 
 
 def run_area(out: Path, quick: bool) -> list[dict]:

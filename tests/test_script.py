@@ -202,3 +202,69 @@ def test_timeline_stops_recording_at_its_cap_and_keeps_every_recorded_step(monke
     step_ms, phase_ms = timeline.steps()
     assert timeline.boundaries == 6 and len(step_ms) == 3 and all(ms > 0 for ms in step_ms)
     assert [sorted(phases) for phases in phase_ms] == [["forward"]] * 3
+
+
+def _perflab_frames_during(call) -> list[str]:
+    """The perflab functions Python enters while `call()` runs."""
+    entered = []
+    perflab_dir = str(ROOT / "perflab")
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(perflab_dir):
+            entered.append(frame.f_code.co_name)
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return entered
+
+
+def test_after_the_first_step_no_perflab_code_runs_inside_the_model_and_no_global_hook_is_left():
+    from torch.nn.modules import module as torch_module
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    timeline = StepTimeline()
+    with ScriptProbe(StepDetector(timeline.boundary), timeline) as probe:
+        for _ in range(2):
+            model(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+        assert probe.model is model
+        # Global module hooks are gone, including torch's with_kwargs bookkeeping (else every call of a
+        # torch.compile'd model warns about global hooks).
+        assert not (torch_module._global_forward_pre_hooks or torch_module._global_forward_hooks
+                    or torch_module._global_forward_hooks_with_kwargs
+                    or torch_module._global_forward_hooks_always_called)
+        x = torch.randn(3, 4)
+        assert _perflab_frames_during(lambda: model[2](model[1](model[0](x)))) == []  # submodules: torch's fast path
+        assert len(model._forward_pre_hooks) == 1 and len(model._forward_hooks) == 1  # the model alone: "forward"
+
+
+def test_copies_are_no_longer_watched_once_steps_show_the_script_makes_none():
+    from perflab.script.attach import COPY_WATCH_STEPS
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch_to = torch.Tensor.to
+    x = torch.randn(3, 4)
+    timeline = StepTimeline()
+    with ScriptProbe(StepDetector(timeline.boundary), timeline):
+        assert torch.Tensor.to is not torch_to  # watched from the start: the first steps may copy
+        for _ in range(COPY_WATCH_STEPS + 1):
+            model(x.to(torch.float32)).sum().backward()  # a cast, not a copy to a device
+            optimizer.step()
+        assert torch.Tensor.to is torch_to and _perflab_frames_during(lambda: x.to(torch.float64)) == []
+    assert torch.Tensor.to is torch_to
+
+
+def test_loader_batches_keep_their_copies_watched_and_casts_skip_perflab_helpers():
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(40, 4)), batch_size=4)
+    torch_to = torch.Tensor.to
+    timeline = StepTimeline()
+    with ScriptProbe(StepDetector(timeline.boundary), timeline) as probe:
+        for (x,) in loader:
+            model(x).sum().backward()
+            optimizer.step()
+        assert probe.batches == 10 and torch.Tensor.to is not torch_to  # a GPU script's batch.to(device) is timed
+        assert _perflab_frames_during(lambda: x.to(torch.float64)) == ["to"]  # one frame for a dtype cast

@@ -7,10 +7,19 @@ recording, the NVTX range only when CUDA is available.
 from __future__ import annotations
 
 from contextlib import ContextDecorator
+from typing import Callable, Optional
 
 import torch
 
 _CUDA = torch.cuda.is_available()
+_step_end_listener: Optional[Callable[[], None]] = None  # perflab's script probe: a "step" range ended
+
+
+def listen_for_step_ends(listener: Optional[Callable[[], None]]) -> Optional[Callable[[], None]]:
+    """Call `listener()` whenever a `mark("step")` range ends without an exception; returns the previous listener."""
+    global _step_end_listener
+    previous, _step_end_listener = _step_end_listener, listener
+    return previous
 
 
 def _profiler_recording() -> bool:
@@ -40,6 +49,8 @@ class mark(ContextDecorator):
             self._record = None
         if _CUDA:
             torch.cuda.nvtx.range_pop()
+        if _step_end_listener is not None and self.name == "step" and (not exc or exc[0] is None):
+            _step_end_listener()
         return False
 
 

@@ -3,8 +3,8 @@
 While attached, and with nothing changed in the script:
 - optimizer steps (torch's global optimizer step hooks) are timed as "optimizer" and end a training step;
 - the model is the first outermost module with parameters (found by global module forward hooks that track
-  the call depth, then replaced by hooks on the model alone); its calls are timed as "forward", and end
-  inference steps;
+  the call depth during its first call, then replaced by hooks on the model alone); its calls are timed as
+  "forward", and end inference steps;
 - `Tensor.backward` is timed as "backward";
 - `DataLoader` iterators' `__next__` is timed as the data wait ("data_wait", marker "data");
 - `.to()` / `.cuda()` that move a loader's tensors (or, once steps run, any CPU tensor) to a device are
@@ -12,6 +12,11 @@ While attached, and with nothing changed in the script:
 - the end of a `perflab.mark("step")` range in the script ends a step.
 Every phase wears the same markers as `perflab run` (NVTX + record_function named data, h2d, forward,
 backward, optimizer), so `diagnose` reads a script's trace like any other.
+
+What it costs the script is kept to a few Python calls per step, not per op (a launch-bound script pays for
+every one): after the model's first call no hook runs inside it (submodules take nn.Module's fast path again),
+and `.to()` / `.cuda()` go back to torch's own once COPY_WATCH_STEPS steps have passed with no DataLoader batch
+and no copy to time.
 """
 from __future__ import annotations
 
@@ -22,9 +27,11 @@ from torch.nn.modules import module as torch_module
 from torch.optim import optimizer as torch_optimizer
 from torch.utils.data import dataloader as torch_dataloader
 
-from perflab.profile.markers import mark
+from perflab.profile.markers import listen_for_step_ends, mark
 from perflab.script.steps import StepDetector
 from perflab.script.timeline import StepTimeline
+
+COPY_WATCH_STEPS = 3  # steps without a loader batch or a host-to-device copy, after which .to() is torch's again
 
 
 class Patches:
@@ -37,6 +44,10 @@ class Patches:
         original = getattr(owner, name)
         self._saved.append((owner, name, name in vars(owner), vars(owner).get(name)))
         setattr(owner, name, make(original))
+
+    @property
+    def active(self) -> bool:
+        return bool(self._saved)
 
     def restore(self) -> None:
         for owner, name, had_own, own in reversed(self._saved):
@@ -97,6 +108,7 @@ class ScriptProbe:
         self.detector = detector
         self.timeline = timeline
         self.patches = Patches()
+        self.copy_patches = Patches()  # .to() and .cuda(): put back early when the script makes no copies
         self.handles: list = []
         self.global_handles: list = []
         self.depth = 0  # of module calls, while the global hooks look for the model
@@ -109,28 +121,34 @@ class ScriptProbe:
         self.workers: Optional[int] = None
         self.optimizer_steps = 0
         self.batches = 0
+        self.copies = 0  # host-to-device copies timed
+        self.previous_step_listener = None
 
     def __enter__(self) -> "ScriptProbe":
         self.handles = [
             torch_optimizer.register_optimizer_step_pre_hook(self._optimizer_starts),
             torch_optimizer.register_optimizer_step_post_hook(self._optimizer_ends),
         ]
+        # Without with_kwargs: torch (2.4 to 2.11 at least) leaves a global with_kwargs entry behind on removal,
+        # and then warns at every call of a torch.compile'd model that global hooks exist.
         self.global_handles = [
             torch_module.register_module_forward_pre_hook(self._any_call_starts),
-            torch_module.register_module_forward_hook(self._any_call_ends, with_kwargs=True, always_call=True),
+            torch_module.register_module_forward_hook(self._any_call_ends, always_call=True),
         ]
         self.patches.replace(torch_dataloader._BaseDataLoaderIter, "__next__", self._timed_next)
-        self.patches.replace(torch.Tensor, "to", self._timed_copy)
-        self.patches.replace(torch.Tensor, "cuda", self._timed_cuda)
         self.patches.replace(torch.Tensor, "backward", self._timed_backward)
-        self.patches.replace(mark, "__exit__", self._step_mark_exit)
+        self.copy_patches.replace(torch.Tensor, "to", self._timed_copy)
+        self.copy_patches.replace(torch.Tensor, "cuda", self._timed_cuda)
+        self.previous_step_listener = listen_for_step_ends(self._step_mark_closed)
         return self
 
     def __exit__(self, *exc) -> None:
         for handle in self.handles + self.global_handles:
             handle.remove()
         self.handles, self.global_handles = [], []
+        self.copy_patches.restore()
         self.patches.restore()
+        listen_for_step_ends(self.previous_step_listener)
         for phase in (self.forward_phase, self.optimizer_phase):  # left open by an exception or Ctrl-C
             if phase is not None:
                 phase.close()
@@ -147,6 +165,7 @@ class ScriptProbe:
             self.optimizer_phase = None
         self.optimizer_steps += 1
         self.detector.optimizer_stepped(optimizer)
+        self._stop_watching_copies_if_none()
 
     def _any_call_starts(self, module: torch.nn.Module, args) -> None:
         # Global hooks run on every module call (and take nn.Module's slow path), so they only look for the
@@ -157,12 +176,12 @@ class ScriptProbe:
         if self.depth == 1 and self.model is None and next(module.parameters(), None) is not None:
             self._model_call_starts(module, args)
 
-    def _any_call_ends(self, module: torch.nn.Module, args, kwargs, output) -> None:
+    def _any_call_ends(self, module: torch.nn.Module, args, output) -> None:
         if _compiling():
             return
         self.depth = max(0, self.depth - 1)
         if self.depth == 0 and self.model is None and self.model_depth:
-            self._model_call_ends(module, args, kwargs, output)
+            self._model_call_ends(module, args, {}, output)  # keyword inputs are read from the next call
             self._adopt(module)
 
     def _adopt(self, model: torch.nn.Module) -> None:
@@ -174,12 +193,19 @@ class ScriptProbe:
         self.handles += [model.register_forward_pre_hook(self._model_call_starts),
                          model.register_forward_hook(self._model_call_ends, with_kwargs=True, always_call=True)]
 
+    def _stop_watching_copies_if_none(self) -> None:
+        """Put torch's own .to() and .cuda() back once steps show the script has nothing for them to time."""
+        if (self.copy_patches.active and self.timeline.boundaries >= COPY_WATCH_STEPS and not self.batches
+                and not self.copies):
+            self.copy_patches.restore()
+
     def _model_call_starts(self, module: torch.nn.Module, args) -> None:
         if _compiling():
             return
         self.model_depth += 1
         if self.model_depth == 1:
             self.detector.model_call_started()
+            self._stop_watching_copies_if_none()
             self.forward_phase = OpenPhase(self.timeline, "forward")
 
     def _model_call_ends(self, module: torch.nn.Module, args, kwargs, output) -> None:
@@ -214,14 +240,17 @@ class ScriptProbe:
 
     def _is_h2d(self, tensor: torch.Tensor) -> bool:
         # A loader's tensors always; other tensors only once steps run (so model.to(device) is not a copy phase).
-        return id(tensor) in self.loader_tensors or self.timeline.started
+        return self.timeline.timer is not None or id(tensor) in self.loader_tensors
 
     def _timed_copy(self, original: Callable) -> Callable:
         probe = self
 
         def to(tensor, *args, **kwargs):
-            # Cheapest test first: most .to() calls in a GPU script are on device tensors.
-            if tensor.is_cpu and probe._is_h2d(tensor) and _moves_off_cpu(args, kwargs) and not _compiling():
+            # Cheapest tests first, in this one frame: most .to() calls in a GPU script are on device tensors,
+            # and most of a CPU script's are dtype casts (`.to(torch.float32)`), which name no device.
+            if (tensor.is_cpu and not (args and isinstance(args[0], torch.dtype)) and probe._is_h2d(tensor)
+                    and _moves_off_cpu(args, kwargs) and not _compiling()):
+                probe.copies += 1
                 with probe.timeline.phase("h2d"), mark("h2d"):
                     return original(tensor, *args, **kwargs)
             return original(tensor, *args, **kwargs)
@@ -232,6 +261,7 @@ class ScriptProbe:
 
         def cuda(tensor, *args, **kwargs):
             if tensor.is_cpu and probe._is_h2d(tensor) and not _compiling():
+                probe.copies += 1
                 with probe.timeline.phase("h2d"), mark("h2d"):
                     return original(tensor, *args, **kwargs)
             return original(tensor, *args, **kwargs)
@@ -245,15 +275,9 @@ class ScriptProbe:
                 return original(tensor, *args, **kwargs)
         return backward
 
-    def _step_mark_exit(self, original: Callable) -> Callable:
-        probe = self
-
-        def __exit__(marker, *exc):
-            handled = original(marker, *exc)
-            if marker.name == "step" and exc[0] is None:
-                probe.detector.step_mark_closed()
-            return handled
-        return __exit__
+    def _step_mark_closed(self) -> None:
+        self.detector.step_mark_closed()
+        self._stop_watching_copies_if_none()
 
 
 def _compiling() -> bool:
