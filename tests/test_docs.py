@@ -71,3 +71,17 @@ def test_the_readme_python_snippet_runs_as_written(tmp_path, monkeypatch):
     snippet = snippet.replace("steps=50", "steps=3, trials=1, warmup=1")  # the same calls, fewer steps
     exec(compile(snippet, "README.md", "exec"), {})
     assert (tmp_path / "runs" / "mine" / "result.json").is_file()
+
+
+def test_no_tracked_text_file_holds_a_merge_conflict_marker():
+    # a merge once left <<<<<<< / >>>>>>> blocks in README.md and two docs, and nothing else noticed
+    import subprocess
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    marker = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
+    suffixes = {".md", ".py", ".toml", ".cfg", ".txt", ".yml", ".yaml"}
+    found = [name for name in tracked.stdout.splitlines()
+             if Path(name).suffix in suffixes and (ROOT / name).is_file()
+             and marker.search((ROOT / name).read_text(errors="replace"))]
+    assert found == []
