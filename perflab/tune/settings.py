@@ -123,8 +123,9 @@ def serve_settings(objective: str, given: dict[str, Any]) -> Optional[ServeConfi
     if objective != MAX_QPS:
         if given:
             flags = ", ".join(options.option_named(ServeConfig, name).flag for name in given)
-            raise PerflabError(f"{flags} apply to --objective max-qps (the serve objective); add --objective max-qps "
-                               "or drop them")
+            verb = "applies" if len(given) == 1 else "apply"
+            raise PerflabError(f"{flags} {verb} to --objective max-qps (the serve objective); add --objective "
+                               "max-qps or drop it")
         return None
     if "p99_ms" not in given:
         raise PerflabError(NEEDS_P99)
