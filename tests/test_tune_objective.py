@@ -202,3 +202,19 @@ def test_serve_exits_1_and_keeps_the_result_when_its_quality_gate_fails(tmp_path
                  "--check-quality", "--quality-steps", "2", "--quality-rtol", "1e-9", "--out", str(out)]) == 1
     assert Result.load(out).quality["verdict"] == "fail"
     assert "quality gate failed" in capsys.readouterr().out
+
+
+@pytest.mark.cuda
+def test_tune_max_qps_on_cuda_serves_each_candidate_and_skips_what_serve_cannot_take(tmp_path):
+    out = tmp_path / "tune"
+    assert main(["tune", "--workload", "mlp", "--device", "cuda", "--mode", "infer", "--warmup", "2",
+                 "--quality-steps", "2", "--objective", "max-qps", "--p99-ms", "10", "--max-batch", "64",
+                 "--duration", "0.5", "--min-queries", "128", "--exclude", "compile", "--budget", "90s",
+                 "--out", str(out)]) == 0
+    meta = json.loads((out / "tune.json").read_text())
+    assert meta["start"]["max_qps"] > 0 and meta["chain"]
+    for link in meta["chain"]:
+        log = (out / (link["dir"] + ".log")).read_text().splitlines()[0]
+        assert " perflab serve " in log and "--find-max-qps" in log
+        assert link["status"] != "ok" or (link["max_qps"] is not None and link["quality"] in ("pass", "fail"))
+    assert meta["recipe"]["command"].startswith("perflab serve")
