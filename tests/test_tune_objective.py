@@ -218,3 +218,16 @@ def test_tune_max_qps_on_cuda_serves_each_candidate_and_skips_what_serve_cannot_
         assert " perflab serve " in log and "--find-max-qps" in log
         assert link["status"] != "ok" or (link["max_qps"] is not None and link["quality"] in ("pass", "fail"))
     assert meta["recipe"]["command"].startswith("perflab serve")
+
+
+def test_resume_reuses_serve_trials_only_under_the_same_serve_settings(tmp_path):
+    first = FakeServeTrials({("precision", "bf16"): 1.3})
+    tune_max_qps(tmp_path, first, compute_bound("bf16"))
+    again = FakeServeTrials({("precision", "bf16"): 1.3})
+    tune_max_qps(tmp_path, again, compute_bound("bf16"), resume=True)
+    assert again.calls == []  # every trial recorded: nothing runs twice
+    other_bound = FakeServeTrials({("precision", "bf16"): 1.3})
+    config = TuneConfig(budget="10m", objective="max-qps", serve=ServeConfig(p99_ms=20.0), max_trials=3, resume=True)
+    tune(START, config, tmp_path / "tune", runner=other_bound, check_workload=False, cpu_count=8, report=False,
+         diagnoser=lambda trace, result, lost: compute_bound("bf16"))
+    assert [kind for kind, _, _ in other_bound.calls if kind == "serve"]  # another bound: measured again

@@ -324,7 +324,7 @@ class Tuner:
                judge_against: Optional[Result] = None, time_limit_s: Optional[float] = None
                ) -> tuple[dict[str, Any], Optional[Result]]:
         """Run (or reuse from tune.jsonl) one trial; record it, with its decision, before returning."""
-        key = trial_key(cfg, kind)
+        key = trial_key(cfg, kind, self.settings.serve if kind == SERVE else None)
         name = f"{self.count:02d}-{_slug(label)}"
         row = self.journal.get(key)
         reused = row is not None
