@@ -2,11 +2,15 @@
 
     BENCH_TUNE_ONLY=resnet50 python -m benchmarks.bench_tune --out DIR      # about 7 minutes on an H100
     BENCH_TUNE_ONLY=driving python -m benchmarks.bench_tune --out DIR       # about 4 minutes
+    BENCH_TUNE_ONLY=max-qps python -m benchmarks.bench_tune --out DIR       # about 6 minutes
 
 - resnet50 infer bs256 from fp32 eager (hand-found: 6.1x with bf16 + channels-last + compile; goal >= 8x with
   CUDA graphs / max-autotune), budget 380 s: the chain tune is expected to take is bf16, channels-last, compile
   default, then max-autotune or reduce-overhead where the budget left covers their estimated compile time;
-- driving train bs32 from workers 0 (hand-found: 6.5x with 8 workers + --augment gpu), budget 200 s.
+- driving train bs32 from workers 0 (hand-found: 6.5x with 8 workers + --augment gpu), budget 200 s;
+- max-qps: ResNet-50 served from fp32 eager, `--objective max-qps --p99-ms 15 --max-batch 64` (each measured
+  trial a `perflab serve --find-max-qps`, 1 s and 256 queries per point), budget 300 s: the max QPS tune reaches
+  against serve's own figure for bf16 + channels-last + compile (BENCHMARKS.md, issue 10).
 The planted workloads are area "tune_planted" (benchmarks/bench_tune_planted.py), which reuses `tune_rows`.
 
 Rows: start and tuned throughput, the speed-up, the kept levers, the time tune took (its trials' wall time,
@@ -30,7 +34,9 @@ import torch
 
 from benchmarks.common import Rows, parse_args
 from perflab.config import RunConfig
+from perflab.serve import ServeConfig
 from perflab.tune import TuneConfig, tune
+from perflab.tune.output import objective_figure
 
 TIMING = dict(steps=15, trials=3, warmup=3, quality_steps=3)
 SMOKE_TIMING = dict(steps=4, trials=3, warmup=2, quality_steps=2)
@@ -49,6 +55,12 @@ def experiments(cuda: bool, quick: bool) -> list[tuple[str, RunConfig, TuneConfi
          RunConfig(workload="driving", mode="train", batch_size=32 if full else 2, workers=0,
                    workload_options=small, **{**timing, "steps": 10 if full else 4}),
          TuneConfig(budget="200s" if full else "40s")),
+        ("max-qps ResNet-50 serve p99 15ms from fp32 eager",  # no "resnet50" in the name: BENCH_TUNE_ONLY
+         RunConfig(workload="resnet50", mode="infer", workload_options=small, warmup=timing["warmup"],
+                   quality_steps=timing["quality_steps"]),
+         TuneConfig(budget="300s" if full else "40s", objective="max-qps",
+                    serve=ServeConfig(p99_ms=15.0 if full else 500.0, max_batch=64 if full else 2,
+                                      duration_s=1.0 if full else 0.2, min_queries=256 if full else 8))),
     ]
 
 
@@ -56,8 +68,10 @@ def record(rows: Rows, name: str, summary: dict[str, Any], took_s: float) -> Non
     """The tune's outcome, then predicted against measured gain for each trial."""
     start, best = summary["start"] or {}, summary["best"] or {}
     kept = ", ".join(summary["kept"]) or "nothing"
-    rows.add(name, "start throughput", start.get("throughput"), "samples/s")
-    rows.add(name, "tuned throughput", best.get("throughput"), "samples/s", f"kept: {kept}; quality "
+    key, unit = objective_figure((summary.get("objective") or {}).get("name", "throughput"))
+    figure = "max QPS" if key == "max_qps" else "throughput"
+    rows.add(name, f"start {figure}", start.get(key), unit)
+    rows.add(name, f"tuned {figure}", best.get(key), unit, f"kept: {kept}; quality "
              f"{best.get('quality') or 'not checked'}")
     rows.add(name, "speed-up", summary.get("speedup"), "x", f"recipe: {summary['recipe']['command']}")
     rows.add(name, "tune time", round(took_s, 1), "s", f"{summary['trials']} trials, {summary['spent_s']:.0f} s "

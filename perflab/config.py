@@ -216,13 +216,16 @@ class RunConfig:
 
     # quality gate: None means "on whenever a lever differs from the fp32 eager baseline"
     check_quality: Optional[bool] = option("--check-quality", bool, "compare outputs/losses with the fp32 eager "
-                                           "baseline (default: on whenever a lever can change numerics)", QUALITY,
-                                           negatable=True)
+                                           "baseline (default: on whenever a lever can change numerics; serve: "
+                                           "after its points, at --max-batch)", QUALITY, negatable=True,
+                                           commands=RUN_AND_SERVE)
     quality_steps: int = option("--quality-steps", int, "training steps (train) or batches (infer) the quality gate "
-                                "compares (default: 8)", QUALITY, 8, minimum=1, metavar="N")
+                                "compares (default: 8)", QUALITY, 8, minimum=1, metavar="N",
+                                commands=RUN_AND_SERVE)
     quality_rtol: Optional[float] = option("--quality-rtol", float, "inference: relative output error allowed "
                                            "(default by precision: fp32 1e-5, tf32 1e-3, bf16 2e-2, fp16 1e-2; see "
-                                           "docs/quality.md)", QUALITY, above=0, metavar="X")
+                                           "docs/quality.md)", QUALITY, above=0, metavar="X",
+                                           commands=RUN_AND_SERVE)
     quality_loss_rtol: Optional[float] = option("--quality-loss-rtol", float, "training: relative final-loss delta "
                                                 "allowed (default by precision; see docs/quality.md)", QUALITY,
                                                 above=0, metavar="X")

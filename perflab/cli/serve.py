@@ -8,6 +8,7 @@ from rich.markup import escape
 from perflab import options
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options
+from perflab.cli._outcome import finish_run
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.report.serve_table import point_row, print_serve
@@ -23,7 +24,8 @@ def register(subparsers) -> None:
                     "arrivals at --qps, or --find-max-qps under --p99-ms), offline (every query at once) or "
                     "single-stream (one at a time). A dynamic batcher (--max-batch, --batch-timeout-ms) feeds "
                     "--instances model copies. Each point is saved to <out>/result.json as it finishes; Ctrl-C "
-                    "keeps finished points. See docs/serve.md.")
+                    "keeps finished points. Levers that change numerics get the quality gate after the points (as in "
+                    "perflab run); a failed gate saves the result and exits 1. See docs/serve.md.")
     add_run_options(parser, "serve")
     options.add_arguments(parser, ServeConfig, "serve")
     parser.set_defaults(handler=handle)
@@ -58,4 +60,7 @@ def handle(args: argparse.Namespace) -> int:
                               f"{out}/result.json")
             return 130
     print_serve(console, result)
-    return 0
+    if result.quality and result.quality.get("verdict") != "fail":
+        console.print(f"quality gate: {escape(result.quality['verdict'])} ({escape(result.quality.get('reason', ''))})",
+                      highlight=False)
+    return finish_run(console, err_console, result, out)

@@ -13,7 +13,10 @@ from perflab.cli import console, err_console
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.rundir import default_run_dir
+from perflab.serve.config import ServeConfig
 from perflab.tune import TuneConfig, tune
+from perflab.tune.output import objective_figure
+from perflab.tune.settings import serve_settings
 from perflab.tune.journal import TUNE_JSONL
 from perflab.sweep import read_rows
 
@@ -27,9 +30,13 @@ def register(subparsers) -> None:
                     "the best so far; keep a lever only when compare accepts it (a significant gain, quality "
                     "pass) within the constraints; re-diagnose and go on until no lever wins or --budget is "
                     "spent. Writes runs/<id>-tune/ with tune.jsonl (one line per trial; --resume reuses them), "
-                    "tune.json (the chain of decisions and the recipe) and report.md/report.html. See docs/tune.md.")
+                    "tune.json (the chain of decisions and the recipe) and report.md/report.html. With --objective "
+                    "max-qps --p99-ms MS (and --mode infer) each measured trial is `perflab serve --find-max-qps` and "
+                    "a lever is kept when its max QPS beats the best's by more than the search's resolution; the "
+                    "serve settings below pass through to it. See docs/tune.md.")
     options.add_arguments(parser, RunConfig, "tune")
     options.add_arguments(parser, TuneConfig, "tune")
+    options.add_arguments(parser, ServeConfig, "tune")  # the max-qps objective's serve settings
     parser.set_defaults(handler=handle)
 
 
@@ -50,7 +57,10 @@ def _recorded_start(out: Path) -> RunConfig:
 
 
 def handle(args: argparse.Namespace) -> int:
-    settings = TuneConfig(**options.changes_from_args(TuneConfig, args, "tune")).validate()
+    changes = options.changes_from_args(TuneConfig, args, "tune")
+    serve = serve_settings(changes.get("objective", TuneConfig.objective),
+                           options.changes_from_args(ServeConfig, args, "tune"))
+    settings = TuneConfig(**changes, serve=serve).validate()
     run_changes = options.changes_from_args(RunConfig, args, "tune")
     if settings.resume and not run_changes:
         if not settings.out:
@@ -58,13 +68,14 @@ def handle(args: argparse.Namespace) -> int:
         start = _recorded_start(Path(settings.out))
     else:
         start = RunConfig(**run_changes).validate()
+    settings.check_start(start)
     out = Path(settings.out) if settings.out else _default_out(start.workload)
     command = ["perflab"] + args.argv
     from perflab.report.tune_live import LiveTuneTable
 
     began = time.perf_counter()
     try:
-        with LiveTuneTable(console) as table:
+        with LiveTuneTable(console, settings.objective) as table:
             summary = tune(start, settings, out, observer=table, command=command)
     except KeyboardInterrupt:
         resume = command if "--resume" in command else command + ["--resume"]
@@ -80,7 +91,10 @@ def handle(args: argparse.Namespace) -> int:
 def _print_summary(summary: dict, out: Path, elapsed_s: float) -> None:
     start, best = summary["start"] or {}, summary["best"] or {}
     speedup = summary.get("speedup")
-    console.print(f"[bold]{start.get('throughput', 0):,.1f} → {best.get('throughput', 0):,.1f} samples/s"
+    objective = summary["objective"]
+    key, unit = objective_figure(objective["name"])
+    bound = f" at p99 ≤ {objective['p99_ms']:g} ms" if objective.get("p99_ms") is not None else ""
+    console.print(f"[bold]{start.get(key) or 0:,.1f} → {best.get(key) or 0:,.1f} {unit}{bound}"
                   + (f" ({speedup:.2f}×)" if speedup else "") + "[/]"
                   f"; kept: {escape(', '.join(summary['kept']) or 'nothing')}", highlight=False)
     console.print(f"stopped: {escape(summary['stop_reason'])}; {summary['trials']} trials, "

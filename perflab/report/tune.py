@@ -9,13 +9,24 @@ from typing import Any, Optional
 from perflab.report.markdown import cell, config_table, environment_table, image, num, table
 from perflab.report.plots import phase_breakdown_plot, waterfall_plot
 from perflab.results import RESULT_FILE, Result
+from perflab.tune.output import objective_figure
+
+
+def _objective(meta: dict[str, Any]) -> tuple[str, str, str]:
+    """The figure the tune raised (its row key), its unit, and the p99 bound it was held to (max-qps)."""
+    objective = meta.get("objective") or {}
+    key, unit = objective_figure(objective.get("name", "throughput"))
+    bound = f" at p99 ≤ {objective['p99_ms']:g} ms" if objective.get("p99_ms") is not None else ""
+    return key, unit, bound
 
 
 def _pct(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{value:+.1f}%"
 
 
-def _interval(ci: Optional[list]) -> str:
+def _interval(ci: Optional[list], resolution_pct: Optional[float] = None) -> str:
+    if resolution_pct is not None:  # max-qps: the gain had to beat the search's resolution
+        return f"res. ±{resolution_pct:g}%"
     if not ci or ci[0] is None:
         return "—"
     return f"{ci[0]:+.1f}% … {ci[1]:+.1f}%"
@@ -31,12 +42,14 @@ def tune_images(directory: Path, meta: dict[str, Any], out: Path) -> dict[str, s
     """The waterfall of kept gains and the step-time breakdown of the start and the tuned best."""
     images = {}
     start = meta.get("start") or {}
-    kept = [(link["label"], link["throughput"]) for link in meta.get("chain", []) if link["kept"]]
-    if start.get("throughput"):
-        waterfall_plot("start", start["throughput"], kept, out / "tune_waterfall.png")
+    key, unit, _ = _objective(meta)
+    kept = [(link["label"], link.get(key)) for link in meta.get("chain", []) if link["kept"]]
+    if start.get(key):
+        waterfall_plot("start", start[key], kept, out / "tune_waterfall.png", unit=unit)
         images["waterfall"] = "tune_waterfall.png"
     before, after = _load(directory, meta.get("start")), _load(directory, meta.get("best"))
-    if before is not None and after is not None:
+    # a serve trial has no per-phase step times (its profiles do; the chain's diagnoses read those)
+    if before is not None and after is not None and before.metrics.get("phases_ms") and after.metrics.get("phases_ms"):
         phase_breakdown_plot({"start": before.metrics.get("phases_ms") or {},
                               "tuned": after.metrics.get("phases_ms") or {}}, out / "tune_breakdown.png",
                              "step-time breakdown: start vs tuned")
@@ -48,12 +61,14 @@ def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str])
     start, best = meta.get("start") or {}, meta.get("best") or {}
     config = (meta.get("recipe") or {}).get("config") or {}
     chain_rows = [[link["name"], cell(link.get("bottleneck")), link["label"], _pct(link.get("predicted_gain_pct")),
-                   _pct(link.get("measured_gain_pct")), _interval(link.get("ci95_pct")), cell(link.get("quality")),
+                   _pct(link.get("measured_gain_pct")), _interval(link.get("ci95_pct"), link.get("resolution_pct")),
+                   cell(link.get("quality")),
                    "**kept**" if link["kept"] else "rejected", cell(link.get("why")),
                    num(link.get("wall_s"), 1), num(link.get("compile_s") or link.get("warmup_s"), 1)]
                   for link in meta.get("chain", [])]
     speedup = meta.get("speedup")
-    summary = [f"- **{num(start.get('throughput'))} → {num(best.get('throughput'))} samples/s**"
+    key, unit, bound = _objective(meta)
+    summary = [f"- **{num(start.get(key))} → {num(best.get(key))} {unit}{bound}**"
                + (f" ({speedup:.2f}×)" if speedup else ""),
                f"- kept: {', '.join(meta.get('kept') or []) or 'nothing'}; lost: "
                f"{', '.join(meta.get('lost') or []) or 'nothing'}",
@@ -68,14 +83,18 @@ def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str])
     parts = [f"# perflab tune: {config.get('workload')} · {config.get('mode')} · {config.get('device')}",
              f"Command: `{' '.join(meta.get('command') or [])}`" if meta.get("command") else "",
              "## Result", "\n".join(summary),
-             image("throughput waterfall", images.get("waterfall")),
+             image(f"{unit} waterfall", images.get("waterfall")),
              "## The recipe", f"```\n{recipe.get('command', '')}\n```", f"```python\n{recipe.get('snippet', '')}\n```",
              "## The chain of decisions",
              table(["trial", "bottleneck", "lever", "predicted", "measured", "95% CI", "quality", "decision", "why",
                     "wall s", "compile/warm-up s"], chain_rows, "lllrrrllllr") if chain_rows else "No lever was tried.",
              "Predicted: the throughput gain if the share of the step the diagnosis's finding explains vanished "
-             "(n/a where the diagnosis gives no share). Measured: compare's change of the median throughput "
-             "against the best so far, with its bootstrap interval.",
+             "(n/a where the diagnosis gives no share). "
+             + ("Measured: the change of the max QPS (`perflab serve --find-max-qps`) against the best so far; a "
+                "lever is kept when it beats the search's resolution and --min-effect-pct."
+                if key == "max_qps" else
+                "Measured: compare's change of the median throughput against the best so far, with its bootstrap "
+                "interval."),
              "## Diagnoses", table(["profile", "of", "bottleneck", "confidence", "headline", "levers"],
                                    diagnosis_rows) if diagnosis_rows else "",
              "## Step-time breakdown, before and after", image("step-time breakdown", images.get("breakdown"))]

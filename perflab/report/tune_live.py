@@ -12,6 +12,7 @@ from rich.text import Text
 
 from perflab.report.terminal import fmt
 from perflab.tune.driver import TuneObserver
+from perflab.tune.output import objective_figure
 
 
 def _decision_text(row: dict[str, Any]) -> str:
@@ -30,14 +31,19 @@ def _gain(row: dict[str, Any]) -> str:
     gain, ci = decision.get("gain_pct"), decision.get("ci95_pct") or [None, None]
     if gain is None:
         return ""
+    if decision.get("resolution_pct") is not None:  # max-qps: the search's resolution, not an interval
+        return f"{gain:+.1f}% [dim](res. {decision['resolution_pct']:g}%)[/]"
     return f"{gain:+.1f}%" + (f" [dim]({ci[0]:+.0f}…{ci[1]:+.0f})[/]" if ci[0] is not None else "")
 
 
 class LiveTuneTable(TuneObserver):
-    """A rich Live display; reused rows (from --resume) are marked as recorded."""
+    """A rich Live display of the objective's figure (samples/s, or max q/s); reused rows (from --resume) are
+    marked as recorded."""
 
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, objective: str = "throughput"):
         self.console = console
+        self.figure, unit = objective_figure(objective)
+        self.unit = "max " + unit if objective == "max-qps" else unit
         self.rows: list[tuple[dict[str, Any], bool]] = []
         self.running: Optional[str] = None
         self.began = time.perf_counter()
@@ -54,19 +60,24 @@ class LiveTuneTable(TuneObserver):
 
     def _render(self) -> Group:
         table = Table(title="perflab tune", title_justify="left", show_lines=False)
-        for name, justify in (("trial", "left"), ("lever", "left"), ("samples/s", "right"),
+        for name, justify in (("trial", "left"), ("lever", "left"), (self.unit, "right"),
                               ("predicted", "right"), ("measured (95% CI)", "right"), ("quality", "left"),
                               ("decision", "left"), ("wall s", "right")):
             table.add_column(name, justify=justify)
         for row, reused in self.rows:
             predicted = row.get("predicted_gain_pct")
             table.add_row(row["name"] + (" [dim](recorded)[/]" if reused else ""), escape(row["label"]),
-                          fmt(row.get("throughput")), "" if predicted is None else f"{predicted:+.0f}%", _gain(row),
+                          self._figure(row), "" if predicted is None else f"{predicted:+.0f}%", _gain(row),
                           escape(str((row.get("decision") or {}).get("quality") or row.get("quality") or "")),
                           _decision_text(row), fmt(row.get("wall_s"), 0))
         status = Text(f"running {self.running} … ({time.perf_counter() - self.began:.0f} s so far)",
                       style="dim") if self.running else Text("")
         return Group(table, status)
+
+    def _figure(self, row: dict[str, Any]) -> str:
+        if row["kind"] == "profile" and self.figure != "throughput":
+            return ""  # a profile measures the step, not the objective
+        return fmt(row.get(self.figure))
 
     def trial_started(self, name: str, kind: str) -> None:
         self.running = f"{name} ({kind})"

@@ -12,6 +12,7 @@ from perflab.options import option
 
 SCENARIOS = ("server", "offline", "single-stream")
 SERVE = ("serve",)
+SERVE_AND_TUNE = ("serve", "tune")  # the settings `perflab tune --objective max-qps` passes to its serve trials
 LOAD = "load (LoadGen scenarios)"
 BATCHER = "dynamic batcher"
 
@@ -28,27 +29,28 @@ class ServeConfig:
                                 metavar="RATE[,RATE...]", commands=SERVE)
     find_max_qps: bool = option("--find-max-qps", bool, "server: search the highest rate whose p99 meets --p99-ms "
                                 "(widen, then bisect, as LoadGen's peak finder)", LOAD, False, commands=SERVE)
-    p99_ms: float = option("--p99-ms", float, "the p99 latency bound a server point must meet (default: 15)", LOAD,
-                           15.0, above=0, metavar="MS", commands=SERVE)
+    p99_ms: float = option("--p99-ms", float, "the p99 latency bound a server point must meet (default: 15; tune "
+                           "--objective max-qps: required)", LOAD,
+                           15.0, above=0, metavar="MS", commands=SERVE_AND_TUNE)
     search_tolerance_pct: float = option("--search-tolerance-pct", float, "the search stops when the bracket around "
                                          "the max QPS is narrower than this, in percent (default: 5)", LOAD, 5.0,
-                                         above=0, metavar="PCT", commands=SERVE)
+                                         above=0, metavar="PCT", commands=SERVE_AND_TUNE)
     duration_s: float = option("--duration", float, "seconds of load per point (default: 1)", LOAD, 1.0, above=0,
-                               metavar="SECONDS", commands=SERVE)
+                               metavar="SECONDS", commands=SERVE_AND_TUNE)
     min_queries: int = option("--min-queries", int, "queries per point at least, so a short lucky run cannot pass "
-                              "(default: 64)", LOAD, 64, minimum=1, metavar="N", commands=SERVE)
+                              "(default: 64)", LOAD, 64, minimum=1, metavar="N", commands=SERVE_AND_TUNE)
     schedule_seed: int = option("--schedule-seed", int, "seed of the Poisson arrival times (default: 0)", LOAD, 0,
                                 metavar="N", commands=SERVE)
     sample_seed: int = option("--sample-seed", int, "seed of the order samples are drawn in (default: 0)", LOAD, 0,
                               metavar="N", commands=SERVE)
     max_batch: Optional[int] = option("--max-batch", int, "largest batch the batcher forms (default: the "
                                       "workload's batch size on this device)", BATCHER, minimum=1, metavar="N",
-                                      commands=SERVE)
+                                      commands=SERVE_AND_TUNE)
     batch_timeout_ms: float = option("--batch-timeout-ms", float, "how long the oldest waiting query may wait for "
                                      "a batch to fill (default: 2)", BATCHER, 2.0, minimum=0, metavar="MS",
-                                     commands=SERVE)
+                                     commands=SERVE_AND_TUNE)
     instances: int = option("--instances", int, "model instances, each on its own CUDA stream with its own pinned "
-                            "buffers (default: 1)", BATCHER, 1, minimum=1, metavar="N", commands=SERVE)
+                            "buffers (default: 1)", BATCHER, 1, minimum=1, metavar="N", commands=SERVE_AND_TUNE)
 
     def validate(self) -> "ServeConfig":
         """Raise PerflabError naming the first bad setting."""

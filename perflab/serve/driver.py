@@ -1,7 +1,9 @@
 """serve(): build the model after levers, warm every instance, measure the harness's own capacity, then run the
-scenario's points (fixed rates, or the max-QPS search), saving result.json after every point."""
+scenario's points (fixed rates, or the max-QPS search), saving result.json after every point; last, where a
+lever changes numerics (or --check-quality asks), the quality gate at the max batch, as `perflab run` runs it."""
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import time
@@ -16,7 +18,8 @@ from perflab.config import RunConfig
 from perflab.environment import collect_environment
 from perflab.errors import PerflabError
 from perflab.harness.data import make_loader
-from perflab.harness.runner import describe_workload, resolve_config, resolve_device, seed_everything
+from perflab.harness.runner import (describe_workload, quality_gate_enabled, resolve_config, resolve_device,
+                                    seed_everything)
 from perflab.levers import check_levers
 from perflab.results import Result
 from perflab.serve.capacity import measure_capacity
@@ -90,10 +93,13 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
-    plan = None
+    plan = pristine = None
     if engines is None:
         from perflab.harness.plan import build_plan
-        plan = build_plan(workload, cfg, device, check_levers(cfg, workload, device))
+        levers = check_levers(cfg, workload, device)
+        if quality_gate_enabled(cfg, levers):  # the gate starts from weights nothing has touched (as run's)
+            pristine = copy.deepcopy(workload, memo={id(workload.dataset): workload.dataset})
+        plan = build_plan(workload, cfg, device, levers)
         if generates:
             engines = [GenerationEngine(plan, requests, cfg.batch_size)]
             notes.append("generation is served with static batching: a batch of requests is prefilled together and "
@@ -133,6 +139,10 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
         session.record["complete"] = True
         result.status, result.status_reason = "complete", ""
         _diagnose(result)
+        session.save()
+    if pristine is not None:  # after the model is released: the gate builds its own baseline and candidate
+        from perflab.quality import run_quality_gate
+        result.quality = run_quality_gate(pristine, cfg, device)
         session.save()
     return result
 

@@ -11,8 +11,8 @@ Layout of a tune directory (`runs/<id>-tune/`):
 Modules: settings (TuneConfig, --budget parsing), candidates (what to try and with which values; compile
 modes' estimated cost), ordering (tune's order of the proposals: cheap and paired levers first), retry (one
 more try for a lever inside the noise against a large prediction), trial (one subprocess), journal
-(tune.jsonl), decision (keep or reject), driver (the loop), output (tune.json), recipe (the tuned command line
-and RunConfig).
+(tune.jsonl), decision (keep or reject), objective (--objective max-qps: serve trials judged by max QPS),
+driver (the loop), output (tune.json), recipe (the tuned command line and RunConfig).
 """
 from __future__ import annotations
 

@@ -27,6 +27,10 @@ class Decision:
     reasons: list[str] = field(default_factory=list)
     noisy: list[str] = field(default_factory=list)  # why the timings are not clean (a busy machine, ...)
     judged: bool = True  # False: noisy timings, so compare did not judge the speed
+    objective: str = "throughput"  # the figure judged: throughput (compare) or max-qps (perflab/tune/objective.py)
+    against_value: Optional[float] = None  # max-qps: the best's max QPS, and the candidate's
+    value: Optional[float] = None
+    resolution_pct: Optional[float] = None  # max-qps: the search's resolution the gain had to beat
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -6,6 +6,10 @@
         otherwise -> the lever lost; it is not tried again
     until no lever wins, the budget or --max-trials is spent, or the GPU is busy with MFU near the peak.
 
+With --objective max-qps a measured trial (the start, each candidate) is `perflab serve --find-max-qps` and is
+judged by its max QPS (perflab/tune/objective.py); the profiles behind the diagnosis stay `perflab profile` of
+the inference step at the max batch, so the levers are still ranked from where the step's time goes.
+
 Every trial is one row of tune.jsonl written before the next begins; on --resume the loop replays and
 reuses the recorded rows (its choices depend only on them), so nothing is lost and nothing is run twice.
 """
@@ -24,9 +28,10 @@ from perflab.tune import candidates as search
 from perflab.tune import ordering
 from perflab.tune.candidates import usable_cpus
 from perflab.tune.decision import Decision, judge, not_measured
+from perflab.tune.objective import SERVE, judge_max_qps, max_qps_of, serve_refusal
 from perflab.tune.journal import Journal, trial_key
 from perflab.tune.retry import NoiseRetries
-from perflab.tune.settings import TuneConfig, strict_tolerances
+from perflab.tune.settings import MAX_QPS, TuneConfig, strict_tolerances
 from perflab.tune.trial import OK, OOM, PROFILE_STEPS, QUALITY_FAIL, TrialOutcome, run_trial, trial_figures
 
 TRIALS_DIR = "trials"
@@ -88,6 +93,8 @@ class Tuner:
         # Resolved (device, batch) by the start trial's own process: resolving here would create a CUDA context
         # in this process, which every trial would see as a neighbour on its GPU.
         self.start = start.replace(out=None).validate()
+        settings.check_start(self.start)
+        self.measure = SERVE if settings.objective == MAX_QPS else "run"  # the kind of a measured trial
         self.out = Path(out)
         self.runner = runner
         self.diagnoser = diagnoser
@@ -120,10 +127,14 @@ class Tuner:
 
     def run(self) -> str:
         """Tune until a stop condition; returns why it stopped."""
-        row, result = self._trial(self.start, "run", "start")
+        row, result = self._trial(self.start, self.measure, "start")
         if result is None:
             raise PerflabError(f"the starting point did not run ({row['status']}: {row['reason']}); see "
                                f"{self.out / row['dir']}.log")
+        if self.measure == SERVE and max_qps_of(result) is None:
+            raise PerflabError(f"the starting point meets no rate with p99 under --p99-ms "
+                               f"{self.settings.serve.p99_ms:g} ({row.get('search_skipped') or 'every rate tried failed'})"
+                               f"; raise --p99-ms (see {self.out / row['dir']})")
         if row["status"] == QUALITY_FAIL:
             self.notes.append(f"the starting point itself failed its quality gate ({row['reason']}); every "
                               "candidate is still gated against the fp32 eager baseline")
@@ -241,6 +252,8 @@ class Tuner:
     def _can_try(self, candidate: search.Candidate) -> bool:
         cfg = self._candidate_config(candidate)
         reason = search.refusal_before_trying(candidate, cfg, self.levers.get(candidate.lever), self._workload())
+        if reason is None and self.measure == SERVE:
+            reason = serve_refusal(candidate.option)
         if reason is None and candidate.search == search.ONCE:
             reason = ordering.replaces_kept(candidate.option, candidate.value, self.best_cfg, self.start)
         if reason is None and candidate.option == "compile":
@@ -295,7 +308,8 @@ class Tuner:
         against_s = self.best_row["wall_s"]
         # A compile trial's cost was estimated: it is stopped when it would pass the budget rather than overrun it.
         limit_s = self.settings.budget_s - self.spent_s if candidate.option == "compile" else None
-        row, result = self._trial(cfg, "run", candidate.label, context, judge_against=self.best, time_limit_s=limit_s)
+        row, result = self._trial(cfg, self.measure, candidate.label, context, judge_against=self.best,
+                                  time_limit_s=limit_s)
         self.chain.append(row)
         if candidate.option == "compile" and candidate.value == "default" and row["status"] in (OK, QUALITY_FAIL):
             # kept or not, it tells what the other modes will cost: its compile step, and its whole extra time
@@ -310,13 +324,15 @@ class Tuner:
                judge_against: Optional[Result] = None, time_limit_s: Optional[float] = None
                ) -> tuple[dict[str, Any], Optional[Result]]:
         """Run (or reuse from tune.jsonl) one trial; record it, with its decision, before returning."""
-        key = trial_key(cfg, kind)
+        key = trial_key(cfg, kind, self.settings.serve if kind == SERVE else None)
         name = f"{self.count:02d}-{_slug(label)}"
         row = self.journal.get(key)
         reused = row is not None
         if row is None:
             self.observer.trial_started(name, kind)
             limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
+            if kind == SERVE:
+                limit["serve"] = self.settings.serve
             outcome = self.runner(cfg, kind, self.out / TRIALS_DIR / name, **limit)
             row = self._row(key, name, kind, label, cfg, outcome, context or {})
             if judge_against is not None:
@@ -336,6 +352,8 @@ class Tuner:
         if outcome.result is None:
             return not_measured(outcome.status, outcome.reason)
         s = self.settings
+        if self.measure == SERVE:
+            return judge_max_qps(best, outcome.result, s.min_effect_pct)
         return judge(best, outcome.result, s.min_effect_pct, s.max_p99_ms, s.max_memory_gb, s.accept_noisy)
 
     def _row(self, key: str, name: str, kind: str, label: str, cfg: RunConfig, outcome: TrialOutcome,

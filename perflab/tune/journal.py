@@ -5,6 +5,7 @@ driver reuses them instead of running those trials again (the same file format a
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -17,9 +18,14 @@ from perflab.sweep import point_key, read_rows, trim_partial_line
 TUNE_JSONL = "tune.jsonl"
 
 
-def trial_key(cfg: RunConfig, kind: str) -> str:
-    """A trial's identity: what it runs (run or profile) and its resolved config, output directory aside."""
-    return f"{kind}-{point_key(cfg)}"
+def trial_key(cfg: RunConfig, kind: str, serve: Any = None) -> str:
+    """A trial's identity: what it runs (run, profile or serve) and its resolved config, output directory aside;
+    a serve trial's settings too (a --resume with another --p99-ms measures again)."""
+    key = f"{kind}-{point_key(cfg)}"
+    if serve is None:
+        return key
+    settings = json.dumps(serve.to_dict(), sort_keys=True, default=str).encode()
+    return f"{key}-{hashlib.sha1(settings).hexdigest()[:8]}"
 
 
 class Journal:

@@ -1,5 +1,5 @@
-"""tune.json: the chain of decisions (bottleneck -> lever -> predicted -> measured -> quality -> kept or not),
-the start and the best, why the search stopped, and the recipe."""
+"""tune.json: the objective, the chain of decisions (bottleneck -> lever -> predicted -> measured -> quality ->
+kept or not), the start and the best, why the search stopped, and the recipe."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,10 +7,14 @@ from typing import Any, Optional
 
 from perflab.results import write_json_atomic
 from perflab.tune.recipe import recipe
+from perflab.tune.settings import MAX_QPS
+
+# The figure each objective raises, as tune.json's rows name it, and its unit.
+OBJECTIVE_FIGURES = {"throughput": ("throughput", "samples/s"), MAX_QPS: ("max_qps", "q/s")}
 
 TUNE_JSON = "tune.json"
 CHAIN_KEYS = ("name", "lever", "label", "bottleneck", "proposed_by", "finding_confidence", "predicted_step_share_pct",
-              "predicted_gain_pct", "measured_gain_pct", "status", "throughput", "p99_ms", "peak_memory_mb",
+              "predicted_gain_pct", "measured_gain_pct", "status", "throughput", "max_qps", "p99_ms", "peak_memory_mb",
               "wall_s", "warmup_s", "compile_s", "against", "dir")
 
 
@@ -20,22 +24,43 @@ def chain_link(row: dict[str, Any]) -> dict[str, Any]:
     link = {key: row.get(key) for key in CHAIN_KEYS}
     link.update(ci95_pct=decision.get("ci95_pct"), quality=decision.get("quality"), verdict=decision.get("verdict"),
                 kept=bool(decision.get("kept")), why=decision.get("why"))
+    if decision.get("objective") == MAX_QPS:  # what the candidate's max QPS was judged against, and how finely
+        link.update(objective=MAX_QPS, against_max_qps=decision.get("against_value"),
+                    resolution_pct=decision.get("resolution_pct"))
     return link
 
 
-def speedup(start: Optional[dict[str, Any]], best: Optional[dict[str, Any]]) -> Optional[float]:
-    if not start or not best or not start.get("throughput"):
+def objective_figure(objective: str) -> tuple[str, str]:
+    """The row key of the figure an objective raises, and its unit."""
+    return OBJECTIVE_FIGURES.get(objective, OBJECTIVE_FIGURES["throughput"])
+
+
+def speedup(start: Optional[dict[str, Any]], best: Optional[dict[str, Any]], key: str = "throughput"
+            ) -> Optional[float]:
+    if not start or not best or not start.get(key) or best.get(key) is None:
         return None
-    return best["throughput"] / start["throughput"]
+    return best[key] / start[key]
+
+
+def objective_summary(settings) -> dict[str, Any]:
+    """What the search raised: its name, the figure and unit, and for max-qps the bound and the resolution."""
+    key, unit = objective_figure(settings.objective)
+    summary = {"name": settings.objective, "figure": key, "unit": unit}
+    if settings.serve is not None:
+        summary.update(p99_ms=settings.serve.p99_ms, resolution_pct=settings.serve.search_tolerance_pct,
+                       min_effect_pct=settings.min_effect_pct, serve=settings.serve.to_dict())
+    return summary
 
 
 def tune_summary(tuner, stop_reason: str, command: list[str]) -> dict[str, Any]:
     """Everything tune.json holds, from a Tuner that has run (or was interrupted)."""
     start, best = tuner.baseline_row, tuner.best_row
     trials = tuner.journal.ordered()
+    objective = objective_summary(tuner.settings)
     return {
         "kind": "tune",
         "command": command,
+        "objective": objective,
         "settings": tuner.settings.to_dict(),
         "budget_s": tuner.settings.budget_s,
         "spent_s": round(tuner.spent_s, 1),
@@ -44,22 +69,23 @@ def tune_summary(tuner, stop_reason: str, command: list[str]) -> dict[str, Any]:
         "stop_reason": stop_reason,
         "start": _side(start),
         "best": _side(best),
-        "speedup": speedup(start, best),
+        "speedup": speedup(start, best, objective["figure"]),
         "kept": [link["label"] for link in map(chain_link, tuner.chain) if link["kept"]],
         "lost": list(tuner.lost),
         "skipped": tuner.skipped,
         "diagnoses": tuner.diagnoses,
         "chain": [chain_link(row) for row in tuner.chain],
         "notes": list(tuner.notes),
-        "recipe": recipe(tuner.best_cfg, tuner.start),
+        "recipe": recipe(tuner.best_cfg, tuner.start, tuner.settings.serve),
     }
 
 
 def _side(row: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     if row is None:
         return None
-    return {key: row.get(key) for key in ("name", "label", "dir", "throughput", "throughput_ci95", "p50_ms", "p99_ms",
-                                          "peak_memory_mb", "mfu_pct", "quality")}
+    return {key: row.get(key) for key in ("name", "label", "dir", "throughput", "throughput_ci95", "max_qps",
+                                          "resolution_pct", "p50_ms", "p99_ms", "peak_memory_mb", "mfu_pct",
+                                          "quality")}
 
 
 def write_tune_json(out: Path, summary: dict[str, Any]) -> Path:

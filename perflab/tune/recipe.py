@@ -1,11 +1,14 @@
-"""The tuned configuration as a user takes it away: a `perflab run` command line and a RunConfig(...) snippet."""
+"""The tuned configuration as a user takes it away: a `perflab run` command line and a RunConfig(...) snippet;
+with --objective max-qps, the `perflab serve` command line and RunConfig(...) plus ServeConfig(...)."""
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from typing import Any, Optional
 
 from perflab import options
 from perflab.config import RunConfig
+from perflab.serve.config import ServeConfig
+from perflab.tune.objective import serve_argv
 
 # Fields tune sets on its trials only (the quality gate on every candidate); the recipe keeps the user's own.
 TRIAL_ONLY_FIELDS = ("check_quality", "quality_rtol", "quality_loss_rtol")
@@ -27,18 +30,25 @@ def recipe_command(cfg: RunConfig) -> str:
     return shlex.join(["perflab", "run", *recipe_argv(cfg)])
 
 
-def recipe_snippet(cfg: RunConfig) -> str:
-    """`RunConfig(...)` with every field that differs from its default, for `perflab.run(...)` from Python."""
+def recipe_snippet(cfg: Any) -> str:
+    """`RunConfig(...)` (or any config's) with every field that differs from its default, for `perflab.run(...)`
+    (or `perflab.serve.serve(...)`) from Python."""
     parts = []
-    for declared in options.options_of(RunConfig):
+    for declared in options.options_of(type(cfg)):
         value = getattr(cfg, declared.name)
         if declared.name == "out" or value == declared.default or (value is None and declared.default is None):
             continue
         parts.append(f"{declared.name}={value!r}")
-    return "RunConfig(" + ", ".join(parts) + ")"
+    return f"{type(cfg).__name__}(" + ", ".join(parts) + ")"
 
 
-def recipe(best: RunConfig, start: RunConfig) -> dict[str, Any]:
+def recipe(best: RunConfig, start: RunConfig, serve: Optional[ServeConfig] = None) -> dict[str, Any]:
+    """The recipe of the tuned config: `perflab run ...`, or `perflab serve ...` for the max-qps objective."""
     cfg = recipe_config(best, start)
+    if serve is not None:
+        argv = serve_argv(cfg, serve)
+        return {"command": shlex.join(["perflab", "serve", *argv]), "argv": argv,
+                "snippet": f"serve({recipe_snippet(cfg)}, {recipe_snippet(serve)})", "config": cfg.to_dict(),
+                "serve": serve.to_dict()}
     return {"command": recipe_command(cfg), "argv": recipe_argv(cfg), "snippet": recipe_snippet(cfg),
             "config": cfg.to_dict()}

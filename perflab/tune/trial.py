@@ -1,4 +1,4 @@
-"""One trial: `python -m perflab run|profile ... --out DIR` in its own process, timed and classified.
+"""One trial: `python -m perflab run|profile|serve ... --out DIR` in its own process, timed and classified.
 
 A trial runs in a child process so that compile caches, CUDA errors and out-of-memory states die with it.
 Its whole wall time (interpreter start, workload build, compilation, warm-up, timed steps, quality gate)
@@ -17,10 +17,12 @@ from typing import Any, Optional
 
 from perflab.config import RunConfig
 from perflab.results import RESULT_FILE, Result
+from perflab.serve.config import ServeConfig
+from perflab.tune.objective import serve_argv, serve_figures
 
 LOG_SUFFIX = ".log"
 REFUSED_EXIT = 2  # perflab's exit code for a user mistake; "refused" in the message marks a lever refusal
-QUALITY_FAILED_EXIT = 1  # `perflab run` saves the result and exits 1 when the quality gate fails
+QUALITY_FAILED_EXIT = 1  # `perflab run` (and serve) saves the result and exits 1 when the quality gate fails
 INTERRUPTED_EXITS = (130, -2)  # the child was interrupted (Ctrl-C reaches the whole process group)
 # The profile a tune records: a short schedule inside the first (only) trial.
 PROFILE_WAIT, PROFILE_WARMUP, PROFILE_ACTIVE = 1, 1, 3
@@ -54,8 +56,11 @@ def profile_schedule(steps: int) -> list[str]:
     return ["--wait", str(wait), "--warmup-steps", str(warmup), "--active", str(active)]
 
 
-def trial_command(cfg: RunConfig, kind: str, out: Path) -> list[str]:
-    """The child's command line: `python -m perflab run|profile <cfg's options> --out DIR`."""
+def trial_command(cfg: RunConfig, kind: str, out: Path, serve: Optional[ServeConfig] = None) -> list[str]:
+    """The child's command line: `python -m perflab run|profile <cfg's options> --out DIR`, or `serve` with the
+    options serve takes and the serve settings."""
+    if kind == "serve":
+        return [sys.executable, "-m", "perflab", kind, *serve_argv(cfg, serve or ServeConfig()), "--out", str(out)]
     argv = [sys.executable, "-m", "perflab", kind, *cfg.to_argv(kind)]
     if kind == "profile":
         argv += profile_schedule(cfg.steps)
@@ -67,13 +72,15 @@ def log_path(out: Path) -> Path:
     return out.with_name(out.name + LOG_SUFFIX)
 
 
-def run_trial(cfg: RunConfig, kind: str, out: Path, time_limit_s: Optional[float] = None) -> TrialOutcome:
+def run_trial(cfg: RunConfig, kind: str, out: Path, time_limit_s: Optional[float] = None,
+              serve: Optional[ServeConfig] = None) -> TrialOutcome:
     """Run one trial in a fresh process and classify how it ended; KeyboardInterrupt if it was interrupted.
-    With `time_limit_s`, a child still running then is killed and the trial is a TIMEOUT."""
+    With `time_limit_s`, a child still running then is killed and the trial is a TIMEOUT; `serve`: the settings
+    of a serve trial."""
     if out.exists():  # a trial that was interrupted before it was recorded: start it again from nothing
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = trial_command(cfg, kind, out)
+    command = trial_command(cfg, kind, out, serve)
     began = time.perf_counter()
     with open(log_path(out), "w") as log:
         log.write("$ " + " ".join(command) + "\n")
@@ -121,10 +128,13 @@ def error_line(log: str) -> str:
 
 
 def trial_figures(outcome: TrialOutcome) -> dict[str, Any]:
-    """The numbers of a trial that tune.jsonl records (throughput with its interval, latency, memory, costs)."""
+    """The numbers of a trial that tune.jsonl records (throughput with its interval, latency, memory, costs; a
+    serve trial's max QPS)."""
     if outcome.result is None:
         return {}
     metrics = outcome.result.metrics
+    if "serve" in metrics:
+        return serve_figures(outcome.result)
     throughput = metrics["throughput_samples_per_s"]
     memory = metrics.get("memory") or {}
     return {"throughput": throughput["median"], "throughput_ci95": [throughput.get("ci95_low"),

@@ -1,0 +1,95 @@
+"""The max-qps objective: a trial is `perflab serve --find-max-qps --p99-ms X`, judged by its max QPS.
+
+A serve trial's max QPS is known only to the search's own resolution: the bisection stops when the bracket around
+the peak is narrower than --search-tolerance-pct of it. A candidate is kept when its max QPS beats the best's by
+more than that resolution and by more than --min-effect-pct, and its quality gate (serve runs it for levers that
+change numerics; tune turns it on for every candidate) did not fail.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from perflab import options
+from perflab.config import RunConfig
+from perflab.results import Result
+from perflab.serve.config import ServeConfig
+from perflab.tune.decision import Decision
+
+SERVE = "serve"  # the trial kind (and the perflab command) of a max-qps measurement
+
+
+def serve_record(result: Result) -> dict[str, Any]:
+    return result.metrics.get("serve") or {}
+
+
+def max_qps_of(result: Result) -> Optional[float]:
+    """The highest rate whose p99 met the bound (None: no rate did)."""
+    return serve_record(result).get("max_qps")
+
+
+def resolution_pct(result: Result, serve_cfg: Optional[ServeConfig] = None) -> float:
+    """The search's resolution in percent: its bisection tolerance as recorded (or as configured)."""
+    tolerance = (serve_record(result).get("search") or {}).get("tolerance")
+    if tolerance is not None:
+        return 100 * tolerance
+    return (serve_cfg or ServeConfig()).search_tolerance_pct
+
+
+def serve_figures(result: Result) -> dict[str, Any]:
+    """What tune.jsonl records of a serve trial: the max QPS, the p99 and batch fill there, the resolution."""
+    record = serve_record(result)
+    peak = record.get("max_qps")
+    at_peak = next((point for point in reversed(record.get("points") or [])
+                    if point.get("passed") and point.get("offered_qps") == peak), None) or {}
+    return {"max_qps": peak, "resolution_pct": resolution_pct(result),
+            "p99_ms": (at_peak.get("latency_ms") or {}).get("p99"), "achieved_qps": at_peak.get("achieved_qps"),
+            "batch_fill_pct": at_peak.get("batch_fill_pct"), "single_query_ms": record.get("single_query_ms"),
+            "search_skipped": (record.get("search") or {}).get("skipped"),
+            "quality": (result.quality or {}).get("verdict")}
+
+
+def judge_max_qps(best: Result, candidate: Result, min_effect_pct: float) -> Decision:
+    """Keep a candidate whose max QPS beats the best's by more than the search's resolution and --min-effect-pct,
+    unless its quality gate failed."""
+    before, after = max_qps_of(best), max_qps_of(candidate)
+    resolution = resolution_pct(candidate)
+    quality = (candidate.quality or {}).get("verdict", "not checked")
+    gain = None if not before or after is None else 100 * (after / before - 1)
+    figures = dict(gain_pct=gain, quality=quality, objective="max-qps", against_value=before, value=after,
+                   resolution_pct=resolution)
+    if quality == "fail":
+        why = f"the candidate failed the quality gate: {(candidate.quality or {}).get('reason', 'no reason recorded')}"
+        return Decision(False, "reject", why, reasons=[why], **figures)
+    if after is None:
+        skipped = (serve_record(candidate).get("search") or {}).get("skipped")
+        why = f"no rate met the p99 bound{': ' + skipped if skipped else ''}"
+        return Decision(False, "reject", why, reasons=[why], **figures)
+    threshold = max(resolution, min_effect_pct)
+    change = f"max QPS {before:,.0f} → {after:,.0f} q/s ({gain:+.1f}%)"
+    if gain > threshold:
+        why = (f"{change}: more than the search's resolution ({resolution:g}%) and --min-effect-pct "
+               f"({min_effect_pct:g}%)")
+        return Decision(True, "accept", why, reasons=[why], **figures)
+    if gain < -threshold:
+        why = f"{change}: lower by more than the search's resolution ({resolution:g}%)"
+        return Decision(False, "reject", why, reasons=[why], **figures)
+    why = (f"{change}: inside the search's resolution ({resolution:g}%) or under --min-effect-pct "
+           f"({min_effect_pct:g}%)")
+    return Decision(False, "no significant change", why, reasons=[why], **figures)
+
+
+def serve_refusal(option_name: str) -> Optional[str]:
+    """Why a lever's option cannot be part of a serve trial (the option table says which commands take it)."""
+    declared = options.option_named(RunConfig, option_name)
+    if SERVE in declared.commands:
+        return None
+    return (f"{declared.flag} is not an option of perflab serve (its queries come from a staged sample pool through "
+            "the dynamic batcher); the max-qps objective cannot measure it")
+
+
+def serve_argv(cfg: RunConfig, serve_cfg: ServeConfig) -> list[str]:
+    """`perflab serve` options of a run config and the serve settings, always naming the workload."""
+    argv = cfg.to_argv(SERVE)
+    if "--workload" not in argv:
+        argv = ["--workload", cfg.workload, *argv]
+    return [*argv, *serve_cfg.to_argv()]
