@@ -33,8 +33,8 @@ def test_a_run_without_a_loader_is_timed_at_once():
 def test_unsteady_trials_are_reported(monkeypatch):
     from perflab.harness import runner
     metrics = {"throughput_samples_per_s": {"range_pct": 40.0}, "steady": False}
-    assert "not steady" in runner._unsteady_note(metrics)
-    assert runner._unsteady_note({"throughput_samples_per_s": {"range_pct": 2.0}, "steady": True}) is None
+    assert "not steady" in runner.unsteady_note(metrics)
+    assert runner.unsteady_note({"throughput_samples_per_s": {"range_pct": 2.0}, "steady": True}) is None
 
 
 def test_the_phase_that_moved_between_trials_is_named():
@@ -54,5 +54,5 @@ def test_unsteady_note_says_the_input_pipeline_drifts_when_the_data_wait_moved()
     metrics = {"throughput_samples_per_s": {"range_pct": 24.0}, "steady": False,
                "unsteady_phase": {"phase": "data_wait", "low_ms": 2.5, "high_ms": 4.4,
                                   "other_phases_range_ms": {"forward": 0.2}}}
-    note = runner._unsteady_note(metrics)
+    note = runner.unsteady_note(metrics)
     assert "data_wait phase moved between 2.50 and 4.40 ms" in note and "input pipeline" in note

@@ -29,7 +29,8 @@ from perflab.harness.nvml import NvmlSampler
 from perflab.harness.plan import StepPlan, build_plan
 from perflab.harness.progress import Reporter
 from perflab.harness.stats import percentiles, summarize
-from perflab.harness.steady import UNSTEADY_RANGE_PCT, moving_phase, reach_steady_state, steps_for_time
+from perflab.harness.steady import (UNSTEADY_RANGE_PCT, moving_phase, reach_steady_state, steady_notes,
+                                    steps_for_time, unsteady_note)
 from perflab.harness.timers import NullTimer, make_timer
 from perflab.levers import check_levers
 from perflab.results import Result, Trial
@@ -227,7 +228,7 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
             steady = reach_steady_state(plan, batches, queued, lambda: _synchronize(device), agree=agree_any)
             if device.type == "cuda":
                 steps_per_trial = agree_max(steps_for_time(cfg.steps, steady["step_s"], cfg.min_trial_s))
-            notes += _steady_notes(steady, steps_per_trial, cfg)
+            notes += steady_notes(steady, steps_per_trial, cfg)
         warmup_peak_mb = None
         if device.type == "cuda":
             # Warm-up peaks (compilation, autotuning, graph capture) are kept apart from the timed steps'.
@@ -261,7 +262,7 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
     metrics["steady_state"] = steady
     metrics["steady"] = metrics["throughput_samples_per_s"]["range_pct"] <= UNSTEADY_RANGE_PCT
     metrics["unsteady_phase"] = None if metrics["steady"] else moving_phase([t.phase_ms for t in trials])
-    notes += [note for note in (busy_note(metrics["interference"]), _unsteady_note(metrics)) if note]
+    notes += [note for note in (busy_note(metrics["interference"]), unsteady_note(metrics)) if note]
     if interrupted:
         notes.append(interrupted)
     metrics["trials"] = trials
@@ -276,30 +277,6 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
         "data_source": plan.data_source,
     }
     return metrics
-
-
-def _steady_notes(steady: dict[str, Any], steps_per_trial: int, cfg: RunConfig) -> list[str]:
-    notes = [f"before timing, {steady['steps']} untimed steps used up the DataLoader's prefilled queue "
-             f"({'settled' if steady['settled'] else 'NOT settled'} at {1e3 * steady['step_s']:.1f} ms/step)"]
-    if steps_per_trial > cfg.steps:
-        notes.append(f"trials sized by time: {steps_per_trial} steps each (at least {cfg.min_trial_s:g} s; "
-                     f"--steps {cfg.steps} would be shorter), because the DataLoader feeds this run")
-    return notes
-
-
-def _unsteady_note(metrics: dict[str, Any]) -> Optional[str]:
-    spread = metrics["throughput_samples_per_s"]["range_pct"]
-    if metrics["steady"]:
-        return None
-    note = (f"trials disagree by {spread:.0f}% (more than {UNSTEADY_RANGE_PCT:g}%): this run is not steady; use "
-            "more --trials, longer trials (--steps, --min-trial-s) or a quieter machine before trusting a change")
-    moved = metrics.get("unsteady_phase")
-    if moved is None:
-        return note
-    where = ("the input pipeline's rate drifts between trials (DataLoader workers and the host CPU), not the model"
-             if moved["phase"] == "data_wait" else f"the {moved['phase']} phase is what varies")
-    return (f"{note}. The {moved['phase']} phase moved between {moved['low_ms']:.2f} and {moved['high_ms']:.2f} ms "
-            f"per step while the other phases moved less: {where}")
 
 
 def _non_finite_reason(plan: StepPlan) -> Optional[str]:

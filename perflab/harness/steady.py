@@ -72,3 +72,29 @@ def moving_phase(trial_phase_ms: Sequence[dict[str, float]]) -> Optional[dict[st
     steady_phases = {name: round(moved, 3) for name, moved in ranges.items() if name != phase}
     return {"phase": phase, "low_ms": min(moves[phase]), "high_ms": max(moves[phase]),
             "other_phases_range_ms": steady_phases}
+
+
+def steady_notes(steady: dict[str, Any], steps_per_trial: int, cfg) -> list[str]:
+    """The run's notes on reaching a steady state and on trials sized by time."""
+    notes = [f"before timing, {steady['steps']} untimed steps used up the DataLoader's prefilled queue "
+             f"({'settled' if steady['settled'] else 'NOT settled'} at {1e3 * steady['step_s']:.1f} ms/step)"]
+    if steps_per_trial > cfg.steps:
+        notes.append(f"trials sized by time: {steps_per_trial} steps each (at least {cfg.min_trial_s:g} s; "
+                     f"--steps {cfg.steps} would be shorter), because the DataLoader feeds this run")
+    return notes
+
+
+def unsteady_note(metrics: dict[str, Any]) -> Optional[str]:
+    """One line for a run whose trials disagree (naming the phase that moved, when one did); None if steady."""
+    spread = metrics["throughput_samples_per_s"]["range_pct"]
+    if metrics["steady"]:
+        return None
+    note = (f"trials disagree by {spread:.0f}% (more than {UNSTEADY_RANGE_PCT:g}%): this run is not steady; use "
+            "more --trials, longer trials (--steps, --min-trial-s) or a quieter machine before trusting a change")
+    moved = metrics.get("unsteady_phase")
+    if moved is None:
+        return note
+    where = ("the input pipeline's rate drifts between trials (DataLoader workers and the host CPU), not the model"
+             if moved["phase"] == "data_wait" else f"the {moved['phase']} phase is what varies")
+    return (f"{note}. The {moved['phase']} phase moved between {moved['low_ms']:.2f} and {moved['high_ms']:.2f} ms "
+            f"per step while the other phases moved less: {where}")
