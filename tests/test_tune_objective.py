@@ -212,7 +212,9 @@ def test_tune_max_qps_on_cuda_serves_each_candidate_and_skips_what_serve_cannot_
                  "--duration", "0.5", "--min-queries", "128", "--exclude", "compile", "--budget", "90s",
                  "--out", str(out)]) == 0
     meta = json.loads((out / "tune.json").read_text())
-    assert meta["start"]["max_qps"] > 0 and meta["chain"]
+    # on the H100 (2026-11-23) mlp's diagnosis left no lever serve takes once compile was excluded: an empty
+    # chain with its reason is a valid outcome; every trial that did run must have been a serve search
+    assert meta["start"]["max_qps"] > 0 and meta["stop_reason"]
     for link in meta["chain"]:
         log = (out / (link["dir"] + ".log")).read_text().splitlines()[0]
         assert " perflab serve " in log and "--find-max-qps" in log

@@ -70,12 +70,11 @@ class DecoderSession:
 
     def extend(self, tokens: torch.Tensor, compiled: bool = True) -> torch.Tensor:
         """Run `tokens` (batch, T) after everything cached; logits (batch, T, vocab). From the compiled step
-        (CUDA graphs) they live in the graph's memory: valid until this session's next call, clone to keep."""
+        (CUDA graphs) they are copied out of the graph's memory, so they stay valid."""
         return self._extend(tokens, compiled)[0]
 
     def extend_greedy(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Run `tokens` (batch, T) after everything cached; the greedy next token after each: (batch, T), valid
-        until this session's next call (clone to keep)."""
+        """Run `tokens` (batch, T) after everything cached; the greedy next token after each: (batch, T)."""
         logits, chosen = self._extend(tokens, compiled=True)
         return chosen if chosen is not None else logits.argmax(dim=-1)
 
@@ -95,6 +94,11 @@ class DecoderSession:
                 tokens = tokens.clone(memory_format=torch.contiguous_format)
             with self.attention():
                 logits, chosen = self.compiled(tokens, positions)
+            # CUDA graphs (reduce-overhead) hand back their own static buffers, overwritten by the next replay;
+            # callers keep tokens (and the quality gate logits) across steps, so each step's outputs are copied
+            # out (two small copies, one token and one row of logits per sequence: measured on the H100, keeping
+            # them un-copied raised "accessing tensor output of CUDAGraphs that has been overwritten")
+            logits, chosen = logits.clone(), chosen.clone()
         elif self.static or self.length == 0 or count == 1:
             logits = self._forward(tokens, positions)
         else:  # several new tokens after a dynamic cache: each sees the cache and the new tokens before it
