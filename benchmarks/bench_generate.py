@@ -5,15 +5,15 @@
 
 - "bandwidth": `generate --option size=1b`, batch 1, prompt 128, 128 new tokens, bf16: eager with a dynamic KV
   cache → static cache + torch.compile reduce-overhead (CUDA graphs) with the compile mode's settings alone
-  (decode_tuning=off) → the same with gpt-fast's decode settings (coordinate descent GEMVs, math SDPA; the default)
-  → + int8 weight-only (torchao, gated). Rows: output tokens/s, ms per decode step, the bandwidth bound per step
+  (decode_tuning=off) → with gpt-fast's decode settings, graphs by Inductor's cudagraph trees (decode_graphs=inductor)
+  → the same with graphs captured by perflab (the default) → + int8 weight-only (torchao, gated). Rows: output tokens/s, ms per decode step, the bandwidth bound per step
   and the share of it reached, the host's issue time per step, CUDA-graph skips, TTFT.
 - "speculative": speculative decoding on the trained pair (size 350m target, its small draft; trained and cached
   on first use): plain greedy vs K=4, both static cache + compile; rows: acceptance rate, tokens per target
   forward, speed-up.
 
 BENCH_GENERATE_ONLY picks the variants whose "experiment label" contains it, or one of its comma-separated parts
-(bandwidth, speculative, eager, decode_tuning=off, bf16 compiled, int8, plain greedy, K=4), so the parts can run in
+(bandwidth, speculative, eager, decode_tuning=off, decode_graphs=inductor, bf16 compiled, int8, plain greedy, K=4), so the parts can run in
 separate device calls.
 
 The device bandwidth comes from `perflab calibrate` (run here, quick, when no measurement is cached). Without
@@ -46,8 +46,11 @@ def bandwidth_experiment(full: bool) -> tuple[dict[str, Any], list[tuple[str, di
     variants = [("eager, dynamic cache", {"check_quality": False})]
     if full:  # labels start differently, so BENCH_GENERATE_ONLY can pick any one of them
         untuned = {**settings["workload_options"], "decode_tuning": "off"}
+        trees = {**settings["workload_options"], "decode_graphs": "inductor"}
         variants += [("compiled decode (static cache + reduce-overhead), decode_tuning=off",
                       {**compiled, "workload_options": untuned, "check_quality": False}),
+                     ("decode_graphs=inductor: tuned, graphs by cudagraph trees",
+                      {**compiled, "workload_options": trees, "check_quality": False}),
                      ("bf16 compiled decode + gpt-fast decode tuning", {**compiled, "check_quality": False}),
                      ("int8-weight compiled decode + gpt-fast decode tuning",
                       {**compiled, "quantize": "int8-weight", "check_quality": True})]
@@ -108,7 +111,8 @@ def add_bound_rows(rows: Rows, experiment: str, label: str, result: perflab.Resu
              f"measured ÷ bound {bound['measured_over_bound']:.2f}x" if bound["measured_over_bound"] else "")
     compiled = generation.get("decode_compile") or {}
     rows.add(experiment, f"{label} host issue ms per decode step", bound.get("host_issue_ms_per_token"), "ms",
-             f"CUDA-graph skips {compiled.get('cudagraph_skips')} · decode SDPA {compiled.get('decode_sdpa')}"
+             f"graphs by {compiled.get('graphs')} (captured {compiled.get('captured_lengths')}, skips "
+             f"{compiled.get('cudagraph_skips')}) · decode SDPA {compiled.get('decode_sdpa')}"
              if compiled else "eager decode")
     return generation["output_tokens_per_s"]
 

@@ -71,7 +71,8 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
         return _finding(LAUNCH_OVERHEAD, clamp(0.5 + host_ms / bound["measured_ms_per_token"] / 4),
                         f"{step}; the host needs {host_ms:.3g} ms to issue each step: host-bound", evidence,
                         [], active,
-                        ["check generation.decode_compile.cudagraph_skips (0: the step replays as one CUDA graph)",
+                        ["with --option decode_graphs=inductor, check generation.decode_compile.cudagraph_skips (0: the "
+                         "step replays as one CUDA graph); perflab's own capture (the default) runs the guards once",
                          "per-call host cost grows with the number of guarded weights (tensor-subclass weights "
                          "cost most): TORCH_LOGS=guards lists them"])
     if pct >= NEAR_BOUND_PCT:

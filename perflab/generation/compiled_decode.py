@@ -10,6 +10,10 @@ else in the process changes. gpt-fast also traces decode under the math SDPA bac
 the attention itself (one query token: two small matrix-vector products), done here when --sdpa is auto.
 
 `--option decode_tuning=off` compiles with the mode's settings alone (the previous behaviour, for comparison).
+
+Where the mode captures CUDA graphs (reduce-overhead, max-autotune), perflab captures the compiled step itself
+(decode_graph.py) and Inductor compiles it without its own graphs; `--option decode_graphs=inductor` leaves the
+graphs to Inductor's cudagraph trees instead (for comparison).
 """
 from __future__ import annotations
 
@@ -24,22 +28,31 @@ DECODE_INDUCTOR_OPTIONS = {"coordinate_descent_tuning": True, "triton.unique_ker
                            "fx_graph_cache": True}
 
 
-def inductor_options(mode: Optional[str], tuned: bool) -> dict[str, Any]:
-    """Inductor's options for `mode` (reduce-overhead: CUDA graphs), plus gpt-fast's decode settings when tuned
-    (those this torch knows)."""
+def wants_graphs(mode: Optional[str]) -> bool:
+    """Whether a torch.compile mode captures CUDA graphs (reduce-overhead, max-autotune)."""
+    import torch._inductor
+    return bool(torch._inductor.list_mode_options(mode or "default").get("triton.cudagraphs"))
+
+
+def inductor_options(mode: Optional[str], tuned: bool, inductor_graphs: bool = True) -> dict[str, Any]:
+    """Inductor's options for `mode` (reduce-overhead: CUDA graphs, unless `inductor_graphs` is False: perflab
+    captures them), plus gpt-fast's decode settings when tuned (those this torch knows)."""
     import torch._inductor
     import torch._inductor.config
     options = dict(torch._inductor.list_mode_options(mode or "default"))
+    if not inductor_graphs:
+        options.pop("triton.cudagraphs", None)
     if tuned:
         known = torch._inductor.config.get_config_copy()
         options.update({key: value for key, value in DECODE_INDUCTOR_OPTIONS.items() if key in known})
     return options
 
 
-def compile_decode(step: Callable, mode: Optional[str], tuned: bool) -> tuple[Callable, dict[str, Any]]:
+def compile_decode(step: Callable, mode: Optional[str], tuned: bool, inductor_graphs: bool = True
+                   ) -> tuple[Callable, dict[str, Any]]:
     """`step` compiled whole (fullgraph: a graph break is an error, not a silent slowdown) for fixed shapes;
     returns it with the Inductor options it compiles with."""
-    options = inductor_options(mode, tuned)
+    options = inductor_options(mode, tuned, inductor_graphs)
     if options.get("triton.cudagraphs"):
         # imported now, not first inside torch._dynamo.reset() (session.close): importing it registers a backend,
         # and reset would fail with "dictionary changed size during iteration" over its backends

@@ -36,6 +36,7 @@ class GenerationSpec:
     builtin_draft: Optional[Callable[[], nn.Module]] = None  # the draft trained with the target, if any
     builtin_decoder: bool = False  # the model is perflab's Decoder (static cache and compiled decode apply)
     decode_tuning: bool = True  # compile decode with gpt-fast's Inductor settings (compiled_decode.py)
+    decode_graphs: str = "perflab"  # who captures a compile mode's CUDA graphs: perflab (decode_graph.py) or inductor
 
 
 @dataclass
@@ -103,7 +104,8 @@ def prepare_generation(plan, cfg) -> None:
 
     def session(of: nn.Module, largest_compiled: int = 1):
         return open_session(of, plan.batch_size, positions, plan.device, dtype, settings.static_cache,
-                            settings.compile_mode, largest_compiled, spec.decode_tuning, cfg.sdpa)
+                            settings.compile_mode, largest_compiled, spec.decode_tuning, cfg.sdpa,
+                            spec.decode_graphs)
     step = GenerationStep(target=session(model, largest_compiled=k + 1 if k else 1), clock=TokenClock(plan.device))
     if k:
         draft = load_draft(cfg, spec, plan.device, dtype)
@@ -222,11 +224,15 @@ class GenerationHook(StepHook):
         result.metrics["generation"] = metrics
 
     def decode_compile(self, result) -> Optional[dict[str, Any]]:
-        """How the decode step was compiled (mode, Inductor options, SDPA backend) and, on a GPU with CUDA graphs
-        asked for, how many compiled graphs ran without them (0: the whole step replays as one graph)."""
+        """How the decode step was compiled (mode, Inductor options, SDPA backend, who captured its CUDA graphs)
+        and, with Inductor's graphs, how many compiled graphs ran without them (0: the whole step replays as one
+        graph); with perflab's, the token counts it captured."""
         from perflab.generation.compiled_decode import cudagraph_skips
-        settings = getattr(self.step.target, "compile_settings", None)
+        target = self.step.target
+        settings = getattr(target, "compile_settings", None)
         if settings is None:
             return None
-        graphs = settings["inductor_options"].get("triton.cudagraphs") and self.step.target.device.type == "cuda"
-        return {**settings, "cudagraph_skips": cudagraph_skips() - self.skips_before if graphs else None}
+        inductor = settings["graphs"] == "inductor"
+        captured = getattr(target, "captured", None)
+        return {**settings, "cudagraph_skips": cudagraph_skips() - self.skips_before if inductor else None,
+                "captured_lengths": captured.lengths if captured is not None else None}

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from perflab.errors import PerflabError
-from perflab.generation.compiled_decode import compile_decode, decode_attention
+from perflab.generation.compiled_decode import compile_decode, decode_attention, wants_graphs
+from perflab.generation.decode_graph import CapturedDecode
 from perflab.generation.decoder import Decoder
 
 
@@ -26,7 +27,8 @@ class DecoderSession:
 
     def __init__(self, model: Decoder, batch: int, max_seq: int, static: bool, device: torch.device,
                  dtype: torch.dtype, compile_mode: Optional[str] = None, largest_compiled: int = 1,
-                 tuned: bool = True, sdpa: str = "auto"):
+                 tuned: bool = True, sdpa: str = "auto", graphs: str = "perflab"):
+        """`graphs`: who captures the CUDA graphs a compile mode asks for: perflab (decode_graph.py) or inductor."""
         if max_seq > model.size.max_seq:
             raise PerflabError(f"requests need {max_seq} positions but the decoder has {model.size.max_seq}: use "
                                "shorter prompt_len/output_len options")
@@ -38,15 +40,22 @@ class DecoderSession:
         # prefills stay eager: their lengths vary by request and would each compile a graph.
         self.largest_compiled = largest_compiled
         self.compiled = None
+        self.captured: Optional[CapturedDecode] = None
         self.compile_settings: Optional[dict] = None
         self.attention: Callable[[], ContextManager] = contextlib.nullcontext
         if compile_mode is not None:
             if not static:
                 raise PerflabError("compiling the decode step needs fixed shapes: add --kv-cache static")
-            self.compiled, options = compile_decode(self._step, compile_mode, tuned)
+            capture = device.type == "cuda" and wants_graphs(compile_mode) and graphs == "perflab"
+            self.compiled, options = compile_decode(self._step, compile_mode, tuned, inductor_graphs=not capture)
             self.attention, attention_name = decode_attention(tuned, sdpa)
+            if capture:
+                self.captured = CapturedDecode(self.compiled, self.attention)
+            graphs_by = ("perflab" if capture else "inductor") if device.type == "cuda" and wants_graphs(
+                compile_mode) else None
             self.compile_settings = {"mode": compile_mode, "decode_tuning": "gpt-fast" if tuned else "off",
-                                     "inductor_options": options, "decode_sdpa": attention_name}
+                                     "inductor_options": options, "decode_sdpa": attention_name,
+                                     "graphs": graphs_by}
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # row p of the static mask: a query at position p sees every position up to p, nothing after (one row per
@@ -83,10 +92,15 @@ class DecoderSession:
         if self.length + count > self.max_seq:
             raise PerflabError(f"a request reached {self.length + count} positions, more than the {self.max_seq} "
                                "the session was sized for")
+        chosen = None
+        if compiled and self.captured is not None and count <= self.largest_compiled:
+            logits, chosen = self.captured(tokens, self.length)
+            logits, chosen = logits.clone(), chosen.clone()  # the graph's outputs: rewritten by the next replay
+            self.length += count
+            return logits, chosen
         # a fresh tensor (not a view of a table): a compiled step's inputs stay aligned and shaped alike; made on
         # the device (a fill kernel), never copied from the host
         positions = torch.arange(self.length, self.length + count, device=self.device)
-        chosen = None
         if compiled and self.compiled is not None and count <= self.largest_compiled:
             # row-major strides whatever the tokens were sliced from: Dynamo guards on strides, so a (1, 1) slice of
             # a (1, K) tensor would otherwise compile another graph (copied only when they differ)
@@ -115,6 +129,8 @@ class DecoderSession:
         self.length = length
 
     def close(self) -> None:
+        if self.captured is not None:
+            self.captured.close()
         self.model.detach_caches()
         if self.compiled is not None:
             # Every session compiles the same method, so Dynamo keeps one entry per session on one code object
@@ -187,9 +203,9 @@ def crop_past(past: Any, length: int) -> Any:
 
 def open_session(model: nn.Module, batch: int, max_seq: int, device: torch.device, dtype: torch.dtype,
                  static: bool = False, compile_mode: Optional[str] = None, largest_compiled: int = 1,
-                 tuned: bool = True, sdpa: str = "auto"):
+                 tuned: bool = True, sdpa: str = "auto", graphs: str = "perflab"):
     """A session for `model`: the built-in Decoder's own caches, or the transformers convention."""
     if isinstance(model, Decoder):
         return DecoderSession(model, batch, max_seq, static, device, dtype, compile_mode, largest_compiled, tuned,
-                              sdpa)
+                              sdpa, graphs)
     return CausalLMSession(model, batch, max_seq, device)

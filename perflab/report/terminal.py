@@ -111,8 +111,10 @@ def add_generation_rows(table: Table, generation: dict) -> None:
     compiled = generation.get("decode_compile")
     if compiled:
         skips = compiled.get("cudagraph_skips")
+        graphs = compiled.get("graphs")
         table.add_row("decode step", f"compiled {compiled['mode']}, decode tuning {compiled['decode_tuning']}, SDPA "
                       f"{compiled['decode_sdpa'].split(' ')[0]}" +
+                      (f" · CUDA graphs by {graphs}" if graphs else "") +
                       (f" · CUDA-graph skips {skips}" if skips is not None else "") +
                       (f" · host issues a step in {fmt(bound['host_issue_ms_per_token'], 3)} ms"
                        if bound.get("host_issue_ms_per_token") is not None else ""))

@@ -5,7 +5,9 @@ Options: size=tiny|125m|350m|1b (default tiny on a CPU, 125m on a GPU), prompt_l
 or a range low-high, drawn per request batch), weights=random|trained (trained: the decoder trained briefly on
 the synthetic language, cached on first use; the default with --speculative and no --draft, whose built-in
 draft is trained on the same language), decode_tuning=gpt-fast|off (with --compile: gpt-fast's Inductor settings
-for the decode step, the default; off: the compile mode's alone). docs/generate.md has the levers and the metrics.
+for the decode step, the default; off: the compile mode's alone), decode_graphs=perflab|inductor (with a compile
+mode that captures CUDA graphs, on a GPU: perflab captures the compiled step, the default; inductor: Inductor's
+cudagraph trees do). docs/generate.md has the levers and the metrics.
 """
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ from perflab.generation.requests import Requests, collate_requests, parse_length
 from perflab.workloads.base import Workload
 
 DESCRIPTION = ("GPT-style decoder generating tokens with a KV cache: TTFT, TPOT, % of the memory-bandwidth bound; "
-               "options size, prompt_len, output_len, weights, decode_tuning")
+               "options size, prompt_len, output_len, weights, decode_tuning, decode_graphs")
 DEFAULT_BATCH = {"cpu": 1, "cuda": 1}
-KNOWN_OPTIONS = {"size", "prompt_len", "output_len", "weights", "decode_tuning"}
+KNOWN_OPTIONS = {"size", "prompt_len", "output_len", "weights", "decode_tuning", "decode_graphs"}
+DECODE_GRAPHS = ("perflab", "inductor")
 DECODE_TUNINGS = {"gpt-fast": True, "off": False}
 EVAL_SEQUENCES = 4  # sequences in the quality gate's perplexity set
 
@@ -47,6 +50,9 @@ def build(cfg) -> Workload:
     tuning = opts.get("decode_tuning", "gpt-fast")
     if tuning not in DECODE_TUNINGS:
         raise PerflabError(f"generate: decode_tuning must be gpt-fast or off, got {tuning!r}")
+    graphs = opts.get("decode_graphs", "perflab")
+    if graphs not in DECODE_GRAPHS:
+        raise PerflabError(f"generate: decode_graphs must be perflab or inductor, got {graphs!r}")
     import torch
     device = torch.device("cuda" if on_gpu else "cpu")
     info = {"size": size_name, **size.__dict__, "prompt_len": prompt_lengths, "output_len": output_lengths,
@@ -66,7 +72,7 @@ def build(cfg) -> Workload:
     spec = GenerationSpec(vocab=size.vocab, prompt_lengths=prompt_lengths, output_lengths=output_lengths,
                           eval_sequences=language.sample(EVAL_SEQUENCES, min(size.max_seq, 128), seed=99),
                           context_limit=size.max_seq, builtin_draft=load_builtin_draft, builtin_decoder=True,
-                          decode_tuning=DECODE_TUNINGS[tuning])
+                          decode_tuning=DECODE_TUNINGS[tuning], decode_graphs=graphs)
     return Workload(
         name="generate",
         model=model.eval(),
