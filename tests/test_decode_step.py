@@ -3,7 +3,8 @@ scoped to the compiled step, and the compiled path's outputs equal to eager deco
 import pytest
 import torch
 
-from perflab.generation.compiled_decode import DECODE_INDUCTOR_OPTIONS, decode_attention, inductor_options
+from perflab.generation.compiled_decode import (DECODE_INDUCTOR_OPTIONS, compile_decode, decode_attention,
+                                                inductor_options)
 from perflab.generation.decode import generate_greedy, teacher_forced_logits
 from perflab.generation.decoder import SIZES, Decoder
 from perflab.generation.session import open_session
@@ -105,6 +106,13 @@ def test_decode_tuning_adds_gpt_fast_inductor_settings_to_the_mode_without_touch
     assert session.compile_settings["decode_sdpa"].startswith("math")
     session.close()
     assert inductor_config.coordinate_descent_tuning == before
+
+
+def test_a_decode_step_compiled_without_inductors_graphs_drops_only_their_option():
+    options = inductor_options("reduce-overhead", tuned=True, inductor_graphs=False)
+    assert "triton.cudagraphs" not in options and options["coordinate_descent_tuning"] is True
+    compiled, used = compile_decode(lambda x: x + 1, "reduce-overhead", tuned=False, inductor_graphs=False)
+    assert used == {} and callable(compiled)
 
 
 def test_decode_attention_is_math_only_when_tuned_and_no_backend_is_pinned():

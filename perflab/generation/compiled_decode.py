@@ -56,7 +56,7 @@ def compile_decode(step: Callable, mode: Optional[str], tuned: bool, inductor_gr
     if options.get("triton.cudagraphs"):
         # imported now, not first inside torch._dynamo.reset() (session.close): importing it registers a backend,
         # and reset would fail with "dictionary changed size during iteration" over its backends
-        import torch._inductor.cudagraph_trees  # noqa: F401
+        from torch._inductor import cudagraph_trees  # noqa: F401  (not `import torch...`: torch would turn local)
     # torch.compile takes a mode or options, not both: the mode's own options are already in `options`
     compiled = torch.compile(step, options=options or None, fullgraph=True, dynamic=False)
     return compiled, options
