@@ -77,7 +77,9 @@ class ScheduledBatcher:
                 return None
             opened_s = self.clock()
             self._sleep_until(self.arrivals_s[first])
-            # The query that fills the batch; when fewer remain, the schedule's last: nothing more will come.
+            # When the batch will fill: the arrival of the max_batch-th waiting query (or, when fewer remain, of the
+            # schedule's last: nothing more will come). Reading that time ahead is what a put would tell a waiting
+            # batcher at that moment; no query is taken before it arrives (the searchsorted below).
             filling_s = self.arrivals_s[min(first + self.max_batch, count) - 1]
             due_s = due_time(self.arrivals_s[first], filling_s, self.timeout_s, opened_s)
             self._sleep_until(due_s)
