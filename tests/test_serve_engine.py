@@ -1,6 +1,6 @@
 """The serve copy path: the sample pool is staged once (memory format, pinned on a GPU); each batch is copied
-row by row, in one batched call, straight from it into the instance's input buffer, and every query gets the model's output on its
-own sample, padded batches and several instances included."""
+row by row, in one batched call, straight from it into the instance's input buffer, and every query gets the
+model's output on its own sample, padded batches and several instances included."""
 import threading
 
 import numpy as np
