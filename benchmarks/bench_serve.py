@@ -9,7 +9,9 @@ and each again eager with the engine's CUDA graphs ("resnet50 cuda-graphs", "tra
 - server: seeded Poisson arrivals, the max QPS whose p99 latency is at most 15 ms (widen, then bisect to 10%);
   the ratio server / offline is the figure LoadGen's submitters quote (NVIDIA's H100 TensorRT ResNet-50
   entry: 82%; the goal here: 85% or more);
-- the load generator's and batcher's own capacity with a no-op model (they must not be the bottleneck);
+- the batcher's own capacity with a no-op model (it must not be the bottleneck): queries/s at max batch, batches/s
+  at batch 1, its dispatch delay p99 on a fast Poisson schedule (arrivals are virtual: no thread issues queries);
+  and, at the max QPS, how late the batcher dispatched (dispatch delay p99);
 - the latency-vs-load plot of each search, copied to latency_vs_load_<workload>.png, and each run's report;
 - "generate 125m server" (issue 11): the generation workload (125m, bf16, static KV cache, compiled decode) at
   max batch 8: offline requests/s, then server points at 25/50/75% of it, with TTFT from the scheduled arrival
@@ -99,7 +101,8 @@ def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> N
     record = server.metrics["serve"]
     max_qps = record["max_qps"]
     at_max = max((p for p in record["points"] if p["passed"]), key=lambda p: p["offered_qps"], default=None)
-    note = (f"p99 {at_max['latency_ms']['p99']:.2f} ms, mean batch {at_max['batch_mean']:.1f}, instances busy "
+    note = (f"p99 {at_max['latency_ms']['p99']:.2f} ms, dispatch delay p99 "
+            f"{at_max['dispatch_delay_ms']['p99_ms']:.3f} ms, mean batch {at_max['batch_mean']:.1f}, instances busy "
             f"{at_max['instance_busy_pct']:.0f}%, GPU {(at_max.get('gpu') or {}).get('util_mean_pct')}%, "
             f"{parts(at_max)}" if at_max else "no rate met the bound")
     rows.add(name, f"server max QPS at p99 <= {experiment.p99_ms:g} ms (max batch {experiment.server_batch}, "
@@ -109,13 +112,18 @@ def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> N
     rows.add(name, "server / offline", 100 * max_qps / offline_qps if max_qps and offline_qps else None, "%",
              f"server {max_qps} / offline {offline_qps:.0f}; goal >= 85% (LoadGen's H100 TensorRT ResNet-50 "
              "entry: 82%)")
+    if at_max:
+        rows.add(name, "server dispatch delay p99 at max QPS", at_max["dispatch_delay_ms"]["p99_ms"], "ms",
+                 f"max {at_max['dispatch_delay_ms']['max_ms']:.3f} ms; a point is harness-late past "
+                 f"{record['settings']['harness_late_ms']:g} ms")
     capacity = record["capacity"]
-    rows.add(name, "load generator capacity (no-op model)", capacity["loadgen_issue_qps"], "queries/s",
-             f"batcher {capacity['batcher_qps_at_max_batch']:.0f} queries/s at max batch, "
-             f"{capacity['batcher_batches_per_s']:.0f} batches/s")
-    behind = [p["offered_qps"] for p in record["points"] if p["behind_schedule"]]
-    if behind:
-        rows.add(name, "points where the load generator fell behind", len(behind), "points", str(behind))
+    rows.add(name, "batcher capacity (no-op model)", capacity["batcher_qps_at_max_batch"], "queries/s",
+             f"at max batch; {capacity['batcher_batches_per_s']:.0f} batches/s at batch 1; dispatch delay p99 "
+             f"{capacity['dispatch_delay_p99_ms']:.3f} ms on a Poisson schedule at "
+             f"{capacity['dispatch_probe_qps']:.0f} queries/s")
+    late = [p["offered_qps"] for p in record["points"] if p["harness_late"]]
+    if late:
+        rows.add(name, "points where the batcher dispatched late (not valid)", len(late), "points", str(late))
     diagnosis = server.diagnosis or {}
     rows.add(name, "diagnosis of the search", None, "", f"{diagnosis.get('bottleneck')}: {diagnosis.get('headline')}")
     plot = out / f"{folder}_server" / "serve_latency_vs_load.png"

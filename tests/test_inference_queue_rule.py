@@ -10,7 +10,7 @@ def point(offered, achieved, p99, tail, fill, busy, mean_batch, passed, index=0)
                                            "p99.9": p99 * 1.1, "mean": p99 / 3, "max": p99 * 1.2},
             "time_ms": {"mean": {k: v / 3 for k, v in tail.items()}, "tail": tail}, "batch_fill_pct": fill,
             "batch_mean": mean_batch, "instance_busy_pct": busy, "meets_bound": passed, "passed": passed,
-            "behind_schedule": False, "gpu": {"util_mean_pct": 55.0}, "batch_histogram": {}}
+            "harness_late": False, "gpu": {"util_mean_pct": 55.0}, "batch_histogram": {}}
 
 
 def serve_result(points, max_batch=32, timeout_ms=1.0, ceiling=5000.0, max_qps=None):
@@ -22,7 +22,7 @@ def serve_result(points, max_batch=32, timeout_ms=1.0, ceiling=5000.0, max_qps=N
 
 
 def parts(queue, formation, compute):
-    return {"issue_delay": 0.1, "queue_wait": queue, "batch_formation": formation, "copy_in": 0.3,
+    return {"queue_wait": queue, "batch_formation": formation, "dispatch_delay": 0.1, "copy_in": 0.3,
             "compute": compute, "copy_out": 0.2}
 
 
@@ -50,4 +50,11 @@ def test_under_filled_batches_at_a_rate_the_model_could_take_propose_a_longer_ti
 def test_a_server_inside_its_bound_has_no_queue_finding():
     healthy = point(1000, 1000, 6.0, parts(0.2, 0.8, 3.5), fill=40.0, busy=35.0, mean_batch=12.8, passed=True)
     diagnosis = diagnose_result(serve_result([healthy]))
+    assert diagnosis.bottleneck == NO_CLEAR_BOTTLENECK and not diagnosis.findings
+
+
+def test_a_point_where_the_harness_dispatched_late_is_not_blamed_on_the_queue():
+    late = point(4000, 3100, 80.0, parts(60.0, 0.5, 12.0), fill=97.0, busy=99.0, mean_batch=31.0, passed=False)
+    late["harness_late"] = True
+    diagnosis = diagnose_result(serve_result([late]))
     assert diagnosis.bottleneck == NO_CLEAR_BOTTLENECK and not diagnosis.findings

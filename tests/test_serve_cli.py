@@ -33,7 +33,9 @@ def test_server_points_are_saved_with_every_setting_and_printed(tmp_path, capsys
     for point in record["points"]:
         assert set(point["latency_ms"]) >= {"p50", "p90", "p95", "p99", "p99.9"}
         assert point["cost_per_million_queries"] == pytest.approx(2.5 / 3600 / point["achieved_qps"] * 1e6)
-    assert record["capacity"]["loadgen_issue_qps"] > 1000
+    assert record["capacity"]["batcher_qps_at_max_batch"] > 1000
+    assert record["capacity"]["dispatch_delay_p99_ms"] >= 0 and "harness_late_ms" in record["settings"]
+    assert all(point["dispatch_delay_ms"]["p99_ms"] >= 0 and "harness_late" in point for point in record["points"])
     assert result.diagnosis is not None
     printed = capsys.readouterr().out
     assert "perflab serve" in printed and "where the p99 tail goes" in printed and "harness capacity" in printed

@@ -1,6 +1,6 @@
 """The serve copy path: the sample pool is staged once (memory format, pinned on a GPU); each batch is copied
-sample by sample straight from it into the instance's input buffer, and every query gets the model's output on its
-own sample, padded batches and several instances included."""
+row by row, in one batched call, straight from it into the instance's input buffer, and every query gets the
+model's output on its own sample, padded batches and several instances included."""
 import threading
 
 import numpy as np
@@ -13,7 +13,7 @@ from perflab.config import RunConfig
 from perflab.harness.plan import build_plan
 from perflab.serve.engine import ModelEngine, buckets
 from perflab.serve.loadgen import run_offline, run_scheduled
-from perflab.serve.pool import consecutive_runs, copy_samples, flat_tensors, stage_pool
+from perflab.serve.pool import BatchCopier, flat_tensors, stage_pool
 from perflab.serve.schedule import poisson_arrivals, sample_order
 from perflab.serve.server import Server
 from perflab.workloads import Workload
@@ -41,17 +41,16 @@ def reference(plan, images: torch.Tensor, sample_ids) -> torch.Tensor:
         return plan.eager_model(images[torch.as_tensor(np.asarray(sample_ids))])
 
 
-def test_consecutive_sample_ids_are_copied_as_one_run():
-    assert consecutive_runs(np.array([3, 4, 5, 9, 0, 1])) == [(0, 3, 3), (3, 9, 1), (4, 0, 2)]
-    assert consecutive_runs(np.array([7])) == [(0, 7, 1)]
-    assert consecutive_runs(np.array([], dtype=int)) == []
-
-
-def test_copy_samples_puts_each_sample_in_its_row_and_leaves_the_rest():
-    source = torch.arange(10.0).repeat_interleave(3).view(10, 3)
-    destination = torch.full((6, 3), -1.0)
-    copy_samples(destination, source, consecutive_runs(np.array([4, 5, 0, 9])), non_blocking=False)
-    assert destination[:, 0].tolist() == [4, 5, 0, 9, -1, -1]
+def test_batch_copier_puts_each_sample_of_every_tensor_in_its_row_and_leaves_the_rest():
+    images = torch.arange(10.0).repeat_interleave(3).view(10, 3)
+    tokens = torch.arange(10) * 100
+    buffers = [torch.full((6, 3), -1.0), torch.full((6,), -1, dtype=torch.long)]
+    copier = BatchCopier(buffers, [images, tokens])
+    copier.copy(np.array([4, 5, 0, 9]), non_blocking=False)
+    assert buffers[0][:, 0].tolist() == [4, 5, 0, 9, -1, -1]
+    assert buffers[1].tolist() == [400, 500, 0, 900, -1, -1]
+    copier.copy(np.array([7]), non_blocking=False)
+    assert buffers[0][:, 0].tolist() == [7, 5, 0, 9, -1, -1], "a smaller batch rewrites only its own rows"
 
 
 def test_pool_is_staged_once_in_the_models_memory_format_with_tokens_untouched():

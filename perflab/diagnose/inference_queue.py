@@ -14,8 +14,10 @@ OVERLOADED = 0.95  # achieved below this share of offered: the server does not k
 
 
 def _focus_point(serve: dict[str, Any]) -> Optional[dict[str, Any]]:
-    """The server point to explain: the lowest offered load that misses the bound, else the highest load."""
-    points = [p for p in serve.get("points", []) if p.get("scenario") == "server" and p.get("completed")]
+    """The server point to explain: the lowest offered load that misses the bound, else the highest load (points
+    where the harness dispatched late measured the batcher, not the model's queue: they are left out)."""
+    points = [p for p in serve.get("points", []) if p.get("scenario") == "server" and p.get("completed")
+              and not p.get("harness_late")]
     if not points:
         return None
     missing = [p for p in points if not p.get("meets_bound")]
@@ -47,7 +49,8 @@ def inference_queue(ctx: Context) -> Optional[Finding]:
     p99, bound = point["latency_ms"]["p99"], settings["p99_ms"]
     evidence = {"offered_qps": offered, "achieved_qps": achieved, "p99_ms": p99, "p99_bound_ms": bound,
                 "tail_queue_wait_ms": point["time_ms"]["tail"].get("queue_wait"), "tail_queue_wait_pct": queue_share,
-                "tail_batch_formation_pct": formation_share, "batch_fill_pct": fill,
+                "tail_batch_formation_pct": formation_share,
+                "tail_dispatch_delay_ms": point["time_ms"]["tail"].get("dispatch_delay"), "batch_fill_pct": fill,
                 "mean_batch": point["batch_mean"], "max_batch": settings["max_batch"], "instance_busy_pct": busy,
                 "full_batch_samples_per_s": ceiling, "max_qps": serve.get("max_qps")}
     gpu_util = (point.get("gpu") or {}).get("util_mean_pct")

@@ -5,9 +5,9 @@ from typing import Optional
 
 from perflab.environment import describe_device
 from perflab.report.markdown import config_table, diagnosis_text, environment_table, image, num, table
+from perflab.report.serve_table import capacity_text
 from perflab.results import Result
-
-PARTS = ("issue_delay", "queue_wait", "batch_formation", "copy_in", "compute", "copy_out")
+from perflab.serve.metrics import COMPONENTS
 
 
 def serve_markdown(result: Result, images: dict[str, str], run_dir: Optional[str] = None) -> str:
@@ -19,10 +19,10 @@ def serve_markdown(result: Result, images: dict[str, str], run_dir: Optional[str
              num(p["latency_ms"]["p99.9"], 2), f"{num(p['batch_mean'])} ({num(p['batch_fill_pct'], 0)}%)",
              num(p["instance_busy_pct"], 0), num((p.get("gpu") or {}).get("util_mean_pct"), 0),
              num(p.get("cost_per_million_queries"), 3),
-             "pass" if p["passed"] else ("behind schedule" if p["behind_schedule"] else "fail")]
+             "pass" if p["passed"] else ("harness late" if p.get("harness_late") else "fail")]
             for p in serve["points"]]
-    tail_rows = [[str(p["index"])] + [num(p["time_ms"]["tail"].get(part), 2) for part in PARTS]
-                 + [num(p["issue_lateness_ms"]["p99_ms"], 2)] for p in serve["points"]]
+    tail_rows = [[str(p["index"])] + [num(p["time_ms"]["tail"].get(part), 2) for part in COMPONENTS]
+                 + [num((p.get("dispatch_delay_ms") or {}).get("p99_ms"), 2)] for p in serve["points"]]
     summary = [f"- **scenario**: {serve['scenario']}; schedule seed {serve['schedule_seed']}, sample seed "
                f"{serve['sample_seed']}",
                f"- **batcher**: max batch {settings['max_batch']}, timeout {settings['batch_timeout_ms']:g} ms, "
@@ -36,10 +36,11 @@ def serve_markdown(result: Result, images: dict[str, str], run_dir: Optional[str
                        f"{100 * serve['search']['tolerance']:g}%)")
     capacity = serve.get("capacity")
     if capacity:
-        summary.append(f"- **harness capacity** (no-op model): the load generator issues "
-                       f"{num(capacity['loadgen_issue_qps'], 0)} queries/s; the batcher moves "
-                       f"{num(capacity['batcher_qps_at_max_batch'], 0)} queries/s at max batch and "
-                       f"{num(capacity['batcher_batches_per_s'], 0)} batches/s")
+        summary.append(f"- **harness capacity** (no-op model): {capacity_text(capacity)}")
+    late = [str(p["index"]) for p in serve["points"] if p.get("harness_late")]
+    if late:
+        summary.append(f"- **harness late** on point(s) {', '.join(late)}: the batcher's dispatch delay p99 exceeded "
+                       f"{settings['harness_late_ms']:g} ms; those points are not valid and do not pass the search")
     if not serve.get("complete"):
         summary.append("- **interrupted**: only the finished points are here")
     parts = [
@@ -51,10 +52,11 @@ def serve_markdown(result: Result, images: dict[str, str], run_dir: Optional[str
         "## Points", table(["#", "scenario", "offered q/s", "achieved q/s", "p50 ms", "p90 ms", "p99 ms",
                             "p99.9 ms", "batch (fill)", "busy %", "GPU %", "cost/1M queries", "verdict"], rows,
                            "rlrrrrrrrrrrl"),
-        "Latency is measured from each query's scheduled arrival (as LoadGen does), so a late issue counts.",
+        "Latency is measured from each query's scheduled arrival (as LoadGen does), so a late dispatch counts.",
         "## Latency vs offered load", image("latency vs offered load", images.get("latency")),
         "## Where the p99 tail goes (mean ms per query at or past p99)",
-        table(["#"] + [part.replace("_", " ") for part in PARTS] + ["issue lateness p99"], tail_rows, "r" * 8),
+        table(["#"] + [part.replace("_", " ") for part in COMPONENTS] + ["dispatch delay p99 (batches)"], tail_rows,
+              "r" * (len(COMPONENTS) + 2)),
         image("where a query's time goes", images.get("breakdown")),
         "## Batch fill", image("batch fill", images.get("fill")),
     ]

@@ -7,10 +7,11 @@ from typing import Any, Optional
 from matplotlib.figure import Figure
 
 from perflab.report.plots import DPI
+from perflab.serve.metrics import COMPONENTS
 
 PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", "-."), ("p99.9", ":"))
-PART_COLORS = {"issue_delay": "#8c564b", "queue_wait": "#d62728", "batch_formation": "#ff7f0e",
-               "copy_in": "#bcbd22", "compute": "#1f77b4", "copy_out": "#17becf"}
+PALETTE = ("#d62728", "#ff7f0e", "#8c564b", "#bcbd22", "#1f77b4", "#17becf", "#7f7f7f", "#e377c2")
+PART_COLORS = dict(zip(COMPONENTS, PALETTE))  # a query's parts, in the order of its life
 
 
 def _label(point: dict[str, Any]) -> str:
@@ -36,7 +37,7 @@ def latency_vs_load(serve: dict[str, Any], path: Path, title: str = "") -> Optio
                    label=f"max QPS {serve['max_qps']:,.0f}")
     for label, marker, color, chosen in (
             ("p99 over the bound", "x", "red", [p for p in points if not p["meets_bound"]]),
-            ("load generator behind (invalid)", "^", "orange", [p for p in points if p["behind_schedule"]])):
+            ("harness late (invalid)", "^", "orange", [p for p in points if p.get("harness_late")])):
         if chosen:
             ax.plot([p["offered_qps"] for p in chosen], [p["latency_ms"]["p99"] for p in chosen], linestyle="none",
                     marker=marker, color=color, markerfacecolor="none", markersize=9, label=label)

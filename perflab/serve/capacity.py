@@ -1,5 +1,6 @@
-"""The harness's own capacity: how fast the load generator issues queries and the batcher and instance threads
-move them when the model takes no time (or a fixed time), so results can show they were not the bottleneck."""
+"""The harness's own capacity: how fast the batcher and instance threads move queries when the model takes no time,
+and how late the batcher dispatches on a fast Poisson schedule, so results can show the harness was not the
+bottleneck. Measured through the same path as the points (ScheduledBatcher, Server, QueryLog)."""
 from __future__ import annotations
 
 import time
@@ -8,9 +9,13 @@ from typing import Any
 import numpy as np
 
 from perflab.serve.loadgen import run_offline, run_scheduled
+from perflab.serve.metrics import QueryLog, dispatch_lateness
+from perflab.serve.schedule import poisson_arrivals
 from perflab.serve.server import Server
 
 PROBE_QUERIES = 4000
+PROBE_RATE_QPS = 20_000.0  # the fast schedule's rate: well past what the points offer on a CPU
+PROBE_SEED = 0
 
 
 class FixedTimeEngine:
@@ -29,27 +34,29 @@ class FixedTimeEngine:
 
 
 def measure_capacity(max_batch: int, timeout_s: float, instances: int, queries: int = PROBE_QUERIES) -> dict[str, Any]:
-    """Queries/s the load generator can issue, and queries/s the batcher and instances sustain with a no-op
-    model (at --max-batch, and one query per batch)."""
+    """With a no-op model: queries/s the batcher and instances move at --max-batch (every query arrived at once),
+    batches/s at one query per batch, and the batcher's dispatch delay on a Poisson schedule at PROBE_RATE_QPS."""
     server = Server([FixedTimeEngine() for _ in range(instances)])
     samples = np.zeros(queries, dtype=int)
+    arrivals = poisson_arrivals(PROBE_RATE_QPS, queries / PROBE_RATE_QPS, queries, PROBE_SEED)[:queries]
     try:
-        # Every arrival scheduled at once: the generator issues as fast as it can, so its rate is its ceiling.
-        burst = run_scheduled(server, np.zeros(queries), samples, max_batch, timeout_s)
-        issue_span_s = float(np.nanmax(burst.issued_s) - np.nanmin(burst.issued_s))
         full = run_offline(server, queries, samples, max_batch, timeout_s)
         single = run_offline(server, queries // 4, samples, 1, 0.0)
+        fast = run_scheduled(server, arrivals, samples, max_batch, timeout_s)
     finally:
         server.close()
+    late = dispatch_lateness(fast)
     return {
-        "loadgen_issue_qps": queries / issue_span_s if issue_span_s > 0 else float("inf"),
         "batcher_qps_at_max_batch": _rate(full),
         "batcher_batches_per_s": _rate(single),
+        "dispatch_probe_qps": PROBE_RATE_QPS,
+        "dispatch_delay_p99_ms": late["p99_ms"],
+        "dispatch_delay_max_ms": late["max_ms"],
         "probe_queries": queries,
         "model": "no-op (FixedTimeEngine(0))",
     }
 
 
-def _rate(log) -> float:
+def _rate(log: QueryLog) -> float:
     span_s = float(np.nanmax(log.done_s))
     return len(log) / span_s if span_s > 0 else float("inf")

@@ -90,6 +90,6 @@ def check_query_count(rate: float, duration_s: float, min_queries: int) -> None:
     """A point at `rate` for `duration_s` must issue at least `min_queries` queries."""
     expected = rate * duration_s
     if expected < min_queries:
-        raise PerflabError(f"--duration {duration_s:g} s at {rate:g} queries/s issues about {expected:.0f} queries, "
+        raise PerflabError(f"--duration {duration_s:g} s at {rate:g} queries/s offers about {expected:.0f} queries, "
                            f"fewer than --min-queries {min_queries}; use --duration "
                            f"{math.ceil(min_queries / rate):g} or more, or lower --min-queries")

@@ -27,7 +27,7 @@ from perflab.serve.config import ServeConfig
 from perflab.serve.engine import ModelEngine, batch_shapes
 from perflab.serve.generation import GenerationEngine, check_generation_serving, load_requests
 from perflab.serve.pool import stage_pool
-from perflab.serve.session import Session, behind_threshold_ms, run_scenario
+from perflab.serve.session import Session, late_threshold_ms, run_scenario
 from perflab.serve.server import Engine, Server
 from perflab.version import __version__
 from perflab.workloads import Workload, load_workload
@@ -149,8 +149,8 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
 
 @contextmanager
 def cpu_threads_for(instances: int, device_type: str) -> Iterator[None]:
-    """On a CPU, leave a core to the load generator: OpenMP workers spinning on every core starve the thread
-    that issues queries (its lateness then counts against the model)."""
+    """On a CPU, leave a core to the batcher: OpenMP workers spinning on every core starve the instance that wakes
+    to dispatch the next batch (its dispatch delay then counts against the model)."""
     if device_type != "cpu":
         yield
         return
@@ -186,7 +186,7 @@ def _record_head(serve_cfg: ServeConfig, cfg: RunConfig, engines: list, estimate
                      "instances": serve_cfg.instances, "p99_ms": serve_cfg.p99_ms,
                      "duration_s": serve_cfg.duration_s, "min_queries": serve_cfg.min_queries,
                      "buckets": getattr(engines[0], "sizes", None),
-                     "behind_schedule_ms": behind_threshold_ms(serve_cfg)},
+                     "harness_late_ms": late_threshold_ms(serve_cfg)},
         "estimated_samples_per_s": estimate,
         "points": [],
         "max_qps": None,

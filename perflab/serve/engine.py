@@ -1,5 +1,5 @@
 """One model instance: each batch's samples copied straight from the pinned sample pool into the instance's input
-buffer on the device (on its own CUDA stream, one copy per run of consecutive samples, no host-side gather), the
+buffer on the device (on its own CUDA stream, one batched call for all rows, no host-side gather), the
 model (after levers) run on them, and the batch's result rows copied back into the instance's pinned output buffer.
 
 With --compile or --cuda-graphs a batch is padded up to a bucket so that only a few shapes are ever compiled or
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from perflab.harness.plan import StepPlan
-from perflab.serve.pool import SamplePool, batch_buffer, consecutive_runs, copy_samples, flat_tensors, rebuild
+from perflab.serve.pool import BatchCopier, SamplePool, batch_buffer, flat_tensors, rebuild
 
 # on_results(sample_ids, outputs): a batch's results on the host, one row per query (valid until the next batch)
 ResultsHandler = Callable[[np.ndarray, Any], None]
@@ -53,6 +53,7 @@ class ModelEngine:
         # made once: recording the same events every batch is safe, as serve() waits for the last one
         self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if self.cuda else []
         self.input_buffers = [batch_buffer(tensor, max_batch, plan.device) for tensor in pool.tensors]
+        self.copier = BatchCopier(self.input_buffers, pool.tensors)
         self._inputs_of_size: dict[int, Any] = {}
         self.output_buffers: Optional[list[Optional[torch.Tensor]]] = None  # host rows, made at the first batch
         self.graphs: Optional[dict[int, tuple[torch.cuda.CUDAGraph, Any]]] = {} if graphs else None
@@ -76,9 +77,7 @@ class ModelEngine:
         return self._inputs_of_size[size]
 
     def _copy_in(self, sample_ids: np.ndarray) -> None:
-        runs = consecutive_runs(sample_ids)
-        for buffer, source in zip(self.input_buffers, self.pool.tensors):
-            copy_samples(buffer, source, runs, non_blocking=self.cuda)
+        self.copier.copy(sample_ids, non_blocking=self.cuda)
 
     def _copy_out(self, outputs: Any, size: int, count: int) -> Any:
         """The first `count` rows of each output in the instance's host buffer (batch-first outputs), or a

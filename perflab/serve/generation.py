@@ -18,7 +18,7 @@ import torch
 from perflab.errors import PerflabError
 from perflab.generation.metrics import RequestTiming, TokenClock
 from perflab.harness.plan import StepPlan
-from perflab.serve.pool import batch_buffer, consecutive_runs, copy_samples
+from perflab.serve.pool import BatchCopier, batch_buffer
 from perflab.workloads import Workload
 
 
@@ -67,8 +67,8 @@ class GenerationEngine:
         self.clock = TokenClock(plan.device)
         self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if self.cuda else []
         self.prompt_buffer = batch_buffer(pool.prompts, max_batch, plan.device)
-        copy_samples(self.prompt_buffer, pool.prompts, consecutive_runs(np.arange(max_batch) % pool.count),
-                     non_blocking=False)
+        self.copier = BatchCopier([self.prompt_buffer], [pool.prompts])
+        self.copier.copy(np.arange(max_batch) % pool.count, non_blocking=False)
         self.token_buffer = torch.empty(max_batch * max(pool.output_len), dtype=torch.long, pin_memory=self.cuda)
         self.last_request: Optional[RequestTiming] = None  # the token times of the batch just served
         self.padded_samples = 0
@@ -86,7 +86,7 @@ class GenerationEngine:
         self.padded_samples += size - count
         first = int(sample_ids[0])
         prompt_len, new_tokens = self.pool.prompt_len[first], self.pool.output_len[first]
-        copy_samples(self.prompt_buffer, self.pool.prompts, consecutive_runs(sample_ids), non_blocking=self.cuda)
+        self.copier.copy(sample_ids, non_blocking=self.cuda)
         prompt = self.prompt_buffer[:size, :prompt_len].contiguous()
         self.clock.clear()
         tokens = self.step.generate(prompt, new_tokens, self.clock)

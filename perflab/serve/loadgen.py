@@ -1,8 +1,9 @@
-"""The load generator: issues queries on the scenario's schedule, stamps when each was really issued (so a
-generator that falls behind its schedule is seen), and waits for the instances to drain the batcher.
+"""The scenarios' load: server and offline read their arrivals off a known schedule (virtual arrivals: the
+ScheduledBatcher takes a query once the point's clock passes its arrival, no thread issues it); single-stream issues
+the next query as each completes. Each returns every query's stamps.
 
-Latency is measured from the scheduled arrival, as LoadGen does: a late issue counts against the system
-(as 'issue_delay') rather than hiding a queue that the generator failed to build."""
+Latency is measured from the scheduled arrival, as LoadGen does: a batch dispatched late counts against the system
+(as 'dispatch_delay') rather than hiding a queue that the harness failed to build."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +14,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from perflab.serve.batcher import Batcher
+from perflab.serve.batcher import Batcher, ScheduledBatcher
 from perflab.serve.metrics import QueryLog
 from perflab.serve.server import Server
 
@@ -24,8 +25,9 @@ SINGLE_STREAM_CAP = 200_000  # single-stream queries per point at most (a no-op 
 
 @contextlib.contextmanager
 def prompt_thread_switches() -> Iterator[None]:
-    """Shorten the GIL switch interval (5 ms by default): the generator thread wakes on time even while an
-    instance thread runs Python (kernel launches), instead of waiting for the interval to expire."""
+    """Shorten the GIL switch interval (5 ms by default). No thread issues queries any more, but the instance that
+    forms the next batch sleeps until it is due and must then take the GIL from instances running Python (kernel
+    launches, compiled graphs' guards): with the default interval its dispatch could wait up to 5 ms."""
     before = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
@@ -42,39 +44,23 @@ def _point_clock() -> Callable[[], float]:
 
 def run_scheduled(server: Server, arrivals_s: np.ndarray, samples: np.ndarray, max_batch: int,
                   timeout_s: float) -> QueryLog:
-    """Server scenario: issue query i at arrivals_s[i] (seconds from the start); returns every query's stamps."""
+    """Server scenario: query i arrives at arrivals_s[i] (seconds from the start, sorted); returns every query's
+    stamps once the instances have served the whole schedule."""
     clock = _point_clock()
-    batcher = Batcher(max_batch, timeout_s, clock)
+    batcher = ScheduledBatcher(arrivals_s, max_batch, timeout_s, clock)
     log = QueryLog(arrivals_s)
     with prompt_thread_switches():
         serving = server.start(batcher, log, samples)
         try:
-            for query_id, scheduled_s in enumerate(arrivals_s):
-                delay = scheduled_s - clock()
-                if delay > 0:
-                    time.sleep(delay)
-                issued_s = clock()
-                log.issued_s[query_id] = issued_s
-                batcher.put((query_id,), issued_s)
+            serving.wait()
         finally:
-            batcher.close()
-        serving.wait()
+            batcher.close()  # interrupted (Ctrl-C): the instances stop taking batches
     return log
 
 
 def run_offline(server: Server, queries: int, samples: np.ndarray, max_batch: int, timeout_s: float) -> QueryLog:
-    """Offline scenario: every query is issued at once; the instances take full batches as fast as they can."""
-    clock = _point_clock()
-    batcher = Batcher(max_batch, timeout_s, clock)
-    log = QueryLog(np.zeros(queries))
-    with prompt_thread_switches():
-        serving = server.start(batcher, log, samples)
-        issued_s = clock()
-        log.issued_s[:] = issued_s
-        batcher.put(range(queries), issued_s)
-        batcher.close()
-        serving.wait()
-    return log
+    """Offline scenario: every query arrives at 0; the instances take full batches as fast as they can."""
+    return run_scheduled(server, np.zeros(queries), samples, max_batch, timeout_s)
 
 
 def run_single_stream(server: Server, duration_s: float, min_queries: int, samples: np.ndarray) -> QueryLog:
@@ -92,7 +78,7 @@ def run_single_stream(server: Server, duration_s: float, min_queries: int, sampl
             while issued < SINGLE_STREAM_CAP and (issued < min_queries or clock() < duration_s):
                 completed.clear()
                 now = clock()
-                log.scheduled_s[issued] = log.issued_s[issued] = now
+                log.scheduled_s[issued] = now
                 batcher.put((issued,), now)
                 issued += 1
                 while not completed.wait(WAIT_POLL_S):

@@ -1,5 +1,5 @@
 """When queries arrive: seeded Poisson arrivals (server), all at once (offline), or one after another
-(single-stream, issued by the load generator as each query completes)."""
+(single-stream: issued as each query completes)."""
 from __future__ import annotations
 
 import math

@@ -9,7 +9,7 @@ from typing import Callable, ContextManager, Optional, Protocol, Sequence
 
 import numpy as np
 
-from perflab.serve.batcher import Batcher
+from perflab.serve.batcher import BatchSource
 from perflab.serve.metrics import QueryLog
 
 JOIN_TIMEOUT_S = 5.0
@@ -89,16 +89,15 @@ class Server:
         for index in range(len(self.engines)):
             self.on_instance(index, lambda engine: engine.warm_up(rounds)).wait()
 
-    def start(self, batcher: Batcher, log: QueryLog, sample_of_query: np.ndarray,
+    def start(self, batcher: BatchSource, log: QueryLog, sample_of_query: np.ndarray,
               on_done: Optional[Callable[[list[int]], None]] = None) -> Serving:
-        """Instances serve `batcher` until it is closed and empty (`wait()` on the returned Serving);
+        """Instances serve `batcher` until it has no more batches (`wait()` on the returned Serving);
         `on_done(query_ids)` is called as each batch completes."""
         def serve_batches(engine: Engine) -> None:
             while (batch := batcher.next_batch()) is not None:
                 copy_in_s, copy_out_s = engine.serve(sample_of_query[batch.query_ids])
                 done_s = batcher.clock()
-                log.record_batch(batch.query_ids, batch.opened_s, batch.dispatched_s,
-                                 batch.dispatched_s + copy_in_s, done_s - copy_out_s, done_s)
+                log.record_batch(batch, batch.dispatched_s + copy_in_s, done_s - copy_out_s, done_s)
                 request = getattr(engine, "last_request", None)
                 if request is not None:  # the last token came out as the compute ended
                     log.record_tokens(batch.query_ids, request, done_s - copy_out_s)

@@ -36,7 +36,8 @@ def resolution_pct(result: Result, serve_cfg: Optional[ServeConfig] = None) -> f
 
 
 def serve_figures(result: Result) -> dict[str, Any]:
-    """What tune.jsonl records of a serve trial: the max QPS, the p99 and batch fill there, the resolution."""
+    """What tune.jsonl records of a serve trial: the max QPS, the p99, batch fill and the batcher's dispatch delay
+    there, the resolution, and how many points the harness dispatched late (not valid: they never pass)."""
     record = serve_record(result)
     peak = record.get("max_qps")
     at_peak = next((point for point in reversed(record.get("points") or [])
@@ -44,6 +45,8 @@ def serve_figures(result: Result) -> dict[str, Any]:
     return {"max_qps": peak, "resolution_pct": resolution_pct(result),
             "p99_ms": (at_peak.get("latency_ms") or {}).get("p99"), "achieved_qps": at_peak.get("achieved_qps"),
             "batch_fill_pct": at_peak.get("batch_fill_pct"), "single_query_ms": record.get("single_query_ms"),
+            "dispatch_delay_p99_ms": (at_peak.get("dispatch_delay_ms") or {}).get("p99_ms"),
+            "harness_late_points": sum(bool(point.get("harness_late")) for point in record.get("points") or []),
             "search_skipped": (record.get("search") or {}).get("skipped"),
             "quality": (result.quality or {}).get("verdict")}
 
