@@ -230,6 +230,7 @@ def test_captured_decode_gives_eager_greedy_tokens_and_speculative_output_on_a_g
                 # K=3: the target verifies 4 tokens at a time (a second graph) and rolls back rejected drafts
                 assert torch.equal(generate_speculative(captured, draft_session, prompt, 20, 3), expected)
         assert captured.captured.lengths == [1, 4] and draft_session.captured.lengths == [1]
+        assert captured.compile_settings["graphs"] == "perflab"
     finally:
         for session in (eager, captured, draft_session):
             session.close()

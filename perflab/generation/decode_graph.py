@@ -36,11 +36,7 @@ class CapturedDecode:
         self.attention = attention  # the SDPA context the step is traced and captured in
         self.pool = torch.cuda.graph_pool_handle()  # the graphs share one memory pool (one runs at a time)
         self.graphs: dict[int, _Captured] = {}
-
-    @property
-    def lengths(self) -> list[int]:
-        """Token counts captured so far."""
-        return sorted(self.graphs)
+        self.lengths: list[int] = []  # token counts captured, in order (kept after close, for result.json)
 
     def __call__(self, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Run `tokens` (batch, T) at positions start..start+T-1; the graph's own (logits, chosen), valid until the
@@ -49,6 +45,7 @@ class CapturedDecode:
         captured = self.graphs.get(count)
         if captured is None:
             captured = self.graphs[count] = self._capture(tokens, start)
+            self.lengths.append(count)
         else:
             captured.tokens.copy_(tokens)
             torch.arange(start, start + count, out=captured.positions)
@@ -70,4 +67,5 @@ class CapturedDecode:
         return _Captured(graph, static_tokens, positions, logits, chosen)
 
     def close(self) -> None:
+        """Release the graphs and their memory pool's blocks."""
         self.graphs.clear()
