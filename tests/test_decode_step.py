@@ -137,6 +137,21 @@ def test_a_compiled_decode_whose_host_needs_the_whole_step_to_issue_it_is_host_b
     assert classify_decode(metrics(0.3), config, None).cls in (LAUNCH_OVERHEAD, MEMORY_BANDWIDTH)
 
 
+def test_a_graph_replayed_decode_far_below_the_bound_is_kernel_efficiency_not_launching():
+    from perflab.diagnose.decode import classify_decode
+    from perflab.diagnose.findings import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
+    # the H100's int8-weight 1b decode with perflab's graphs (2026-11-23): 1.31 ms per step, 28% of the bound
+    bound = {"pct_of_bound": 28.3, "measured_ms_per_token": 1.314, "bound_ms_per_token": 0.372,
+             "measured_over_bound": 3.53, "memory_gbps": 2972.0, "memory_gbps_source": "calibrated",
+             "host_issue_ms_per_token": 0.62, "achieved_gbps": 842.0}
+    config = {"batch_size": 1, "compile": "reduce-overhead", "device": "cuda"}
+    graphed = {"bandwidth_bound": bound, "decode_compile": {"graphs": "perflab", "captured_lengths": [1]}}
+    finding = classify_decode(graphed, config, None)
+    assert finding.cls == MEMORY_BANDWIDTH and "kernel efficiency" in finding.summary and "842 GB/s" in finding.summary
+    skipped = {"bandwidth_bound": bound, "decode_compile": {"graphs": "inductor", "cudagraph_skips": 2}}
+    assert classify_decode(skipped, config, None).cls == LAUNCH_OVERHEAD  # graphs were skipped: launches remain
+
+
 def test_token_clock_reports_how_long_the_host_took_to_issue_each_decode_token():
     from perflab.generation.metrics import TokenClock
     clock = TokenClock(CPU)

@@ -7,7 +7,10 @@ a larger batch) helps. Far above it with an eager step at a small batch, the GPU
 kernels: launch-bound. When the batch is large enough that the matmuls at peak FLOP/s take longer than the
 reads, the step is compute-bound. When the host needs about as long to issue a step as the device takes to run it
 (host_issue_ms_per_token, from the host's clock at each token: nothing waits on the device per token), the host is
-the limit even for a compiled step (Dynamo's guards, CUDA-graph bookkeeping, launches outside the graph).
+the limit even for a compiled step (Dynamo's guards, CUDA-graph bookkeeping, launches outside the graph). That
+figure also rises when the device's launch queue is full (the host then waits for room), so it is read only below
+the bound and after the other signals. A step that replays as one CUDA graph and still sits below the bound is
+not launch-bound: its kernels read below the bandwidth (kernel efficiency).
 """
 from __future__ import annotations
 
@@ -80,6 +83,16 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
                         evidence, ["int8-weight", "int4-weight", "fp8", "speculative"], active,
                         ["read fewer bytes per token (quantized weights) or make more tokens per read "
                          "(speculative decoding, a larger decode batch)"])
+    if _replays_as_one_graph(generation):
+        achieved = bound.get("achieved_gbps")
+        reads = f" (its reads run at {achieved:.0f} GB/s)" if achieved else ""
+        return _finding(MEMORY_BANDWIDTH, clamp(0.5 + (NEAR_BOUND_PCT - pct) / 200),
+                        f"{step}: the step replays as one CUDA graph, so launching is not the cost; its kernels "
+                        f"read below the bandwidth{reads}: kernel efficiency", evidence,
+                        ["int8-weight", "speculative"], active,
+                        ["`perflab profile` of the same run lists the decode step's kernels: small ones (norms, "
+                         "rotary embeddings, one-query attention) each run far below the bandwidth",
+                         "--compile max-autotune tunes the matrix-vector kernels further (minutes of compiling)"])
     eager_small = not compiled and batch <= SMALL_BATCH
     confidence = clamp(0.4 + (NEAR_BOUND_PCT - pct) / 100 + (0.2 if eager_small else 0.0))
     if pct < FAR_FROM_BOUND_PCT or eager_small:
@@ -90,6 +103,13 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
                          "a larger decode batch reads the same weights for more tokens"])
     return _finding(MEMORY_BANDWIDTH, 0.4, f"{step}: between launch-bound and bandwidth-bound", evidence,
                     ["kv-cache-static", "compile", "int8-weight"], active, [])
+
+
+def _replays_as_one_graph(generation: dict[str, Any]) -> bool:
+    """The compiled decode step ran as CUDA graphs: captured by perflab, or by Inductor with no skipped graph."""
+    compiled = generation.get("decode_compile") or {}
+    return (compiled.get("graphs") == "perflab" and bool(compiled.get("captured_lengths"))) or (
+        compiled.get("graphs") == "inductor" and compiled.get("cudagraph_skips") == 0)
 
 
 def _waiting(config: dict[str, Any]) -> str:
