@@ -13,7 +13,8 @@
   forward, speed-up.
 
 BENCH_GENERATE_ONLY picks the variants whose "experiment label" contains it, or one of its comma-separated parts
-(bandwidth, speculative, eager, decode_tuning=off, decode_graphs=inductor, bf16 compiled, int8, plain greedy, K=4), so the parts can run in
+(bandwidth, speculative, eager, decode_tuning=off, decode_graphs=inductor, bf16 compiled, max-autotune, int8,
+plain greedy, K=4), so the parts can run in
 separate device calls.
 
 The device bandwidth comes from `perflab calibrate` (run here, quick, when no measurement is cached). Without
@@ -52,6 +53,8 @@ def bandwidth_experiment(full: bool) -> tuple[dict[str, Any], list[tuple[str, di
                      ("decode_graphs=inductor: tuned, graphs by cudagraph trees",
                       {**compiled, "workload_options": trees, "check_quality": False}),
                      ("bf16 compiled decode + gpt-fast decode tuning", {**compiled, "check_quality": False}),
+                     ("max-autotune: bf16, tuned, graphs by perflab",
+                      {**compiled, "compile": "max-autotune", "check_quality": False}),
                      ("int8-weight compiled decode + gpt-fast decode tuning",
                       {**compiled, "quantize": "int8-weight", "check_quality": True})]
     else:
