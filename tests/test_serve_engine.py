@@ -41,6 +41,15 @@ def reference(plan, images: torch.Tensor, sample_ids) -> torch.Tensor:
         return plan.eager_model(images[torch.as_tensor(np.asarray(sample_ids))])
 
 
+def test_buckets_double_up_to_the_step_then_climb_by_it_to_the_max_batch():
+    assert buckets(96, 16) == [1, 2, 4, 8, 16, 32, 48, 64, 80, 96]
+    assert buckets(64, 64) == [1, 2, 4, 8, 16, 32, 64]  # a step as large as the max batch: powers of two alone
+    assert buckets(10, 16) == [1, 2, 4, 8, 10]
+    assert buckets(1, 16) == [1]
+    from perflab.serve.engine import batch_shapes
+    assert batch_shapes("offline", 96, 16) == [96] and batch_shapes("single-stream", 96, 16) == [1]
+
+
 def test_batch_copier_puts_each_sample_of_every_tensor_in_its_row_and_leaves_the_rest():
     images = torch.arange(10.0).repeat_interleave(3).view(10, 3)
     tokens = torch.arange(10) * 100
@@ -70,7 +79,7 @@ def test_each_query_gets_the_models_output_on_its_own_sample_in_padded_batches()
         served.append((ids.copy(), out.clone()))
         addresses.append(out.data_ptr())
     pool = stage_pool(images, SAMPLES, plan.device, plan.memory_format)
-    engine = ModelEngine(plan, pool, 8, buckets(8), graphs=False, on_results=on_results)
+    engine = ModelEngine(plan, pool, 8, buckets(8, 16), graphs=False, on_results=on_results)
     assert engine.input_buffers[0].is_contiguous(memory_format=torch.channels_last)
     batches = [np.array([3]), np.array([5, 1, 11]), np.array([0, 1, 2, 3, 4, 9]), np.array([7, 7])]
     with plan.stepping():
@@ -95,7 +104,7 @@ def test_several_instances_answer_every_query_with_the_output_of_its_sample():
             with lock:
                 answers.extend((instance, int(sample), row.clone()) for sample, row in zip(ids, out))
         return on_results
-    engines = [ModelEngine(plan, pool, 4, buckets(4), graphs=False, on_results=collect(i)) for i in range(2)]
+    engines = [ModelEngine(plan, pool, 4, buckets(4, 16), graphs=False, on_results=collect(i)) for i in range(2)]
     server = Server(engines, plan.stepping)
     try:
         arrivals = poisson_arrivals(400.0, 0.3, 60, seed=2)
@@ -122,7 +131,7 @@ def test_gpu_batches_go_from_the_pinned_pool_to_the_device_buffer_and_graphs_rep
     images = workload.dataset.tensors[0]
     pool = stage_pool(images, SAMPLES, device, plan.memory_format)
     served = []
-    engine = ModelEngine(plan, pool, 8, buckets(8), graphs=True,
+    engine = ModelEngine(plan, pool, 8, buckets(8, 16), graphs=True,
                          on_results=lambda ids, out: served.append((ids.copy(), out.clone())))
     assert all(t.is_pinned() for t in pool.tensors), "the pool is pinned once, at load"
     assert all(buffer.is_cuda for buffer in engine.input_buffers), "no host gather buffer: inputs go to the device"

@@ -49,6 +49,10 @@ class ServeConfig:
     batch_timeout_ms: float = option("--batch-timeout-ms", float, "how long the oldest waiting query may wait for "
                                      "a batch to fill (default: 2)", BATCHER, 2.0, minimum=0, metavar="MS",
                                      commands=SERVE_AND_TUNE)
+    bucket_step: int = option("--bucket-step", int, "with --compile or --cuda-graphs a batch is padded up to a size "
+                              "compiled or captured in warm-up: powers of two up to N, then every multiple of N up "
+                              "to --max-batch (default: 16; a batch of 33 then runs at 48, not 64)", BATCHER, 16,
+                              minimum=1, metavar="N", commands=SERVE_AND_TUNE)
     instances: int = option("--instances", int, "model instances, each on its own CUDA stream with its own pinned "
                             "buffers (default: 1)", BATCHER, 1, minimum=1, metavar="N", commands=SERVE_AND_TUNE)
 

@@ -106,7 +106,8 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
                          "decoded to completion (no continuous batching)")
         else:
             graphs = cfg.cuda_graphs and device.type == "cuda"
-            sizes = batch_shapes(serve_cfg.scenario, cfg.batch_size) if graphs or cfg.compile else None
+            sizes = (batch_shapes(serve_cfg.scenario, cfg.batch_size, serve_cfg.bucket_step)
+                     if graphs or cfg.compile else None)
             # staged once (memory format, pinned) and shared: instances copy samples straight out of it
             staged = stage_pool(pool, samples, device, plan.memory_format)
             engines = [ModelEngine(plan, staged, cfg.batch_size, sizes, graphs) for _ in range(serve_cfg.instances)]
