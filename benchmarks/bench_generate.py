@@ -113,6 +113,8 @@ def add_bound_rows(rows: Rows, experiment: str, label: str, result: perflab.Resu
     rows.add(experiment, f"{label} share of the bandwidth bound", bound["pct_of_bound"], "%",
              f"measured ÷ bound {bound['measured_over_bound']:.2f}x" if bound["measured_over_bound"] else "")
     compiled = generation.get("decode_compile") or {}
+    rows.add(experiment, f"{label} device wait for the host, ms per decode step", bound.get("device_wait_ms_per_token"),
+             "ms", f"host issue clock {bound.get('host_issue_ms_per_token')} ms per step (includes launch-queue waits)")
     rows.add(experiment, f"{label} host issue ms per decode step", bound.get("host_issue_ms_per_token"), "ms",
              f"graphs by {compiled.get('graphs')} (captured {compiled.get('captured_lengths')}, skips "
              f"{compiled.get('cudagraph_skips')}) · decode SDPA {compiled.get('decode_sdpa')}"

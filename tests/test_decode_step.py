@@ -152,6 +152,38 @@ def test_a_graph_replayed_decode_far_below_the_bound_is_kernel_efficiency_not_la
     assert classify_decode(skipped, config, None).cls == LAUNCH_OVERHEAD  # graphs were skipped: launches remain
 
 
+def test_device_wait_not_the_hosts_issue_clock_decides_host_bound_when_recorded():
+    from perflab.diagnose.decode import classify_decode
+    from perflab.generation.metrics import RequestTiming, device_wait_ms_per_token
+    # outputs at 1, 3, 5 ms; the device started steps 2 and 3 at 1.1 and 4.5 ms: it idled 0.1 + 1.5 ms for 2 tokens
+    request = RequestTiming(1, 8, [1.0, 3.0, 5.0], [1, 1, 1], started_ms=[1.1, 4.5])
+    assert device_wait_ms_per_token([request]) == pytest.approx(0.8)
+    assert device_wait_ms_per_token([RequestTiming(1, 8, [1.0, 3.0], [1, 1])]) is None
+    config = {"batch_size": 1, "compile": "reduce-overhead", "device": "cuda"}
+
+    def regime(wait_ms, host_ms=1.2):  # the host's issue clock at 80% of the step: a full launch queue reads so
+        bound = {"pct_of_bound": 40.0, "measured_ms_per_token": 1.5, "bound_ms_per_token": 0.6,
+                 "measured_over_bound": 2.5, "memory_gbps": 2900.0, "memory_gbps_source": "test",
+                 "host_issue_ms_per_token": host_ms, "device_wait_ms_per_token": wait_ms}
+        return classify_decode({"bandwidth_bound": bound}, config, None).summary
+    assert "host-bound" in regime(0.6) and "waits 0.6 ms per token" in regime(0.6)
+    assert "host-bound" not in regime(0.01)
+    # guards inside the step's call: the device's clock counts them as the step, the host's issue clock fills it
+    assert "host-bound" in regime(0.01, host_ms=1.5) and "host needs 1.5 ms" in regime(0.01, host_ms=1.5)
+
+
+def test_token_clock_marks_where_each_decode_step_started():
+    from perflab.generation.metrics import TokenClock
+    clock = TokenClock(CPU)
+    session = open_session(tiny_decoder(), 1, 40, CPU, torch.float32, static=True)
+    with torch.inference_mode():
+        generate_greedy(session, torch.zeros(1, 6, dtype=torch.long), 10, clock)
+    (request,) = clock.timings()
+    assert len(request.started_ms) == len(request.emitted_ms) - 1
+    assert all(before <= start <= after for before, start, after
+               in zip(request.emitted_ms, request.started_ms, request.emitted_ms[1:]))
+
+
 def test_token_clock_reports_how_long_the_host_took_to_issue_each_decode_token():
     from perflab.generation.metrics import TokenClock
     clock = TokenClock(CPU)

@@ -8,8 +8,10 @@ kernels: launch-bound. When the batch is large enough that the matmuls at peak F
 reads, the step is compute-bound. When the host needs about as long to issue a step as the device takes to run it
 (host_issue_ms_per_token, from the host's clock at each token: nothing waits on the device per token), the host is
 the limit even for a compiled step (Dynamo's guards, CUDA-graph bookkeeping, launches outside the graph). That
-figure also rises when the device's launch queue is full (the host then waits for room), so it is read only below
-the bound and after the other signals. A step that replays as one CUDA graph and still sits below the bound is
+figure also rises when the device's launch queue is full (the host then waits for room; on the H100 it read
+0.71-0.8 of a device-bound step), so it counts only when it fills 90% of the step. The device's own idle time
+between steps (device_wait_ms_per_token: from each output to the next step's start, on the device's clock) is the
+second signal: a device idle for a quarter of each step waits for the host's loop. A step that replays as one CUDA graph and still sits below the bound is
 not launch-bound: its kernels read below the bandwidth (kernel efficiency).
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ NEAR_BOUND_PCT = 60.0  # at or above: bandwidth-bound
 FAR_FROM_BOUND_PCT = 35.0  # below, eager and small batch: launch-bound
 SMALL_BATCH = 8
 HOST_BOUND_SHARE = 0.9  # issuing a step takes at least this share of the step: the device waits for the host
+DEVICE_WAIT_SHARE = 0.25  # the device idles at least this share of a step between steps, waiting for the host
 
 
 def decode_regime(ctx: Context) -> Optional[Finding]:
@@ -55,6 +58,9 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
     host_ms = bound.get("host_issue_ms_per_token")
     if host_ms is not None:
         evidence["host_issue_ms_per_token"] = host_ms
+    wait_ms = bound.get("device_wait_ms_per_token")
+    if wait_ms is not None:
+        evidence["device_wait_ms_per_token"] = wait_ms
     if gpu and gpu.get("util_mean_pct") is not None:
         evidence["nvml_util_mean_pct"] = gpu["util_mean_pct"]
     if gpu_busy_pct is not None:
@@ -69,10 +75,13 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
                         f"{step}; at batch {batch} the matmuls need {compute_ms:.3g} ms at peak FLOP/s, more "
                         "than the reads: compute-bound", evidence, ["bf16", "fp8"], active,
                         ["a smaller decode batch lowers latency; a larger one only adds throughput now"])
-    if (compiled and config.get("device") == "cuda" and host_ms is not None and pct < NEAR_BOUND_PCT
-            and host_ms >= HOST_BOUND_SHARE * bound["measured_ms_per_token"]):
-        return _finding(LAUNCH_OVERHEAD, clamp(0.5 + host_ms / bound["measured_ms_per_token"] / 4),
-                        f"{step}; the host needs {host_ms:.3g} ms to issue each step: host-bound", evidence,
+    if compiled and config.get("device") == "cuda" and pct < NEAR_BOUND_PCT and _host_bound(bound):
+        waits = wait_ms is not None and wait_ms >= DEVICE_WAIT_SHARE * bound["measured_ms_per_token"]
+        waited = (f"the device waits {wait_ms:.3g} ms per token for the host to issue the next step" if waits
+                  else f"the host needs {host_ms:.3g} ms to issue each step")
+        return _finding(LAUNCH_OVERHEAD, clamp(0.5 + (wait_ms if waits else host_ms)
+                                               / bound["measured_ms_per_token"] / 4),
+                        f"{step}; {waited}: host-bound", evidence,
                         [], active,
                         ["with --option decode_graphs=inductor, check generation.decode_compile.cudagraph_skips (0: the "
                          "step replays as one CUDA graph); perflab's own capture (the default) runs the guards once",
@@ -103,6 +112,16 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
                          "a larger decode batch reads the same weights for more tokens"])
     return _finding(MEMORY_BANDWIDTH, 0.4, f"{step}: between launch-bound and bandwidth-bound", evidence,
                     ["kv-cache-static", "compile", "int8-weight"], active, [])
+
+
+def _host_bound(bound: dict[str, Any]) -> bool:
+    """The device idles between steps waiting for the host (device_wait_ms_per_token: what the loop does between
+    steps), or the host's own issue time fills the step (what happens inside the step's call, e.g. Dynamo's guards,
+    which the device's clock sees as part of the step)."""
+    step_ms = bound["measured_ms_per_token"]
+    wait_ms, host_ms = bound.get("device_wait_ms_per_token"), bound.get("host_issue_ms_per_token")
+    return ((wait_ms is not None and wait_ms >= DEVICE_WAIT_SHARE * step_ms)
+            or (host_ms is not None and host_ms >= HOST_BOUND_SHARE * step_ms))
 
 
 def _replays_as_one_graph(generation: dict[str, Any]) -> bool:

@@ -34,6 +34,8 @@ def generate_greedy(session, prompt: torch.Tensor, new_tokens: int, clock: Optio
             clock.emit(1)
     with timer.phase("decode"), mark("decode"):
         for index in range(1, new_tokens):
+            if clock is not None:
+                clock.step_begins()
             # the next input is the step's own output (as in gpt-fast): valid until the next call, copied into out
             token = session.extend_greedy(token)[:, -1:]
             out[:, index:index + 1] = token

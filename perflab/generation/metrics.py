@@ -28,6 +28,9 @@ class RequestTiming:
     emitted_ms: list[float]
     counts: list[int]
     issued_ms: Optional[list[float]] = None  # when the host had issued each output's work (ms from its start)
+    # when the device began each decode step (ms from its start; one per output after the first): the device's
+    # idle time between a step's output and the next step's start is time it waited for the host
+    started_ms: Optional[list[float]] = None
 
     @property
     def output_tokens(self) -> int:
@@ -55,8 +58,9 @@ class TokenClock:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        # per request: start mark, output marks, counts, batch, prompt length, host start, host issue times
-        self.requests: list[tuple[Any, list[Any], list[int], int, int, float, list[float]]] = []
+        # per request: start mark, output marks, counts, batch, prompt length, host start, host issue times,
+        # decode-step start marks
+        self.requests: list[tuple[Any, list[Any], list[int], int, int, float, list[float], list[Any]]] = []
 
     def _now(self) -> Any:
         if self.cuda:
@@ -66,10 +70,14 @@ class TokenClock:
         return time.perf_counter()
 
     def begin(self, batch: int, prompt_len: int) -> None:
-        self.requests.append((self._now(), [], [], batch, prompt_len, time.perf_counter(), []))
+        self.requests.append((self._now(), [], [], batch, prompt_len, time.perf_counter(), [], []))
+
+    def step_begins(self) -> None:
+        """A decode step is about to be issued (after the first output): marks where the device starts it."""
+        self.requests[-1][7].append(self._now())
 
     def emit(self, count: int) -> None:
-        _, marks, counts, _, _, _, issued = self.requests[-1]
+        _, marks, counts, _, _, _, issued, _ = self.requests[-1]
         marks.append(self._now())
         counts.append(count)
         issued.append(time.perf_counter())  # the host's own clock: how fast it issues the steps
@@ -83,8 +91,9 @@ class TokenClock:
     def timings(self) -> list[RequestTiming]:
         """Every request recorded since the last clear (call after synchronising the device)."""
         return [RequestTiming(batch, prompt_len, [self._ms(start, mark) for mark in marks], list(counts),
-                              [(at - host_start) * 1e3 for at in issued])
-                for start, marks, counts, batch, prompt_len, host_start, issued in self.requests if marks]
+                              [(at - host_start) * 1e3 for at in issued],
+                              [self._ms(start, mark) for mark in starts] or None)
+                for start, marks, counts, batch, prompt_len, host_start, issued, starts in self.requests if marks]
 
 
 # ---------------------------------------------------------------------------------------------- SLOs
@@ -199,7 +208,7 @@ def _bound_summary(requests: list[RequestTiming], bound: BandwidthBound) -> dict
         "weight_bytes": bound.weight_bytes, "kv_bytes_per_position": bound.kv_bytes_per_position,
         "memory_gbps": bound.memory_gbps, "memory_gbps_source": bound.source, "notes": list(bound.notes),
         "bound_ms_per_token": None, "measured_ms_per_token": None, "measured_over_bound": None, "pct_of_bound": None,
-        "host_issue_ms_per_token": None,
+        "host_issue_ms_per_token": None, "device_wait_ms_per_token": None,
         "compute_ms_per_token": (bound.matmul_flops_per_step / (bound.peak_tflops * 1e12) * 1e3
                                  if bound.peak_tflops else None),
     }
@@ -211,11 +220,23 @@ def _bound_summary(requests: list[RequestTiming], bound: BandwidthBound) -> dict
     issued = [r for r in decoding if r.issued_ms]
     summary["host_issue_ms_per_token"] = (sum(r.issued_ms[-1] - r.issued_ms[0] for r in issued) /
                                           sum(r.output_tokens - 1 for r in issued) if issued else None)
+    summary["device_wait_ms_per_token"] = device_wait_ms_per_token(decoding)
     summary.update(bound_ms_per_token=bound_ms / tokens, measured_ms_per_token=measured_ms / tokens,
                    measured_over_bound=measured_ms / bound_ms if bound_ms else None,
                    pct_of_bound=100 * bound_ms / measured_ms if measured_ms else None,
                    achieved_gbps=_achieved_gbps(decoding, bound, measured_ms))
     return summary
+
+
+def device_wait_ms_per_token(requests: list[RequestTiming]) -> Optional[float]:
+    """Per decoded token, how long the device sat idle between a step's output and the next step's start: waiting
+    for the host to issue it (None without step starts). Unlike the host's own issue clock, this does not rise when
+    the host runs ahead and waits for room in the launch queue."""
+    timed = [r for r in requests if r.started_ms and len(r.started_ms) == len(r.emitted_ms) - 1]
+    if not timed:
+        return None
+    idle = sum(max(0.0, start - emitted) for r in timed for start, emitted in zip(r.started_ms, r.emitted_ms))
+    return idle / sum(r.output_tokens - r.counts[0] for r in timed)
 
 
 def _achieved_gbps(decoding: list[RequestTiming], bound: BandwidthBound, measured_ms: float) -> Optional[float]:

@@ -48,6 +48,8 @@ def generate_speculative(target, draft, prompt: torch.Tensor, new_tokens: int, k
             clock.emit(1)
     with timer.phase("decode"), mark("decode"):
         while produced < new_tokens:
+            if clock is not None:
+                clock.step_begins()
             emitted, accepted = _round(target, draft, token, k)
             take = min(accepted + 1, new_tokens - produced)
             pieces.append(emitted[:, :take])

@@ -116,8 +116,8 @@ def add_generation_rows(table: Table, generation: dict) -> None:
                       f"{compiled['decode_sdpa'].split(' ')[0]}" +
                       (f" · CUDA graphs by {graphs}" if graphs else "") +
                       (f" · CUDA-graph skips {skips}" if skips is not None else "") +
-                      (f" · host issues a step in {fmt(bound['host_issue_ms_per_token'], 3)} ms"
-                       if bound.get("host_issue_ms_per_token") is not None else ""))
+                      (f" · device waits {fmt(bound['device_wait_ms_per_token'], 3)} ms per token for the host"
+                       if bound.get("device_wait_ms_per_token") is not None else ""))
     speculative = generation.get("speculative")
     if speculative and speculative.get("acceptance_rate") is not None:
         table.add_row("speculative", f"K={speculative['k']} · acceptance {fmt(100 * speculative['acceptance_rate'])}% · "
