@@ -4,7 +4,8 @@
     BENCH_SERVE_ONLY=resnet50 python -m benchmarks.bench_serve --out DIR     # experiments whose name has it
 
 For resnet50 (bf16 + channels-last + torch.compile) and the transformer workload (bf16 + compile, seq_len 256),
-and each again eager with the engine's CUDA graphs ("resnet50 cuda-graphs", "transformer cuda-graphs"):
+and each again eager with the engine's CUDA graphs ("resnet50 cuda-graphs", "transformer cuda-graphs"), and
+resnet50 compiled and captured by the engine ("resnet50 compile+cuda-graphs"):
 - offline: every query at once, full batches on two instances: the samples/s ceiling;
 - server: seeded Poisson arrivals, the max QPS whose p99 latency is at most 15 ms (widen, then bisect to 10%);
   the ratio server / offline is the figure LoadGen's submitters quote (NVIDIA's H100 TensorRT ResNet-50
@@ -73,6 +74,10 @@ def experiments(full: bool) -> list[ServeExperiment]:
     graphed = ((64, 2.0, 2), (96, 3.0, 2), (64, 2.0, 3), (96, 3.0, 3))
     return [ServeExperiment("resnet50", {**resnet, "compile": "default"}, 256, ((64, 2.0, 2),)),
             ServeExperiment("resnet50", {**resnet, "cuda_graphs": True}, 256, graphed, label="cuda-graphs"),
+            # Inductor's kernels, captured by the engine (compile default + cuda-graphs): the configuration
+            # without the launch-bound small batches
+            ServeExperiment("resnet50", {**resnet, "compile": "default", "cuda_graphs": True}, 256, graphed[:3],
+                            label="compile+cuda-graphs"),
             ServeExperiment("transformer", {**transformer, "compile": "default"}, 64, ((32, 2.0, 2),), seq),
             ServeExperiment("transformer", {**transformer, "cuda_graphs": True}, 64,
                             ((32, 2.0, 2), (64, 4.0, 2), (32, 2.0, 3)), seq, label="cuda-graphs")]

@@ -106,8 +106,10 @@ class RunConfig:
     compile: Optional[str] = option("--compile", str, "torch.compile the model (mode: default; in a sweep, a list "
                                     "of modes, none for eager)", MODEL, choices=COMPILE_MODES, const="default",
                                     metavar="MODE", changes_numerics=True, commands=RUN_AND_SERVE, conflicts=(
-                                        Conflict("cuda_graphs", "--compile and --cuda-graphs both capture the step; "
-                                                 "use --compile reduce-overhead for graphs"),))
+                                        Conflict("cuda_graphs", "--compile reduce-overhead and max-autotune capture "
+                                                 "CUDA graphs themselves; with --cuda-graphs use --compile default "
+                                                 "(perflab captures the compiled step)",
+                                                 when=("reduce-overhead", "max-autotune")),))
     cuda_graphs: bool = option("--cuda-graphs", bool, "capture the step as a CUDA graph and replay it", MODEL, False,
                                changes_numerics=True, needs_cuda=True, commands=RUN_AND_SERVE, conflicts=(
                                    Conflict("augment", SECOND_STREAM, value="gpu-stream"),

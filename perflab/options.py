@@ -26,8 +26,8 @@ NONE_WORD = "none"  # in a sweep list, "none" means the option's unset value (e.
 
 @dataclass(frozen=True)
 class Conflict:
-    """This option (when its value is `when`, or whenever it is set) cannot be combined with `other` set to
-    `value` (one value, a tuple of values, or None: set to anything)."""
+    """This option (when its value is `when`: one value or a tuple of values; or whenever it is set) cannot be combined
+    with `other` set to `value` (one value, a tuple of values, or None: set to anything)."""
 
     other: str
     reason: str
@@ -35,7 +35,7 @@ class Conflict:
     when: Any = None
 
     def applies(self, config: Any, own_value: Any) -> bool:
-        if self.when is not None and own_value != self.when:
+        if self.when is not None and own_value not in (self.when if isinstance(self.when, tuple) else (self.when,)):
             return False
         other_value = getattr(config, self.other)
         if self.value is None:

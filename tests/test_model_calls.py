@@ -167,7 +167,9 @@ def test_running_out_of_memory_in_forward_is_not_called_the_users_fault():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("mode", ["train", "infer"])
-@pytest.mark.parametrize("levers", [{"cuda_graphs": True}, {"compile": "default", "precision": "bf16"}])
+@pytest.mark.parametrize("levers", [{"cuda_graphs": True}, {"compile": "default", "precision": "bf16"},
+                                    {"compile": "default", "cuda_graphs": True, "precision": "bf16"}],
+                         ids=["graphs", "compile", "compile+graphs"])
 def test_graphed_and_compiled_steps_call_a_dict_input_model_and_pass_the_gate(mode, levers):
     plugin = str(Path(__file__).resolve().parent / "plugins" / "dict_model.py")
     cfg = RunConfig(workload=plugin, device="cuda", batch_size=4, steps=3, warmup=2, trials=1, mode=mode,

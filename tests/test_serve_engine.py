@@ -122,11 +122,12 @@ def test_several_instances_answer_every_query_with_the_output_of_its_sample():
 
 
 @pytest.mark.cuda
-def test_gpu_batches_go_from_the_pinned_pool_to_the_device_buffer_and_graphs_replay_on_it():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compile-default"])
+def test_gpu_batches_go_from_the_pinned_pool_to_the_device_buffer_and_graphs_replay_on_it(compiled):
     workload = conv_workload()
     device = torch.device("cuda")
     cfg = RunConfig(workload="tiny-conv", device="cuda", mode="infer", batch_size=8, channels_last=True,
-                    cuda_graphs=True)
+                    cuda_graphs=True, compile="default" if compiled else None)  # compiled: the engine captures it
     plan = build_plan(workload, cfg, device)
     images = workload.dataset.tensors[0]
     pool = stage_pool(images, SAMPLES, device, plan.memory_format)
