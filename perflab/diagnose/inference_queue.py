@@ -11,6 +11,7 @@ UNDERFILLED_PCT = 50.0  # mean batch fill below this is under-filled
 BUSY_PCT = 70.0  # an instance busier than this has little room left
 FULL_PCT = 90.0  # batches this full are limited by --max-batch
 OVERLOADED = 0.95  # achieved below this share of offered: the server does not keep up
+PADDED_PCT = 15.0  # padding past this share of the samples computed is worth fewer, finer buckets
 
 
 def _focus_point(serve: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -99,6 +100,13 @@ def _advice(point, settings, serve, fill, busy, gpu_util, offered, achieved, cei
         util = "" if gpu_util is None else f" while the GPU is {gpu_util:.0f}% utilised"
         advice.append(f"--instances {settings['instances'] + 1}: the instances are {busy:.0f}% busy{util}; another "
                       "instance overlaps copies and launches with compute")
+    padded, served = point.get("padded_samples") or 0, point.get("completed") or 0
+    if padded and 100 * padded / (padded + served) >= PADDED_PCT and settings.get("buckets"):
+        step = settings.get("bucket_step")
+        now = f" (now {step})" if step else ""
+        advice.append(f"{100 * padded / (padded + served):.0f}% of the samples computed were padding (batches run at "
+                      f"the next of {settings['buckets']}): a lower --bucket-step{now} pads less, at the cost of "
+                      "more shapes to compile or capture in warm-up")
     if offered and achieved < OVERLOADED * offered:
         cap = serve.get("max_qps")
         limit = f" (admit at most {cap:,.0f} queries/s, the max QPS that met the bound)" if cap else ""

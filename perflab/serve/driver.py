@@ -186,7 +186,7 @@ def _record_head(serve_cfg: ServeConfig, cfg: RunConfig, engines: list, estimate
         "settings": {"max_batch": cfg.batch_size, "batch_timeout_ms": serve_cfg.batch_timeout_ms,
                      "instances": serve_cfg.instances, "p99_ms": serve_cfg.p99_ms,
                      "duration_s": serve_cfg.duration_s, "min_queries": serve_cfg.min_queries,
-                     "buckets": getattr(engines[0], "sizes", None),
+                     "buckets": getattr(engines[0], "sizes", None), "bucket_step": serve_cfg.bucket_step,
                      "harness_late_ms": late_threshold_ms(serve_cfg)},
         "estimated_samples_per_s": estimate,
         "points": [],
