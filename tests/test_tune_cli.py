@@ -86,3 +86,23 @@ def test_tune_resumes_after_sigint_without_repeating_a_trial(tmp_path):
     assert len(lines) == len({json.loads(line)["key"] for line in lines})  # no trial recorded twice
     assert rows[0] == first[0] and start_result.stat().st_mtime_ns == stamp  # the start was not run again
     assert [row["name"] for row in rows] == ["00-start", "01-profile-start"]
+
+
+def test_resume_with_only_the_directory_restores_the_recorded_objective_and_serve_settings(tmp_path, capsys):
+    import pytest
+    from perflab.cli.tune import _recorded_settings
+    from perflab.errors import PerflabError
+    from perflab.serve.config import ServeConfig
+    from perflab.tune.settings import TuneConfig
+    started = TuneConfig(objective="max-qps", budget="90s", serve=ServeConfig(p99_ms=20.0, instances=2))
+    (tmp_path / "tune.json").write_text(json.dumps({"settings": started.to_dict()}))
+    restored = _recorded_settings(tmp_path)
+    assert restored.objective == "max-qps" and restored.budget == "90s"
+    assert restored.serve.p99_ms == 20.0 and restored.serve.instances == 2
+    # no tune.json (the tune was killed) but serve trials in the journal: refused rather than resumed as throughput
+    (tmp_path / "tune.json").unlink()
+    (tmp_path / "tune.jsonl").write_text(json.dumps({"index": 0, "kind": "serve", "key": "k"}) + "\n")
+    with pytest.raises(PerflabError, match="holds a max-qps tune but no tune.json"):
+        _recorded_settings(tmp_path)
+    assert main(["tune", "--resume", "--out", str(tmp_path)]) == 2
+    assert "give its options again" in capsys.readouterr().err

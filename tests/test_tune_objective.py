@@ -115,6 +115,47 @@ def test_max_qps_candidate_that_fails_the_quality_gate_is_rejected(tmp_path):
     assert "quality gate" in link["why"]
 
 
+class QueueBoundServeTrials(FakeServeTrials):
+    """Serve trials whose records show a busy instance and an idle GPU (the inference-queue rule proposes one more
+    instance); a second instance raises the max QPS by `second_instance`, a third changes nothing."""
+
+    def __init__(self, second_instance: float):
+        super().__init__({})
+        self.second_instance = second_instance
+
+    def __call__(self, cfg, kind, out, time_limit_s=None, serve=None) -> TrialOutcome:
+        outcome = super().__call__(cfg, kind, out, time_limit_s, serve)
+        if kind != "serve":
+            return outcome
+        max_qps = 1000.0 * (self.second_instance if serve.instances >= 2 else 1.0)
+        result = serve_result(cfg, max_qps)
+        tail = {"queue_wait": 30.0, "batch_formation": 1.0, "dispatch_delay": 0.1, "copy_in": 0.2, "compute": 8.0,
+                "copy_out": 0.1}
+        failing = {"scenario": "server", "offered_qps": 1.2 * max_qps, "achieved_qps": 1.1 * max_qps,
+                   "completed": 500, "harness_late": False, "meets_bound": False, "passed": False,
+                   "latency_ms": {"p99": 60.0}, "time_ms": {"mean": tail, "tail": tail}, "batch_fill_pct": 60.0,
+                   "batch_mean": 4.8, "instance_busy_pct": 95.0, "gpu": {"util_mean_pct": 40.0}}
+        result.metrics["serve"]["points"].append(failing)
+        result.metrics["serve"]["settings"] = {"max_batch": 8, "batch_timeout_ms": 2.0, "p99_ms": 50.0,
+                                               "instances": serve.instances, "buckets": None, "bucket_step": 16}
+        result.save(out)
+        return TrialOutcome(OK, 1.0, result=Result.load(out))
+
+
+def test_max_qps_tune_tries_the_serve_settings_the_queue_diagnosis_proposes_once_no_lever_is_left(tmp_path):
+    trials = QueueBoundServeTrials(second_instance=1.4)
+    summary = tune_max_qps(tmp_path, trials, compute_bound(), max_trials=30, exclude=[
+        name for name in ("bf16", "tf32", "fp16", "channels-last", "compile", "cudnn-benchmark", "cuda-graphs")])
+    settings_links = [link for link in summary["chain"] if link["lever"] == "instances"]
+    assert [link["label"] for link in settings_links] == ["instances=2", "instances=3"]
+    assert settings_links[0]["kept"] and not settings_links[1]["kept"]  # a third instance: inside the resolution
+    assert settings_links[0]["proposed_by"] == "inference queue"
+    assert summary["best"]["max_qps"] == pytest.approx(1400.0)
+    assert "--instances 2" in summary["recipe"]["command"] and "instances=2" in summary["recipe"]["snippet"]
+    serve_calls = [settings for kind, _, settings in trials.calls if kind == "serve"]
+    assert [settings.instances for settings in serve_calls][-2:] == [2, 3], [link["label"] for link in summary["chain"]]
+
+
 def test_judge_max_qps_needs_more_than_both_the_resolution_and_the_minimum_effect():
     cfg = START
     best = serve_result(cfg, 1000.0)

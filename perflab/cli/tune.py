@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
 from rich.markup import escape
 
@@ -15,7 +18,7 @@ from perflab.errors import PerflabError
 from perflab.rundir import default_run_dir
 from perflab.serve.config import ServeConfig
 from perflab.tune import TuneConfig, tune
-from perflab.tune.output import objective_figure
+from perflab.tune.output import TUNE_JSON, objective_figure
 from perflab.tune.settings import serve_settings
 from perflab.tune.journal import TUNE_JSONL
 from perflab.sweep import read_rows
@@ -56,12 +59,38 @@ def _recorded_start(out: Path) -> RunConfig:
     return RunConfig.from_dict(rows[0]["config"])
 
 
+def _recorded_settings(out: Path) -> Optional[TuneConfig]:
+    """The tune settings an earlier tune in `out` recorded in tune.json (objective, budget, serve settings, ...),
+    for --resume given nothing else; None when it wrote none. A journal of serve trials without them is refused:
+    resuming it with the default objective would mix two searches in one directory."""
+    path = out / TUNE_JSON
+    if path.is_file():
+        try:
+            recorded = json.loads(path.read_text()).get("settings")
+        except (OSError, ValueError) as err:
+            raise PerflabError(f"--resume: cannot read {path} ({err}); give the tune's options again") from None
+        if recorded:
+            serve = recorded.pop("serve", None)
+            known = {declared.name for declared in options.options_of(TuneConfig)}
+            return TuneConfig(**{k: v for k, v in recorded.items() if k in known},
+                              serve=ServeConfig(**serve) if serve else None)
+    journal = out / TUNE_JSONL
+    if journal.is_file() and any(row.get("kind") == "serve" for row in read_rows(journal)):
+        raise PerflabError(f"--resume: {out} holds a max-qps tune but no tune.json with its settings; give its "
+                           "options again (--objective max-qps --p99-ms MS ...) with --resume")
+    return None
+
+
 def handle(args: argparse.Namespace) -> int:
     changes = options.changes_from_args(TuneConfig, args, "tune")
-    serve = serve_settings(changes.get("objective", TuneConfig.objective),
-                           options.changes_from_args(ServeConfig, args, "tune"))
+    serve_given = options.changes_from_args(ServeConfig, args, "tune")
+    serve = serve_settings(changes.get("objective", TuneConfig.objective), serve_given)
     settings = TuneConfig(**changes, serve=serve).validate()
     run_changes = options.changes_from_args(RunConfig, args, "tune")
+    if settings.resume and settings.out and not run_changes and not serve_given and set(changes) <= {"resume", "out"}:
+        recorded = _recorded_settings(Path(settings.out))  # --resume --out DIR alone: the tune as it was started
+        if recorded is not None:
+            settings = replace(recorded, resume=True, out=settings.out).validate()
     if settings.resume and not run_changes:
         if not settings.out:
             raise PerflabError("--resume needs --out DIR: the directory of the tune to continue")

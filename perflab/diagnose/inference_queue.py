@@ -2,6 +2,7 @@
 under-filled at a load the model could take in fuller batches. Reads the serve metrics; needs no trace."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from perflab.diagnose.findings import INFERENCE_QUEUE, Context, Finding, clamp, rounded
@@ -82,31 +83,62 @@ def inference_queue(ctx: Context) -> Optional[Finding]:
                    expected_gain_pct=gain[0], gain_basis=gain[1])
 
 
-def _advice(point, settings, serve, fill, busy, gpu_util, offered, achieved, ceiling) -> list[str]:
-    """Batching policy, instances and admission control, each with the number that calls for it."""
-    advice = []
+@dataclass(frozen=True)
+class SettingChange:
+    """One change to the serve settings the rule proposes: a ServeConfig field, its new value, and why (one line
+    that also names the flag, as the advice shows it). `perflab tune --objective max-qps` tries these."""
+
+    option: str
+    value: Any
+    why: str
+
+
+def setting_changes(serve: dict[str, Any]) -> list[SettingChange]:
+    """The batching policy, instance count and bucket step the serve record's focus point calls for."""
+    point = _focus_point(serve)
+    if point is None:
+        return []
+    return _setting_changes(point, serve["settings"], (point.get("gpu") or {}).get("util_mean_pct"))
+
+
+def _setting_changes(point, settings, gpu_util) -> list[SettingChange]:
+    changes = []
+    fill, busy, offered = point["batch_fill_pct"], point["instance_busy_pct"], point["offered_qps"]
     max_batch, timeout_ms, bound = settings["max_batch"], settings["batch_timeout_ms"], settings["p99_ms"]
     if fill >= FULL_PCT:
-        advice.append(f"batches are {fill:.0f}% full: raise --max-batch above {max_batch} (e.g. {2 * max_batch})")
+        changes.append(SettingChange("max_batch", 2 * max_batch, f"batches are {fill:.0f}% full: raise --max-batch "
+                                     f"above {max_batch} (e.g. {2 * max_batch})"))
     elif fill < UNDERFILLED_PCT and busy >= BUSY_PCT:
         # Long enough to gather half a batch at this rate, but well inside the latency bound.
-        wait_ms = min(1000 * (max_batch / 2) / max(offered, 1e-9), bound / 3)
+        wait_ms = round(min(1000 * (max_batch / 2) / max(offered, 1e-9), bound / 3), 1)
         if wait_ms > timeout_ms:
-            advice.append(f"batches average {point['batch_mean']:.1f} of {max_batch}: raise --batch-timeout-ms from "
-                          f"{timeout_ms:g} to about {wait_ms:.1f} so batches fill")
-    if point["time_ms"]["tail"].get("batch_formation", 0.0) > bound / 2:
-        advice.append(f"lower --batch-timeout-ms (now {timeout_ms:g}): forming a batch takes half the p99 bound")
+            changes.append(SettingChange("batch_timeout_ms", wait_ms, f"batches average {point['batch_mean']:.1f} of "
+                                         f"{max_batch}: raise --batch-timeout-ms from {timeout_ms:g} to about "
+                                         f"{wait_ms:.1f} so batches fill"))
+    if point["time_ms"]["tail"].get("batch_formation", 0.0) > bound / 2 and timeout_ms > 0:
+        changes.append(SettingChange("batch_timeout_ms", round(timeout_ms / 2, 2), f"lower --batch-timeout-ms "
+                                     f"(now {timeout_ms:g}, e.g. {timeout_ms / 2:g}): forming a batch takes half the "
+                                     "p99 bound"))
     if busy >= BUSY_PCT and (gpu_util is None or gpu_util < 80.0):
         util = "" if gpu_util is None else f" while the GPU is {gpu_util:.0f}% utilised"
-        advice.append(f"--instances {settings['instances'] + 1}: the instances are {busy:.0f}% busy{util}; another "
-                      "instance overlaps copies and launches with compute")
+        changes.append(SettingChange("instances", settings["instances"] + 1, f"--instances {settings['instances'] + 1}"
+                                     f": the instances are {busy:.0f}% busy{util}; another instance overlaps copies "
+                                     "and launches with compute"))
     padded, served = point.get("padded_samples") or 0, point.get("completed") or 0
+    step = settings.get("bucket_step")
     if padded and 100 * padded / (padded + served) >= PADDED_PCT and settings.get("buckets"):
-        step = settings.get("bucket_step")
         now = f" (now {step})" if step else ""
-        advice.append(f"{100 * padded / (padded + served):.0f}% of the samples computed were padding (batches run at "
-                      f"the next of {settings['buckets']}): a lower --bucket-step{now} pads less, at the cost of "
-                      "more shapes to compile or capture in warm-up")
+        changes.append(SettingChange("bucket_step", max(1, (step or 2) // 2),
+                                     f"{100 * padded / (padded + served):.0f}% of the samples computed were padding "
+                                     f"(batches run at the next of {settings['buckets']}): a lower --bucket-step{now} "
+                                     "pads less, at the cost of more shapes to compile or capture in warm-up"))
+    return changes
+
+
+def _advice(point, settings, serve, fill, busy, gpu_util, offered, achieved, ceiling) -> list[str]:
+    """Batching policy, instances and bucket step (setting changes), and admission control, each with the number
+    that calls for it."""
+    advice = [change.why for change in _setting_changes(point, settings, gpu_util)]
     if offered and achieved < OVERLOADED * offered:
         cap = serve.get("max_qps")
         limit = f" (admit at most {cap:,.0f} queries/s, the max QPS that met the bound)" if cap else ""

@@ -8,19 +8,24 @@
 
 With --objective max-qps a measured trial (the start, each candidate) is `perflab serve --find-max-qps` and is
 judged by its max QPS (perflab/tune/objective.py); the profiles behind the diagnosis stay `perflab profile` of
-the inference step at the max batch, so the levers are still ranked from where the step's time goes.
+the inference step at the max batch, so the levers are still ranked from where the step's time goes. Once no
+model lever is left, the serve settings that the best trial's own inference-queue diagnosis proposes (max batch,
+batch timeout, instances, bucket step: perflab.diagnose.inference_queue.setting_changes) are tried the same way.
 
 Every trial is one row of tune.jsonl written before the next begins; on --resume the loop replays and
 reuses the recorded rows (its choices depend only on them), so nothing is lost and nothing is run twice.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from perflab import options
 from perflab.config import RunConfig
+from perflab.diagnose.findings import INFERENCE_QUEUE
 from perflab.errors import PerflabError
 from perflab.levers import all_levers
 from perflab.results import Result
@@ -28,11 +33,14 @@ from perflab.tune import candidates as search
 from perflab.tune import ordering
 from perflab.tune.candidates import usable_cpus
 from perflab.tune.decision import Decision, judge, not_measured
-from perflab.tune.objective import SERVE, judge_max_qps, max_qps_of, serve_refusal
+from perflab.serve.config import ServeConfig
+from perflab.tune.objective import SERVE, judge_max_qps, max_qps_of, serve_record, serve_refusal
 from perflab.tune.journal import Journal, trial_key
 from perflab.tune.retry import NoiseRetries
 from perflab.tune.settings import MAX_QPS, TuneConfig, strict_tolerances
 from perflab.tune.trial import OK, OOM, PROFILE_STEPS, QUALITY_FAIL, TrialOutcome, run_trial, trial_figures
+
+SERVE_SETTING = "serve-setting"  # the search kind of a serve-settings candidate (max-qps objective)
 
 TRIALS_DIR = "trials"
 NEAR_PEAK_BUSY_PCT = 95.0
@@ -118,6 +126,10 @@ class Tuner:
         self.plain_trial_s: Optional[float] = None  # wall time of the trial compile=default was judged against
         self.compile_extra_s: Optional[float] = None  # what compile=default's trial took beyond that one
         self.best_cfg = self.start
+        # --objective max-qps: the serve settings of the best trial (the batching policy tune may change, once no
+        # model lever is left, as the best trial's own inference-queue diagnosis proposes)
+        self.serve_cfg = settings.serve
+        self.tried_settings: set[str] = set()
         self.best: Optional[Result] = None
         self.best_row: Optional[dict[str, Any]] = None
         self.baseline_row: Optional[dict[str, Any]] = None
@@ -150,8 +162,13 @@ class Tuner:
                     return "near the peak: the GPU is busy and MFU is near the calibrated peak; nothing left to win"
                 trials_before = self.count
                 if not self._try_levers():
+                    if self.measure == SERVE and self._try_serve_settings():
+                        continue
                     if self.count == trials_before:
                         return self._nothing_to_try()
+                    if self.measure == SERVE:
+                        return ("no lever or serve setting won: every proposed lever and every setting the queue "
+                                "diagnosis proposed was tried, refused or lost")
                     return "no lever won: every proposed lever was tried, refused or lost"
         except BudgetSpent as stop:
             return str(stop)
@@ -194,6 +211,36 @@ class Tuner:
                 return True
         if self.settings.tune_batch and search.BATCH_LEVER not in self.settled:
             return self._search_batch()
+        return False
+
+    def _try_serve_settings(self) -> bool:
+        """With --objective max-qps, once no model lever is left: each serve setting the best trial's own
+        inference-queue diagnosis proposes (max batch, batch timeout, instances, bucket step), against the best;
+        True when one was kept (the next round reads the new best's diagnosis)."""
+        from perflab.diagnose.inference_queue import setting_changes
+        for change in setting_changes(serve_record(self.best)):
+            flag = options.option_named(ServeConfig, change.option).flag.lstrip("-")
+            label = f"{flag}={change.value:g}" if isinstance(change.value, float) else f"{flag}={change.value}"
+            if label in self.tried_settings:
+                continue
+            self.tried_settings.add(label)
+            serve_cfg = dataclasses.replace(self.serve_cfg, **{change.option: change.value})
+            try:
+                serve_cfg.validate()
+            except PerflabError as err:
+                self.skipped[label] = str(err)
+                continue
+            self._check_budget()
+            context = {"lever": flag, "label": label, "option": change.option, "value": change.value,
+                       "search": SERVE_SETTING, "against": self.best_row["name"], "bottleneck": INFERENCE_QUEUE,
+                       "proposed_by": INFERENCE_QUEUE, "why_proposed": change.why}
+            row, result = self._trial(self._trial_config(self.best_cfg), SERVE, label, context,
+                                      judge_against=self.best, serve_cfg=serve_cfg)
+            self.chain.append(row)
+            if row["decision"]["kept"]:
+                self.serve_cfg = serve_cfg
+                self.best, self.best_row = result, row
+                return True
         return False
 
     def _search_lever(self, proposal: search.Proposal) -> bool:
@@ -321,10 +368,12 @@ class Tuner:
         return row["decision"]["kept"]
 
     def _trial(self, cfg: RunConfig, kind: str, label: str, context: Optional[dict[str, Any]] = None,
-               judge_against: Optional[Result] = None, time_limit_s: Optional[float] = None
-               ) -> tuple[dict[str, Any], Optional[Result]]:
-        """Run (or reuse from tune.jsonl) one trial; record it, with its decision, before returning."""
-        key = trial_key(cfg, kind, self.settings.serve if kind == SERVE else None)
+               judge_against: Optional[Result] = None, time_limit_s: Optional[float] = None,
+               serve_cfg: Optional[ServeConfig] = None) -> tuple[dict[str, Any], Optional[Result]]:
+        """Run (or reuse from tune.jsonl) one trial; record it, with its decision, before returning. A serve trial
+        runs under the best serve settings, or `serve_cfg`."""
+        serve_cfg = serve_cfg or self.serve_cfg
+        key = trial_key(cfg, kind, serve_cfg if kind == SERVE else None)
         name = f"{self.count:02d}-{_slug(label)}"
         row = self.journal.get(key)
         reused = row is not None
@@ -332,7 +381,7 @@ class Tuner:
             self.observer.trial_started(name, kind)
             limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
             if kind == SERVE:
-                limit["serve"] = self.settings.serve
+                limit["serve"] = serve_cfg
             outcome = self.runner(cfg, kind, self.out / TRIALS_DIR / name, **limit)
             row = self._row(key, name, kind, label, cfg, outcome, context or {})
             if judge_against is not None:

@@ -76,7 +76,7 @@ def tune_summary(tuner, stop_reason: str, command: list[str]) -> dict[str, Any]:
         "diagnoses": tuner.diagnoses,
         "chain": [chain_link(row) for row in tuner.chain],
         "notes": list(tuner.notes),
-        "recipe": recipe(tuner.best_cfg, tuner.start, tuner.settings.serve),
+        "recipe": recipe(tuner.best_cfg, tuner.start, tuner.serve_cfg),
     }
 
 
