@@ -79,7 +79,8 @@ class TuneConfig:
     out: Optional[str] = option("--out", str, "tune directory (default: runs/<timestamp>-<workload>-tune)", OUTPUT,
                                 metavar="DIR", commands=TUNE)
     resume: bool = option("--resume", bool, "continue the tune in --out: trials already in tune.jsonl are reused, "
-                          "not re-run", OUTPUT, False, commands=TUNE)
+                          "not re-run; given only --out, the recorded start and settings are used", OUTPUT, False,
+                          commands=TUNE)
     serve: Optional[ServeConfig] = None  # max-qps: the settings of every serve trial (--find-max-qps is set)
 
     def validate(self) -> "TuneConfig":
