@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from typing import Optional
 
 import torch
 
+from benchmarks.bench_levers import slug
 from benchmarks.common import Rows, parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,13 +170,8 @@ def rounds_study(rows: Rows, out: Path, name: str, script: str, script_args: lis
 
 
 def _median(values: list[Optional[float]]) -> Optional[float]:
-    done = sorted(v for v in values if v)
-    return float(done[len(done) // 2]) if len(done) % 2 else (sum(done[len(done) // 2 - 1:len(done) // 2 + 1]) / 2
-                                                              if done else None)
-
-
-def slug(text: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in text)
+    done = [v for v in values if v]
+    return float(statistics.median(done)) if done else None
 
 
 def run_area(out: Path, quick: bool) -> list[dict]:

@@ -24,7 +24,8 @@ def register(subparsers) -> None:
                     "arrivals at --qps, or --find-max-qps under --p99-ms), offline (every query at once) or "
                     "single-stream (one at a time). A dynamic batcher (--max-batch, --batch-timeout-ms) reads the "
                     "arrivals off the seeded schedule (no thread issues queries) and feeds --instances model "
-                    "copies. Each point is saved to <out>/result.json as it finishes; Ctrl-C keeps finished points. Levers that change numerics get the quality gate after the points (as in "
+                    "copies. Each point is saved to <out>/result.json as it finishes; Ctrl-C keeps finished points. "
+                    "Levers that change numerics get the quality gate after the points (as in "
                     "perflab run); a failed gate saves the result and exits 1. See docs/serve.md.")
     add_run_options(parser, "serve")
     options.add_arguments(parser, ServeConfig, "serve")

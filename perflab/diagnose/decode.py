@@ -11,8 +11,8 @@ the limit even for a compiled step (Dynamo's guards, CUDA-graph bookkeeping, lau
 figure also rises when the device's launch queue is full (the host then waits for room; on the H100 it read
 0.71-0.8 of a device-bound step), so it counts only when it fills 90% of the step. The device's own idle time
 between steps (device_wait_ms_per_token: from each output to the next step's start, on the device's clock) is the
-second signal: a device idle for a quarter of each step waits for the host's loop. A step that replays as one CUDA graph and still sits below the bound is
-not launch-bound: its kernels read below the bandwidth (kernel efficiency).
+second signal: a device idle for a quarter of each step waits for the host's loop. A step that replays as one CUDA
+graph and still sits below the bound is not launch-bound: its kernels read below the bandwidth (kernel efficiency).
 """
 from __future__ import annotations
 
@@ -83,8 +83,9 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
                                                / bound["measured_ms_per_token"] / 4),
                         f"{step}; {waited}: host-bound", evidence,
                         [], active,
-                        ["with --option decode_graphs=inductor, check generation.decode_compile.cudagraph_skips (0: the "
-                         "step replays as one CUDA graph); perflab's own capture (the default) runs the guards once",
+                        ["with --option decode_graphs=inductor, check generation.decode_compile.cudagraph_skips "
+                         "(0: the step replays as one CUDA graph); perflab's own capture (the default) runs the "
+                         "guards once",
                          "per-call host cost grows with the number of guarded weights (tensor-subclass weights "
                          "cost most): TORCH_LOGS=guards lists them"])
     if pct >= NEAR_BOUND_PCT:

@@ -58,7 +58,7 @@ def inference_queue(ctx: Context) -> Optional[Finding]:
     gpu_util = (point.get("gpu") or {}).get("util_mean_pct")
     if gpu_util is not None:
         evidence["gpu_util_pct"] = gpu_util
-    advice = _advice(point, settings, serve, fill, busy, gpu_util, offered, achieved, ceiling)
+    advice = _advice(point, settings, serve, gpu_util, offered, achieved, ceiling)
     gain = (queue_share, "share of the p99 tail latency spent waiting for a free instance")
     if queue_share >= DOMINANT_SHARE_PCT:
         summary = (f"queue wait is {queue_share:.0f}% of the tail (p99 {p99:.1f} ms at {offered:,.0f} queries/s "
@@ -135,7 +135,7 @@ def _setting_changes(point, settings, gpu_util) -> list[SettingChange]:
     return changes
 
 
-def _advice(point, settings, serve, fill, busy, gpu_util, offered, achieved, ceiling) -> list[str]:
+def _advice(point, settings, serve, gpu_util, offered, achieved, ceiling) -> list[str]:
     """Batching policy, instances and bucket step (setting changes), and admission control, each with the number
     that calls for it."""
     advice = [change.why for change in _setting_changes(point, settings, gpu_util)]

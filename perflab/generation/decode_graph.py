@@ -16,7 +16,7 @@ from typing import Callable, ContextManager
 
 import torch
 
-WARMUP_CALLS = 2  # on a side stream before capture, as the CUDA graphs docs ask; the first compiles and tunes
+from perflab.harness.graph_capture import capture_graph
 
 
 @dataclass
@@ -55,15 +55,8 @@ class CapturedDecode:
     def _capture(self, tokens: torch.Tensor, start: int) -> _Captured:
         static_tokens = tokens.clone(memory_format=torch.contiguous_format)
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
-        side = torch.cuda.Stream(tokens.device)
-        side.wait_stream(torch.cuda.current_stream(tokens.device))
-        with torch.cuda.stream(side), self.attention():
-            for _ in range(WARMUP_CALLS):
-                self.step(static_tokens, positions)
-        torch.cuda.current_stream(tokens.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with self.attention(), torch.cuda.graph(graph, pool=self.pool):
-            logits, chosen = self.step(static_tokens, positions)
+        with self.attention():  # the first warm-up call compiles and tunes the step
+            graph, (logits, chosen) = capture_graph(lambda: self.step(static_tokens, positions), pool=self.pool)
         return _Captured(graph, static_tokens, positions, logits, chosen)
 
     def close(self) -> None:

@@ -53,14 +53,26 @@ class RequestTiming:
         return gaps
 
 
+@dataclass
+class RequestMarks:
+    """One request's marks as the TokenClock records them (CUDA events, or host-clock seconds on a CPU)."""
+
+    start: Any
+    batch: int
+    prompt_len: int
+    host_start: float
+    outputs: list[Any] = field(default_factory=list)  # one mark per group of tokens out
+    counts: list[int] = field(default_factory=list)  # tokens in each group
+    issued: list[float] = field(default_factory=list)  # host clock when each group's work had been issued
+    step_starts: list[Any] = field(default_factory=list)  # one mark per decode step, before it is issued
+
+
 class TokenClock:
     """Marks request starts and token outputs without synchronising; read after the device is synchronised."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        # per request: start mark, output marks, counts, batch, prompt length, host start, host issue times,
-        # decode-step start marks
-        self.requests: list[tuple[Any, list[Any], list[int], int, int, float, list[float], list[Any]]] = []
+        self.requests: list[RequestMarks] = []
 
     def _now(self) -> Any:
         if self.cuda:
@@ -70,17 +82,17 @@ class TokenClock:
         return time.perf_counter()
 
     def begin(self, batch: int, prompt_len: int) -> None:
-        self.requests.append((self._now(), [], [], batch, prompt_len, time.perf_counter(), [], []))
+        self.requests.append(RequestMarks(self._now(), batch, prompt_len, time.perf_counter()))
 
     def step_begins(self) -> None:
         """A decode step is about to be issued (after the first output): marks where the device starts it."""
-        self.requests[-1][7].append(self._now())
+        self.requests[-1].step_starts.append(self._now())
 
     def emit(self, count: int) -> None:
-        _, marks, counts, _, _, _, issued, _ = self.requests[-1]
-        marks.append(self._now())
-        counts.append(count)
-        issued.append(time.perf_counter())  # the host's own clock: how fast it issues the steps
+        request = self.requests[-1]
+        request.outputs.append(self._now())
+        request.counts.append(count)
+        request.issued.append(time.perf_counter())  # the host's own clock: how fast it issues the steps
 
     def clear(self) -> None:
         self.requests.clear()
@@ -90,10 +102,10 @@ class TokenClock:
 
     def timings(self) -> list[RequestTiming]:
         """Every request recorded since the last clear (call after synchronising the device)."""
-        return [RequestTiming(batch, prompt_len, [self._ms(start, mark) for mark in marks], list(counts),
-                              [(at - host_start) * 1e3 for at in issued],
-                              [self._ms(start, mark) for mark in starts] or None)
-                for start, marks, counts, batch, prompt_len, host_start, issued, starts in self.requests if marks]
+        return [RequestTiming(r.batch, r.prompt_len, [self._ms(r.start, mark) for mark in r.outputs], list(r.counts),
+                              [(at - r.host_start) * 1e3 for at in r.issued],
+                              [self._ms(r.start, mark) for mark in r.step_starts] or None)
+                for r in self.requests if r.outputs]
 
 
 # ---------------------------------------------------------------------------------------------- SLOs

@@ -46,13 +46,12 @@ class DecoderSession:
         if compile_mode is not None:
             if not static:
                 raise PerflabError("compiling the decode step needs fixed shapes: add --kv-cache static")
-            capture = device.type == "cuda" and wants_graphs(compile_mode) and graphs == "perflab"
+            graphs_by = graphs if device.type == "cuda" and wants_graphs(compile_mode) else None
+            capture = graphs_by == "perflab"
             self.compiled, options = compile_decode(self._step, compile_mode, tuned, inductor_graphs=not capture)
             self.attention, attention_name = decode_attention(tuned, sdpa)
             if capture:
                 self.captured = CapturedDecode(self.compiled, self.attention)
-            graphs_by = ("perflab" if capture else "inductor") if device.type == "cuda" and wants_graphs(
-                compile_mode) else None
             self.compile_settings = {"mode": compile_mode, "decode_tuning": "gpt-fast" if tuned else "off",
                                      "inductor_options": options, "decode_sdpa": attention_name,
                                      "graphs": graphs_by}

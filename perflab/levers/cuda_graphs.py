@@ -8,9 +8,8 @@ import torch
 
 from perflab.harness.calls import call_loss, call_model
 from perflab.harness.data import map_tensors
+from perflab.harness.graph_capture import capture_graph
 from perflab.levers import Lever
-
-WARMUP_ITERATIONS = 3  # eager iterations on a side stream before capture, as the CUDA graphs docs ask
 
 
 def copy_into(static: Any, batch: Any) -> None:
@@ -53,15 +52,7 @@ class GraphedStep:
     def _capture(self, batch: Any) -> None:
         self.static_batch = map_tensors(batch, lambda tensor: tensor.clone())
         saved = _training_state(self.plan) if self.plan.mode == "train" else None
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_ITERATIONS):
-                self._eager_step(self.static_batch)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._eager_step(self.static_batch)
+        self.graph, _ = capture_graph(lambda: self._eager_step(self.static_batch))
         if saved is not None:
             _restore_training_state(self.plan, saved)
 

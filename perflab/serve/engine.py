@@ -5,9 +5,10 @@ model (after levers) run on them, and the batch's result rows copied back into t
 With --compile or --cuda-graphs a batch is padded up to a bucket so that only a few shapes are ever compiled or
 captured, all in warm-up: in the server scenario 1, 2, 4, ... up to --bucket-step, then its multiples up to max
 batch (powers of two alone padded a batch of 33 to 64: on the H100 the GPU was 95% busy at the max rate, so padding
-is lost throughput); max batch alone offline, 1 in single-stream. Padding costs no copy: the rows past the batch keep the samples they last held (the buffer starts
-full of real samples), and their results are not copied back. Eager models run the exact batch size. With CUDA
-graphs the input buffer is the graphs' static input: a batch is copied into it, then the graph replays."""
+is lost throughput); max batch alone offline, 1 in single-stream. Padding costs no copy: the rows past the batch
+keep the samples they last held (the buffer starts full of real samples), and their results are not copied back.
+Eager models run the exact batch size. With CUDA graphs the input buffer is the graphs' static input: a batch is
+copied into it, then the graph replays."""
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,7 @@ def buckets(max_batch: int, step: int) -> list[int]:
     while size < min(step, max_batch):
         sizes.append(size)
         size *= 2
-    sizes += range(step, max_batch, step)
-    return sorted(set(sizes)) + [max_batch]
+    return sizes + list(range(step, max_batch, step)) + [max_batch]
 
 
 def batch_shapes(scenario: str, max_batch: int, step: int) -> list[int]:

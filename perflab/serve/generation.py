@@ -104,7 +104,7 @@ class GenerationEngine:
             computed = time.perf_counter()
             host = self._copy_out(tokens)
             done = time.perf_counter()
-            copy_in_s = (self.clock.requests[0][0] - began) if self.clock.requests else 0.0
+            copy_in_s = (self.clock.requests[0].start - began) if self.clock.requests else 0.0
             return self._finish(sample_ids, host, copy_in_s, done - computed)
         began, copied, computed, done = self.events
         began.record()
@@ -113,7 +113,7 @@ class GenerationEngine:
         host = self._copy_out(tokens)
         done.record()
         done.synchronize()
-        start = self.clock.requests[0][0]  # the TokenClock's event at the prefill's start: the copy ended there
+        start = self.clock.requests[0].start  # the TokenClock's event at the prefill's start: the copy ended there
         return self._finish(sample_ids, host, began.elapsed_time(start) / 1000, computed.elapsed_time(done) / 1000)
 
     def _finish(self, sample_ids: np.ndarray, host: torch.Tensor, copy_in_s: float, copy_out_s: float
