@@ -1,6 +1,7 @@
 """Area "scripts": users' own training scripts profiled unchanged (issue 15).
 
     python -m benchmarks.bench_scripts --out DIR [--quick]
+    BENCH_SCRIPTS_ONLY=gpt python -m benchmarks.bench_scripts --out DIR   # studies whose name has it
 
 For a plain ResNet-50 training script and a plain transformers-style (GPT) training script in
 benchmarks/scripts/, each in its own process:
@@ -174,7 +175,8 @@ def _median(values: list[Optional[float]]) -> Optional[float]:
     return float(statistics.median(done)) if done else None
 
 
-def run_area(out: Path, quick: bool) -> list[dict]:
+def run_area(out: Path, quick: bool, only: str = "") -> list[dict]:
+    """Every study, or those whose name contains `only` (BENCH_SCRIPTS_ONLY=gpt: the GPT rounds and profile)."""
     rows = Rows("scripts", out)
     if not torch.cuda.is_available():
         rows.add("(area)", "status", None, note="needs a CUDA GPU: the scripts train on cuda")
@@ -183,23 +185,34 @@ def run_area(out: Path, quick: bool) -> list[dict]:
     timed = steps - WARMUP
     same = ["--steps", str(timed), "--trials", "1", "--warmup", str(WARMUP), "--no-check-quality"]
     resnet = ["--batch", "128", "--precision", "bf16", "--steps", str(steps), "--warmup", str(WARMUP)]
-    study(rows, out, "resnet50 train bs128 bf16", "resnet50_train.py", resnet, 128, "--workload resnet50",
-          ["--workload", "resnet50", "--mode", "train", "--batch", "128", "--precision", "bf16", *same])
     # the GPT script is launch-bound (the GPU idles most of each step): longer runs, interleaved rounds
     gpt_steps = 40 if quick else 200
     gpt_same = ["--steps", str(gpt_steps - WARMUP), "--trials", "1", "--warmup", str(WARMUP), "--no-check-quality"]
     gpt = ["--batch", "32", "--precision", "bf16", "--steps", str(gpt_steps), "--warmup", str(WARMUP)]
     gpt_plugin = ["--workload", str(SCRIPTS / "gpt_train.py") + ":build", "--mode", "train", "--batch", "32",
                   "--precision", "bf16", *gpt_same]
-    rounds_study(rows, out, "gpt train bs32 bf16", "gpt_train.py", gpt, 32, gpt_plugin, 1 if quick else ROUNDS)
-    perflab_result(rows, "gpt train bs32 bf16: perflab profile --",
-                   ["profile", "--warmup", str(WARMUP), *PROFILE, "--", "python", str(SCRIPTS / "gpt_train.py"), *gpt],
-                   out / "gpt_profile")
     loader = ["--batch", "128", "--precision", "bf16", "--steps", "20", "--warmup", str(WARMUP),
               "--data", "loader", "--workers", "2"]  # a slow loader: few steps are enough for the diagnosis
-    perflab_result(rows, "resnet50 train bs128 bf16, DataLoader with 2 workers: perflab profile --",
-                   ["profile", "--warmup", str(WARMUP), *PROFILE, "--", "python", str(SCRIPTS / "resnet50_train.py"),
-                    *loader], out / "resnet50_loader_profile")
+
+    def gpt_studies() -> None:
+        rounds_study(rows, out, "gpt train bs32 bf16", "gpt_train.py", gpt, 32, gpt_plugin, 1 if quick else ROUNDS)
+        perflab_result(rows, "gpt train bs32 bf16: perflab profile --",
+                       ["profile", "--warmup", str(WARMUP), *PROFILE, "--", "python", str(SCRIPTS / "gpt_train.py"),
+                        *gpt], out / "gpt_profile")
+
+    studies = [
+        ("resnet50 train", lambda: study(
+            rows, out, "resnet50 train bs128 bf16", "resnet50_train.py", resnet, 128, "--workload resnet50",
+            ["--workload", "resnet50", "--mode", "train", "--batch", "128", "--precision", "bf16", *same])),
+        ("gpt train", gpt_studies),
+        ("resnet50 loader", lambda: perflab_result(
+            rows, "resnet50 train bs128 bf16, DataLoader with 2 workers: perflab profile --",
+            ["profile", "--warmup", str(WARMUP), *PROFILE, "--", "python", str(SCRIPTS / "resnet50_train.py"),
+             *loader], out / "resnet50_loader_profile")),
+    ]
+    for name, run_study in studies:
+        if only in name:
+            run_study()
     return rows.rows
 
 
@@ -211,7 +224,7 @@ def run(out: Path, quick: bool) -> list[dict]:
 def main() -> int:
     args = parse_args()
     began = time.time()
-    run_area(args.out, args.quick)
+    run_area(args.out, args.quick, os.environ.get("BENCH_SCRIPTS_ONLY", ""))
     print(f"[scripts] done in {time.time() - began:.0f}s", flush=True)
     return 0
 
