@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from perflab.cli import main
 from perflab.config import RunConfig
@@ -15,6 +16,7 @@ from perflab.tune import tune
 from perflab.tune.decision import judge
 from perflab.tune.settings import TuneConfig, parse_duration, strict_tolerances
 from perflab.tune.trial import OK, OOM, REFUSED, TrialOutcome, classify, profile_schedule
+from perflab.workloads import load_workload
 
 START = RunConfig(workload="mlp", mode="train", batch_size=8, steps=4, warmup=1, trials=3, device="cpu")
 LEVERS = {lever.name: lever for lever in all_levers()}
@@ -177,6 +179,41 @@ def test_trial_exit_codes_are_classified(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- the loop
+
+def test_the_worker_ladder_goes_past_one_losing_rung_and_stops_after_two_in_a_row(tmp_path):
+    # as driving on the H100: 2 workers lose to the main process's many threads, 4 and 8 win, 16 loses
+    trials = FakeTrials({("workers", 2): 0.7, ("workers", 4): 2.0, ("workers", 8): 5.0, ("workers", 16): 0.5})
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("input pipeline", 0.9, ["workers"])), max_trials=20)
+    tried = [link["label"] for link in summary["chain"] if link["label"].startswith("workers")]
+    assert tried == ["workers=2", "workers=4", "workers=8"]  # 16 is past the CPU count of 8
+    assert summary["kept"] == ["workers=4", "workers=8"]
+    lost_twice = FakeTrials({("workers", 2): 0.7, ("workers", 4): 0.8, ("workers", 8): 5.0})
+    summary = run_tuner(tmp_path / "b", lost_twice, diagnosis_of(("input pipeline", 0.9, ["workers"])), max_trials=20)
+    assert [link["label"] for link in summary["chain"] if link["label"].startswith("workers")] == \
+        ["workers=2", "workers=4"] and "workers" in summary["lost"]
+
+
+def test_a_levers_refusal_is_confirmed_on_the_workload_built_for_the_candidates_settings():
+    # driving sets its batched gpu_augment only when built with augment=gpu: the start's build would refuse it
+    start = RunConfig(workload="driving", mode="train", batch_size=2, device="cuda", workload_options={"image_res": "32"})
+    built = {}
+
+    def workload_for(cfg):
+        key = None if cfg is None else cfg.augment
+        if key not in built:
+            built[key] = load_workload(start.workload, cfg or start)
+        return built[key]
+
+    candidate = search.Candidate(search.Proposal("augment-gpu", "input pipeline", None, None), "augment", "gpu",
+                                 search.ONCE)
+    lever, cfg = LEVERS["augment-gpu"], start.replace(augment="gpu")
+    assert lever.checks(cfg, workload_for(None), torch.device("cpu"))  # the start's build refuses it
+    assert search.refusal_before_trying(candidate, cfg, lever, workload_for) is None
+    assert set(built) == {None, "gpu"}
+    mlp = RunConfig(workload="mlp", mode="train", batch_size=2, device="cuda", augment="gpu")
+    refused = search.refusal_before_trying(candidate, mlp, lever, lambda cfg: load_workload("mlp", cfg or mlp))
+    assert "declares no augmentations" in refused
+
 
 def test_tune_keeps_the_winner_rejects_the_loser_and_never_retries_it(tmp_path):
     trials = FakeTrials({("precision", "bf16"): 0.7, ("workers", 2): 2.0, ("workers", 4): 4.0})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -34,6 +34,10 @@ COMPILE_SCALE = {"default": 1.0, "reduce-overhead": 1.5, "max-autotune": 10.0}
 COMPILE_WARMUP = {"default": 2, "reduce-overhead": 3, "max-autotune": 3}
 
 ONCE, LADDER, ALTERNATIVES, BATCH = "once", "ladder", "alternatives", "batch"
+# A ladder stops after this many rungs in a row that did not win, not at the first: on the H100, driving at
+# 2 DataLoader workers ran 30% slower than in the main process (whose augmentations use 16 threads; a worker
+# uses one), while 8 workers were its hand-found best.
+LADDER_PATIENCE = 2
 
 
 @dataclass(frozen=True)
@@ -208,15 +212,24 @@ def bisect_batch(good: int, out_of_memory: int) -> Optional[int]:
     return middle
 
 
-def refusal_before_trying(candidate: Candidate, cfg: RunConfig, lever: Any, workload: Any) -> Optional[str]:
+def refusal_before_trying(candidate: Candidate, cfg: RunConfig, lever: Any,
+                          workload_for: Callable[[Optional[RunConfig]], Any]) -> Optional[str]:
     """Why the candidate cannot run here, known without running it: the option table's rules on this device
     (needs CUDA, mode, conflicts), then the lever's own checks of the workload.
+
+    `workload_for(None)` is the workload built for the starting point (None when tune does not check), and
+    `workload_for(cfg)` one built for the candidate's own settings. A lever's refusal on the first is confirmed
+    on the second: a build may depend on the option (driving sets its batched gpu_augment only when
+    cfg.augment is gpu), and a workload built once for the start would refuse every such candidate.
 
     The checks get a CPU device: the one check that reads the GPU (bf16 support) would create a CUDA context
     in the tuning process, and every trial would then count that process as a neighbour on its GPU (a busy,
     unjudged measurement). A child that finds bf16 unsupported refuses it itself.
     """
     reason = options.refusal(cfg, candidate.option, cfg.device)
-    if reason is not None or workload is None or lever is None:
+    if reason is not None or lever is None:
         return reason
-    return lever.checks(cfg, workload, torch.device("cpu"))
+    shared = workload_for(None)
+    if shared is None or lever.checks(cfg, shared, torch.device("cpu")) is None:
+        return None
+    return lever.checks(cfg, workload_for(cfg), torch.device("cpu"))

@@ -111,6 +111,7 @@ class Tuner:
         self.levers = {lever.name: lever for lever in all_levers()}
         self.workload = workload  # built on first use, for the levers' refusals
         self.check_workload = check_workload and workload is None
+        self.built_for: dict[str, Any] = {}  # workloads built for candidates' settings, to confirm a refusal
         (self.out / TRIALS_DIR).mkdir(parents=True, exist_ok=True)
         self.journal = Journal(self.out, settings.resume)
         self.spent_s = 0.0
@@ -251,8 +252,10 @@ class Tuner:
         return bool(candidates) and self._search(candidates)
 
     def _search(self, candidates: list[search.Candidate]) -> bool:
-        """Try a lever's values: a ladder climbs while each step wins; alternatives are each tried."""
+        """Try a lever's values: a ladder climbs until LADDER_PATIENCE rungs in a row do not win; alternatives
+        are each tried; a one-value lever once."""
         kept_any = tried = measured = False
+        misses = 0  # ladder rungs in a row that did not win
         lever = candidates[0].lever
         for candidate in candidates:
             if not self._can_try(candidate):
@@ -262,7 +265,9 @@ class Tuner:
             kept_any = kept_any or kept
             measured = measured or self.chain[-1]["decision"].get("judged", True) and \
                 self.chain[-1]["status"] in (OK, QUALITY_FAIL)
-            if not kept and candidate.search in (search.LADDER, search.ONCE):
+            misses = 0 if kept else misses + 1
+            if candidate.search == search.ONCE or candidate.search == search.LADDER and \
+                    misses >= search.LADDER_PATIENCE:
                 break
         if tried:
             self.settled.add(lever)
@@ -298,7 +303,7 @@ class Tuner:
 
     def _can_try(self, candidate: search.Candidate) -> bool:
         cfg = self._candidate_config(candidate)
-        reason = search.refusal_before_trying(candidate, cfg, self.levers.get(candidate.lever), self._workload())
+        reason = search.refusal_before_trying(candidate, cfg, self.levers.get(candidate.lever), self._workload)
         if reason is None and self.measure == SERVE:
             reason = serve_refusal(candidate.option)
         if reason is None and candidate.search == search.ONCE:
@@ -319,12 +324,20 @@ class Tuner:
         plain_s = self.plain_trial_s if self.plain_trial_s is not None else self.best_row["wall_s"]
         return search.compile_over_budget(mode, plain_s, self.compile_extra_s, self.settings.budget_s - self.spent_s)
 
-    def _workload(self) -> Any:
-        if self.check_workload:
-            from perflab.workloads import load_workload
-            self.workload = load_workload(self.start.workload, self.start)  # on the CPU: no CUDA context
-            self.check_workload = False
-        return self.workload
+    def _workload(self, cfg: Optional[RunConfig] = None) -> Any:
+        """The workload built for the starting point (once), or for `cfg` when given (cached by its settings);
+        the one given to tune, or None, when tune builds none. Built on the CPU: no CUDA context here."""
+        if not self.check_workload:
+            return self.workload
+        from perflab.workloads import load_workload
+        if cfg is None:
+            if self.workload is None:
+                self.workload = load_workload(self.start.workload, self.start)
+            return self.workload
+        key = repr(cfg.replace(out=None))
+        if key not in self.built_for:
+            self.built_for[key] = load_workload(cfg.workload, cfg)
+        return self.built_for[key]
 
     # ------------------------------------------------------------------------------------------ one trial
 
