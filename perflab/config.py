@@ -65,8 +65,8 @@ class RunConfig:
     seed: int = option("--seed", int, "random seed for weights, data order and augmentation (default: 0)", MEASURE,
                        0, metavar="N", commands=RUN_AND_SERVE)
     min_trial_s: float = option("--min-trial-s", float, "on CUDA, a run fed by a DataLoader runs each trial at "
-                                "least this many seconds (more steps than --steps if needed), so a loader's "
-                                "bursts average out (default: 3; 0: exactly --steps)", MEASURE, 3.0,
+                                "least this many seconds (more steps than --steps if needed, in whole cycles of "
+                                "the workers), so a loader's bursts average out (default: 3; 0: exactly --steps)", MEASURE, 3.0,
                                 minimum=0, metavar="S")
     sync_phases: bool = option("--sync-phases", bool, "synchronise at phase boundaries for a host-clock breakdown "
                                "(adds syncs; off by default)", MEASURE, False)

@@ -15,6 +15,37 @@ def test_trials_are_sized_by_time_only_when_they_would_be_shorter():
     assert steps_for_time(30, step_s=0.01, min_trial_s=0.0) == 30
 
 
+def test_loader_fed_trials_are_whole_cycles_of_the_workers():
+    assert steps_for_time(10, step_s=0.0887, min_trial_s=3.0, cycle=16) == 48  # 34 steps by time, 3 cycles of 16
+    assert steps_for_time(10, step_s=0.0887, min_trial_s=3.0, cycle=8) == 40
+    assert steps_for_time(10, step_s=1.0, min_trial_s=3.0, cycle=4) == 12
+    assert steps_for_time(10, step_s=0.0887, min_trial_s=3.0, cycle=0) == 34  # no workers: time alone
+
+
+def in_order_loader_finish_times(workers: int, batch_s: float, step_s: float, steps: int) -> list[float]:
+    """When each step ends, for a DataLoader whose workers each make a batch in `batch_s` (batch i on worker
+    i mod W, returned in order, workers started together) feeding a step of `step_s` < batch_s / W."""
+    finished, now = [], 0.0
+    for index in range(steps):
+        ready = (index // workers + 1) * batch_s + 1e-4 * (index % workers)  # each worker's k-th batch
+        now = max(now, ready) + step_s
+        finished.append(now)
+    return finished
+
+
+def test_trials_of_whole_cycles_take_the_same_time_wherever_they_start():
+    # 16 workers delivering in waves: a 34-step window spans two waits or three depending on where it starts
+    # (H100: trials of 34 steps at 16 workers disagreed by 17%); a 48-step window always spans three.
+    ends = in_order_loader_finish_times(workers=16, batch_s=1.4, step_s=0.005, steps=600)
+
+    def spread(length: int) -> float:
+        windows = [ends[start + length] - ends[start] for start in range(100, 400)]
+        return (max(windows) - min(windows)) / min(windows)
+
+    assert spread(34) > 0.3
+    assert spread(steps_for_time(10, step_s=0.0887, min_trial_s=3.0, cycle=16)) < 1e-6
+
+
 def test_a_run_with_workers_uses_up_the_loaders_queue_before_timing():
     result = perflab.run("mlp", RunConfig(workload="mlp", device="cpu", batch_size=8, steps=3, trials=2, warmup=1,
                                           workers=1, workload_options=TINY))

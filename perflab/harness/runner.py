@@ -227,7 +227,8 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
             reporter.note(f"reaching a steady state: untimed windows of {queued} steps until the step time settles")
             steady = reach_steady_state(plan, batches, queued, lambda: _synchronize(device), agree=agree_any)
             if device.type == "cuda":
-                steps_per_trial = agree_max(steps_for_time(cfg.steps, steady["step_s"], cfg.min_trial_s))
+                steps_per_trial = agree_max(steps_for_time(cfg.steps, steady["step_s"], cfg.min_trial_s,
+                                                            cycle=plan.workers))
             notes += steady_notes(steady, steps_per_trial, cfg)
         warmup_peak_mb = None
         if device.type == "cuda":

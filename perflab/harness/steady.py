@@ -5,7 +5,13 @@ its workers just started. A trial that begins there is partly served from that q
 run looks faster in its first trial than in the others (25-45% spread between trials measured on the
 H100 before this). `reach_steady_state` runs untimed windows of steps until two consecutive windows take
 the same time per step; `steps_for_time` then makes each trial last long enough that the loader's
-burstiness averages out.
+burstiness averages out, and a whole number of the loader's cycles long.
+
+Why whole cycles: a DataLoader hands batch i to worker i mod W and returns batches in order, so once steady,
+a loader-bound run's step times repeat with a period of W steps (workers that started together deliver in
+waves: W batches close together, then a wait). A trial of any W x m consecutive steps holds m batches of every
+worker and takes the same time wherever in the cycle it starts; a trial of 34 steps at 16 workers spans two
+waits or three depending on where it starts. The drain windows are W x prefetch factor steps, whole cycles too.
 """
 from __future__ import annotations
 
@@ -45,11 +51,14 @@ def reach_steady_state(plan, batches: Iterator[Any], queued: int, synchronize: C
             "step_s": per_step_s[-1], "settled": settled, "window_step_ms": [1e3 * s for s in per_step_s]}
 
 
-def steps_for_time(steps: int, step_s: float, min_trial_s: float) -> int:
-    """At least `steps`, and enough steps of `step_s` for a trial to last `min_trial_s`."""
-    if min_trial_s <= 0 or step_s <= 0:
+def steps_for_time(steps: int, step_s: float, min_trial_s: float, cycle: int = 1) -> int:
+    """At least `steps`, enough steps of `step_s` for a trial to last `min_trial_s`, and a multiple of `cycle`
+    (the loader's worker count: whole cycles of its round robin); exactly `steps` when `min_trial_s` is 0."""
+    if min_trial_s <= 0:
         return steps
-    return max(steps, math.ceil(min_trial_s / step_s))
+    wanted = max(steps, math.ceil(min_trial_s / step_s)) if step_s > 0 else steps
+    cycle = max(1, cycle)
+    return cycle * math.ceil(wanted / cycle)
 
 
 def moving_phase(trial_phase_ms: Sequence[dict[str, float]]) -> Optional[dict[str, Any]]:
@@ -79,7 +88,8 @@ def steady_notes(steady: dict[str, Any], steps_per_trial: int, cfg) -> list[str]
     notes = [f"before timing, {steady['steps']} untimed steps used up the DataLoader's prefilled queue "
              f"({'settled' if steady['settled'] else 'NOT settled'} at {1e3 * steady['step_s']:.1f} ms/step)"]
     if steps_per_trial > cfg.steps:
-        notes.append(f"trials sized by time: {steps_per_trial} steps each (at least {cfg.min_trial_s:g} s; "
+        cycles = f", whole cycles of its {cfg.workers} workers" if cfg.workers > 1 else ""
+        notes.append(f"trials sized by time: {steps_per_trial} steps each (at least {cfg.min_trial_s:g} s{cycles}; "
                      f"--steps {cfg.steps} would be shorter), because the DataLoader feeds this run")
     return notes
 
