@@ -70,5 +70,10 @@ def record_failure(err: BaseException) -> None:
         else:
             traceback.print_exc()
         return
-    with open(path, "w") as stream:
+    # Written whole, then renamed into place: the launcher reads the file of every failed rank as soon as it sees
+    # it exit, and a rank killed (or read) between open() and the dump left it empty, which torch's launcher
+    # cannot parse (JSONDecodeError inside torchrun, seen in CI when the surviving rank failed too).
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "w") as stream:
         json.dump(data, stream)
+    os.replace(partial, path)
