@@ -115,7 +115,7 @@ class RunConfig:
                                    Conflict("augment", SECOND_STREAM, value="gpu-stream"),
                                    Conflict("pipeline", SECOND_STREAM, value="streams")))
     augment: Optional[str] = option("--augment", str, "cpu, gpu or gpu-stream augmentation (workloads that declare "
-                                    "it)", MODEL, choices=AUGMENT_MODES, needs_cuda=("gpu-stream",), conflicts=(
+                                    "it)", MODEL, choices=AUGMENT_MODES, needs_cuda=("gpu-stream",), read_by_build=True, conflicts=(
                                         Conflict("prefetcher", "gpu-stream already copies each batch on its side "
                                                  "stream; drop --prefetcher stream", value="stream",
                                                  when="gpu-stream"),))
@@ -126,7 +126,7 @@ class RunConfig:
                                Conflict("augment", "device augmentation would run on the pipeline's features, not "
                                         "its images; drop --augment", value=("gpu", "gpu-stream"))))
     activation_checkpointing: bool = option("--activation-checkpointing", bool, "recompute activations in backward",
-                                            MODEL, False, modes=TRAIN)
+                                            MODEL, False, modes=TRAIN, read_by_build=True)
     optimizer_impl: str = option("--optimizer-impl", str, "default, foreach or fused", MODEL, "default",
                                  choices=OPTIMIZER_IMPLS, changes_numerics=("fused",), modes=TRAIN)
     sdpa: str = option("--sdpa", str, "attention backend: auto, flash, efficient or math", MODEL, "auto",

@@ -69,6 +69,9 @@ class Option:
     conflicts: tuple = ()  # Conflict rules, checked whenever this option is set
     key_value: bool = False  # repeatable KEY=VALUE pairs collected into a dict
     repeatable: bool = False  # the flag may be given several times; the values are collected into a list
+    # a workload's build(cfg) reads it (--augment picks the dataset and sets gpu_augment): what the build made for
+    # one value says nothing of another, so a refusal read off a workload built without it is checked again
+    read_by_build: bool = False
     name: str = ""
 
     @property

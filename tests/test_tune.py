@@ -213,6 +213,17 @@ def test_a_levers_refusal_is_confirmed_on_the_workload_built_for_the_candidates_
     mlp = RunConfig(workload="mlp", mode="train", batch_size=2, device="cuda", augment="gpu")
     refused = search.refusal_before_trying(candidate, mlp, lever, lambda cfg: load_workload("mlp", cfg or mlp))
     assert "declares no augmentations" in refused
+    # an option no build reads: the start's build decides, no second build (a user's may take minutes)
+    builds = []
+
+    def counted(cfg):
+        builds.append(cfg)
+        return load_workload("mlp", RunConfig(workload="mlp", data="device"))
+
+    workers = search.Candidate(search.Proposal("workers", "input pipeline", None, None), "workers", 4, search.LADDER)
+    device_data = RunConfig(workload="mlp", mode="train", batch_size=2, device="cuda", data="device", workers=4)
+    assert search.refusal_before_trying(workers, device_data, LEVERS["workers"], counted)
+    assert builds == [None]
 
 
 def test_tune_keeps_the_winner_rejects_the_loser_and_never_retries_it(tmp_path):

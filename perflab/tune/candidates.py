@@ -218,9 +218,10 @@ def refusal_before_trying(candidate: Candidate, cfg: RunConfig, lever: Any,
     (needs CUDA, mode, conflicts), then the lever's own checks of the workload.
 
     `workload_for(None)` is the workload built for the starting point (None when tune does not check), and
-    `workload_for(cfg)` one built for the candidate's own settings. A lever's refusal on the first is confirmed
-    on the second: a build may depend on the option (driving sets its batched gpu_augment only when
-    cfg.augment is gpu), and a workload built once for the start would refuse every such candidate.
+    `workload_for(cfg)` one built for the candidate's own settings. For an option a workload's build reads
+    (`read_by_build` in the option table: driving sets its batched gpu_augment only when built with augment=gpu),
+    a lever's refusal on the first is confirmed on the second; other refusals need no second build (a user's
+    build may take minutes).
 
     The checks get a CPU device: the one check that reads the GPU (bf16 support) would create a CUDA context
     in the tuning process, and every trial would then count that process as a neighbour on its GPU (a busy,
@@ -230,6 +231,9 @@ def refusal_before_trying(candidate: Candidate, cfg: RunConfig, lever: Any,
     if reason is not None or lever is None:
         return reason
     shared = workload_for(None)
-    if shared is None or lever.checks(cfg, shared, torch.device("cpu")) is None:
+    if shared is None:
         return None
+    reason = lever.checks(cfg, shared, torch.device("cpu"))
+    if reason is None or not options.option_named(RunConfig, candidate.option).read_by_build:
+        return reason
     return lever.checks(cfg, workload_for(cfg), torch.device("cpu"))
