@@ -160,3 +160,30 @@ def test_a_profile_run_is_titled_as_a_profile(tmp_path):
     assert main(["report", str(tmp_path)]) == 0
     assert (tmp_path / "report.md").read_text().startswith("# perflab profile: ")
     assert "<title>perflab profile: " in (tmp_path / "report.html").read_text()
+
+
+def test_a_loader_fed_profile_traces_whole_cycles_of_its_workers(tmp_path, capsys):
+    # 3 traced steps of a 2-worker loader become 4: whole cycles of the round robin (steps raised to fit)
+    out = tmp_path / "run"
+    code = main(["profile", "--workload", "mlp", "--device", "cpu", "--batch", "8", "--steps", "5", "--trials", "1",
+                 "--warmup", "1", "--workers", "2", "--data", "loader", "--wait", "1", "--warmup-steps", "1",
+                 "--active", "3", "--out", str(out)])
+    assert code == 0, capsys.readouterr()
+    result = json.loads((out / "result.json").read_text())
+    assert any("the trace records 4 steps, not --active 3: whole cycles of the 2 DataLoader workers" in note
+               for note in result["notes"])
+    trace = load_trace(out / "trace.json")
+    steps = {trace.annotations.names[i] for i in trace.annotations.name_id if
+             trace.annotations.names[i].startswith("ProfilerStep#")}
+    assert len(steps) == 4
+    assert result["config"]["steps"] == 6  # wait 1 + warm-up 1 + active 4
+
+
+def test_whole_loader_cycles_leave_a_schedule_alone_without_workers_or_when_already_whole():
+    from perflab.profile.capture import whole_loader_cycles
+    options = CaptureOptions(active=3)
+    assert whole_loader_cycles(options, 0) == (options, None)
+    assert whole_loader_cycles(options, 1) == (options, None)
+    assert whole_loader_cycles(CaptureOptions(active=16), 8)[1] is None
+    rounded, note = whole_loader_cycles(options, 16)
+    assert rounded.active == 16 and "16 DataLoader workers" in note
