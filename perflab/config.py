@@ -66,8 +66,8 @@ class RunConfig:
                        0, metavar="N", commands=RUN_AND_SERVE)
     min_trial_s: float = option("--min-trial-s", float, "on CUDA, a run fed by a DataLoader runs each trial at "
                                 "least this many seconds (more steps than --steps if needed, in whole cycles of "
-                                "the workers), so a loader's bursts average out (default: 3; 0: exactly --steps)", MEASURE, 3.0,
-                                minimum=0, metavar="S")
+                                "the workers), so a loader's bursts average out (default: 3; 0: exactly --steps)",
+                                MEASURE, 3.0, minimum=0, metavar="S")
     sync_phases: bool = option("--sync-phases", bool, "synchronise at phase boundaries for a host-clock breakdown "
                                "(adds syncs; off by default)", MEASURE, False)
     # loader: DataLoader from the dataset; device: pre-staged batches on the device
@@ -115,7 +115,8 @@ class RunConfig:
                                    Conflict("augment", SECOND_STREAM, value="gpu-stream"),
                                    Conflict("pipeline", SECOND_STREAM, value="streams")))
     augment: Optional[str] = option("--augment", str, "cpu, gpu or gpu-stream augmentation (workloads that declare "
-                                    "it)", MODEL, choices=AUGMENT_MODES, needs_cuda=("gpu-stream",), read_by_build=True, conflicts=(
+                                    "it)", MODEL, choices=AUGMENT_MODES, needs_cuda=("gpu-stream",),
+                                    read_by_build=True, conflicts=(
                                         Conflict("prefetcher", "gpu-stream already copies each batch on its side "
                                                  "stream; drop --prefetcher stream", value="stream",
                                                  when="gpu-stream"),))

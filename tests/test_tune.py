@@ -195,7 +195,8 @@ def test_the_worker_ladder_goes_past_one_losing_rung_and_stops_after_two_in_a_ro
 
 def test_a_levers_refusal_is_confirmed_on_the_workload_built_for_the_candidates_settings():
     # driving sets its batched gpu_augment only when built with augment=gpu: the start's build would refuse it
-    start = RunConfig(workload="driving", mode="train", batch_size=2, device="cuda", workload_options={"image_res": "32"})
+    start = RunConfig(workload="driving", mode="train", batch_size=2, device="cuda",
+                      workload_options={"image_res": "32"})
     built = {}
 
     def workload_for(cfg):

@@ -28,7 +28,9 @@ def register(subparsers) -> None:
     group.add_argument("--wait", type=int, default=1, metavar="N", help="timed steps skipped first (default: 1)")
     group.add_argument("--warmup-steps", type=int, default=2, metavar="N",
                        help="profiler warm-up steps, recorded then discarded (default: 2)")
-    group.add_argument("--active", type=int, default=3, metavar="N", help="steps in the trace (default: 3; with DataLoader workers, rounded up to whole cycles of them)")
+    group.add_argument("--active", type=int, default=3, metavar="N",
+                       help="steps in the trace (default: 3; with DataLoader workers, rounded up to whole cycles "
+                            "of them)")
     group.add_argument("--record-shapes", action=argparse.BooleanOptionalAction, default=True,
                        help="input shapes on ops: FLOPs and bytes for the roofline (default: on)")
     group.add_argument("--with-stack", action="store_true", help="Python stacks on ops (bigger trace)")

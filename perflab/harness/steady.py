@@ -89,8 +89,8 @@ def steady_notes(steady: dict[str, Any], steps_per_trial: int, cfg) -> list[str]
              f"({'settled' if steady['settled'] else 'NOT settled'} at {1e3 * steady['step_s']:.1f} ms/step)"]
     if steps_per_trial > cfg.steps:
         cycles = f", whole cycles of its {cfg.workers} workers" if cfg.workers > 1 else ""
-        notes.append(f"trials sized by time: {steps_per_trial} steps each (at least {cfg.min_trial_s:g} s{cycles}; "
-                     f"--steps {cfg.steps} would be shorter), because the DataLoader feeds this run")
+        notes.append(f"trials sized by time: {steps_per_trial} steps each (at least {cfg.min_trial_s:g} s"
+                     f"{cycles}; --steps {cfg.steps} would be shorter), because the DataLoader feeds this run")
     return notes
 
 
