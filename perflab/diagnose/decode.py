@@ -75,12 +75,10 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
                         f"{step}; at batch {batch} the matmuls need {compute_ms:.3g} ms at peak FLOP/s, more "
                         "than the reads: compute-bound", evidence, ["bf16", "fp8"], active,
                         ["a smaller decode batch lowers latency; a larger one only adds throughput now"])
-    if compiled and config.get("device") == "cuda" and pct < NEAR_BOUND_PCT and _host_bound(bound):
-        waits = wait_ms is not None and wait_ms >= DEVICE_WAIT_SHARE * bound["measured_ms_per_token"]
-        waited = (f"the device waits {wait_ms:.3g} ms per token for the host to issue the next step" if waits
-                  else f"the host needs {host_ms:.3g} ms to issue each step")
-        return _finding(LAUNCH_OVERHEAD, clamp(0.5 + (wait_ms if waits else host_ms)
-                                               / bound["measured_ms_per_token"] / 4),
+    host_wait = _host_wait(bound) if compiled and config.get("device") == "cuda" and pct < NEAR_BOUND_PCT else None
+    if host_wait is not None:
+        waited_ms, waited = host_wait
+        return _finding(LAUNCH_OVERHEAD, clamp(0.5 + waited_ms / bound["measured_ms_per_token"] / 4),
                         f"{step}; {waited}: host-bound", evidence,
                         [], active,
                         ["with --option decode_graphs=inductor, check generation.decode_compile.cudagraph_skips "
@@ -115,14 +113,18 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
                     ["kv-cache-static", "compile", "int8-weight"], active, [])
 
 
-def _host_bound(bound: dict[str, Any]) -> bool:
-    """The device idles between steps waiting for the host (device_wait_ms_per_token: what the loop does between
-    steps), or the host's own issue time fills the step (what happens inside the step's call, e.g. Dynamo's guards,
-    which the device's clock sees as part of the step)."""
+def _host_wait(bound: dict[str, Any]) -> Optional[tuple[float, str]]:
+    """How long each step waits for the host, and in which words; None when the host keeps up. The device idling
+    between steps (device_wait_ms_per_token: what the loop does between steps) comes first; else the host's own
+    issue time filling the step (what happens inside the step's call, e.g. Dynamo's guards, which the device's
+    clock sees as part of the step)."""
     step_ms = bound["measured_ms_per_token"]
     wait_ms, host_ms = bound.get("device_wait_ms_per_token"), bound.get("host_issue_ms_per_token")
-    return ((wait_ms is not None and wait_ms >= DEVICE_WAIT_SHARE * step_ms)
-            or (host_ms is not None and host_ms >= HOST_BOUND_SHARE * step_ms))
+    if wait_ms is not None and wait_ms >= DEVICE_WAIT_SHARE * step_ms:
+        return wait_ms, f"the device waits {wait_ms:.3g} ms per token for the host to issue the next step"
+    if host_ms is not None and host_ms >= HOST_BOUND_SHARE * step_ms:
+        return host_ms, f"the host needs {host_ms:.3g} ms to issue each step"
+    return None
 
 
 def _replays_as_one_graph(generation: dict[str, Any]) -> bool:
