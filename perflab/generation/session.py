@@ -83,10 +83,14 @@ class DecoderSession:
 
     def extend_greedy(self, tokens: torch.Tensor) -> torch.Tensor:
         """Run `tokens` (batch, T) after everything cached; the greedy next token after each: (batch, T)."""
-        logits, chosen = self._extend(tokens, compiled=True)
+        logits, chosen = self._extend(tokens, compiled=True, keep_logits=False)
         return chosen if chosen is not None else logits.argmax(dim=-1)
 
-    def _extend(self, tokens: torch.Tensor, compiled: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _extend(self, tokens: torch.Tensor, compiled: bool, keep_logits: bool = True
+                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Logits and (from the compiled step) the greedy tokens. A compiled step's outputs are its CUDA graphs'
+        buffers, rewritten by the next replay, so they are copied out; the logits only when `keep_logits` (a greedy
+        decode reads the tokens alone: one copy kernel less per step)."""
         count = tokens.shape[1]
         if self.length + count > self.max_seq:
             raise PerflabError(f"a request reached {self.length + count} positions, more than the {self.max_seq} "
@@ -94,7 +98,7 @@ class DecoderSession:
         chosen = None
         if compiled and self.captured is not None and count <= self.largest_compiled:
             logits, chosen = self.captured(tokens, self.length)
-            logits, chosen = logits.clone(), chosen.clone()  # the graph's outputs: rewritten by the next replay
+            logits, chosen = (logits.clone() if keep_logits else logits), chosen.clone()
             self.length += count
             return logits, chosen
         # a fresh tensor (not a view of a table): a compiled step's inputs stay aligned and shaped alike; made on
@@ -109,9 +113,9 @@ class DecoderSession:
                 logits, chosen = self.compiled(tokens, positions)
             # CUDA graphs (reduce-overhead) hand back their own static buffers, overwritten by the next replay;
             # callers keep tokens (and the quality gate logits) across steps, so each step's outputs are copied
-            # out (two small copies, one token and one row of logits per sequence: measured on the H100, keeping
-            # them un-copied raised "accessing tensor output of CUDAGraphs that has been overwritten")
-            logits, chosen = logits.clone(), chosen.clone()
+            # out (small copies: one token and, when kept, one row of logits per sequence; measured on the H100,
+            # keeping them un-copied raised "accessing tensor output of CUDAGraphs that has been overwritten")
+            logits, chosen = (logits.clone() if keep_logits else logits), chosen.clone()
         elif self.static or self.length == 0 or count == 1:
             logits = self._forward(tokens, positions)
         else:  # several new tokens after a dynamic cache: each sees the cache and the new tokens before it
