@@ -1,12 +1,13 @@
 """Area "tune": `perflab tune` without a human choosing levers, on the seed workloads.
 
-    BENCH_TUNE_ONLY=resnet50 python -m benchmarks.bench_tune --out DIR      # about 7 minutes on an H100
+    BENCH_TUNE_ONLY=resnet50 python -m benchmarks.bench_tune --out DIR      # about 8 minutes on an H100
     BENCH_TUNE_ONLY=driving python -m benchmarks.bench_tune --out DIR       # about 4 minutes
     BENCH_TUNE_ONLY=max-qps python -m benchmarks.bench_tune --out DIR       # about 6 minutes
 
 - resnet50 infer bs256 from fp32 eager (hand-found: 6.1x with bf16 + channels-last + compile; goal >= 8x with
-  CUDA graphs / max-autotune), budget 380 s: the chain tune is expected to take is bf16, channels-last, compile
-  default, then max-autotune or reduce-overhead where the budget left covers their estimated compile time;
+  CUDA graphs / max-autotune), budget 420 s, with --tune-batch (inference: a larger batch changes no optimisation):
+  the chain tune is expected to take is bf16, channels-last, compile default, then max-autotune or reduce-overhead
+  where the budget left covers their estimated compile time, then the batch;
 - driving train bs32 from workers 0 (hand-found: 6.5x with 8 workers + --augment gpu), budget 300 s;
 - max-qps: ResNet-50 served from fp32 eager, `--objective max-qps --p99-ms 15 --max-batch 64` (each measured
   trial a `perflab serve --find-max-qps`, 1 s and 256 queries per point), budget 300 s: the max QPS tune reaches
@@ -50,7 +51,7 @@ def experiments(cuda: bool, quick: bool) -> list[tuple[str, RunConfig, TuneConfi
     return [
         ("resnet50 infer bs256 from fp32 eager",
          RunConfig(workload="resnet50", mode="infer", batch_size=256 if full else 2, workload_options=small,
-                   **timing), TuneConfig(budget="380s" if full else "40s")),
+                   **timing), TuneConfig(budget="420s" if full else "40s", tune_batch=True)),
         ("driving train bs32 from workers 0",
          RunConfig(workload="driving", mode="train", batch_size=32 if full else 2, workers=0,
                    workload_options=small, **{**timing, "steps": 10 if full else 4}),

@@ -1,0 +1,190 @@
+"""Where a compiled batch-1 decode step's time goes, kernel by kernel, and what a few variants of it change.
+
+    DECODE_VARIANTS=base,kv-fused,sdpa-efficient python -m benchmarks.decode_kernels --out DIR   # CUDA only
+
+For each variant: the built-in decoder (`--option size`, default 1b) in bf16 with a static KV cache, its decode
+step compiled with gpt-fast's Inductor settings and captured by perflab (the path `perflab run --workload generate
+--kv-cache static --compile reduce-overhead` takes), one request of prompt 128 + 128 tokens untimed (compiles and
+captures), then three timed by CUDA events, then one more under torch.profiler. Rows: ms per decode step, the
+share of the memory-bandwidth bound, kernels per step, the time the GPU spends inside kernels per step (the rest
+of the step is the gaps between them), and the kernels that take most of the step.
+
+Variants (each changes one thing against `base`):
+- kv-fused: keys and values in one buffer, written by one index_copy per layer instead of two;
+- sdpa-efficient: attention by SDPA's memory-efficient kernel instead of Inductor's generated math;
+- kv-fused+sdpa-efficient: both;
+- combo: Inductor's combo kernels (independent kernels launched as one);
+- cublas: no coordinate-descent tuning (matrix-vector products by cuBLAS);
+- max-autotune: torch.compile mode max-autotune.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import Rows, parse_args
+
+PROMPT, NEW_TOKENS = 128, 128
+VARIANTS = "base,kv-fused,sdpa-efficient,kv-fused+sdpa-efficient,combo,cublas,max-autotune"
+
+
+class FusedStaticKVCache(torch.nn.Module):
+    """The static cache with keys and values in one (2, batch, heads, max_seq, head_dim) buffer: one write."""
+
+    def __init__(self, batch, heads, max_seq, head_dim, dtype, device):
+        super().__init__()
+        self.register_buffer("kv", torch.zeros((2, batch, heads, max_seq, head_dim), dtype=dtype, device=device),
+                             persistent=False)
+
+    def update(self, positions, keys, values):
+        self.kv.index_copy_(3, positions, torch.stack((keys, values)).to(self.kv.dtype))
+        return self.kv[0], self.kv[1]
+
+    def truncate(self, length):
+        pass
+
+    def reset(self):
+        pass
+
+
+def run_variant(name: str, size: str, device: torch.device, out: Path) -> dict:
+    from perflab.generation import compiled_decode, decoder as decoder_module
+    from perflab.generation.decoder import SIZES, Decoder
+    from perflab.generation.kv_cache import StaticKVCache
+    from perflab.generation.session import DecoderSession
+    from perflab.levers.sdpa import sdpa_context
+
+    parts = set(name.split("+"))
+    torch._dynamo.reset()
+    decoder_module.StaticKVCache = FusedStaticKVCache if "kv-fused" in parts else StaticKVCache
+    saved_options = dict(compiled_decode.DECODE_INDUCTOR_OPTIONS)
+    if "combo" in parts:
+        compiled_decode.DECODE_INDUCTOR_OPTIONS["combo_kernels"] = True
+    attention = sdpa_context("efficient") if "sdpa-efficient" in parts else nullcontext
+    mode = "max-autotune" if "max-autotune" in parts else "reduce-overhead"
+    torch.manual_seed(0)
+    model = Decoder(SIZES[size]).to(device=device, dtype=torch.bfloat16).eval()
+    try:
+        with torch.no_grad(), attention():
+            session = DecoderSession(model, 1, PROMPT + NEW_TOKENS, True, device, torch.bfloat16, mode,
+                                     tuned="cublas" not in parts, sdpa="efficient" if "sdpa-efficient" in parts
+                                     else "auto")
+            prompt = torch.randint(0, model.size.vocab, (1, PROMPT), device=device)
+            began = time.perf_counter()
+            request(session, prompt)  # compiles and captures
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - began
+            step_ms = []
+            for _ in range(3):
+                step_ms.append(timed_request(session, prompt))
+            kernels = profiled_request(session, prompt, out / f"{name}.trace.json")
+            session.close()
+    finally:
+        decoder_module.StaticKVCache = StaticKVCache
+        compiled_decode.DECODE_INDUCTOR_OPTIONS.clear()
+        compiled_decode.DECODE_INDUCTOR_OPTIONS.update(saved_options)
+    return {"compile_s": compile_s, "step_ms": statistics.median(step_ms), "step_ms_all": step_ms,
+            "model": model, **kernels}
+
+
+def request(session, prompt: torch.Tensor) -> None:
+    token = session.start(prompt)[:, -1:].argmax(dim=-1)
+    for _ in range(NEW_TOKENS - 1):
+        token = session.extend_greedy(token)[:, -1:]
+
+
+def timed_request(session, prompt: torch.Tensor) -> float:
+    """ms per decode step of one request (CUDA events around the decode steps alone)."""
+    token = session.start(prompt)[:, -1:].argmax(dim=-1)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(NEW_TOKENS - 1):
+        token = session.extend_greedy(token)[:, -1:]
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / (NEW_TOKENS - 1)
+
+
+def profiled_request(session, prompt: torch.Tensor, trace: Path) -> dict:
+    """Kernels of one request's decode steps: count, busy time and the top kernels by time, per step."""
+    from torch.profiler import ProfilerActivity, profile
+    token = session.start(prompt)[:, -1:].argmax(dim=-1)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(NEW_TOKENS - 1):
+            token = session.extend_greedy(token)[:, -1:]
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(trace))
+    events = [e for e in json.loads(trace.read_text())["traceEvents"]
+              if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    events.sort(key=lambda e: e["ts"])
+    steps = NEW_TOKENS - 1
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for event in events:
+        by_name[event["name"]].append(event["dur"])
+    span_us = events[-1]["ts"] + events[-1]["dur"] - events[0]["ts"] if events else 0.0
+    busy_us = sum(e["dur"] for e in events)
+    top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:25]
+    trace.unlink()  # large; the rows keep what matters
+    return {"kernels_per_step": len(events) / steps, "busy_ms_per_step": busy_us / steps / 1e3,
+            "span_ms_per_step": span_us / steps / 1e3,
+            "top": [(name[:90], len(durs) / steps, sum(durs) / steps, statistics.median(durs)) for name, durs in top]}
+
+
+def main() -> None:
+    args = parse_args()
+    rows = Rows("decode_kernels", args.out)
+    if not torch.cuda.is_available():
+        rows.add("decode kernels", "skipped", None, "", "needs CUDA")
+        return
+    from perflab.calibrate import measure_copy_gbps
+    from perflab.generation.kv_cache import kv_cache_bytes
+    from perflab.generation.metrics import weight_bytes_per_step
+    device = torch.device("cuda")
+    size = os.environ.get("DECODE_SIZE", "1b")
+    budget_s = float(os.environ.get("DECODE_KERNELS_BUDGET_S", "480"))
+    gbps = measure_copy_gbps(device, 1024)
+    rows.add("device", "copy bandwidth", round(gbps), "GB/s", "read + write of 1 GiB, median of 10")
+    began = time.perf_counter()
+    work = Path(tempfile.mkdtemp())
+    for name in os.environ.get("DECODE_VARIANTS", VARIANTS).split(","):
+        if time.perf_counter() - began > budget_s:
+            rows.add(name, "skipped", None, "", f"past DECODE_KERNELS_BUDGET_S={budget_s:g}")
+            continue
+        try:
+            got = run_variant(name, size, device, work)
+        except Exception as err:  # one variant failing must not cost the others
+            rows.add(name, "error", None, "", f"{type(err).__name__}: {str(err)[:300]}")
+            continue
+        model = got.pop("model")
+        s = model.size
+        mean_positions = PROMPT + NEW_TOKENS / 2
+        step_bytes = weight_bytes_per_step(model, 1) + kv_cache_bytes(s.layers, 1, s.heads, s.head_dim,
+                                                                      int(mean_positions), torch.bfloat16)
+        bound_ms = step_bytes / (gbps * 1e9) * 1e3
+        rows.add(name, "ms per decode step", round(got["step_ms"], 4), "ms",
+                 f"3 requests {[round(v, 4) for v in got['step_ms_all']]}; compile+capture {got['compile_s']:.0f} s")
+        rows.add(name, "% of bound", round(100 * bound_ms / got["step_ms"], 1), "%",
+                 f"bound {bound_ms:.4f} ms = {step_bytes / 1e9:.3f} GB at {gbps:.0f} GB/s")
+        rows.add(name, "kernels per step", round(got["kernels_per_step"], 1), "")
+        rows.add(name, "busy ms per step", round(got["busy_ms_per_step"], 4), "ms",
+                 f"profiled span {got['span_ms_per_step']:.4f} ms per step; the rest is gaps between kernels")
+        for kernel, per_step, us_per_step, median_us in got["top"]:
+            rows.add(name, f"kernel {kernel}", round(us_per_step, 1), "us/step",
+                     f"{per_step:g} per step, median {median_us:.1f} us")
+        del model
+        torch.cuda.empty_cache()
+    print("\n" + "\n".join(f"{r['experiment']:28s} {r['metric'][:60]:60s} {r['value']} {r['unit']}"
+                           for r in rows.rows if not r["metric"].startswith("kernel ")))
+
+
+if __name__ == "__main__":
+    main()
