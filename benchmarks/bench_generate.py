@@ -6,14 +6,14 @@
 - "bandwidth": `generate --option size=1b`, batch 1, prompt 128, 128 new tokens, bf16: eager with a dynamic KV
   cache → static cache + torch.compile reduce-overhead (CUDA graphs) with the compile mode's settings alone
   (decode_tuning=off) → with gpt-fast's decode settings, graphs by Inductor's cudagraph trees (decode_graphs=inductor)
-  → the same with graphs captured by perflab (the default) → + int8 weight-only (torchao, gated). Rows: output tokens/s, ms per decode step, the bandwidth bound per step
+  → the same with graphs captured by perflab (the default) → decode_tuning=autotune → + int8 weight-only (torchao, gated). Rows: output tokens/s, ms per decode step, the bandwidth bound per step
   and the share of it reached, the host's issue time per step, CUDA-graph skips, TTFT.
 - "speculative": speculative decoding on the trained pair (size 350m target, its small draft; trained and cached
   on first use): plain greedy vs K=4, both static cache + compile; rows: acceptance rate, tokens per target
   forward, speed-up.
 
 BENCH_GENERATE_ONLY picks the variants whose "experiment label" contains it, or one of its comma-separated parts
-(bandwidth, speculative, eager, decode_tuning=off, decode_graphs=inductor, bf16 compiled, max-autotune, int8,
+(bandwidth, speculative, eager, decode_tuning=off, decode_graphs=inductor, bf16 compiled, autotune, max-autotune, int8,
 plain greedy, K=4), so the parts can run in
 separate device calls.
 
@@ -53,6 +53,9 @@ def bandwidth_experiment(full: bool) -> tuple[dict[str, Any], list[tuple[str, di
                      ("decode_graphs=inductor: tuned, graphs by cudagraph trees",
                       {**compiled, "workload_options": trees, "check_quality": False}),
                      ("bf16 compiled decode + gpt-fast decode tuning", {**compiled, "check_quality": False}),
+                     ("autotune: bf16 compiled decode, decode_tuning=autotune (wider reduction search)",
+                      {**compiled, "workload_options": {**settings["workload_options"], "decode_tuning": "autotune"},
+                       "check_quality": True}),
                      ("max-autotune: bf16, tuned, graphs by perflab",
                       {**compiled, "compile": "max-autotune", "check_quality": False}),
                      ("int8-weight compiled decode + gpt-fast decode tuning",

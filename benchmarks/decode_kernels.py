@@ -9,13 +9,15 @@ captures), then three timed by CUDA events, then one more under torch.profiler. 
 share of the memory-bandwidth bound, kernels per step, the time the GPU spends inside kernels per step (the rest
 of the step is the gaps between them), and the kernels that take most of the step.
 
-Variants (each changes one thing against `base`):
-- kv-fused: keys and values in one buffer, written by one index_copy per layer instead of two;
-- sdpa-efficient: attention by SDPA's memory-efficient kernel instead of Inductor's generated math;
-- kv-fused+sdpa-efficient: both;
-- combo: Inductor's combo kernels (independent kernels launched as one);
-- cublas: no coordinate-descent tuning (matrix-vector products by cuBLAS);
-- max-autotune: torch.compile mode max-autotune.
+Variants: a decode tuning's name (compiled_decode.DECODE_TUNINGS: gpt-fast, autotune, off), optionally with
+`+sdpa-efficient` (attention by SDPA's memory-efficient kernel instead of Inductor's generated math), `+combo`
+(Inductor's combo kernels: independent kernels launched as one) or `+max-autotune` (that compile mode instead of
+reduce-overhead). Compiling the same variant twice (`gpt-fast,gpt-fast`) shows how much the step moves between
+compiles.
+
+On the H100 (2026-11-23) with keys and values in separate buffers: 244 kernels per step and 1.57 ms; one buffer
+(kv_cache.py now): 224 kernels and 1.33 ms; the kernels run back to back (busy 96-98% of the step), and the
+matrix-vector products' time moved most between compiles.
 """
 from __future__ import annotations
 
@@ -33,41 +35,20 @@ import torch
 from benchmarks.common import Rows, parse_args
 
 PROMPT, NEW_TOKENS = 128, 128
-VARIANTS = "base,kv-fused,sdpa-efficient,kv-fused+sdpa-efficient,combo,cublas,max-autotune"
-
-
-class FusedStaticKVCache(torch.nn.Module):
-    """The static cache with keys and values in one (2, batch, heads, max_seq, head_dim) buffer: one write."""
-
-    def __init__(self, batch, heads, max_seq, head_dim, dtype, device):
-        super().__init__()
-        self.register_buffer("kv", torch.zeros((2, batch, heads, max_seq, head_dim), dtype=dtype, device=device),
-                             persistent=False)
-
-    def update(self, positions, keys, values):
-        self.kv.index_copy_(3, positions, torch.stack((keys, values)).to(self.kv.dtype))
-        return self.kv[0], self.kv[1]
-
-    def truncate(self, length):
-        pass
-
-    def reset(self):
-        pass
+VARIANTS = "gpt-fast,autotune,gpt-fast,autotune"
 
 
 def run_variant(name: str, size: str, device: torch.device, out: Path) -> dict:
-    from perflab.generation import compiled_decode, decoder as decoder_module
+    from perflab.generation import compiled_decode
     from perflab.generation.decoder import SIZES, Decoder
-    from perflab.generation.kv_cache import StaticKVCache
     from perflab.generation.session import DecoderSession
     from perflab.levers.sdpa import sdpa_context
 
-    parts = set(name.split("+"))
+    tuning, *parts = name.split("+")
     torch._dynamo.reset()
-    decoder_module.StaticKVCache = FusedStaticKVCache if "kv-fused" in parts else StaticKVCache
-    saved_options = dict(compiled_decode.DECODE_INDUCTOR_OPTIONS)
+    saved_options = compiled_decode.DECODE_TUNINGS[tuning]
     if "combo" in parts:
-        compiled_decode.DECODE_INDUCTOR_OPTIONS["combo_kernels"] = True
+        compiled_decode.DECODE_TUNINGS[tuning] = {**saved_options, "combo_kernels": True}
     attention = sdpa_context("efficient") if "sdpa-efficient" in parts else nullcontext
     mode = "max-autotune" if "max-autotune" in parts else "reduce-overhead"
     torch.manual_seed(0)
@@ -75,8 +56,7 @@ def run_variant(name: str, size: str, device: torch.device, out: Path) -> dict:
     try:
         with torch.no_grad(), attention():
             session = DecoderSession(model, 1, PROMPT + NEW_TOKENS, True, device, torch.bfloat16, mode,
-                                     tuned="cublas" not in parts, sdpa="efficient" if "sdpa-efficient" in parts
-                                     else "auto")
+                                     tuning=tuning, sdpa="efficient" if "sdpa-efficient" in parts else "auto")
             prompt = torch.randint(0, model.size.vocab, (1, PROMPT), device=device)
             began = time.perf_counter()
             request(session, prompt)  # compiles and captures
@@ -88,9 +68,7 @@ def run_variant(name: str, size: str, device: torch.device, out: Path) -> dict:
             kernels = profiled_request(session, prompt, out / f"{name}.trace.json")
             session.close()
     finally:
-        decoder_module.StaticKVCache = StaticKVCache
-        compiled_decode.DECODE_INDUCTOR_OPTIONS.clear()
-        compiled_decode.DECODE_INDUCTOR_OPTIONS.update(saved_options)
+        compiled_decode.DECODE_TUNINGS[tuning] = saved_options
     return {"compile_s": compile_s, "step_ms": statistics.median(step_ms), "step_ms_all": step_ms,
             "model": model, **kernels}
 

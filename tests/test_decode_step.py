@@ -3,7 +3,7 @@ scoped to the compiled step, and the compiled path's outputs equal to eager deco
 import pytest
 import torch
 
-from perflab.generation.compiled_decode import (DECODE_INDUCTOR_OPTIONS, compile_decode, decode_attention,
+from perflab.generation.compiled_decode import (GPT_FAST_OPTIONS, compile_decode, decode_attention,
                                                 inductor_options)
 from perflab.generation.decode import generate_greedy, teacher_forced_logits
 from perflab.generation.decoder import SIZES, Decoder
@@ -97,10 +97,11 @@ def test_compiled_decode_gives_eager_decodings_tokens_and_speculative_stays_iden
 def test_decode_tuning_adds_gpt_fast_inductor_settings_to_the_mode_without_touching_global_config():
     import torch._inductor.config as inductor_config
     before = inductor_config.coordinate_descent_tuning
-    tuned = inductor_options("reduce-overhead", tuned=True)
+    tuned = inductor_options("reduce-overhead", "gpt-fast")
     assert tuned["triton.cudagraphs"] is True and tuned["coordinate_descent_tuning"] is True
-    assert set(DECODE_INDUCTOR_OPTIONS) <= set(tuned)
-    assert inductor_options("reduce-overhead", tuned=False) == {"triton.cudagraphs": True}
+    assert set(GPT_FAST_OPTIONS) <= set(tuned) and "max_autotune_pointwise" not in tuned
+    assert inductor_options("reduce-overhead", "autotune")["max_autotune_pointwise"] is True
+    assert inductor_options("reduce-overhead", "off") == {"triton.cudagraphs": True}
     session = open_session(tiny_decoder(), 1, 16, CPU, torch.float32, static=True, compile_mode="reduce-overhead")
     assert session.compile_settings["inductor_options"] == tuned
     assert session.compile_settings["decode_sdpa"].startswith("math")
@@ -109,16 +110,17 @@ def test_decode_tuning_adds_gpt_fast_inductor_settings_to_the_mode_without_touch
 
 
 def test_a_decode_step_compiled_without_inductors_graphs_drops_only_their_option():
-    options = inductor_options("reduce-overhead", tuned=True, inductor_graphs=False)
+    options = inductor_options("reduce-overhead", "gpt-fast", inductor_graphs=False)
     assert "triton.cudagraphs" not in options and options["coordinate_descent_tuning"] is True
-    compiled, used = compile_decode(lambda x: x + 1, "reduce-overhead", tuned=False, inductor_graphs=False)
+    compiled, used = compile_decode(lambda x: x + 1, "reduce-overhead", "off", inductor_graphs=False)
     assert used == {} and callable(compiled)
 
 
 def test_decode_attention_is_math_only_when_tuned_and_no_backend_is_pinned():
-    assert decode_attention(True, "auto")[1].startswith("math")
-    assert decode_attention(False, "auto")[1].startswith("auto")
-    assert decode_attention(True, "efficient")[1] == "efficient"
+    assert decode_attention("gpt-fast", "auto")[1].startswith("math")
+    assert decode_attention("autotune", "auto")[1].startswith("math")
+    assert decode_attention("off", "auto")[1].startswith("auto")
+    assert decode_attention("gpt-fast", "efficient")[1] == "efficient"
 
 
 def test_a_compiled_decode_whose_host_needs_the_whole_step_to_issue_it_is_host_bound():
@@ -287,4 +289,4 @@ def test_an_unknown_decode_tuning_exits_2_naming_the_choices(capsys):
     from perflab.cli import main
     assert main(["run", "--workload", "generate", "--mode", "infer", "--option", "size=tiny",
                  "--option", "decode_tuning=fast"]) == 2
-    assert "decode_tuning must be gpt-fast or off" in capsys.readouterr().err
+    assert "decode_tuning must be one of gpt-fast, autotune, off" in capsys.readouterr().err

@@ -35,7 +35,7 @@ class GenerationSpec:
     context_limit: Optional[int] = None  # positions the model supports, when known
     builtin_draft: Optional[Callable[[], nn.Module]] = None  # the draft trained with the target, if any
     builtin_decoder: bool = False  # the model is perflab's Decoder (static cache and compiled decode apply)
-    decode_tuning: bool = True  # compile decode with gpt-fast's Inductor settings (compiled_decode.py)
+    decode_tuning: str = "gpt-fast"  # the decode step's Inductor settings by name (compiled_decode.DECODE_TUNINGS)
     decode_graphs: str = "perflab"  # who captures a compile mode's CUDA graphs: perflab (decode_graph.py) or inductor
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from perflab.errors import PerflabError
-from perflab.generation.compiled_decode import compile_decode, decode_attention, wants_graphs
+from perflab.generation.compiled_decode import DEFAULT_DECODE_TUNING, compile_decode, decode_attention, wants_graphs
 from perflab.generation.decode_graph import CapturedDecode
 from perflab.generation.decoder import Decoder
 
@@ -27,8 +27,8 @@ class DecoderSession:
 
     def __init__(self, model: Decoder, batch: int, max_seq: int, static: bool, device: torch.device,
                  dtype: torch.dtype, compile_mode: Optional[str] = None, largest_compiled: int = 1,
-                 tuned: bool = True, sdpa: str = "auto", graphs: str = "perflab"):
-        """`graphs`: who captures the CUDA graphs a compile mode asks for: perflab (decode_graph.py) or inductor."""
+                 tuning: str = DEFAULT_DECODE_TUNING, sdpa: str = "auto", graphs: str = "perflab"):
+        """`tuning`: the decode step's Inductor settings by name (compiled_decode.DECODE_TUNINGS). `graphs`: who captures the CUDA graphs a compile mode asks for: perflab (decode_graph.py) or inductor."""
         if max_seq > model.size.max_seq:
             raise PerflabError(f"requests need {max_seq} positions but the decoder has {model.size.max_seq}: use "
                                "shorter prompt_len/output_len options")
@@ -48,11 +48,11 @@ class DecoderSession:
                 raise PerflabError("compiling the decode step needs fixed shapes: add --kv-cache static")
             graphs_by = graphs if device.type == "cuda" and wants_graphs(compile_mode) else None
             capture = graphs_by == "perflab"
-            self.compiled, options = compile_decode(self._step, compile_mode, tuned, inductor_graphs=not capture)
-            self.attention, attention_name = decode_attention(tuned, sdpa)
+            self.compiled, options = compile_decode(self._step, compile_mode, tuning, inductor_graphs=not capture)
+            self.attention, attention_name = decode_attention(tuning, sdpa)
             if capture:
                 self.captured = CapturedDecode(self.compiled, self.attention)
-            self.compile_settings = {"mode": compile_mode, "decode_tuning": "gpt-fast" if tuned else "off",
+            self.compile_settings = {"mode": compile_mode, "decode_tuning": tuning,
                                      "inductor_options": options, "decode_sdpa": attention_name,
                                      "graphs": graphs_by}
 
@@ -206,9 +206,9 @@ def crop_past(past: Any, length: int) -> Any:
 
 def open_session(model: nn.Module, batch: int, max_seq: int, device: torch.device, dtype: torch.dtype,
                  static: bool = False, compile_mode: Optional[str] = None, largest_compiled: int = 1,
-                 tuned: bool = True, sdpa: str = "auto", graphs: str = "perflab"):
+                 tuning: str = DEFAULT_DECODE_TUNING, sdpa: str = "auto", graphs: str = "perflab"):
     """A session for `model`: the built-in Decoder's own caches, or the transformers convention."""
     if isinstance(model, Decoder):
-        return DecoderSession(model, batch, max_seq, static, device, dtype, compile_mode, largest_compiled, tuned,
+        return DecoderSession(model, batch, max_seq, static, device, dtype, compile_mode, largest_compiled, tuning,
                               sdpa, graphs)
     return CausalLMSession(model, batch, max_seq, device)

@@ -4,14 +4,16 @@ One timed step is one request batch: the prefill of its prompts, then one decode
 Options: size=tiny|125m|350m|1b (default tiny on a CPU, 125m on a GPU), prompt_len and output_len (a number
 or a range low-high, drawn per request batch), weights=random|trained (trained: the decoder trained briefly on
 the synthetic language, cached on first use; the default with --speculative and no --draft, whose built-in
-draft is trained on the same language), decode_tuning=gpt-fast|off (with --compile: gpt-fast's Inductor settings
-for the decode step, the default; off: the compile mode's alone), decode_graphs=perflab|inductor (with a compile
+draft is trained on the same language), decode_tuning=gpt-fast|autotune|off (with --compile: the decode step's
+Inductor settings: gpt-fast's, the default; autotune: gpt-fast's plus a wider search of reduction configs; off: the
+compile mode's alone; perflab/generation/compiled_decode.py), decode_graphs=perflab|inductor (with a compile
 mode that captures CUDA graphs, on a GPU: perflab captures the compiled step, the default; inductor: Inductor's
 cudagraph trees do). docs/generate.md has the levers and the metrics.
 """
 from __future__ import annotations
 
 from perflab.errors import PerflabError
+from perflab.generation.compiled_decode import DECODE_TUNINGS, DEFAULT_DECODE_TUNING
 from perflab.generation.corpus import SyntheticLanguage, trained_decoder
 from perflab.generation.decoder import DRAFT_SIZES, SIZES, Decoder
 from perflab.generation.plan import GenerationSpec
@@ -23,7 +25,6 @@ DESCRIPTION = ("GPT-style decoder generating tokens with a KV cache: TTFT, TPOT,
 DEFAULT_BATCH = {"cpu": 1, "cuda": 1}
 KNOWN_OPTIONS = {"size", "prompt_len", "output_len", "weights", "decode_tuning", "decode_graphs"}
 DECODE_GRAPHS = ("perflab", "inductor")
-DECODE_TUNINGS = {"gpt-fast": True, "off": False}
 EVAL_SEQUENCES = 4  # sequences in the quality gate's perplexity set
 
 
@@ -47,9 +48,9 @@ def build(cfg) -> Workload:
     if builtin_draft and weights == "random":
         raise PerflabError("the built-in draft is trained on the synthetic language and would agree with a random "
                            "target only by chance: drop weights=random, or give your own --draft")
-    tuning = opts.get("decode_tuning", "gpt-fast")
+    tuning = opts.get("decode_tuning", DEFAULT_DECODE_TUNING)
     if tuning not in DECODE_TUNINGS:
-        raise PerflabError(f"generate: decode_tuning must be gpt-fast or off, got {tuning!r}")
+        raise PerflabError(f"generate: decode_tuning must be one of {', '.join(DECODE_TUNINGS)}, got {tuning!r}")
     graphs = opts.get("decode_graphs", "perflab")
     if graphs not in DECODE_GRAPHS:
         raise PerflabError(f"generate: decode_graphs must be perflab or inductor, got {graphs!r}")
@@ -72,7 +73,7 @@ def build(cfg) -> Workload:
     spec = GenerationSpec(vocab=size.vocab, prompt_lengths=prompt_lengths, output_lengths=output_lengths,
                           eval_sequences=language.sample(EVAL_SEQUENCES, min(size.max_seq, 128), seed=99),
                           context_limit=size.max_seq, builtin_draft=load_builtin_draft, builtin_decoder=True,
-                          decode_tuning=DECODE_TUNINGS[tuning], decode_graphs=graphs)
+                          decode_tuning=tuning, decode_graphs=graphs)
     return Workload(
         name="generate",
         model=model.eval(),
