@@ -10,7 +10,9 @@ else in the process changes. gpt-fast also traces decode under the math SDPA bac
 the attention itself (one query token: two small matrix-vector products), done here when --sdpa is auto.
 
 Named settings (DECODE_TUNINGS, `--option decode_tuning=NAME`): gpt-fast's; `autotune`, gpt-fast's plus
-Inductor's wider reduction search; `off`, the mode's settings alone (the previous behaviour, for comparison).
+Inductor's wider reduction search; `wide`, that plus a coordinate descent that looks two steps away in every
+direction before it moves (slower to compile); `off`, the mode's settings alone (the previous behaviour, for
+comparison).
 Why `autotune`: for a reduction along contiguous memory (a matrix-vector product reads each weight row end to
 end) Inductor starts coordinate descent from one heuristic config, and where the descent stops varies from
 compile to compile. On the H100, three compiles of the same 1b bf16 step ran its 2048 -> 8192 GELU product in
@@ -36,6 +38,8 @@ GPT_FAST_OPTIONS = {"coordinate_descent_tuning": True, "triton.unique_kernel_nam
 DECODE_TUNINGS: dict[str, dict[str, Any]] = {
     "gpt-fast": GPT_FAST_OPTIONS,
     "autotune": {**GPT_FAST_OPTIONS, "max_autotune_pointwise": True},
+    "wide": {**GPT_FAST_OPTIONS, "max_autotune_pointwise": True, "coordinate_descent_search_radius": 2,
+             "coordinate_descent_check_all_directions": True},
     "off": {},
 }
 DEFAULT_DECODE_TUNING = next(iter(DECODE_TUNINGS))
