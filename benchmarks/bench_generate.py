@@ -13,7 +13,7 @@
   forward, speed-up.
 
 BENCH_GENERATE_ONLY picks the variants whose "experiment label" contains it, or one of its comma-separated parts
-(bandwidth, speculative, eager, decode_tuning=off, decode_graphs=inductor, bf16 compiled, autotune, wide, max-autotune, int8,
+(bandwidth, speculative, eager, decode_tuning=off, decode_graphs=inductor, bf16 compiled, autotune, max-autotune, int8,
 plain greedy, K=4), so the parts can run in
 separate device calls.
 
@@ -55,9 +55,6 @@ def bandwidth_experiment(full: bool) -> tuple[dict[str, Any], list[tuple[str, di
                      ("bf16 compiled decode + gpt-fast decode tuning", {**compiled, "check_quality": False}),
                      ("autotune: bf16 compiled decode, decode_tuning=autotune (wider reduction search)",
                       {**compiled, "workload_options": {**settings["workload_options"], "decode_tuning": "autotune"},
-                       "check_quality": True}),
-                     ("wide: bf16 compiled decode, decode_tuning=wide (and a wider coordinate descent)",
-                      {**compiled, "workload_options": {**settings["workload_options"], "decode_tuning": "wide"},
                        "check_quality": True}),
                      ("max-autotune: bf16, tuned, graphs by perflab",
                       {**compiled, "compile": "max-autotune", "check_quality": False}),

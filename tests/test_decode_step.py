@@ -289,4 +289,4 @@ def test_an_unknown_decode_tuning_exits_2_naming_the_choices(capsys):
     from perflab.cli import main
     assert main(["run", "--workload", "generate", "--mode", "infer", "--option", "size=tiny",
                  "--option", "decode_tuning=fast"]) == 2
-    assert "decode_tuning must be one of gpt-fast, autotune, wide, off" in capsys.readouterr().err
+    assert "decode_tuning must be one of gpt-fast, autotune, off" in capsys.readouterr().err

@@ -4,9 +4,9 @@ One timed step is one request batch: the prefill of its prompts, then one decode
 Options: size=tiny|125m|350m|1b (default tiny on a CPU, 125m on a GPU), prompt_len and output_len (a number
 or a range low-high, drawn per request batch), weights=random|trained (trained: the decoder trained briefly on
 the synthetic language, cached on first use; the default with --speculative and no --draft, whose built-in
-draft is trained on the same language), decode_tuning=gpt-fast|autotune|wide|off (with --compile: the decode step's
-Inductor settings: gpt-fast's, the default; autotune: gpt-fast's plus a wider search of reduction configs; wide:
-that and a wider coordinate descent; off: the compile mode's alone; perflab/generation/compiled_decode.py), decode_graphs=perflab|inductor (with a compile
+draft is trained on the same language), decode_tuning=gpt-fast|autotune|off (with --compile: the decode step's
+Inductor settings: gpt-fast's, the default; autotune: gpt-fast's plus a wider search of reduction configs; off: the
+compile mode's alone; perflab/generation/compiled_decode.py), decode_graphs=perflab|inductor (with a compile
 mode that captures CUDA graphs, on a GPU: perflab captures the compiled step, the default; inductor: Inductor's
 cudagraph trees do). docs/generate.md has the levers and the metrics.
 """
