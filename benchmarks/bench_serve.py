@@ -174,6 +174,12 @@ def generation_name(full: bool) -> str:
 GENERATE_FRACTIONS = (0.25, 0.5, 0.75)  # server points, as fractions of the offline requests/s
 
 
+def host_text(generation: dict) -> str:
+    """The engine's host ms per batch by part (where a batch's time goes outside the device's work)."""
+    host = generation.get("engine_host_ms_per_batch") or {}
+    return "engine host ms per batch: " + ", ".join(f"{part} {ms:.1f}" for part, ms in host.items())
+
+
 def measure_generation(out: Path, rows: Rows, full: bool) -> None:
     """Generation under a serve load: offline requests/s at max batch 8, then Poisson points below it."""
     name = generation_name(full)
@@ -189,8 +195,8 @@ def measure_generation(out: Path, rows: Rows, full: bool) -> None:
     point = offline.metrics["serve"]["points"][0]
     offline_rps = point["achieved_qps"]
     rows.add(name, "offline requests/s (max batch 8)", offline_rps, "requests/s",
-             f"{point['generation']['output_tokens_per_s']:.0f} output tokens/s; session "
-             f"{time.perf_counter() - began:.0f} s incl. compile")
+             f"{point['generation']['output_tokens_per_s']:.0f} output tokens/s; {host_text(point['generation'])}, "
+             f"GPU {point['gpu'].get('util_mean_pct')}% busy; session {time.perf_counter() - began:.0f} s incl. compile")
     rates = [float(f"{fraction * offline_rps:.3g}") for fraction in GENERATE_FRACTIONS]
     # every point long enough for --min-queries at the lowest rate
     timing["duration_s"] = max(timing["duration_s"], timing["min_queries"] / rates[0])
@@ -208,7 +214,8 @@ def measure_generation(out: Path, rows: Rows, full: bool) -> None:
                  f" ms), TPOT p50 {gen['tpot_ms']['p50']:.2f} ms, ITL p99 {gen['itl_ms']['p99']:.2f} ms, "
                  f"{gen['output_tokens_per_s']:.0f} output tokens/s, achieved {point['achieved_qps']:.1f} requests/s, "
                  f"mean batch {point['batch_mean']:.1f}, goodput {goodput.get('goodput_requests_per_s', 0):.1f} "
-                 f"requests/s ({goodput.get('requests_meeting_slo_pct', 0):.0f}% meet {GENERATE_SLO})")
+                 f"requests/s ({goodput.get('requests_meeting_slo_pct', 0):.0f}% meet {GENERATE_SLO}); "
+                 f"{host_text(gen)}, GPU {point['gpu'].get('util_mean_pct')}% busy")
     rows.add(name, "session", time.perf_counter() - began, "s", "server points incl. compile")
 
 

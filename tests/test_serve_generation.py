@@ -100,6 +100,10 @@ def test_serve_generate_reports_ttft_tpot_tokens_and_goodput_per_point(tmp_path,
     assert gen["goodput"]["goodput_requests_per_s"] == pytest.approx(
         gen["goodput"]["requests_meeting_slo_pct"] / 100 * gen["requests_per_s"])
     assert gen["ttft_ms"]["p50"] <= gen["e2e_latency_ms"]["p50"] <= point["latency_ms"]["p50"] + 1e-6
+    # the engine's host time per batch: issuing (on a CPU, computing) is most of a query's compute time
+    host = gen["engine_host_ms_per_batch"]
+    assert set(host) == {"issue", "device_wait", "bookkeeping"} and host["device_wait"] == 0.0
+    assert 0 < host["issue"] <= point["time_ms"]["mean"]["compute"] + point["time_ms"]["mean"]["copy_in"] + 1.0
     assert any("static batching" in note for note in result.notes)
     assert result.config["slo"] == "ttft:500,tpot:100"
     printed = capsys.readouterr().out

@@ -51,6 +51,9 @@ def check_generation_serving(workload: Workload, instances: int) -> None:
                            "by one instance: drop --instances")
 
 
+HOST_PARTS = ("issue", "device_wait", "bookkeeping")
+
+
 class GenerationEngine:
     """The one instance of a generation workload: copies a batch's prompts in, generates, copies the tokens out."""
 
@@ -72,6 +75,10 @@ class GenerationEngine:
         self.token_buffer = torch.empty(max_batch * max(pool.output_len), dtype=torch.long, pin_memory=self.cuda)
         self.last_request: Optional[RequestTiming] = None  # the token times of the batch just served
         self.padded_samples = 0
+        # host seconds per part of serving a batch, summed since the last take_host_times(): issuing its work
+        # (copy in, prefill, decode steps), waiting for the device to finish it, and reading its token times back
+        self.host_s = dict.fromkeys(HOST_PARTS, 0.0)
+        self.host_batches = 0
 
     def warm_up(self, rounds: int) -> None:
         """Every batch shape, `rounds` times (at least once): compiled decode steps are compiled here."""
@@ -79,6 +86,16 @@ class GenerationEngine:
             for _ in range(max(rounds, 1)):
                 self.serve(np.arange(size) % self.pool.count)
         self.padded_samples = 0
+        self.take_host_times()
+
+    def take_host_times(self) -> Optional[dict[str, float]]:
+        """Mean host ms per batch in each part of serving it since the last call (None before any batch), and
+        start counting again. A GPU busy well under 100% while the engine is always busy shows here."""
+        taken = ({part: 1e3 * seconds / self.host_batches for part, seconds in self.host_s.items()}
+                 if self.host_batches else None)
+        self.host_s = dict.fromkeys(HOST_PARTS, 0.0)
+        self.host_batches = 0
+        return taken
 
     def _generate(self, sample_ids: np.ndarray) -> torch.Tensor:
         count = len(sample_ids)
@@ -105,16 +122,28 @@ class GenerationEngine:
             host = self._copy_out(tokens)
             done = time.perf_counter()
             copy_in_s = (self.clock.requests[0].start - began) if self.clock.requests else 0.0
-            return self._finish(sample_ids, host, copy_in_s, done - computed)
+            copies = self._finish(sample_ids, host, copy_in_s, done - computed)
+            self._count_host(done - began, 0.0, time.perf_counter() - done)  # a CPU computes as it issues
+            return copies
         began, copied, computed, done = self.events
+        host_began = time.perf_counter()
         began.record()
         tokens = self._generate(sample_ids)
         computed.record()
         host = self._copy_out(tokens)
         done.record()
+        issued = time.perf_counter()
         done.synchronize()
+        finished = time.perf_counter()
         start = self.clock.requests[0].start  # the TokenClock's event at the prefill's start: the copy ended there
-        return self._finish(sample_ids, host, began.elapsed_time(start) / 1000, computed.elapsed_time(done) / 1000)
+        copies = self._finish(sample_ids, host, began.elapsed_time(start) / 1000, computed.elapsed_time(done) / 1000)
+        self._count_host(issued - host_began, finished - issued, time.perf_counter() - finished)
+        return copies
+
+    def _count_host(self, *seconds: float) -> None:
+        for part, spent in zip(HOST_PARTS, seconds):
+            self.host_s[part] += spent
+        self.host_batches += 1
 
     def _finish(self, sample_ids: np.ndarray, host: torch.Tensor, copy_in_s: float, copy_out_s: float
                 ) -> tuple[float, float]:

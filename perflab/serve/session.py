@@ -70,6 +70,8 @@ class Session:
                                 sampler.summary(), self.cfg.gpu_cost_per_hour)
         if log.token_batches:
             point["generation"] = summarize_tokens(log, point["duration_s"], parse_slo(self.cfg.slo))
+            engines = [engine for engine in self.server.engines if hasattr(engine, "take_host_times")]
+            point["generation"]["engine_host_ms_per_batch"] = engines[0].take_host_times() if engines else None
         point["index"] = index
         point["schedule_seed"] = sc.schedule_seed + index if scenario == "server" else None
         point["meets_bound"] = bool(point["latency_ms"]["p99"] <= sc.p99_ms)
