@@ -12,8 +12,9 @@ of the step is the gaps between them), and the kernels that take most of the ste
 Variants: a decode tuning's name (compiled_decode.DECODE_TUNINGS: gpt-fast, autotune, off), optionally with
 `+sdpa-efficient` (attention by SDPA's memory-efficient kernel instead of Inductor's generated math), `+combo`
 (Inductor's combo kernels: independent kernels launched as one) or `+max-autotune` (that compile mode instead of
-reduce-overhead). Compiling the same variant twice (`gpt-fast,gpt-fast`) shows how much the step moves between
-compiles.
+reduce-overhead). Each variant compiles in its own process with an empty Inductor cache, so naming one twice
+(`gpt-fast,gpt-fast`) shows how much the step moves between compiles; DECODE_KERNELS_BUDGET_S (default 480) caps
+the whole run.
 
 On the H100 (2026-11-23) with keys and values in separate buffers: 244 kernels per step and 1.57 ms; one buffer
 (kv_cache.py now): 224 kernels and 1.33 ms; the kernels run back to back (busy 96-98% of the step), and the
@@ -21,9 +22,12 @@ matrix-vector products' time moved most between compiles.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -32,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import Rows, parse_args
+from benchmarks.common import Rows
 
 PROMPT, NEW_TOKENS = 128, 128
 VARIANTS = "gpt-fast,autotune,gpt-fast,autotune"
@@ -117,49 +121,74 @@ def profiled_request(session, prompt: torch.Tensor, trace: Path) -> dict:
             "top": [(name[:90], len(durs) / steps, sum(durs) / steps, statistics.median(durs)) for name, durs in top]}
 
 
+def record_variant(rows: Rows, label: str, name: str, size: str, gbps: float) -> None:
+    """Compile, time and profile one variant in this process; its rows under `label`."""
+    from perflab.generation.kv_cache import kv_cache_bytes
+    from perflab.generation.metrics import weight_bytes_per_step
+    device = torch.device("cuda")
+    try:
+        got = run_variant(name, size, device, Path(tempfile.mkdtemp()))
+    except Exception as err:  # reported as a row: the parent goes on with the next variant
+        rows.add(label, "error", None, "", f"{type(err).__name__}: {str(err)[:300]}")
+        return
+    model = got.pop("model")
+    s = model.size
+    mean_positions = PROMPT + NEW_TOKENS / 2
+    step_bytes = weight_bytes_per_step(model, 1) + kv_cache_bytes(s.layers, 1, s.heads, s.head_dim,
+                                                                  int(mean_positions), torch.bfloat16)
+    bound_ms = step_bytes / (gbps * 1e9) * 1e3
+    rows.add(label, "ms per decode step", round(got["step_ms"], 4), "ms",
+             f"3 requests {[round(v, 4) for v in got['step_ms_all']]}; compile+capture {got['compile_s']:.0f} s")
+    rows.add(label, "% of bound", round(100 * bound_ms / got["step_ms"], 1), "%",
+             f"bound {bound_ms:.4f} ms = {step_bytes / 1e9:.3f} GB at {gbps:.0f} GB/s")
+    rows.add(label, "kernels per step", round(got["kernels_per_step"], 1), "")
+    rows.add(label, "busy ms per step", round(got["busy_ms_per_step"], 4), "ms",
+             f"profiled span {got['span_ms_per_step']:.4f} ms per step; the rest is gaps between kernels")
+    for kernel, per_step, us_per_step, median_us in got["top"]:
+        rows.add(label, f"kernel {kernel}", round(us_per_step, 1), "us/step",
+                 f"{per_step:g} per step, median {median_us:.1f} us")
+
+
 def main() -> None:
-    args = parse_args()
+    """Each variant in its own process with its own, empty Inductor cache, so every one is a fresh compile (in one
+    process, or with a shared cache, a second compile of the same step reuses the first one's tuned kernels)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--one", help="(internal) the variant to run in this process")
+    parser.add_argument("--label", default="")
+    parser.add_argument("--gbps", type=float, default=0.0)
+    args = parser.parse_args()
+    size = os.environ.get("DECODE_SIZE", "1b")
     rows = Rows("decode_kernels", args.out)
+    if args.one:
+        record_variant(rows, args.label or args.one, args.one, size, args.gbps)
+        return
     if not torch.cuda.is_available():
         rows.add("decode kernels", "skipped", None, "", "needs CUDA")
         return
     from perflab.calibrate import measure_copy_gbps
-    from perflab.generation.kv_cache import kv_cache_bytes
-    from perflab.generation.metrics import weight_bytes_per_step
-    device = torch.device("cuda")
-    size = os.environ.get("DECODE_SIZE", "1b")
-    budget_s = float(os.environ.get("DECODE_KERNELS_BUDGET_S", "480"))
-    gbps = measure_copy_gbps(device, 1024)
+    gbps = measure_copy_gbps(torch.device("cuda"), 1024)
     rows.add("device", "copy bandwidth", round(gbps), "GB/s", "read + write of 1 GiB, median of 10")
+    budget_s = float(os.environ.get("DECODE_KERNELS_BUDGET_S", "480"))
     began = time.perf_counter()
-    work = Path(tempfile.mkdtemp())
-    for name in os.environ.get("DECODE_VARIANTS", VARIANTS).split(","):
-        if time.perf_counter() - began > budget_s:
-            rows.add(name, "skipped", None, "", f"past DECODE_KERNELS_BUDGET_S={budget_s:g}")
+    for index, name in enumerate(os.environ.get("DECODE_VARIANTS", VARIANTS).split(",")):
+        label = f"{name} #{index + 1}"
+        left = budget_s - (time.perf_counter() - began)
+        if left <= 0:
+            rows.add(label, "skipped", None, "", f"past DECODE_KERNELS_BUDGET_S={budget_s:g}")
             continue
+        child_out = args.out / f"variant-{index + 1}"
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="inductor-")}
+        command = [sys.executable, "-m", "benchmarks.decode_kernels", "--out", str(child_out), "--one", name,
+                   "--label", label, "--gbps", str(gbps)]
         try:
-            got = run_variant(name, size, device, work)
-        except Exception as err:  # one variant failing must not cost the others
-            rows.add(name, "error", None, "", f"{type(err).__name__}: {str(err)[:300]}")
+            subprocess.run(command, env=env, timeout=left, check=False)
+        except subprocess.TimeoutExpired:
+            rows.add(label, "skipped", None, "", f"stopped at DECODE_KERNELS_BUDGET_S={budget_s:g}")
             continue
-        model = got.pop("model")
-        s = model.size
-        mean_positions = PROMPT + NEW_TOKENS / 2
-        step_bytes = weight_bytes_per_step(model, 1) + kv_cache_bytes(s.layers, 1, s.heads, s.head_dim,
-                                                                      int(mean_positions), torch.bfloat16)
-        bound_ms = step_bytes / (gbps * 1e9) * 1e3
-        rows.add(name, "ms per decode step", round(got["step_ms"], 4), "ms",
-                 f"3 requests {[round(v, 4) for v in got['step_ms_all']]}; compile+capture {got['compile_s']:.0f} s")
-        rows.add(name, "% of bound", round(100 * bound_ms / got["step_ms"], 1), "%",
-                 f"bound {bound_ms:.4f} ms = {step_bytes / 1e9:.3f} GB at {gbps:.0f} GB/s")
-        rows.add(name, "kernels per step", round(got["kernels_per_step"], 1), "")
-        rows.add(name, "busy ms per step", round(got["busy_ms_per_step"], 4), "ms",
-                 f"profiled span {got['span_ms_per_step']:.4f} ms per step; the rest is gaps between kernels")
-        for kernel, per_step, us_per_step, median_us in got["top"]:
-            rows.add(name, f"kernel {kernel}", round(us_per_step, 1), "us/step",
-                     f"{per_step:g} per step, median {median_us:.1f} us")
-        del model
-        torch.cuda.empty_cache()
+        child_rows = child_out / "rows.json"
+        for row in json.loads(child_rows.read_text()) if child_rows.exists() else []:
+            rows.add(row["experiment"], row["metric"], row["value"], row["unit"], row["note"])
     print("\n" + "\n".join(f"{r['experiment']:28s} {r['metric'][:60]:60s} {r['value']} {r['unit']}"
                            for r in rows.rows if not r["metric"].startswith("kernel ")))
 
