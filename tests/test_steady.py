@@ -87,3 +87,17 @@ def test_unsteady_note_says_the_input_pipeline_drifts_when_the_data_wait_moved()
                                   "other_phases_range_ms": {"forward": 0.2}}}
     note = runner.unsteady_note(metrics)
     assert "data_wait phase moved between 2.50 and 4.40 ms" in note and "input pipeline" in note
+
+
+def test_trials_that_fall_one_after_another_are_a_drift_not_noise():
+    from perflab.harness.steady import trend, unsteady_note
+    # the H100's driving run at 8 workers: one small rise, otherwise falling, 9% down in all
+    drift = trend([227, 221, 209, 201, 207])
+    assert drift["direction"] == "falls" and round(drift["change_pct"]) == -9
+    assert trend([593, 602, 626, 652, 661])["direction"] == "rises"
+    assert trend([4026, 2312, 4693, 4999, 4006]) is None  # swings, not a drift
+    assert trend([100, 99, 98, 97.5]) is None  # falls, but by less than half the unsteady range
+    assert trend([100, 80, 60]) is None  # too few trials to call a direction
+    metrics = {"throughput_samples_per_s": {"range_pct": 12.6}, "steady": False, "throughput_trend": drift}
+    note = unsteady_note(metrics)
+    assert "falls trial after trial (227 -> 207, -9%)" in note and "more trials do not average out" in note

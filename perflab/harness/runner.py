@@ -30,7 +30,7 @@ from perflab.harness.plan import StepPlan, build_plan
 from perflab.harness.progress import Reporter
 from perflab.harness.stats import percentiles, summarize
 from perflab.harness.steady import (UNSTEADY_RANGE_PCT, moving_phase, reach_steady_state, steady_notes,
-                                    steps_for_time, unsteady_note)
+                                    steps_for_time, trend, unsteady_note)
 from perflab.harness.timers import NullTimer, make_timer
 from perflab.levers import check_levers
 from perflab.results import Result, Trial
@@ -263,6 +263,7 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
     metrics["steady_state"] = steady
     metrics["steady"] = metrics["throughput_samples_per_s"]["range_pct"] <= UNSTEADY_RANGE_PCT
     metrics["unsteady_phase"] = None if metrics["steady"] else moving_phase([t.phase_ms for t in trials])
+    metrics["throughput_trend"] = None if metrics["steady"] else trend([t.throughput_samples_per_s for t in trials])
     notes += [note for note in (busy_note(metrics["interference"]), unsteady_note(metrics)) if note]
     if interrupted:
         notes.append(interrupted)

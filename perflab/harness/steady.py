@@ -83,6 +83,27 @@ def moving_phase(trial_phase_ms: Sequence[dict[str, float]]) -> Optional[dict[st
             "other_phases_range_ms": steady_phases}
 
 
+def trend(throughputs: Sequence[float], min_trials: int = 4) -> Optional[dict[str, Any]]:
+    """Trials whose throughput only falls (or only rises) from first to last: a drift, not noise around a level.
+
+    On the H100, driving at 8 workers ran 227, 221, 209, 201, 207 samples/s and augment with per-sample CPU
+    augmentation 661, 652, 626, 602, 593 in five consecutive trials: the spread was a fall, which more trials
+    do not average out. Here a drift is at least `min_trials` trials, each of the first ones past the last (all
+    but one step in the same direction) and the last more than UNSTEADY_RANGE_PCT / 2 from the first. None
+    otherwise."""
+    values = list(throughputs)
+    if len(values) < min_trials or not values[0]:
+        return None
+    steps = [after - before for before, after in zip(values, values[1:])]
+    falls, rises = sum(step < 0 for step in steps), sum(step > 0 for step in steps)
+    change_pct = 100 * (values[-1] - values[0]) / values[0]
+    direction = "falls" if falls >= len(steps) - 1 and change_pct < 0 else \
+        "rises" if rises >= len(steps) - 1 and change_pct > 0 else None
+    if direction is None or abs(change_pct) <= UNSTEADY_RANGE_PCT / 2:
+        return None
+    return {"direction": direction, "first": values[0], "last": values[-1], "change_pct": change_pct}
+
+
 def steady_notes(steady: dict[str, Any], steps_per_trial: int, cfg) -> list[str]:
     """The run's notes on reaching a steady state and on trials sized by time."""
     notes = [f"before timing, {steady['steps']} untimed steps used up the DataLoader's prefilled queue "
@@ -101,6 +122,11 @@ def unsteady_note(metrics: dict[str, Any]) -> Optional[str]:
         return None
     note = (f"trials disagree by {spread:.0f}% (more than {UNSTEADY_RANGE_PCT:g}%): this run is not steady; use "
             "more --trials, longer trials (--steps, --min-trial-s) or a quieter machine before trusting a change")
+    drift = metrics.get("throughput_trend")
+    if drift is not None:
+        note += (f". Throughput {drift['direction']} trial after trial ({drift['first']:.4g} -> {drift['last']:.4g}, "
+                 f"{drift['change_pct']:+.0f}%): a drift, which more trials do not average out (a host that slows "
+                 "under sustained load, or state that grows over the run)")
     moved = metrics.get("unsteady_phase")
     if moved is None:
         return note
