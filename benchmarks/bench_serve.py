@@ -196,7 +196,8 @@ def measure_generation(out: Path, rows: Rows, full: bool) -> None:
     offline_rps = point["achieved_qps"]
     rows.add(name, "offline requests/s (max batch 8)", offline_rps, "requests/s",
              f"{point['generation']['output_tokens_per_s']:.0f} output tokens/s; {host_text(point['generation'])}, "
-             f"GPU {(point.get('gpu') or {}).get('util_mean_pct')}% busy; session {time.perf_counter() - began:.0f} s incl. compile")
+             f"GPU {(point.get('gpu') or {}).get('util_mean_pct')}% busy; session "
+             f"{time.perf_counter() - began:.0f} s incl. compile")
     rates = [float(f"{fraction * offline_rps:.3g}") for fraction in GENERATE_FRACTIONS]
     # every point long enough for --min-queries at the lowest rate
     timing["duration_s"] = max(timing["duration_s"], timing["min_queries"] / rates[0])

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from perflab.errors import PerflabError
+from perflab.generation.compiled_decode import DEFAULT_DECODE_TUNING
 from perflab.generation.decode import generate_greedy
 from perflab.generation.metrics import BandwidthBound, TokenClock, parse_slo, summarize_requests, weight_bytes_per_step
 from perflab.generation.requests import request_shape
@@ -35,7 +36,7 @@ class GenerationSpec:
     context_limit: Optional[int] = None  # positions the model supports, when known
     builtin_draft: Optional[Callable[[], nn.Module]] = None  # the draft trained with the target, if any
     builtin_decoder: bool = False  # the model is perflab's Decoder (static cache and compiled decode apply)
-    decode_tuning: str = "gpt-fast"  # the decode step's Inductor settings by name (compiled_decode.DECODE_TUNINGS)
+    decode_tuning: str = DEFAULT_DECODE_TUNING  # the decode step's Inductor settings by name (DECODE_TUNINGS)
     decode_graphs: str = "perflab"  # who captures a compile mode's CUDA graphs: perflab (decode_graph.py) or inductor
 
 

@@ -28,7 +28,8 @@ class DecoderSession:
     def __init__(self, model: Decoder, batch: int, max_seq: int, static: bool, device: torch.device,
                  dtype: torch.dtype, compile_mode: Optional[str] = None, largest_compiled: int = 1,
                  tuning: str = DEFAULT_DECODE_TUNING, sdpa: str = "auto", graphs: str = "perflab"):
-        """`tuning`: the decode step's Inductor settings by name (compiled_decode.DECODE_TUNINGS). `graphs`: who captures the CUDA graphs a compile mode asks for: perflab (decode_graph.py) or inductor."""
+        """`tuning`: the decode step's Inductor settings by name (compiled_decode.DECODE_TUNINGS). `graphs`: who
+        captures the CUDA graphs a compile mode asks for: perflab (decode_graph.py) or inductor."""
         if max_seq > model.size.max_seq:
             raise PerflabError(f"requests need {max_seq} positions but the decoder has {model.size.max_seq}: use "
                                "shorter prompt_len/output_len options")
