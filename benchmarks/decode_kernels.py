@@ -7,7 +7,8 @@ step compiled with gpt-fast's Inductor settings and captured by perflab (the pat
 --kv-cache static --compile reduce-overhead` takes), one request of prompt 128 + 128 tokens untimed (compiles and
 captures), then three timed by CUDA events, then one more under torch.profiler. Rows: ms per decode step, the
 share of the memory-bandwidth bound, kernels per step, the time the GPU spends inside kernels per step (the rest
-of the step is the gaps between them), and the kernels that take most of the step.
+of the step is the gaps between them), the kernels that take most of the step, and the GPU's SM clock while the
+step compiled (Inductor's coordinate descent picks kernel configs by timing them at that clock).
 
 Variants: a decode tuning's name (compiled_decode.DECODE_TUNINGS: gpt-fast, autotune, off), optionally with
 `+sdpa-efficient` (attention by SDPA's memory-efficient kernel instead of Inductor's generated math), `+combo`
@@ -46,6 +47,7 @@ def run_variant(name: str, size: str, device: torch.device, out: Path) -> dict:
     from perflab.generation import compiled_decode
     from perflab.generation.decoder import SIZES, Decoder
     from perflab.generation.session import DecoderSession
+    from perflab.harness.nvml import NvmlSampler
     from perflab.levers.sdpa import sdpa_context
 
     tuning, *parts = name.split("+")
@@ -63,8 +65,10 @@ def run_variant(name: str, size: str, device: torch.device, out: Path) -> dict:
                                      tuning=tuning, sdpa="efficient" if "sdpa-efficient" in parts else "auto")
             prompt = torch.randint(0, model.size.vocab, (1, PROMPT), device=device)
             began = time.perf_counter()
-            request(session, prompt)  # compiles and captures
-            torch.cuda.synchronize()
+            # the GPU's clocks while Inductor times its kernel choices: an idle GPU runs at a low clock
+            with NvmlSampler(device.index or 0) as sampler:
+                request(session, prompt)  # compiles and captures
+                torch.cuda.synchronize()
             compile_s = time.perf_counter() - began
             step_ms = []
             for _ in range(3):
@@ -74,7 +78,7 @@ def run_variant(name: str, size: str, device: torch.device, out: Path) -> dict:
     finally:
         compiled_decode.DECODE_TUNINGS[tuning] = saved_options
     return {"compile_s": compile_s, "step_ms": statistics.median(step_ms), "step_ms_all": step_ms,
-            "model": model, **kernels}
+            "compile_gpu": sampler.summary(), "model": model, **kernels}
 
 
 def request(session, prompt: torch.Tensor) -> None:
@@ -142,6 +146,10 @@ def record_variant(rows: Rows, label: str, name: str, size: str, gbps: float) ->
     rows.add(label, "% of bound", round(100 * bound_ms / got["step_ms"], 1), "%",
              f"bound {bound_ms:.4f} ms = {step_bytes / 1e9:.3f} GB at {gbps:.0f} GB/s")
     rows.add(label, "kernels per step", round(got["kernels_per_step"], 1), "")
+    clocks = got["compile_gpu"] or {}
+    rows.add(label, "SM clock while compiling (median)", clocks.get("sm_clock_median_mhz"), "MHz",
+             f"min {clocks.get('sm_clock_min_mhz')} MHz, max {clocks.get('sm_clock_max_mhz')} MHz, GPU busy "
+             f"{clocks.get('util_mean_pct')}% (Inductor's coordinate descent times kernels at whatever clock it finds)")
     rows.add(label, "busy ms per step", round(got["busy_ms_per_step"], 4), "ms",
              f"profiled span {got['span_ms_per_step']:.4f} ms per step; the rest is gaps between kernels")
     for kernel, per_step, us_per_step, median_us in got["top"]:
