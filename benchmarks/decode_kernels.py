@@ -1,9 +1,10 @@
 """Where a compiled batch-1 decode step's time goes, kernel by kernel, and what a few variants of it change.
 
-    DECODE_VARIANTS=base,kv-fused,sdpa-efficient python -m benchmarks.decode_kernels --out DIR   # CUDA only
+    python -m benchmarks.decode_kernels --out DIR                       # CUDA only; about 5 minutes
+    DECODE_VARIANTS=gpt-fast,gpt-fast+sdpa-efficient python -m benchmarks.decode_kernels --out DIR
 
-For each variant: the built-in decoder (`--option size`, default 1b) in bf16 with a static KV cache, its decode
-step compiled with gpt-fast's Inductor settings and captured by perflab (the path `perflab run --workload generate
+For each variant: the built-in decoder (DECODE_SIZE, default 1b) in bf16 with a static KV cache, its decode
+step compiled with the variant's Inductor settings and captured by perflab (the path `perflab run --workload generate
 --kv-cache static --compile reduce-overhead` takes), one request of prompt 128 + 128 tokens untimed (compiles and
 captures), then three timed by CUDA events, then one more under torch.profiler. Rows: ms per decode step, the
 share of the memory-bandwidth bound, kernels per step, the time the GPU spends inside kernels per step (the rest
