@@ -39,6 +39,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import Rows
+from perflab.generation.decode import generate_greedy
+from perflab.generation.metrics import TokenClock
 
 PROMPT, NEW_TOKENS = 128, 128
 VARIANTS = "gpt-fast,gpt-fast,autotune,autotune,off,off"
@@ -52,52 +54,35 @@ def run_variant(name: str, size: str, device: torch.device, out: Path) -> dict:
     from perflab.levers.sdpa import sdpa_context
 
     tuning, *parts = name.split("+")
-    torch._dynamo.reset()
-    saved_options = compiled_decode.DECODE_TUNINGS[tuning]
-    if "combo" in parts:
-        compiled_decode.DECODE_TUNINGS[tuning] = {**saved_options, "combo_kernels": True}
+    if "combo" in parts:  # this process compiles this one variant (main() runs each in its own)
+        compiled_decode.DECODE_TUNINGS[tuning] = {**compiled_decode.DECODE_TUNINGS[tuning], "combo_kernels": True}
     attention = sdpa_context("efficient") if "sdpa-efficient" in parts else nullcontext
     mode = "max-autotune" if "max-autotune" in parts else "reduce-overhead"
     torch.manual_seed(0)
     model = Decoder(SIZES[size]).to(device=device, dtype=torch.bfloat16).eval()
-    try:
-        with torch.no_grad(), attention():
-            session = DecoderSession(model, 1, PROMPT + NEW_TOKENS, True, device, torch.bfloat16, mode,
-                                     tuning=tuning, sdpa="efficient" if "sdpa-efficient" in parts else "auto")
-            prompt = torch.randint(0, model.size.vocab, (1, PROMPT), device=device)
-            began = time.perf_counter()
-            # the GPU's clocks while Inductor times its kernel choices: an idle GPU runs at a low clock
-            with NvmlSampler(device.index or 0) as sampler:
-                request(session, prompt)  # compiles and captures
-                torch.cuda.synchronize()
-            compile_s = time.perf_counter() - began
-            step_ms = []
-            for _ in range(3):
-                step_ms.append(timed_request(session, prompt))
-            kernels = profiled_request(session, prompt, out / f"{name}.trace.json")
-            session.close()
-    finally:
-        compiled_decode.DECODE_TUNINGS[tuning] = saved_options
+    with torch.no_grad(), attention():
+        session = DecoderSession(model, 1, PROMPT + NEW_TOKENS, True, device, torch.bfloat16, mode,
+                                 tuning=tuning, sdpa="efficient" if "sdpa-efficient" in parts else "auto")
+        prompt = torch.randint(0, model.size.vocab, (1, PROMPT), device=device)
+        began = time.perf_counter()
+        # the GPU's clocks while Inductor times its kernel choices: an idle GPU runs at a low clock
+        with NvmlSampler(device.index or 0) as sampler:
+            generate_greedy(session, prompt, NEW_TOKENS)  # compiles and captures
+            torch.cuda.synchronize()
+        compile_s = time.perf_counter() - began
+        step_ms = [timed_request(session, prompt) for _ in range(3)]
+        kernels = profiled_request(session, prompt, out / f"{name}.trace.json")
+        session.close()
     return {"compile_s": compile_s, "step_ms": statistics.median(step_ms), "step_ms_all": step_ms,
             "compile_gpu": sampler.summary(), "model": model, **kernels}
 
 
-def request(session, prompt: torch.Tensor) -> None:
-    token = session.start(prompt)[:, -1:].argmax(dim=-1)
-    for _ in range(NEW_TOKENS - 1):
-        token = session.extend_greedy(token)[:, -1:]
-
-
 def timed_request(session, prompt: torch.Tensor) -> float:
-    """ms per decode step of one request (CUDA events around the decode steps alone)."""
-    token = session.start(prompt)[:, -1:].argmax(dim=-1)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(NEW_TOKENS - 1):
-        token = session.extend_greedy(token)[:, -1:]
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / (NEW_TOKENS - 1)
+    """ms per decode step of one request: its TPOT, as `perflab run` measures it (TokenClock's CUDA events)."""
+    clock = TokenClock(prompt.device)
+    generate_greedy(session, prompt, NEW_TOKENS, clock)
+    torch.cuda.synchronize()
+    return clock.timings()[0].tpot_ms
 
 
 def profiled_request(session, prompt: torch.Tensor, trace: Path) -> dict:
