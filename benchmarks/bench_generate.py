@@ -5,7 +5,7 @@
 
 - "bandwidth": `generate --option size=1b`, batch 1, prompt 128, 128 new tokens, bf16: eager with a dynamic KV
   cache → static cache + torch.compile reduce-overhead (CUDA graphs) with the compile mode's settings alone
-  (decode_tuning=off) → with gpt-fast's decode settings, graphs by Inductor's cudagraph trees (decode_graphs=inductor)
+  (decode_tuning=off, the default for plain weights) → with gpt-fast's decode settings, graphs by Inductor's cudagraph trees (decode_graphs=inductor)
   → the same with graphs captured by perflab (the default) → decode_tuning=autotune → + int8 weight-only (torchao, gated). Rows: output tokens/s, ms per decode step, the bandwidth bound per step
   and the share of it reached, the host's issue time per step, CUDA-graph skips, TTFT.
 - "speculative": speculative decoding on the trained pair (size 350m target, its small draft; trained and cached
@@ -47,17 +47,19 @@ def bandwidth_experiment(full: bool) -> tuple[dict[str, Any], list[tuple[str, di
     variants = [("eager, dynamic cache", {"check_quality": False})]
     if full:  # labels start differently, so BENCH_GENERATE_ONLY can pick any one of them
         untuned = {**settings["workload_options"], "decode_tuning": "off"}
-        trees = {**settings["workload_options"], "decode_graphs": "inductor"}
+        tuned = {**settings["workload_options"], "decode_tuning": "gpt-fast"}
+        trees = {**tuned, "decode_graphs": "inductor"}
         variants += [("compiled decode (static cache + reduce-overhead), decode_tuning=off",
                       {**compiled, "workload_options": untuned, "check_quality": False}),
                      ("decode_graphs=inductor: tuned, graphs by cudagraph trees",
                       {**compiled, "workload_options": trees, "check_quality": False}),
-                     ("bf16 compiled decode + gpt-fast decode tuning", {**compiled, "check_quality": False}),
+                     ("bf16 compiled decode + gpt-fast decode tuning",
+                      {**compiled, "workload_options": tuned, "check_quality": False}),
                      ("autotune: bf16 compiled decode, decode_tuning=autotune (wider reduction search)",
                       {**compiled, "workload_options": {**settings["workload_options"], "decode_tuning": "autotune"},
                        "check_quality": True}),
                      ("max-autotune: bf16, tuned, graphs by perflab",
-                      {**compiled, "compile": "max-autotune", "check_quality": False}),
+                      {**compiled, "compile": "max-autotune", "workload_options": tuned, "check_quality": False}),
                      ("int8-weight compiled decode + gpt-fast decode tuning",
                       {**compiled, "quantize": "int8-weight", "check_quality": True})]
     else:

@@ -102,11 +102,24 @@ def test_decode_tuning_adds_gpt_fast_inductor_settings_to_the_mode_without_touch
     assert set(GPT_FAST_OPTIONS) <= set(tuned) and "max_autotune_pointwise" not in tuned
     assert inductor_options("reduce-overhead", "autotune")["max_autotune_pointwise"] is True
     assert inductor_options("reduce-overhead", "off") == {"triton.cudagraphs": True}
-    session = open_session(tiny_decoder(), 1, 16, CPU, torch.float32, static=True, compile_mode="reduce-overhead")
+    session = open_session(tiny_decoder(), 1, 16, CPU, torch.float32, static=True, compile_mode="reduce-overhead",
+                           tuning="gpt-fast")
     assert session.compile_settings["inductor_options"] == tuned
     assert session.compile_settings["decode_sdpa"].startswith("math")
     session.close()
     assert inductor_config.coordinate_descent_tuning == before
+
+
+@pytest.mark.parametrize("quantize, expected", [(None, "off"), ("int8-weight", "gpt-fast")])
+def test_plain_weights_decode_through_cublas_by_default_and_quantized_ones_through_gpt_fast_settings(quantize,
+                                                                                                   expected):
+    from perflab.config import RunConfig
+    from perflab.workloads.generate import build
+    workload = build(RunConfig(workload="generate", mode="infer", device="cpu", quantize=quantize))
+    assert workload.generation.decode_tuning == expected
+    named = build(RunConfig(workload="generate", mode="infer", device="cpu", quantize=quantize,
+                            workload_options={"decode_tuning": "autotune"}))
+    assert named.generation.decode_tuning == "autotune"
 
 
 def test_a_decode_step_compiled_without_inductors_graphs_drops_only_their_option():

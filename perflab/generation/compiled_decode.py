@@ -10,17 +10,18 @@ else in the process changes. gpt-fast also traces decode under the math SDPA bac
 the attention itself (one query token: two small matrix-vector products), done here when --sdpa is auto.
 
 Named settings (DECODE_TUNINGS, `--option decode_tuning=NAME`): gpt-fast's; `autotune`, gpt-fast's plus
-Inductor's wider reduction search; `off`, the mode's settings alone (cuBLAS multiplies the matrices; the previous
-behaviour, for comparison). A still wider coordinate descent (search radius 2, every direction checked) did not
-finish compiling the 1b step within 6 minutes on the H100, so it is not offered.
-Why `autotune`: for a reduction along contiguous memory (a matrix-vector product reads each weight row end to
-end) Inductor starts coordinate descent from one heuristic config, and where the descent stops varies from
-compile to compile. On the H100 (2026-11-23) three compiles of the 1b bf16 step, differing only in how the KV
-cache is written, ran the same 2048 -> 8192 GELU product in 25.7, 17.7 and 13.6 us (11.6 us at the calibrated
-bandwidth); whole steps measured 1.26-1.62 ms over seven compiles with gpt-fast's settings. `max_autotune_pointwise`
-first benchmarks six starting configs for every reduction, and the descent starts from the fastest: one compile
-measured 1.39 ms, against 1.62 ms for gpt-fast's settings on the same machine and 1.37 ms for `off`. One compile
-each is not enough to rank them, so gpt-fast's settings stay the default (BENCHMARKS.md, "decode kernels").
+Inductor's wider reduction search; `off`, the mode's settings alone (cuBLAS multiplies the matrices). A still wider
+coordinate descent (search radius 2, every direction checked) did not finish compiling the 1b step within 6 minutes
+on the H100, so it is not offered.
+Why `off` is the default for plain weights: for a reduction along contiguous memory (a matrix-vector product reads
+each weight row end to end) Inductor starts coordinate descent from one heuristic config, and where the descent
+stops varies from compile to compile. On the H100 (2026-11-23) the same 2048 -> 8192 GELU product of the 1b bf16
+step ran in 25.7, 17.7 and 13.6 us in three compiles (11.6 us at the calibrated bandwidth), and whole steps in
+1.26-1.62 ms over nine compiles with gpt-fast's settings and 1.39-1.51 ms over three with `autotune`, with the SM
+clock at 1,980 MHz throughout every compile (so not an idle GPU's low clock). With `off` three compiles in two
+sessions gave 1.374, 1.379 and 1.377 ms, compiling in 15-20 s instead of 45-60 s: the same median, without the
+spread, so a comparison of two runs measures the change and not the compile. Quantized weights keep gpt-fast's
+settings (QUANTIZED_DECODE_TUNING): only Inductor's generated product dequantises int8 inside it.
 
 Where the mode captures CUDA graphs (reduce-overhead, max-autotune), perflab captures the compiled step itself
 (decode_graph.py) and Inductor compiles it without its own graphs; `--option decode_graphs=inductor` leaves the
@@ -36,13 +37,22 @@ import torch
 # gpt-fast's generate.py settings. unique_kernel_names: profiler traces name each kernel after the ops it fuses;
 # fx_graph_cache: a second process (the quality gate, a rerun) loads the compiled graph instead of compiling again.
 GPT_FAST_OPTIONS = {"coordinate_descent_tuning": True, "triton.unique_kernel_names": True, "fx_graph_cache": True}
-# The decode step's Inductor settings by name (--option decode_tuning); the first is the default.
+# The decode step's Inductor settings by name (--option decode_tuning).
 DECODE_TUNINGS: dict[str, dict[str, Any]] = {
     "gpt-fast": GPT_FAST_OPTIONS,
     "autotune": {**GPT_FAST_OPTIONS, "max_autotune_pointwise": True},
     "off": {},
 }
-DEFAULT_DECODE_TUNING = next(iter(DECODE_TUNINGS))
+# The defaults: plain weights by cuBLAS (as fast as the tuned kernels in the median on the H100, the same time in
+# every compile, a third of the compile time); quantized weights by Inductor's generated products, the only ones
+# that fuse the dequantisation (otherwise the int8 weights are widened to bf16 in memory before every product).
+DEFAULT_DECODE_TUNING = "off"
+QUANTIZED_DECODE_TUNING = "gpt-fast"
+
+
+def default_decode_tuning(quantized: bool) -> str:
+    """The decode tuning a run gets when it names none: QUANTIZED_DECODE_TUNING for quantized weights."""
+    return QUANTIZED_DECODE_TUNING if quantized else DEFAULT_DECODE_TUNING
 
 
 def wants_graphs(mode: Optional[str]) -> bool:

@@ -5,15 +5,16 @@ Options: size=tiny|125m|350m|1b (default tiny on a CPU, 125m on a GPU), prompt_l
 or a range low-high, drawn per request batch), weights=random|trained (trained: the decoder trained briefly on
 the synthetic language, cached on first use; the default with --speculative and no --draft, whose built-in
 draft is trained on the same language), decode_tuning=gpt-fast|autotune|off (with --compile: the decode step's
-Inductor settings: gpt-fast's, the default; autotune: gpt-fast's plus a wider search of reduction configs; off: the
-compile mode's alone; perflab/generation/compiled_decode.py), decode_graphs=perflab|inductor (with a compile
+Inductor settings: gpt-fast's, the default with --quantize; autotune: gpt-fast's plus a wider search of reduction
+configs; off: the compile mode's alone, cuBLAS multiplying the matrices, the default for plain weights;
+perflab/generation/compiled_decode.py), decode_graphs=perflab|inductor (with a compile
 mode that captures CUDA graphs, on a GPU: perflab captures the compiled step, the default; inductor: Inductor's
 cudagraph trees do). docs/generate.md has the levers and the metrics.
 """
 from __future__ import annotations
 
 from perflab.errors import PerflabError
-from perflab.generation.compiled_decode import DECODE_TUNINGS, DEFAULT_DECODE_TUNING
+from perflab.generation.compiled_decode import DECODE_TUNINGS, default_decode_tuning
 from perflab.generation.corpus import SyntheticLanguage, trained_decoder
 from perflab.generation.decoder import DRAFT_SIZES, SIZES, Decoder
 from perflab.generation.plan import GenerationSpec
@@ -48,7 +49,7 @@ def build(cfg) -> Workload:
     if builtin_draft and weights == "random":
         raise PerflabError("the built-in draft is trained on the synthetic language and would agree with a random "
                            "target only by chance: drop weights=random, or give your own --draft")
-    tuning = opts.get("decode_tuning", DEFAULT_DECODE_TUNING)
+    tuning = opts.get("decode_tuning") or default_decode_tuning(quantized=cfg.quantize is not None)
     if tuning not in DECODE_TUNINGS:
         raise PerflabError(f"generate: decode_tuning must be one of {', '.join(DECODE_TUNINGS)}, got {tuning!r}")
     graphs = opts.get("decode_graphs", "perflab")
