@@ -33,6 +33,18 @@ def tiny_engine(**levers):
     return plan, pool, engine, served
 
 
+def test_warm_up_prefills_every_prompt_length_in_the_pool_before_the_load():
+    plan, pool, engine, served = tiny_engine()
+    session = engine.step.target
+    prefilled = []
+    start = session.start
+    session.start = lambda prompt: prefilled.append(prompt.shape[1]) or start(prompt)
+    assert len(set(pool.prompt_len)) > 1, "the tiny requests were meant to vary in length"
+    engine.warm_up(1)
+    assert set(prefilled) == set(pool.prompt_len)
+    assert engine.take_host_times() is None, "warm-up time is not counted as serving"
+
+
 def test_ttft_counts_from_the_scheduled_arrival_so_the_queue_wait_is_in_it():
     plan, pool, engine, served = tiny_engine()
     server = Server([engine], plan.stepping)
