@@ -16,6 +16,9 @@ where another falls names the cause:
 - file-system: tensors shared between processes through files instead of file descriptors;
 - affinity: each worker pinned to its own core;
 - in-process: the dataset's __getitem__ in this process, no workers (the host's own speed on the same work).
+
+On the H100 machine (2026-11-23) every case swung 20-45% between windows, in-process included (29%), with user and
+system CPU time level and steal under 3.5%: the host's rate on this memory-heavy work moves by itself.
 """
 from __future__ import annotations
 
