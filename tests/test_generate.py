@@ -258,3 +258,23 @@ def test_int8_weight_quantization_through_torchao_on_a_gpu(tmp_path):
     assert data["quality"]["verdict"] == "pass" and "int8-weight" in data["levers"]
     fp_bytes = sum(p.numel() for p in Decoder(SIZES["tiny"]).parameters()) * 2
     assert data["metrics"]["generation"]["bandwidth_bound"]["weight_bytes"] < fp_bytes
+
+
+def test_a_cache_object_is_rolled_back_by_a_negative_count_as_transformers_5_requires():
+    from perflab.generation.session import crop_past
+
+    class Cache:  # transformers 5's DynamicCache.crop: a negative count of positions to remove, nothing else
+        def __init__(self, length):
+            self.length = length
+
+        def get_seq_length(self):
+            return self.length
+
+        def crop(self, tokens_to_remove):
+            if tokens_to_remove > 0:
+                raise ValueError("Calling `crop` with a positive value is not supported")
+            self.length += tokens_to_remove
+
+    cache = Cache(28)
+    assert crop_past(cache, 20) is cache and cache.length == 20
+    assert crop_past(cache, 20).length == 20, "nothing to remove: left as is"

@@ -176,9 +176,28 @@ def test_a_missing_library_imported_by_the_plugin_names_the_import_line(tmp_path
 
 
 @pytest.mark.parametrize("example,library", [("examples/hf_text_classifier.py", "transformers"),
+                                             ("examples/hf_causal_lm.py", "transformers"),
                                              ("examples/timm_model.py", "timm")])
 def test_an_example_whose_library_is_missing_says_how_to_install_it(example, library, capsys):
     if importlib.util.find_spec(library) is not None:
         pytest.skip(f"{library} is installed here")
     assert main(["run", "--workload", example, *TINY]) == 2
     assert "pip install 'perflab[models]'" in capsys.readouterr().err
+
+
+def test_a_transformers_causal_lm_generates_and_decodes_speculatively_through_the_plugin(tmp_path):
+    """GPT2LMHeadModel through the transformers convention: its own cache object kept between tokens and cropped
+    past rejected drafts; the gate requires speculative output identical to plain greedy decoding."""
+    pytest.importorskip("transformers")
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    common = ["run", "--workload", "examples/hf_causal_lm.py", "--mode", "infer", "--device", device,
+              "--steps", "2", "--trials", "1", "--warmup", "1", "--quality-steps", "1"]
+    assert main([*common, "--out", str(tmp_path / "plain"), "--no-check-quality"]) == 0
+    assert main([*common, "--out", str(tmp_path / "spec"), "--speculative", "3",
+                 "--draft", "examples/hf_causal_lm.py:build_draft"]) == 0
+    plain, spec = (tmp_path / name / "result.json" for name in ("plain", "spec"))
+    generation = json.loads(spec.read_text())["metrics"]["generation"]
+    assert json.loads(plain.read_text())["metrics"]["generation"]["tpot_ms"]["p50"] > 0
+    assert 0 <= generation["speculative"]["acceptance_rate"] <= 1
+    assert json.loads(spec.read_text())["quality"]["verdict"] == "pass"

@@ -195,7 +195,11 @@ def crop_past(past: Any, length: int) -> Any:
     if past is None:
         return None
     if hasattr(past, "crop"):
-        past.crop(length)
+        # a negative count of positions to remove: transformers 5 takes only that; 4.x takes it too (and, there, a
+        # positive value is the length to keep, which 5 refuses)
+        extra = past.get_seq_length() - length
+        if extra > 0:
+            past.crop(-extra)
         return past
     if isinstance(past, torch.Tensor):
         return past[..., :length, :]
