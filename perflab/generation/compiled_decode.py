@@ -90,9 +90,9 @@ def compile_decode(step: Callable, mode: Optional[str], tuning: str, inductor_gr
 
 def decode_attention(tuning: str, sdpa: str) -> tuple[Callable[[], ContextManager], str]:
     """The SDPA context the compiled decode runs (and is traced) in, and its name for result.json: the math backend
-    when tuned (any tuning but off) and no --sdpa backend was pinned (Inductor then generates the attention),
-    otherwise the run's."""
-    if tuning != "off" and sdpa == "auto":
+    when tuned (a tuning with Inductor settings of its own) and no --sdpa backend was pinned (Inductor then
+    generates the attention), otherwise the run's."""
+    if DECODE_TUNINGS[tuning] and sdpa == "auto":
         from perflab.levers.sdpa import sdpa_context
         return sdpa_context("math"), "math (Inductor generates the attention)"
     return contextlib.nullcontext, sdpa if sdpa != "auto" else "auto (PyTorch picks per call)"

@@ -91,7 +91,9 @@ class GenerationEngine:
         for size in sizes:
             for _ in range(max(rounds, 1)):
                 self.serve(np.arange(size) % self.pool.count)
-        first_of_length = {length: index for index, length in reversed(list(enumerate(self.pool.prompt_len)))}
+        first_of_length: dict[int, int] = {}  # prompt length -> the first request of that length
+        for index, length in enumerate(self.pool.prompt_len):
+            first_of_length.setdefault(length, index)
         for size in sizes:
             for first in first_of_length.values():
                 self._generate((first + np.arange(size)) % self.pool.count, new_tokens=2)
