@@ -28,3 +28,10 @@ class Rows:
                           "unit": unit, "note": note})
         print(f"[{self.area}] {experiment} {metric} = {value} {unit} {note}", flush=True)
         (self.out / "rows.json").write_text(json.dumps(self.rows, indent=1))
+
+
+def cpu_ticks() -> list[int]:
+    """All CPUs' time since boot by kind, from /proc/stat's first line: user, nice, system, idle, iowait, irq,
+    softirq, steal, ... (jiffies)."""
+    with open("/proc/stat") as stat:
+        return [int(field) for field in stat.readline().split()[1:]]

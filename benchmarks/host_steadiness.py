@@ -14,13 +14,14 @@ import multiprocessing as mp
 import os
 import time
 
+from benchmarks.common import cpu_ticks
+
 WINDOW_S = 3.0
 WINDOWS = 6
 
 
 def _steal_and_total() -> tuple[int, int]:
-    with open("/proc/stat") as stat:
-        ticks = [int(field) for field in stat.readline().split()[1:]]
+    ticks = cpu_ticks()
     return ticks[7], sum(ticks)
 
 

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 import torch
 
-from benchmarks.common import Rows, parse_args
+from benchmarks.common import Rows, cpu_ticks, parse_args
 
 WINDOW_S = 3.0
 WINDOWS = 12
@@ -38,11 +38,6 @@ WARMUP_S = 4.0
 WORKERS = 8
 BATCH = 32
 CASES = ("as-is", "no-pin", "file-system", "affinity", "in-process")
-
-
-def _cpu_ticks() -> list[int]:
-    with open("/proc/stat") as stat:
-        return [int(field) for field in stat.readline().split()[1:]]
 
 
 def _meminfo_mb(*keys: str) -> dict[str, float]:
@@ -75,22 +70,23 @@ def _batches(case: str, dataset) -> Callable[[], object]:
     return lambda: next(batches)
 
 
-def run_case(case: str, rows: Rows) -> None:
+def run_case(case: str, rows: Rows, windows: int = WINDOWS, window_s: float = WINDOW_S,
+             warmup_s: float = WARMUP_S) -> None:
     from perflab.workloads.driving import CameraDataset
     torch.multiprocessing.set_sharing_strategy("file_system" if case == "file-system" else "file_descriptor")
     dataset = CameraDataset(size=1024, source_res=224 + 224 // 7, image_res=224, seed=0)
     next_batch = _batches(case, dataset)
-    end = time.perf_counter() + WARMUP_S
+    end = time.perf_counter() + warmup_s
     while time.perf_counter() < end:
         next_batch()
     rates, notes = [], []
-    for _ in range(WINDOWS):
-        ticks, began, made = _cpu_ticks(), time.perf_counter(), 0
-        while time.perf_counter() - began < WINDOW_S:
+    for _ in range(windows):
+        ticks, began, made = cpu_ticks(), time.perf_counter(), 0
+        while time.perf_counter() - began < window_s:
             next_batch()
             made += 1
         took = time.perf_counter() - began
-        spent = [after - before for before, after in zip(ticks, _cpu_ticks())]
+        spent = [after - before for before, after in zip(ticks, cpu_ticks())]
         total = sum(spent) or 1
         rates.append(made * BATCH / took)
         memory = _meminfo_mb("Shmem", "MemFree", "Cached")
@@ -117,11 +113,9 @@ def main(cases: Optional[list[str]] = None) -> None:
     unknown = set(chosen) - set(CASES)
     if unknown:
         raise SystemExit(f"unknown case(s) {sorted(unknown)}; known: {', '.join(CASES)}")
-    global WINDOWS, WARMUP_S, WINDOW_S
-    if args.quick:
-        WINDOWS, WARMUP_S, WINDOW_S = 2, 0.5, 0.5
+    timing = {"windows": 2, "window_s": 0.5, "warmup_s": 0.5} if args.quick else {}
     for case in chosen:
-        run_case(case, rows)
+        run_case(case, rows, **timing)
 
 
 if __name__ == "__main__":
