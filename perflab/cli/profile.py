@@ -11,8 +11,8 @@ from perflab.cli._options import add_rank_mode, add_run_options, config_from_arg
 from perflab.cli._outcome import finish_run
 from perflab.cli._script import EPILOG, handle_script
 from perflab.cli.run import launcher_or_rich_reporter, rank_reporter
-from perflab.harness.runner import resolve_config
-from perflab.profile.capture import CaptureOptions, profile_run
+from perflab.pipeline import profile_run, resolve_config
+from perflab.profile.capture import CaptureOptions
 from perflab.report.diagnosis import print_diagnosis
 from perflab.rundir import run_dir
 

@@ -9,7 +9,7 @@ from perflab.cli._options import add_rank_mode, add_run_options, config_from_arg
 from perflab.cli._outcome import finish_run
 from perflab.cli._script import EPILOG, handle_script
 from perflab.harness.progress import Reporter
-from perflab.harness.runner import resolve_config, run
+from perflab.pipeline import resolve_config, run
 from perflab.report.progress import RichReporter
 from perflab.rundir import run_dir
 
