@@ -20,7 +20,7 @@ import torch
 from benchmarks.common import Rows, parse_args
 from perflab import RunConfig
 from perflab.diagnose import CLASS_SLUGS
-from perflab.harness.hooks import StepHook
+from perflab.hooks import StepHook
 from perflab.pipeline import profile_run, resolve_config
 from perflab.pipeline import run as perflab_run
 from perflab.profile.capture import CaptureOptions

@@ -7,7 +7,7 @@
     quality = quality_stage(prep, ...)               # the gate, from weights nothing trained
     result = new_result(cfg, device, ...)            # the one constructor of a measured Result
 
-Everything optional is worn around that as a hook (perflab.harness.hooks.StepHook): checkpoints, nsys, the
+Everything optional is worn around that as a hook (perflab.hooks.StepHook): checkpoints, nsys, the
 profiler capture, generation's per-token clock. `run` and `profile_run` are the whole pipeline; sweep points,
 tune trials (as `perflab run` processes), scale, rerun and the ranks of a multi-process run go through `run`;
 serve reuses `load`, `prepared`, `new_result` and `quality_stage` around its own measurement stage.
@@ -29,10 +29,10 @@ import torch
 
 from perflab.checkpoint import checkpoint_hooks
 from perflab.config import RunConfig
-from perflab.distributed import in_rank, is_primary, needs_launch
+from perflab.ranks import in_rank, is_primary, needs_launch
 from perflab.environment import collect_environment
 from perflab.errors import PerflabError
-from perflab.harness.hooks import StepHook
+from perflab.hooks import StepHook
 from perflab.harness.plan import StepPlan, build_plan
 from perflab.harness.progress import Reporter
 from perflab.harness.runner import measure

@@ -9,7 +9,7 @@ from perflab import RunConfig
 from perflab.cli import main
 from perflab.diagnose.trace import load_trace
 from perflab.errors import PerflabError
-from perflab.harness.hooks import StepHook
+from perflab.hooks import StepHook
 from perflab.pipeline import resolve_config, run
 from perflab.profile.capture import CaptureOptions, ProfilerCapture
 from perflab.profile.nsys import CudaProfilerRange, nsys_command, parse_range

@@ -70,7 +70,7 @@ def handle(args: argparse.Namespace) -> int:
 
 def profile_rank(cfg, options: CaptureOptions, args: argparse.Namespace) -> int:
     """One rank of `perflab profile --nproc N`: each rank writes its trace; rank 0 diagnoses and saves."""
-    from perflab.distributed import is_primary
+    from perflab.ranks import is_primary
     from perflab.distributed.rank import run_as_rank
 
     def body() -> None:

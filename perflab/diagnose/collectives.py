@@ -1,4 +1,4 @@
-"""Collectives: communication the step waits for. From each rank's trace (perflab/distributed/collectives.py),
+"""Collectives: communication the step waits for. From each rank's trace (perflab/diagnose/communication.py),
 the NCCL time not overlapped by compute; the worst rank counts, since every rank waits for it. The rule
 fires on its own evidence whatever other rules say: exposed communication above THRESHOLD_PCT of the step.
 """
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from perflab.diagnose.communication import communication_profile
 from perflab.diagnose.findings import COLLECTIVES, Context, Finding, clamp, gain, rounded
 
 THRESHOLD_PCT = 10.0  # exposed (non-overlapped) communication, share of the step time
@@ -15,8 +16,6 @@ FSDP_LEVERS = ["fsdp-no-reshard", "grad-accum"]
 
 def communication(ctx: Context) -> Optional[dict[str, Any]]:
     """The worst rank's figures from the gathered result, else this trace's own."""
-    from perflab.distributed.collectives import communication_profile
-
     gathered = ctx.metrics.get("collectives")
     if gathered:
         return gathered

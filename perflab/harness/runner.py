@@ -12,11 +12,11 @@ import torch
 from perflab.calibrate import peak_tflops
 from perflab.config import RunConfig
 from perflab.cost import cost_per_million
-from perflab.distributed import agree_any, agree_max
+from perflab.ranks import agree_any, agree_max
 from perflab.harness.calls import floating_tensors
 from perflab.harness.data import map_tensors
 from perflab.harness.flops import count_flops_per_sample
-from perflab.harness.hooks import StepHook
+from perflab.hooks import StepHook
 from perflab.harness.interference import LoadProbe, TrialLoad, busy_note, summarize_load
 from perflab.harness.loop import run_steps
 from perflab.harness.nvml import NvmlSampler

@@ -1,26 +1,14 @@
 """Precision levers: tf32 matmuls/convolutions, bf16 autocast, fp16 autocast with a gradient scaler."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
+from perflab.backends import set_tf32
 from perflab.levers import Lever
 
 NUMERIC = ("compute bound", "memory bandwidth", "activation memory")
-
-
-def set_tf32(enabled: bool) -> Callable[[], None]:
-    """Switch TF32 for matmuls and cuDNN convolutions; returns a function that restores the old state."""
-    old_matmul = torch.get_float32_matmul_precision()
-    old_cudnn = torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("high" if enabled else "highest")
-    torch.backends.cudnn.allow_tf32 = enabled
-
-    def restore() -> None:
-        torch.set_float32_matmul_precision(old_matmul)
-        torch.backends.cudnn.allow_tf32 = old_cudnn
-    return restore
 
 
 def _refuse_bf16(cfg, workload, device) -> Optional[str]:

@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity
 
 from perflab.errors import PerflabError
-from perflab.harness.hooks import StepHook
+from perflab.hooks import StepHook
 
 TRACE_FILE = "trace.json"
 
@@ -130,7 +130,7 @@ class ProfilerCapture(StepHook):
         if self.distributed and self.cuda:
             # each rank reads its own trace (it may be on another node); rank 0 gathers the figures
             from perflab.diagnose.trace import load_trace
-            from perflab.distributed.collectives import communication_profile
+            from perflab.diagnose.communication import communication_profile
             profile = communication_profile(load_trace(self.trace_path))
             result.metrics["collectives"] = profile.to_dict() if profile is not None else None
         result.notes.append(f"profiled: steps {self.options.wait + self.options.warmup + 1}-"
