@@ -24,7 +24,7 @@ import torch
 
 from benchmarks.common import Rows, parse_args
 from perflab import RunConfig
-from perflab.distributed.scale import run_scale
+from perflab.sweep.scale import run_scale
 from perflab.pipeline import profile_run, resolve_config
 from perflab.profile.capture import CaptureOptions
 

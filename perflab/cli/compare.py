@@ -7,7 +7,7 @@ from perflab.cli import console
 from perflab.compare import MIN_EFFECT_PCT, compare_paths, regression_exceeds
 from perflab.errors import writing
 from perflab.report.compare_table import print_comparison
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 
 
 def register(subparsers) -> None:

@@ -14,7 +14,7 @@ from perflab.cli.run import launcher_or_rich_reporter, rank_reporter
 from perflab.pipeline import profile_run, resolve_config
 from perflab.profile.capture import CaptureOptions
 from perflab.report.diagnosis import print_diagnosis
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 
 
 def register(subparsers) -> None:

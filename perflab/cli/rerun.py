@@ -10,7 +10,7 @@ from perflab.errors import PerflabError
 from perflab.pipeline import run
 from perflab.report.progress import RichReporter
 from perflab.report.terminal import print_result
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 
 
 def register(subparsers) -> None:

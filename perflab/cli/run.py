@@ -11,7 +11,7 @@ from perflab.cli._script import EPILOG, handle_script
 from perflab.harness.progress import Reporter
 from perflab.pipeline import resolve_config, run
 from perflab.report.progress import RichReporter
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 
 
 def register(subparsers) -> None:
