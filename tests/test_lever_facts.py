@@ -1,0 +1,66 @@
+"""Every lever declares every fact once (perflab/levers), and the diagnosis, tune and script advice read them."""
+import pytest
+
+from perflab import bottlenecks
+from perflab.diagnose.lost_levers import left_when_lost
+from perflab.levers import COMPILES, DEVICE_WORK, LOADER_QUEUE, ONE_TRIAL, TuneHints, all_levers, levers_for
+from perflab.script.levers import levers_in_code
+from perflab.tune import ordering
+
+LEVERS = all_levers()
+NAMES = {lever.name for lever in LEVERS}
+
+
+@pytest.mark.parametrize("lever", LEVERS, ids=lambda lever: lever.name)
+def test_every_lever_declares_every_fact(lever):
+    assert lever.summary.strip() and lever.needs.strip()
+    assert lever.addresses, f"{lever.name} addresses no bottleneck class"
+    assert lever.in_code.strip(), f"{lever.name} has no in-code hint for script users"
+    assert lever.when_lost.strip(), f"{lever.name} says nothing about what is left when it loses"
+    assert isinstance(lever.tune, TuneHints) and lever.tune.cost in (ONE_TRIAL, COMPILES)
+
+
+@pytest.mark.parametrize("lever", LEVERS, ids=lambda lever: lever.name)
+def test_every_lever_fact_uses_the_declared_vocabulary(lever):
+    for address in lever.addresses:
+        assert address.cls in bottlenecks.CLASSES, f"{lever.name}: unknown class {address.cls!r}"
+        assert address.when is None or address.when in bottlenecks.SITUATIONS, f"{lever.name}: {address.when!r}"
+        assert address.rank is None or address.rank > 0
+    assert lever.tune.partner is None or lever.tune.partner in NAMES
+    assert lever.tune.data_path in (None, DEVICE_WORK, LOADER_QUEUE)
+
+
+def test_lever_names_are_unique():
+    assert len(NAMES) == len(LEVERS)
+
+
+def test_a_class_rule_ranks_its_levers_by_their_declared_ranks_and_situations():
+    assert levers_for(bottlenecks.INPUT_PIPELINE, {bottlenecks.NO_WORKERS}) == [
+        "workers", "persistent-workers", "prefetch-factor", "prefetcher-stream"]
+    assert levers_for(bottlenecks.INPUT_PIPELINE, {bottlenecks.WITH_WORKERS, bottlenecks.CPU_AUGMENTATION}) == [
+        "prefetch-factor", "persistent-workers", "workers", "prefetcher-stream", "augment-gpu", "augment-gpu-stream"]
+    assert levers_for(bottlenecks.COMPUTE_BOUND, {bottlenecks.FULL_PRECISION, bottlenecks.CONVOLUTIONS}) == [
+        "bf16", "tf32", "fp16", "channels-last", "cudnn-benchmark", "compile"]
+    assert levers_for(bottlenecks.MEMORY_BANDWIDTH) == ["compile"]
+    assert levers_for(bottlenecks.LAUNCH_OVERHEAD, {bottlenecks.TRAINING}) == [
+        "compile", "fused-optimizer", "foreach-optimizer"]  # a step that syncs cannot be graphed
+    assert levers_for(bottlenecks.COLLECTIVES, {bottlenecks.FSDP}) == ["fsdp-no-reshard", "grad-accum"]
+
+
+def test_every_lever_a_rule_names_is_a_lever_addressing_that_class():
+    for cls in bottlenecks.CLASSES:
+        for name in levers_for(cls, bottlenecks.SITUATIONS):
+            assert cls in next(lever for lever in LEVERS if lever.name == name).classes
+
+
+def test_script_advice_and_lost_notes_come_from_the_declarations():
+    assert levers_in_code(["cudnn-benchmark", "not-a-lever"]) == {
+        "cudnn-benchmark": next(lever.in_code for lever in LEVERS if lever.name == "cudnn-benchmark")}
+    assert set(levers_in_code(sorted(NAMES))) == NAMES
+    assert left_when_lost("compile").startswith("torch.compile lost")
+    assert left_when_lost("not-a-lever") == "not-a-lever lost: it does not address this cost"
+
+
+def test_tune_reads_partners_from_the_declarations():
+    assert ordering.partner_of("bf16") == "channels-last" and ordering.partner_of("tf32") is None
+    assert ordering.partner_of("batch-size") is None
