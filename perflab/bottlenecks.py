@@ -41,6 +41,12 @@ NO_WORKERS = "the DataLoader has no workers"
 WITH_WORKERS = "the DataLoader has workers"
 DDP = "the ranks train through DDP"
 FSDP = "the ranks train through FSDP"
+# The decode rule's regimes (perflab/diagnose/decode.py): it names only the levers that ask for its regime.
+DECODE_BANDWIDTH_BOUND = "the decode step reads its weights near the memory bandwidth"
+DECODE_KERNEL_EFFICIENCY = "the decode step replays as one CUDA graph, its kernels reading below the bandwidth"
+DECODE_LAUNCH_BOUND = "the decode step waits for the host to launch its kernels"
+DECODE_COMPUTE_BOUND = "the decode step's matmuls need longer than its reads"
+DECODE_REGIMES = (DECODE_BANDWIDTH_BOUND, DECODE_KERNEL_EFFICIENCY, DECODE_LAUNCH_BOUND, DECODE_COMPUTE_BOUND)
 
 SITUATIONS = (FULL_PRECISION, CONVOLUTIONS, ATTENTION, TRAINING, NO_HOST_SYNCS, PAGEABLE_COPIES, CPU_AUGMENTATION,
-              NO_WORKERS, WITH_WORKERS, DDP, FSDP)
+              NO_WORKERS, WITH_WORKERS, DDP, FSDP) + DECODE_REGIMES

@@ -64,3 +64,41 @@ def test_script_advice_and_lost_notes_come_from_the_declarations():
 def test_tune_reads_partners_from_the_declarations():
     assert ordering.partner_of("bf16") == "channels-last" and ordering.partner_of("tf32") is None
     assert ordering.partner_of("batch-size") is None
+
+
+# The lists each rule named before the levers declared their ranks (perflab 0.x, diagnose/*.py): derived now, unchanged.
+FULL, CONV, ATTN = bottlenecks.FULL_PRECISION, bottlenecks.CONVOLUTIONS, bottlenecks.ATTENTION
+RULE_LISTS_BEFORE = [
+    (bottlenecks.COMPUTE_BOUND, {FULL, CONV, ATTN},
+     ["bf16", "tf32", "fp16", "channels-last", "cudnn-benchmark", "sdpa-flash", "compile"]),
+    (bottlenecks.COMPUTE_BOUND, set(), ["compile"]),
+    (bottlenecks.MEMORY_BANDWIDTH, {FULL, CONV}, ["compile", "channels-last", "cudnn-benchmark", "bf16", "fp16"]),
+    (bottlenecks.ACTIVATION_MEMORY, {FULL}, ["activation-checkpointing", "bf16", "fp16"]),
+    (bottlenecks.ACTIVATION_MEMORY, set(), ["activation-checkpointing"]),
+    (bottlenecks.INPUT_PIPELINE, {bottlenecks.NO_WORKERS, bottlenecks.CPU_AUGMENTATION},
+     ["workers", "persistent-workers", "prefetch-factor", "prefetcher-stream", "augment-gpu", "augment-gpu-stream"]),
+    (bottlenecks.H2D_COPIES, {bottlenecks.PAGEABLE_COPIES}, ["pin-memory", "prefetcher-stream", "augment-gpu"]),
+    (bottlenecks.H2D_COPIES, set(), ["prefetcher-stream", "augment-gpu"]),
+    (bottlenecks.LAUNCH_OVERHEAD, {bottlenecks.NO_HOST_SYNCS, bottlenecks.TRAINING},
+     ["cuda-graphs", "compile", "fused-optimizer", "foreach-optimizer"]),
+    (bottlenecks.COLLECTIVES, {bottlenecks.DDP},
+     ["ddp-bucket-size", "gradient-as-bucket-view", "static-graph", "grad-accum", "bf16-comm-hook"]),
+    (bottlenecks.INFERENCE_QUEUE, set(), ["compile", "cuda-graphs"]),
+]
+DECODE_LISTS_BEFORE = [
+    (bottlenecks.COMPUTE_BOUND, bottlenecks.DECODE_COMPUTE_BOUND, ["bf16", "fp8"]),
+    (bottlenecks.MEMORY_BANDWIDTH, bottlenecks.DECODE_BANDWIDTH_BOUND,
+     ["int8-weight", "int4-weight", "fp8", "speculative"]),
+    (bottlenecks.MEMORY_BANDWIDTH, bottlenecks.DECODE_KERNEL_EFFICIENCY, ["int8-weight", "speculative"]),
+    (bottlenecks.LAUNCH_OVERHEAD, bottlenecks.DECODE_LAUNCH_BOUND, ["kv-cache-static", "compile"]),
+]
+
+
+@pytest.mark.parametrize("cls, situations, before", RULE_LISTS_BEFORE)
+def test_the_trace_rules_name_what_they_named_before(cls, situations, before):
+    assert levers_for(cls, situations) == before
+
+
+@pytest.mark.parametrize("cls, regime, before", DECODE_LISTS_BEFORE)
+def test_the_decode_rule_names_what_it_named_before(cls, regime, before):
+    assert levers_for(cls, {regime}, always=False) == before

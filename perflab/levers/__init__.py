@@ -77,11 +77,13 @@ class Lever:
         """The bottleneck classes it addresses, each once, in declaration order."""
         return tuple(dict.fromkeys(address.cls for address in self.addresses))
 
-    def rank_for(self, cls: str, situations: Collection[str]) -> Optional[int]:
-        """Where the rule for `cls` names this lever when `situations` hold, or None when it does not name it."""
+    def rank_for(self, cls: str, situations: Collection[str], always: bool = True) -> Optional[int]:
+        """Where the rule for `cls` names this lever when `situations` hold, or None when it does not name it.
+        always=False: only an address that asks for one of `situations` counts (not one that asks for none)."""
         for address in self.addresses:
-            if address.cls == cls and address.rank is not None and (address.when is None
-                                                                    or address.when in situations):
+            if address.cls != cls or address.rank is None:
+                continue
+            if address.when in situations or (always and address.when is None):
                 return address.rank
         return None
 
@@ -136,10 +138,12 @@ def _optional_modules() -> list:
     return found
 
 
-def levers_for(cls: str, situations: Collection[str] = ()) -> list[str]:
+def levers_for(cls: str, situations: Collection[str] = (), always: bool = True) -> list[str]:
     """The names of the levers the rule for `cls` names when `situations` hold, best first (by declared rank;
-    equal ranks in application order)."""
-    ranked = [(lever.rank_for(cls, situations), index, lever.name) for index, lever in enumerate(all_levers())]
+    equal ranks in application order). always=False: only the levers whose address asks for one of
+    `situations` (the decode rule names the levers of its regime, not every lever of the class)."""
+    ranked = [(lever.rank_for(cls, situations, always), index, lever.name)
+              for index, lever in enumerate(all_levers())]
     return [name for rank, _, name in sorted(entry for entry in ranked if entry[0] is not None)]
 
 

@@ -5,7 +5,8 @@ from typing import Optional
 
 import torch
 
-from perflab.bottlenecks import COMPUTE_BOUND, INFERENCE_QUEUE, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
+from perflab.bottlenecks import (COMPUTE_BOUND, DECODE_LAUNCH_BOUND, INFERENCE_QUEUE, LAUNCH_OVERHEAD,
+                                 MEMORY_BANDWIDTH)
 from perflab.levers import COMPILES, Address, Lever, TuneHints
 
 
@@ -30,7 +31,7 @@ LEVERS = [
     Lever("compile", "compile", None, "torch.compile: fused kernels (Inductor); reduce-overhead adds CUDA graphs",
           "torch 2.x and a C++ compiler (CPU) or Triton (CUDA)",
           (Address(LAUNCH_OVERHEAD, 2), Address(MEMORY_BANDWIDTH, 1), Address(COMPUTE_BOUND, 7),
-           Address(INFERENCE_QUEUE, 1)), 60, _apply,
+           Address(INFERENCE_QUEUE, 1), Address(LAUNCH_OVERHEAD, 2, DECODE_LAUNCH_BOUND)), 60, _apply,
           in_code="model = torch.compile(model)",
           when_lost="torch.compile lost: fuse by hand (fewer, larger tensor ops), or a larger batch",
           tune=TuneHints(COMPILES), checks=_refuse),

@@ -5,7 +5,7 @@ from typing import Callable, Optional
 
 import torch
 
-from perflab.bottlenecks import ACTIVATION_MEMORY, COMPUTE_BOUND, FULL_PRECISION, MEMORY_BANDWIDTH
+from perflab.bottlenecks import ACTIVATION_MEMORY, COMPUTE_BOUND, DECODE_COMPUTE_BOUND, FULL_PRECISION, MEMORY_BANDWIDTH
 from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints
 
 def set_tf32(enabled: bool) -> Callable[[], None]:
@@ -55,7 +55,8 @@ LEVERS = [
     Lever("bf16", "precision", "bf16", "bf16 autocast for forward and loss",
           "a device with bf16 (CPU or Ampere+ GPU)",
           (Address(COMPUTE_BOUND, 1, FULL_PRECISION), Address(MEMORY_BANDWIDTH, 4, FULL_PRECISION),
-           Address(ACTIVATION_MEMORY, 2, FULL_PRECISION)), 20, _apply_bf16,
+           Address(ACTIVATION_MEMORY, 2, FULL_PRECISION), Address(COMPUTE_BOUND, 1, DECODE_COMPUTE_BOUND)), 20,
+          _apply_bf16,
           in_code="with torch.autocast('cuda', dtype=torch.bfloat16): around the forward and the loss",
           when_lost="bf16 lost: the matmuls are not the limit at this size; a larger batch or less work is",
           tune=TuneHints(ONE_TRIAL, partner="channels-last"), checks=_refuse_bf16),
