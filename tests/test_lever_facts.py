@@ -102,3 +102,13 @@ def test_the_trace_rules_name_what_they_named_before(cls, situations, before):
 @pytest.mark.parametrize("cls, regime, before", DECODE_LISTS_BEFORE)
 def test_the_decode_rule_names_what_it_named_before(cls, regime, before):
     assert levers_for(cls, {regime}, always=False) == before
+
+
+def test_tune_tries_a_precision_only_above_the_current_one_as_the_levers_declare():
+    from perflab.config import RunConfig
+    before = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 2}  # the table tune/ordering.py held before
+    start = RunConfig(workload="mlp", device="cuda")
+    for current, value in ((c, v) for c in before for v in before if c != v):
+        best = start.replace(precision=current)
+        refused = ordering.replaces_kept("precision", value, best, start) is not None
+        assert refused == (before[value] <= before[current] or current != "fp32"), (current, value)

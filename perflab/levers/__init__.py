@@ -46,11 +46,13 @@ class Address:
 @dataclass(frozen=True)
 class TuneHints:
     """What tune's ordering reads (perflab/tune/ordering.py): the cost of a trial, the lever tried at once when
-    this one is kept (its partner: one win measured in two trials), and where on the data path it acts."""
+    this one is kept (its partner: one win measured in two trials), where on the data path it acts, and how far
+    it reduces the arithmetic among its option's values (a value is tried only above the current one's)."""
 
     cost: str  # ONE_TRIAL or COMPILES
     partner: Optional[str] = None  # a lever name
     data_path: Optional[str] = None  # DEVICE_WORK, LOADER_QUEUE or None
+    tier: Optional[int] = None  # --precision: tf32 1, bf16 and fp16 2 (fp32, which is no lever, 0)
 
 
 @dataclass(frozen=True)

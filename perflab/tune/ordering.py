@@ -108,8 +108,12 @@ def _compiling_after_cheap_levers(order: list[Any], levers: dict[str, Lever]) ->
     return order
 
 
-# How far each --precision reduces the arithmetic: a candidate precision is tried only above the current one
-PRECISION_TIER = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 2}
+def _tier(option: str, value: Any) -> Optional[int]:
+    """How far the lever that is `option`=`value` reduces the arithmetic (TuneHints.tier); 0 for a value that is no
+    lever (fp32), None for an option whose levers declare no tiers."""
+    tiers = {lever.value: lever.tune.tier for lever in all_levers()
+             if lever.option == option and lever.tune.tier is not None}
+    return tiers.get(value, 0) if tiers else None
 
 
 def replaces_kept(option: str, value: Any, best: RunConfig, start: RunConfig) -> Optional[str]:
@@ -119,7 +123,8 @@ def replaces_kept(option: str, value: Any, best: RunConfig, start: RunConfig) ->
     if current == value or current is None:
         return None
     flag = "--" + option.replace("_", "-")
-    if option == "precision" and PRECISION_TIER.get(value, 0) <= PRECISION_TIER.get(current, 0):
+    tier, current_tier = _tier(option, value), _tier(option, current)
+    if tier is not None and tier <= current_tier:  # a candidate precision is tried only above the current one
         origin = "the starting point" if current == started else "kept"
         return (f"{flag} is already {current} ({origin}); {value} reduces the arithmetic no further, and would "
                 "replace it, not add to it")
