@@ -149,11 +149,6 @@ def levers_for(cls: str, situations: Collection[str] = (), always: bool = True) 
     return [name for rank, _, name in sorted(entry for entry in ranked if entry[0] is not None)]
 
 
-def lever_named(name: str) -> Lever:
-    """The lever called `name` (KeyError when there is none)."""
-    return {lever.name: lever for lever in all_levers()}[name]
-
-
 def lever_names() -> list[str]:
     return [lever.name for lever in all_levers()]
 
