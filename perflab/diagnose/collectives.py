@@ -17,7 +17,7 @@ def communication(ctx: Context) -> Optional[dict[str, Any]]:
     """The worst rank's figures from the gathered result, else this trace's own."""
     from perflab.distributed.collectives import communication_profile
 
-    gathered = ctx.metrics.get("collectives")
+    gathered = ctx.metrics.collectives
     if gathered:
         return gathered
     profile = communication_profile(ctx.trace)

@@ -6,6 +6,7 @@ from typing import Any, Optional, Union
 
 from perflab.diagnose.summary import TraceProfile
 from perflab.diagnose.trace import ParsedTrace
+from perflab.metrics import Metrics
 
 INPUT_PIPELINE = "input pipeline"
 H2D_COPIES = "host-to-device copies"
@@ -72,8 +73,8 @@ class Context:
         return self.profile.gpu is not None
 
     @property
-    def metrics(self) -> dict[str, Any]:
-        return self.result.metrics if self.result is not None else {}
+    def metrics(self) -> Metrics:
+        return self.result.metrics if self.result is not None else Metrics()
 
     def rank_levers(self, names: list[str]) -> list[str]:
         """Drop levers already on in this run, levers tried and lost, and CUDA-only levers on a CPU run; keep
