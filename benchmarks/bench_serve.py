@@ -99,7 +99,7 @@ def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> N
     timing = dict(duration_s=2.0, min_queries=1000) if full else dict(duration_s=0.5, min_queries=50)
     offline, offline_s = run_one(experiment, ServeConfig(scenario="offline", max_batch=experiment.offline_batch,
                                                          instances=2, **timing), out / f"{folder}_offline", full)
-    point = offline.metrics["serve"]["points"][0]
+    point = offline.metrics.serve.points[0]
     offline_qps = point["achieved_qps"]
     rows.add(name, f"offline samples/s (max batch {experiment.offline_batch}, 2 instances)", offline_qps,
              "samples/s", f"p99 {point['latency_ms']['p99']:.1f} ms; {parts(point)}; session {offline_s:.0f} s "
@@ -130,9 +130,9 @@ def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> N
 def measure_server(rows: Rows, name: str, experiment: ServeExperiment, setting: str, server, server_s: float
                    ) -> Optional[float]:
     """The rows of one max-QPS search; its max QPS."""
-    record = server.metrics["serve"]
-    max_qps = record["max_qps"]
-    at_max = max((p for p in record["points"] if p["passed"]), key=lambda p: p["offered_qps"], default=None)
+    record = server.metrics.serve
+    max_qps = record.max_qps
+    at_max = max((p for p in record.points if p["passed"]), key=lambda p: p["offered_qps"], default=None)
     note = (f"p99 {at_max['latency_ms']['p99']:.2f} ms, dispatch delay p99 "
             f"{at_max['dispatch_delay_ms']['p99_ms']:.3f} ms, mean batch {at_max['batch_mean']:.1f}, instances busy "
             f"{at_max['instance_busy_pct']:.0f}%, GPU {(at_max.get('gpu') or {}).get('util_mean_pct')}%, "
@@ -192,7 +192,7 @@ def measure_generation(out: Path, rows: Rows, full: bool) -> None:
     began = time.perf_counter()
     offline = serve(cfg, ServeConfig(scenario="offline", max_batch=8, **timing), out / "generate_offline",
                     command=["benchmarks/bench_serve.py"])
-    point = offline.metrics["serve"]["points"][0]
+    point = offline.metrics.serve.points[0]
     offline_rps = point["achieved_qps"]
     rows.add(name, "offline requests/s (max batch 8)", offline_rps, "requests/s",
              f"{point['generation']['output_tokens_per_s']:.0f} output tokens/s; {host_text(point['generation'])}, "
@@ -206,7 +206,7 @@ def measure_generation(out: Path, rows: Rows, full: bool) -> None:
                                     **timing),
                    out / "generate_server", command=["benchmarks/bench_serve.py"])
     write_report(out / "generate_server")
-    for point in server.metrics["serve"]["points"]:
+    for point in server.metrics.serve.points:
         gen = point["generation"]
         goodput = gen.get("goodput") or {}
         rows.add(name, f"server at {point['offered_qps']:g} requests/s "

@@ -410,10 +410,16 @@ def migrate_v1(metrics: dict[str, Any]) -> dict[str, Any]:
     """A schema-1 `metrics` object as schema 2 reads it.
 
     Schema 2 kept every key name of schema 1; what changed is that the object is a typed tree (sections absent or
-    null where a run has none) and that nothing else (trials, notes, timing) ever travels in it. Schema 1 wrote an
-    empty object for a section a run lacked in places (e.g. "gpu": {} from a rank without NVML); schema 2 reads
-    those as None."""
-    return {key: (None if value == {} and key in _SECTION_KEYS else value) for key, value in metrics.items()}
+    null where a run has none) and that nothing else (trials, notes, timing) travels in it. Schema 1 wrote an empty
+    object for a section a run lacked in places (a CPU rank's "gpu": {} in distributed.per_rank); schema 2 reads
+    those as None, and writes them so."""
+    migrated = {key: (None if value == {} and key in _SECTION_KEYS else value) for key, value in metrics.items()}
+    distributed = migrated.get("distributed")
+    if isinstance(distributed, dict) and distributed.get("per_rank"):
+        migrated["distributed"] = {**distributed, "per_rank": [
+            {key: (None if value == {} and key == "gpu" else value) for key, value in rank.items()}
+            for rank in distributed["per_rank"]]}
+    return migrated
 
 
 _SECTION_KEYS = {f.name for f in dataclasses.fields(Metrics) if f.name not in ("extra", "phases_ms", "phase_share_pct")}

@@ -121,3 +121,37 @@ def test_no_module_indexes_metrics_by_string_key():
              for number, line in enumerate(path.read_text().splitlines(), 1)
              if STRING_KEY_INDEXING.search(line)]
     assert not found, "index metrics by attribute (perflab/metrics.py), not by string key:\n" + "\n".join(found)
+
+
+def stored_results() -> list[Path]:
+    """Every result.json kept in this repository: examples, benchmark records, fixtures (schema 1 and later)."""
+    root = PACKAGE.parent
+    return sorted(path for folder in ("docs", "benchmarks", "tests/fixtures") for path in (root / folder).rglob(
+        "result.json"))
+
+
+def without_empty(value):
+    """JSON with null and {} values dropped: schema 2 leaves a missing section out where schema 1 wrote null."""
+    if isinstance(value, dict):
+        return {key: without_empty(item) for key, item in value.items() if item is not None and item != {}}
+    if isinstance(value, list):
+        return [without_empty(item) for item in value]
+    return value
+
+
+def test_every_stored_result_loads_and_keeps_its_metrics():
+    paths = stored_results()
+    assert len(paths) >= 10
+    for path in paths:
+        raw = json.loads(path.read_text())
+        result = Result.load(path)
+        assert without_empty(result.metrics.to_dict()) == without_empty(raw["metrics"]), path
+
+
+def test_a_schema_1_distributed_result_reads_its_ranks_as_typed_figures():
+    result = Result.load(V1 / "run-nproc2")
+    dist = result.metrics.distributed
+    assert result.world_size == 2 and dist.world_size == 2 and len(dist.per_rank) == 2
+    assert [rank.rank for rank in dist.per_rank] == [0, 1]
+    assert all(rank.memory.peak.mb > 0 and not rank.memory.peak.on_gpu for rank in dist.per_rank)
+    assert result.metrics.global_batch_size == 2 * result.config["batch_size"]
