@@ -163,9 +163,9 @@ def run(out: Path, quick: bool, only: Optional[str] = None) -> list[dict]:
         if plain_tokens_per_s:
             rows.add(name, "speculative speed-up", tokens_per_s / plain_tokens_per_s, "x",
                      "output tokens/s vs plain greedy with the same levers")
-        elif speculative.get("speedup_vs_plain") is not None:  # plain greedy not run in this call
-            rows.add(name, "speculative speed-up (quality gate)", speculative["speedup_vs_plain"], "x",
-                     speculative.get("speedup_method", ""))
+        elif speculative.speedup_vs_plain is not None:  # plain greedy not run in this call
+            rows.add(name, "speculative speed-up (quality gate)", speculative.speedup_vs_plain, "x",
+                     speculative.speedup_method or "")
     return rows.rows
 
 

@@ -27,6 +27,7 @@ import torch
 import perflab
 from benchmarks.common import Rows, parse_args
 from perflab.levers import active_levers
+from perflab.metrics import Throughput
 
 CPU_WORKERS = 2  # the CPU machine the quick run is checked on has two cores
 
@@ -117,7 +118,7 @@ def quality_text(result: perflab.Result) -> str:
 
 
 def run_variant(rows: Rows, out: Path, experiment: Experiment, label: str, changes: dict[str, Any],
-                baseline: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
+                baseline: Optional[Throughput]) -> Optional[Throughput]:
     """Measure one variant, save its result.json, add its rows; returns its throughput summary."""
     name = experiment.name
     run_dir = out / slug(f"{name} {label}")
@@ -148,8 +149,8 @@ def run_variant(rows: Rows, out: Path, experiment: Experiment, label: str, chang
         note += f" · {experiment.notes[label]}"
     rows.add(name, f"{label} throughput", tp.median, "samples/s", note)
     if baseline is not None:
-        overlap = tp["ci95_low"] <= baseline["ci95_high"] and baseline["ci95_low"] <= tp["ci95_high"]
-        rows.add(name, f"{label} speed-up", tp["median"] / baseline["median"], "x",
+        overlap = tp.ci95_low <= baseline.ci95_high and baseline.ci95_low <= tp.ci95_high
+        rows.add(name, f"{label} speed-up", tp.median / baseline.median, "x",
                  f"vs {experiment.variants[0][0]}" + (" · CIs overlap: no significant change" if overlap else ""))
     return tp
 

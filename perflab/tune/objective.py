@@ -65,7 +65,7 @@ def judge_max_qps(best: Result, candidate: Result, min_effect_pct: float) -> Dec
         why = f"the candidate failed the quality gate: {(candidate.quality or {}).get('reason', 'no reason recorded')}"
         return Decision(False, "reject", why, reasons=[why], **figures)
     if after is None:
-        skipped = (serve_record(candidate).get("search") or {}).get("skipped")
+        skipped = (serve_record(candidate).search or {}).get("skipped")
         why = f"no rate met the p99 bound{': ' + skipped if skipped else ''}"
         return Decision(False, "reject", why, reasons=[why], **figures)
     threshold = max(resolution, min_effect_pct)
