@@ -86,6 +86,8 @@ class Result:
         known = set(cls.__dataclass_fields__) - {"path", "trials", "metrics"}
         found = {key: value for key, value in data.items() if key in known}
         metrics = data["metrics"] or {}
+        if not isinstance(metrics, dict):
+            raise PerflabError(f"{source} has malformed metrics (not a JSON object); re-run to regenerate it")
         if data["schema_version"] < 2:
             metrics = migrate_v1(metrics)
         found["schema_version"] = SCHEMA_VERSION  # read into this schema; saved again, it is written as such

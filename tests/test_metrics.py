@@ -158,3 +158,12 @@ def test_a_schema_1_distributed_result_reads_its_ranks_as_typed_figures():
     assert [rank.rank for rank in dist.per_rank] == [0, 1]
     assert all(rank.memory.peak.mb > 0 and not rank.memory.peak.on_gpu for rank in dist.per_rank)
     assert result.metrics.global_batch_size == 2 * result.config["batch_size"]
+
+
+def test_a_result_whose_metrics_are_not_an_object_says_so(tmp_path):
+    from perflab.errors import PerflabError
+    data = json.loads((V1 / "run-train" / "result.json").read_text())
+    data["metrics"] = [1, 2]
+    (tmp_path / "result.json").write_text(json.dumps(data))
+    with pytest.raises(PerflabError, match="malformed metrics"):
+        Result.load(tmp_path)
