@@ -114,7 +114,7 @@ def marker_overhead(rows: Rows, spec: str, quick: bool) -> None:
         for hooks, bucket in (order if pair % 2 == 0 else order[::-1]):
             cfg = resolve_config(RunConfig(**base), None)
             result = perflab_run(spec, cfg, hooks=hooks, command=["bench_diagnose"])
-            bucket.append(result.metrics["latency_ms"]["p50"])
+            bucket.append(result.metrics.latency_ms.p50)
     on, off = min(on_ms), min(off_ms)  # the least disturbed run of each: other load only ever adds time
     rows.add(f"markers_{spec}", "step_ms_markers_on", on, "ms")
     rows.add(f"markers_{spec}", "step_ms_markers_off", off, "ms")

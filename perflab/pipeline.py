@@ -37,6 +37,7 @@ from perflab.harness.plan import StepPlan, build_plan
 from perflab.harness.progress import Reporter
 from perflab.harness.runner import measure
 from perflab.levers import Lever, check_levers
+from perflab.results.metrics import Metrics
 from perflab.profile.capture import CaptureOptions, ProfilerCapture, capture_argv, whole_loader_cycles
 from perflab.profile.nsys import nsys_command, nsys_hooks, save_nsys_command
 from perflab.quality import run_quality_gate
@@ -141,7 +142,7 @@ def new_result(config: dict[str, Any], device: torch.device, workload: dict[str,
     return Result(config=config, environment=collect_environment(device), workload=workload,
                   command=list(command if command is not None else sys.argv),
                   created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), perflab_version=__version__,
-                  **{"trials": [], "metrics": {}, **fields})
+                  **{"trials": [], "metrics": Metrics(), **fields})
 
 
 def config_hooks(cfg: RunConfig) -> list[StepHook]:
@@ -173,16 +174,11 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
             hook.start(prep.plan)
         measured = measure(prep.plan, cfg, reporter, hooks)
         levers, plan_notes = list(prep.plan.levers), list(prep.plan.notes)
-    interrupted = measured.pop("interrupted")
-    quality = None if interrupted else quality_stage(prep, reporter)
-    trials = measured.pop("trials")
-    flops_per_sample = measured.pop("flops_per_sample")
-    timing = measured.pop("timing")
-    notes = plan_notes + measured.pop("notes")
-    status, reason = _status(interrupted, measured.pop("non_finite"))
-    result = new_result(cfg.to_dict(), device, describe_workload(workload, flops_per_sample), command,
-                        trials=trials, metrics=measured, timing=timing, levers=levers, notes=notes,
-                        quality=quality, status=status, status_reason=reason)
+    quality = None if measured.interrupted else quality_stage(prep, reporter)
+    status, reason = _status(measured.interrupted, measured.non_finite)
+    result = new_result(cfg.to_dict(), device, describe_workload(workload, measured.flops_per_sample), command,
+                        trials=measured.trials, metrics=measured.metrics, timing=measured.timing, levers=levers,
+                        notes=plan_notes + measured.notes, quality=quality, status=status, status_reason=reason)
     for hook in hooks:
         hook.finish(result)
     if in_rank():

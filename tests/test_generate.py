@@ -18,6 +18,7 @@ from perflab.generation.speculative import SpeculativeStats, generate_speculativ
 from perflab.diagnose.decode import classify_decode
 from perflab.diagnose.findings import COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
 from perflab.errors import PerflabError
+from perflab.results.metrics import Generation
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -133,10 +134,10 @@ def test_weight_bytes_count_the_tied_head_once_and_only_looked_up_position_rows(
 def test_decode_regime_names_launch_bandwidth_and_compute_bound_steps():
     def metrics(pct, compute_ms=None):
         measured = 1.0
-        return {"bandwidth_bound": {"pct_of_bound": pct, "measured_ms_per_token": measured,
-                                    "bound_ms_per_token": measured * pct / 100, "measured_over_bound": 100 / pct,
-                                    "memory_gbps": 3000.0, "memory_gbps_source": "test",
-                                    "compute_ms_per_token": compute_ms}}
+        bound = {"pct_of_bound": pct, "measured_ms_per_token": measured, "bound_ms_per_token": measured * pct / 100,
+                 "measured_over_bound": 100 / pct, "memory_gbps": 3000.0, "memory_gbps_source": "test",
+                 "compute_ms_per_token": compute_ms}
+        return Generation.from_dict({"bandwidth_bound": bound})
     launch = classify_decode(metrics(8), {"batch_size": 1, "compile": None}, None)
     assert launch.cls == LAUNCH_OVERHEAD and "compile" in launch.levers and "8% of the bound" in launch.summary
     bandwidth = classify_decode(metrics(75), {"batch_size": 1, "compile": "reduce-overhead"}, None,
@@ -144,7 +145,7 @@ def test_decode_regime_names_launch_bandwidth_and_compute_bound_steps():
     assert bandwidth.cls == MEMORY_BANDWIDTH and "int8-weight" not in bandwidth.levers
     compute = classify_decode(metrics(40, compute_ms=0.8), {"batch_size": 256, "compile": "default"}, None)
     assert compute.cls == COMPUTE_BOUND
-    assert classify_decode({"bandwidth_bound": None}, {}, None) is None
+    assert classify_decode(Generation(), {}, None) is None
 
 
 def test_trained_pair_is_made_once_then_read_from_the_cache(monkeypatch):

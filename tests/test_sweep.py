@@ -30,7 +30,7 @@ def counting_run(monkeypatch, fail=None, throughput=None):
             raise error
         result = real_run(workload, config, **kwargs)
         if throughput is not None:
-            result.metrics["throughput_samples_per_s"]["median"] = throughput(config)
+            result.metrics.throughput_samples_per_s.median = throughput(config)
         return result
 
     monkeypatch.setattr(perflab, "run", fake)

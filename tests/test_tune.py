@@ -10,6 +10,7 @@ from perflab.config import RunConfig
 from perflab.diagnose.verdict import Diagnosis
 from perflab.errors import PerflabError
 from perflab.levers import all_levers
+from perflab.results.metrics import Interference
 from perflab.results import Result, Trial
 from perflab.tune import candidates as search
 from perflab.tune import tune
@@ -335,7 +336,7 @@ def test_noisy_trials_are_not_judged_and_their_lever_is_not_lost(tmp_path):
     class Busy(FakeTrials):
         def __call__(self, cfg, kind, out):
             outcome = super().__call__(cfg, kind, out)
-            outcome.result.metrics["interference"] = {"busy": True, "other_cpu_cores_max": 1.5}
+            outcome.result.metrics.interference = Interference(busy=True, other_cpu_cores_max=1.5)
             return outcome
 
     diagnosis = diagnosis_of(("input pipeline", 0.9, ["workers"]))

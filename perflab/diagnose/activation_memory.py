@@ -6,13 +6,14 @@ from typing import Optional
 from perflab.bottlenecks import ACTIVATION_MEMORY, FULL_PRECISION
 from perflab.diagnose.findings import Context, Finding, clamp, rounded
 from perflab.levers import levers_for
+from perflab.results.metrics import Memory
 
 THRESHOLD_PCT = 90.0  # peak reserved memory as a share of the device's total
 
 
 def activation_memory(ctx: Context) -> Optional[Finding]:
-    memory = ctx.metrics.get("memory") or {}
-    peak_mb, total_mb = memory.get("peak_reserved_mb"), memory.get("device_total_mb")
+    memory = ctx.metrics.memory or Memory()
+    peak_mb, total_mb = memory.peak_reserved_mb, memory.device_total_mb
     source = "result.json (torch.cuda.max_memory_reserved)"
     if not (peak_mb and total_mb) and ctx.trace.memory_peaks:
         peak_mb, total_mb = ctx.trace.memory_peaks.get("reserved_mb"), ctx.trace.gpu_total_mb

@@ -16,7 +16,7 @@ THRESHOLD_PCT = 10.0  # exposed (non-overlapped) communication, share of the ste
 
 def communication(ctx: Context) -> Optional[dict[str, Any]]:
     """The worst rank's figures from the gathered result, else this trace's own."""
-    gathered = ctx.metrics.get("collectives")
+    gathered = ctx.metrics.collectives
     if gathered:
         return gathered
     profile = communication_profile(ctx.trace)

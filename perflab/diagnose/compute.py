@@ -42,7 +42,7 @@ def compute_bound(ctx: Context) -> Optional[Finding]:
         if best["pct_of_roof"] >= GOOD_ROOF_PCT:
             advice.append(f"the heaviest op already reaches {best['pct_of_roof']:.0f}% of its roofline: this is "
                           "already good; only lower precision or less work helps")
-    mfu = (ctx.metrics.get("flops") or {}).get("mfu_pct")
+    mfu = ctx.metrics.flops.mfu_pct if ctx.metrics.flops else None
     if mfu is not None:
         evidence["mfu_pct"] = mfu
     situations = set()

@@ -11,6 +11,7 @@ from perflab.bottlenecks import (ACTIVATION_MEMORY, CLASS_SLUGS, COLLECTIVES, CO
                                  NO_CLEAR_BOTTLENECK)
 from perflab.diagnose.summary import TraceProfile
 from perflab.diagnose.trace import ParsedTrace
+from perflab.results.metrics import Metrics
 # On a CPU trace the op-mix rules (compute, memory bandwidth) read time shares only, with no device timeline
 # or roofline behind them, so they claim less than rules with a direct signal (data wait, syncs).
 CPU_MAX_CONFIDENCE = 0.85
@@ -59,8 +60,8 @@ class Context:
         return self.profile.gpu is not None
 
     @property
-    def metrics(self) -> dict[str, Any]:
-        return self.result.metrics if self.result is not None else {}
+    def metrics(self) -> Metrics:
+        return self.result.metrics if self.result is not None else Metrics()
 
     def rank_levers(self, names: list[str]) -> list[str]:
         """Drop levers already on in this run, levers tried and lost, and CUDA-only levers on a CPU run; keep

@@ -14,7 +14,7 @@ def input_pipeline(ctx: Context) -> Optional[Finding]:
     host = ctx.profile.host
     data_share = host.phase_share_pct.get("data")
     if data_share is None:
-        data_share = ctx.metrics.get("phase_share_pct", {}).get("data_wait", 0.0)
+        data_share = ctx.metrics.phase_share_pct.get("data_wait", 0.0)
     evidence = {"data_wait_ms_per_step": host.phase_ms_per_step.get("data", 0.0), "data_wait_share_pct": data_share,
                 "workers": ctx.config("workers", "unknown")}
     signal, basis = data_share, "data-wait share of the step"

@@ -5,7 +5,7 @@ GenerationSettings that the levers fill in (static cache, compile mode, quantiza
 lever has spoken, `prepare_generation` builds the step in one fixed order: weights to their stored dtype,
 quantization, caches (and the draft), compiled decode. The step (GenerationStep) runs one request batch per
 timed-loop step: the prefill and every decode step, timed per token by a TokenClock; a StepHook turns the
-clock's records into result.metrics["generation"].
+clock's records into result.metrics.generation.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from perflab.generation.requests import request_shape
 from perflab.generation.session import open_session, output_field
 from perflab.generation.speculative import SpeculativeStats, generate_speculative
 from perflab.hooks import StepHook
+from perflab.results.metrics import DecodeCompile, Generation, Speculative
 
 
 @dataclass
@@ -186,7 +187,7 @@ def tensor_bytes(value: Any, depth: int = 0) -> int:
 
 
 class GenerationHook(StepHook):
-    """Clears the clock before the timed trials; turns its records into result.metrics['generation'] at the end."""
+    """Clears the clock before the timed trials; turns its records into result.metrics.generation at the end."""
 
     def __init__(self, step: GenerationStep, bound: BandwidthBound, slo: dict[str, float], cfg):
         from perflab.generation.compiled_decode import cudagraph_skips
@@ -207,22 +208,21 @@ class GenerationHook(StepHook):
         from perflab.diagnose.decode import classify_decode
         requests = self.step.clock.timings()
         trial_walls = [(trial.steps, trial.wall_s) for trial in result.trials]
-        metrics = summarize_requests(requests, trial_walls, self.bound, self.slo)
-        metrics["levers"] = {"kv_cache": self.cfg.kv_cache, "compile": self.cfg.compile,
+        generation = Generation.from_dict(summarize_requests(requests, trial_walls, self.bound, self.slo))
+        generation.levers = {"kv_cache": self.cfg.kv_cache, "compile": self.cfg.compile,
                              "quantize": self.cfg.quantize, "speculative": self.cfg.speculative}
-        metrics["decode_compile"] = self.decode_compile(result)
+        generation.decode_compile = DecodeCompile.from_dict(self.decode_compile(result))
         if self.step.k:
-            metrics["speculative"] = self.step.stats.summary(self.step.k)
+            generation.speculative = Speculative.from_dict(self.step.stats.summary(self.step.k))
             gate = (result.quality or {}).get("metrics", {})
             if gate.get("speculative_speedup") is not None:
-                metrics["speculative"].update(
-                    speedup_vs_plain=gate["speculative_speedup"],
-                    speedup_method=f"quality gate: plain greedy vs speculative with the same target and levers on "
-                                   f"its {result.quality['batches']} request batches (wall clock, after one "
-                                   "untimed request each)")
-        finding = classify_decode(metrics, result.config, result.metrics.get("gpu"), active=result.levers)
-        metrics["decode_regime"] = finding.to_dict() if finding is not None else None
-        result.metrics["generation"] = metrics
+                generation.speculative.speedup_vs_plain = gate["speculative_speedup"]
+                generation.speculative.speedup_method = (
+                    f"quality gate: plain greedy vs speculative with the same target and levers on its "
+                    f"{result.quality['batches']} request batches (wall clock, after one untimed request each)")
+        finding = classify_decode(generation, result.config, result.metrics.gpu, active=result.levers)
+        generation.decode_regime = finding.to_dict() if finding is not None else None
+        result.metrics.generation = generation
 
     def decode_compile(self, result) -> Optional[dict[str, Any]]:
         """How the decode step was compiled (mode, Inductor options, SDPA backend, who captured its CUDA graphs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import resource
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -26,6 +27,7 @@ from perflab.harness.stats import percentiles, summarize
 from perflab.harness.steady import (UNSTEADY_RANGE_PCT, moving_phase, reach_steady_state, steady_notes,
                                     steps_for_time, trend, unsteady_note)
 from perflab.harness.timers import NullTimer, make_timer
+from perflab.results.metrics import Flops, Gpu, Latency, Memory, Metrics, SteadyState, Throughput, Trend, UnsteadyPhase
 from perflab.results import Trial
 
 PEAK_SLACK = 1.1  # achieved FLOP/s beyond 110% of the peak: the peak is not this run's ceiling
@@ -49,7 +51,20 @@ def _loader_queue_depth(plan: StepPlan) -> int:
     return plan.workers * (plan.prefetch_factor or 2)  # 2: DataLoader's default prefetch factor
 
 
-def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
+@dataclass
+class Measurement:
+    """What measure() found: the aggregate metrics, the trials they come from, and how they were taken."""
+
+    metrics: Metrics
+    trials: list[Trial]
+    notes: list[str]
+    timing: dict[str, Any]
+    flops_per_sample: Optional[float]
+    interrupted: Optional[str] = None  # why the trials stopped early (Ctrl-C), if they did
+    non_finite: Optional[str] = None  # why the run is invalid (NaN/inf in the last step), if it is
+
+
+def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[StepHook] = ()) -> Measurement:
     """Warm-up then `cfg.trials` timed trials; returns aggregate metrics, trials and timing notes."""
     device = plan.device
     notes: list[str] = []
@@ -64,7 +79,7 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
                          f"{plan.batch_size}: items repeat within each batch (Workload.repeat_items)")
         flops_per_sample = count_flops_per_sample(plan, first_batch)
         stack.enter_context(plan.stepping())
-        warmup = _warm_up(plan, batches, cfg.warmup, reporter)
+        warmup_s, first_step_s = _warm_up(plan, batches, cfg.warmup, reporter)
         steps_per_trial, steady = cfg.steps, None
         if plan.data_source == "loader" and (plan.workers or device.type == "cuda"):
             # A loader's prefilled queue and its bursts make short trials disagree (measured on the H100: 45%
@@ -88,43 +103,40 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
                                                                  hooks)
         non_finite = _non_finite_reason(plan) if trials else None
     if not trials:
-        return {"trials": [], "flops_per_sample": flops_per_sample, "notes": notes, "interrupted": interrupted,
-                "non_finite": None, "timing": {"data_source": plan.data_source}, **warmup}
+        return Measurement(metrics=Metrics(warmup_s=warmup_s, first_step_s=first_step_s), trials=[], notes=notes,
+                           timing={"data_source": plan.data_source}, flops_per_sample=flops_per_sample,
+                           interrupted=interrupted)
     metrics = aggregate(trials, plan.batch_size)
-    metrics.update(warmup)
-    metrics["memory"] = memory_metrics(device)
+    metrics.warmup_s, metrics.first_step_s = warmup_s, first_step_s
+    metrics.memory = memory_metrics(device)
     if warmup_peak_mb is not None:
-        metrics["memory"]["peak_allocated_incl_warmup_mb"] = max(warmup_peak_mb, metrics["memory"]["peak_allocated_mb"])
+        metrics.memory.peak_allocated_incl_warmup_mb = max(warmup_peak_mb, metrics.memory.peak_allocated_mb)
         if plan.step_fn is not None or cfg.compile == "reduce-overhead":
             notes.append("CUDA graphs keep their memory in private pools allocated at capture (in warm-up): "
                          "see peak_reserved_mb and peak_allocated_incl_warmup_mb, not only peak_allocated_mb")
-    metrics["gpu"] = sampler.summary()
-    metrics["cost_per_million_samples"] = cost_per_million(cfg.gpu_cost_per_hour,
-                                                           metrics["throughput_samples_per_s"]["median"])
-    metrics["flops"] = _flops(flops_per_sample, metrics["throughput_samples_per_s"]["median"], device, cfg)
+    metrics.gpu = Gpu.from_dict(sampler.summary())
+    metrics.cost_per_million_samples = cost_per_million(cfg.gpu_cost_per_hour, metrics.throughput)
+    metrics.flops = _flops(flops_per_sample, metrics.throughput, device, cfg)
     if plan.generation is not None:
-        metrics["flops"]["note"] = "generation: decode is bound by memory bandwidth, see metrics.generation"
-    metrics["compile_s"] = warmup["first_step_s"] if cfg.compile or cfg.cuda_graphs else None
-    metrics["interference"] = summarize_load(loads)
-    metrics["steady_state"] = steady
-    metrics["steady"] = metrics["throughput_samples_per_s"]["range_pct"] <= UNSTEADY_RANGE_PCT
-    metrics["unsteady_phase"] = None if metrics["steady"] else moving_phase([t.phase_ms for t in trials])
-    metrics["throughput_trend"] = None if metrics["steady"] else trend([t.throughput_samples_per_s for t in trials])
-    notes += [note for note in (busy_note(metrics["interference"]), unsteady_note(metrics)) if note]
+        metrics.flops.note = "generation: decode is bound by memory bandwidth, see metrics.generation"
+    metrics.compile_s = first_step_s if cfg.compile or cfg.cuda_graphs else None
+    metrics.interference = summarize_load(loads)
+    metrics.steady_state = SteadyState.from_dict(steady)
+    metrics.steady = metrics.throughput_samples_per_s.range_pct <= UNSTEADY_RANGE_PCT
+    if not metrics.steady:
+        metrics.unsteady_phase = UnsteadyPhase.from_dict(moving_phase([t.phase_ms for t in trials]))
+        metrics.throughput_trend = Trend.from_dict(trend([t.throughput_samples_per_s for t in trials]))
+    notes += [note for note in (busy_note(metrics.interference), unsteady_note(metrics)) if note]
     if interrupted:
         notes.append(interrupted)
-    metrics["trials"] = trials
-    metrics["flops_per_sample"] = flops_per_sample
-    metrics["notes"] = notes
-    metrics["interrupted"] = interrupted
-    metrics["non_finite"] = non_finite
-    metrics["timing"] = {
+    timing = {
         "throughput": THROUGHPUT_METHOD,
         "latency": "per step, from the phase timer's step starts: " + timer_method,
         "phases": timer_method,
         "data_source": plan.data_source,
     }
-    return metrics
+    return Measurement(metrics=metrics, trials=trials, notes=notes, timing=timing, flops_per_sample=flops_per_sample,
+                       interrupted=interrupted, non_finite=non_finite)
 
 
 def _non_finite_reason(plan: StepPlan) -> Optional[str]:
@@ -138,9 +150,10 @@ def _non_finite_reason(plan: StepPlan) -> Optional[str]:
             "model are not meaningful (check the learning rate, the loss and the inputs; fp16 overflows at 65504)")
 
 
-def _warm_up(plan: StepPlan, batches, steps: int, reporter: Reporter) -> dict[str, Optional[float]]:
+def _warm_up(plan: StepPlan, batches, steps: int, reporter: Reporter) -> tuple[float, Optional[float]]:
+    """Seconds of the whole warm-up and of its first step (compilation, autotuning): (0.0, None) without one."""
     if steps == 0:
-        return {"warmup_s": 0.0, "first_step_s": None}
+        return 0.0, None
     reporter.start("warm-up", steps)
     began = time.perf_counter()
     run_steps(plan, batches, 1, NullTimer(), reporter.advance)
@@ -149,7 +162,7 @@ def _warm_up(plan: StepPlan, batches, steps: int, reporter: Reporter) -> dict[st
     run_steps(plan, batches, steps - 1, NullTimer(), reporter.advance)
     _synchronize(plan.device)
     reporter.finish()
-    return {"warmup_s": time.perf_counter() - began, "first_step_s": first_step_s}
+    return time.perf_counter() - began, first_step_s
 
 
 def _timed_trials(plan: StepPlan, batches, cfg: RunConfig, steps: int, reporter: Reporter,
@@ -197,7 +210,7 @@ def _trial(wall_s: float, steps: int, batch_size: int, timer) -> Trial:
                  step_ms=[float(ms) for ms in timer.step_ms()], phase_ms=phase_means)
 
 
-def aggregate(trials: list[Trial], batch_size: int) -> dict[str, Any]:
+def aggregate(trials: list[Trial], batch_size: int) -> Metrics:
     """Median and spread of throughput over trials; latency percentiles over all steps; phase medians."""
     all_steps = [ms for trial in trials for ms in trial.step_ms]
     latency = percentiles(all_steps)
@@ -206,36 +219,35 @@ def aggregate(trials: list[Trial], batch_size: int) -> dict[str, Any]:
     phases = {name: float(np.median([trial.phase_ms.get(name, 0.0) for trial in trials])) for name in names}
     step_mean = latency["mean"]
     phases["unattributed"] = max(0.0, step_mean - sum(phases.values()))
-    return {
-        "throughput_samples_per_s": summarize([trial.throughput_samples_per_s for trial in trials]),
-        "latency_ms": latency,
-        "phases_ms": phases,
-        "phase_share_pct": {name: 100 * value / step_mean for name, value in phases.items()} if step_mean else {},
-        "batch_size": batch_size,
-    }
+    return Metrics(
+        throughput_samples_per_s=Throughput.from_dict(summarize([trial.throughput_samples_per_s for trial in trials])),
+        latency_ms=Latency.from_dict(latency),
+        phases_ms=phases,
+        phase_share_pct={name: 100 * value / step_mean for name, value in phases.items()} if step_mean else {},
+        batch_size=batch_size,
+    )
 
 
-def memory_metrics(device: torch.device) -> dict[str, float]:
+def memory_metrics(device: torch.device) -> Memory:
     """Peak allocated and reserved device memory (CUDA), or the host process's peak RSS (CPU)."""
     if device.type == "cuda":
-        return {
-            "peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
-            "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20,
-            "device_total_mb": torch.cuda.get_device_properties(device).total_memory / 2**20,
-        }
-    return {"host_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        return Memory(peak_allocated_mb=torch.cuda.max_memory_allocated(device) / 2**20,
+                      peak_reserved_mb=torch.cuda.max_memory_reserved(device) / 2**20,
+                      device_total_mb=torch.cuda.get_device_properties(device).total_memory / 2**20)
+    return Memory(host_peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def _flops(per_sample: Optional[float], throughput: float, device: torch.device, cfg: RunConfig) -> dict:
+def _flops(per_sample: Optional[float], throughput: float, device: torch.device, cfg: RunConfig) -> Flops:
     if per_sample is None:
-        return {"per_sample": None, "note": "torch.utils.flop_counter could not trace this model"}
+        return Flops(note="torch.utils.flop_counter could not trace this model")
     achieved = per_sample * throughput / 1e12
     peak, source = peak_tflops(device, cfg.precision)
-    flops = {"per_sample": per_sample, "achieved_tflops": achieved, "peak_tflops": peak, "peak_source": source,
-             "mfu_pct": 100 * achieved / peak if peak else None}
+    flops = Flops(per_sample=per_sample, achieved_tflops=achieved, peak_tflops=peak, peak_source=source,
+                  mfu_pct=100 * achieved / peak if peak else None)
     if peak and achieved > PEAK_SLACK * peak:
         # More than the measured ceiling: that ceiling does not describe the kernels this run used (on a CPU,
         # bf16 autocast runs many ops in fp32), so a percentage of it would mean nothing.
-        flops.update(mfu_pct=None, note=f"achieved {achieved:.3g} TFLOP/s exceeds the {cfg.precision} peak "
-                     f"({peak:.3g}): that peak does not describe this run's kernels, so MFU is not shown")
+        flops.mfu_pct = None
+        flops.note = (f"achieved {achieved:.3g} TFLOP/s exceeds the {cfg.precision} peak ({peak:.3g}): that peak "
+                      "does not describe this run's kernels, so MFU is not shown")
     return flops

@@ -20,6 +20,7 @@ import torch
 
 from perflab.harness.nvml import NvmlSampler
 from perflab.harness.runner import aggregate, memory_metrics
+from perflab.results.metrics import Gpu
 from perflab.pipeline import new_result
 from perflab.profile.capture import CaptureOptions, ProfilerCapture
 from perflab.results import Result, Trial, write_json_atomic
@@ -151,13 +152,13 @@ def _result(command: ScriptCommand, timeline: StepTimeline, detector: StepDetect
                   throughput_samples_per_s=len(timed_ms) * batch_size / wall_s, step_ms=[float(ms) for ms in timed_ms],
                   phase_ms={name: float(np.mean([step.get(name, 0.0) for step in timed_phases])) for name in names})
     metrics = aggregate([trial], batch_size)
-    metrics["steps_per_s"] = len(timed_ms) / wall_s
-    metrics["steps_seen"] = timeline.boundaries
-    metrics["warmup_s"] = float(np.sum(step_ms[:warmup])) / 1e3
-    metrics["first_step_s"] = step_ms[0] / 1e3
-    metrics["script_s"] = elapsed_s
-    metrics["memory"] = memory_metrics(device)
-    metrics["gpu"] = sampler.summary()
+    metrics.steps_per_s = len(timed_ms) / wall_s
+    metrics.steps_seen = timeline.boundaries
+    metrics.warmup_s = float(np.sum(step_ms[:warmup])) / 1e3
+    metrics.first_step_s = step_ms[0] / 1e3
+    metrics.script_s = elapsed_s
+    metrics.memory = memory_metrics(device)
+    metrics.gpu = Gpu.from_dict(sampler.summary())
     notes = [f"steps: {detector.describe()}"]
     if probe.batch_size is None:
         notes.append("no batch size was found (no DataLoader batch or model input tensor): samples/s counts steps")

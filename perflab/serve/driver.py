@@ -16,6 +16,7 @@ from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.harness.data import make_loader
 from perflab.harness.progress import Reporter
+from perflab.results.metrics import Serve, ServeSettings
 from perflab.pipeline import describe_workload, load, new_result, prepared, quality_stage, resolve_config, resolve_device
 from perflab.results import Result
 from perflab.serve.capacity import measure_capacity
@@ -102,15 +103,15 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
         stack.callback(server.close)
         server.warm_up(cfg.warmup)
         estimate = _estimate_in_thread(server, cfg.batch_size, samples)
-        result.metrics["serve"] = _record_head(serve_cfg, cfg, engines, estimate)
-        result.metrics["serve"]["single_query_ms"] = _single_query_in_thread(server)
+        result.metrics.serve = _record_head(serve_cfg, cfg, engines, estimate)
+        result.metrics.serve.single_query_ms = _single_query_in_thread(server)
         session = Session(server, cfg, serve_cfg, result, Path(out) if out else None, samples,
                           device.index if device.type == "cuda" else None, on_point)
-        session.record["capacity"] = measure_capacity(cfg.batch_size, serve_cfg.batch_timeout_ms / 1000,
+        session.record.capacity = measure_capacity(cfg.batch_size, serve_cfg.batch_timeout_ms / 1000,
                                                       serve_cfg.instances)
         session.save()
         run_scenario(session, estimate)
-        session.record["complete"] = True
+        session.record.complete = True
         result.status, result.status_reason = "complete", ""
         _diagnose(result)
         session.save()
@@ -170,23 +171,13 @@ def _single_query_in_thread(server: Server) -> float:
     return found[0]
 
 
-def _record_head(serve_cfg: ServeConfig, cfg: RunConfig, engines: list, estimate: float) -> dict[str, Any]:
-    return {
-        "scenario": serve_cfg.scenario,
-        "schedule_seed": serve_cfg.schedule_seed,
-        "sample_seed": serve_cfg.sample_seed,
-        "settings": {"max_batch": cfg.batch_size, "batch_timeout_ms": serve_cfg.batch_timeout_ms,
-                     "instances": serve_cfg.instances, "p99_ms": serve_cfg.p99_ms,
-                     "duration_s": serve_cfg.duration_s, "min_queries": serve_cfg.min_queries,
-                     "buckets": getattr(engines[0], "sizes", None), "bucket_step": serve_cfg.bucket_step,
-                     "harness_late_ms": late_threshold_ms(serve_cfg)},
-        "estimated_samples_per_s": estimate,
-        "points": [],
-        "max_qps": None,
-        "search": None,
-        "capacity": None,
-        "complete": False,
-    }
+def _record_head(serve_cfg: ServeConfig, cfg: RunConfig, engines: list, estimate: float) -> Serve:
+    settings = ServeSettings(max_batch=cfg.batch_size, batch_timeout_ms=serve_cfg.batch_timeout_ms,
+                             instances=serve_cfg.instances, p99_ms=serve_cfg.p99_ms, duration_s=serve_cfg.duration_s,
+                             min_queries=serve_cfg.min_queries, buckets=getattr(engines[0], "sizes", None),
+                             bucket_step=serve_cfg.bucket_step, harness_late_ms=late_threshold_ms(serve_cfg))
+    return Serve(scenario=serve_cfg.scenario, schedule_seed=serve_cfg.schedule_seed,
+                 sample_seed=serve_cfg.sample_seed, settings=settings, estimated_samples_per_s=estimate)
 
 
 def _diagnose(result: Result) -> None:

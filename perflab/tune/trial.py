@@ -133,14 +133,12 @@ def trial_figures(outcome: TrialOutcome) -> dict[str, Any]:
     if outcome.result is None:
         return {}
     metrics = outcome.result.metrics
-    if "serve" in metrics:
+    if metrics.serve is not None:
         return serve_figures(outcome.result)
-    throughput = metrics["throughput_samples_per_s"]
-    memory = metrics.get("memory") or {}
-    return {"throughput": throughput["median"], "throughput_ci95": [throughput.get("ci95_low"),
-                                                                   throughput.get("ci95_high")],
-            "p50_ms": metrics["latency_ms"]["p50"], "p99_ms": metrics["latency_ms"].get("p99"),
-            "peak_memory_mb": memory.get("peak_allocated_mb", memory.get("host_peak_rss_mb")),
-            "warmup_s": metrics.get("warmup_s"), "compile_s": metrics.get("compile_s"),
-            "mfu_pct": (metrics.get("flops") or {}).get("mfu_pct"),
+    throughput, latency = metrics.throughput_samples_per_s, metrics.latency_ms
+    return {"throughput": throughput.median, "throughput_ci95": [throughput.ci95_low, throughput.ci95_high],
+            "p50_ms": latency.p50, "p99_ms": latency.p99,
+            "peak_memory_mb": metrics.peak_memory.mb,
+            "warmup_s": metrics.warmup_s, "compile_s": metrics.compile_s,
+            "mfu_pct": metrics.flops.mfu_pct if metrics.flops else None,
             "quality": (outcome.result.quality or {}).get("verdict")}
