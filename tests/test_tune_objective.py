@@ -182,7 +182,7 @@ def test_a_serve_trial_runs_perflab_serve_with_the_serve_options_and_settings(tm
     command = trial_command(cfg, "serve", tmp_path / "t", ServeConfig(p99_ms=20.0, max_batch=4, find_max_qps=True))
     line = " ".join(command)
     assert command[2:4] == ["perflab", "serve"] and "--precision bf16 " in line and "--check-quality" in line
-    assert "--find-max-qps --p99-ms 20.0" in line and "--max-batch 4" in line
+    assert "--find-max-qps --p99-ms 20.0" in line and "--batcher-max-batch 4" in line
     assert "--steps" not in line  # not a serve option
 
 
@@ -190,7 +190,7 @@ def test_a_serve_trial_runs_perflab_serve_with_the_serve_options_and_settings(tm
 
 def test_tune_max_qps_on_mlp_serves_every_measured_trial_and_records_qps(tmp_path, capsys):
     out = tmp_path / "tune"
-    assert main([*TINY_TUNE, "--mode", "infer", "--objective", "max-qps", "--p99-ms", "50", "--max-batch", "8",
+    assert main([*TINY_TUNE, "--mode", "infer", "--objective", "max-qps", "--p99-ms", "50", "--batcher-max-batch", "8",
                  "--duration", "0.2", "--min-queries", "16", "--exclude", "compile", "--max-trials", "3",
                  "--budget", "60s", "--out", str(out)]) == 0
     meta = json.loads((out / "tune.json").read_text())
@@ -243,7 +243,7 @@ def test_serve_records_a_quality_verdict_for_a_numerics_changing_lever(tmp_path)
 
 def test_serve_exits_1_and_keeps_the_result_when_its_quality_gate_fails(tmp_path, capsys):
     out = tmp_path / "s"
-    assert main(["serve", "--workload", "mlp", "--device", "cpu", "--warmup", "1", "--max-batch", "8",
+    assert main(["serve", "--workload", "mlp", "--device", "cpu", "--warmup", "1", "--batcher-max-batch", "8",
                  "--scenario", "offline", "--duration", "0.1", "--min-queries", "16", "--precision", "bf16",
                  "--check-quality", "--quality-steps", "2", "--quality-rtol", "1e-9", "--out", str(out)]) == 1
     assert Result.load(out).quality["verdict"] == "fail"
@@ -254,7 +254,7 @@ def test_serve_exits_1_and_keeps_the_result_when_its_quality_gate_fails(tmp_path
 def test_tune_max_qps_on_cuda_serves_each_candidate_and_skips_what_serve_cannot_take(tmp_path):
     out = tmp_path / "tune"
     assert main(["tune", "--workload", "mlp", "--device", "cuda", "--mode", "infer", "--warmup", "2",
-                 "--quality-steps", "2", "--objective", "max-qps", "--p99-ms", "10", "--max-batch", "64",
+                 "--quality-steps", "2", "--objective", "max-qps", "--p99-ms", "10", "--batcher-max-batch", "64",
                  "--duration", "0.5", "--min-queries", "128", "--exclude", "compile", "--budget", "90s",
                  "--out", str(out)]) == 0
     meta = json.loads((out / "tune.json").read_text())
