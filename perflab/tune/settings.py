@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from perflab import options
 from perflab.config import JudgeConfig, RunConfig
 from perflab.errors import PerflabError
 from perflab.options import Conflict, option
 from perflab.serve.config import ServeConfig
+from perflab.tune.objective import unserved_options
 
 TUNE = ("tune",)
 SEARCH = "tune: search"
@@ -48,7 +49,8 @@ class TuneConfig(JudgeConfig):
                             "run` (default); max-qps: the highest rate `perflab serve --find-max-qps` holds with p99 "
                             "under --p99-ms MS (required with it; needs --mode infer; serve settings "
                             "--batcher-max-batch, --batch-timeout-ms, --instances, --duration, --min-queries, "
-                            "--search-tolerance-pct pass through; docs/tune.md)", SEARCH, THROUGHPUT,
+                            "--search-tolerance-pct pass through; run options perflab serve does not take are "
+                            "refused; docs/tune.md)", SEARCH, THROUGHPUT,
                             choices=OBJECTIVES, commands=TUNE)
     budget: str = option("--budget", str, "time for the whole search, e.g. 90s, 20m, 1h; every trial's full "
                          "wall time counts, compilation included (default: 20m)", SEARCH, "20m", commands=TUNE,
@@ -94,8 +96,10 @@ class TuneConfig(JudgeConfig):
             self.serve = dataclasses.replace(self.serve, find_max_qps=True).validate()
         return self
 
-    def check_start(self, start: RunConfig) -> None:
-        """The starting run options this objective can measure: max-qps serves inference at --batcher-max-batch."""
+    def check_start(self, start: RunConfig, given: Iterable[str] = ()) -> None:
+        """The starting run options this objective can measure: max-qps serves inference at --batcher-max-batch,
+        and refuses every run option (set in `start`, or `given` by name) that perflab serve does not take, rather
+        than leave it out of its trials and its recipe."""
         if self.objective != MAX_QPS:
             return
         if start.mode != "infer":
@@ -104,6 +108,12 @@ class TuneConfig(JudgeConfig):
         if start.batch_size is not None:
             raise PerflabError("--objective max-qps: a serve session's batch is --batcher-max-batch; give it "
                                "instead of --batch")
+        unserved = unserved_options(start, given)
+        if unserved:
+            flags = ", ".join(declared.flag for declared in unserved)
+            it = "it" if len(unserved) == 1 else "them"
+            raise PerflabError(f"--objective max-qps measures every trial with perflab serve, which does not take "
+                               f"{flags}; drop {it} (or tune --objective throughput)")
 
     @property
     def budget_s(self) -> float:
