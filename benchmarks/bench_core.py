@@ -15,7 +15,7 @@ from torchvision.models import resnet50
 import perflab
 from benchmarks.common import Rows, parse_args
 from perflab.calibrate import calibrate
-from perflab.levers.precision import set_tf32
+from perflab.backends import set_tf32
 
 
 def bare_resnet50(mode: str, batch: int, steps: int, trials: int, warmup: int, device) -> list[float]:

@@ -20,10 +20,10 @@ import torch
 from benchmarks.common import Rows, parse_args
 from perflab import RunConfig
 from perflab.diagnose import CLASS_SLUGS
-from perflab.harness.hooks import StepHook
-from perflab.harness.runner import resolve_config
-from perflab.harness.runner import run as perflab_run
-from perflab.profile.capture import CaptureOptions, profile_run
+from perflab.hooks import StepHook
+from perflab.pipeline import profile_run, resolve_config
+from perflab.pipeline import run as perflab_run
+from perflab.profile.capture import CaptureOptions
 from perflab.profile.markers import mark, no_mark
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,9 +24,9 @@ import torch
 
 from benchmarks.common import Rows, parse_args
 from perflab import RunConfig
-from perflab.distributed.scale import run_scale
-from perflab.harness.runner import resolve_config
-from perflab.profile.capture import CaptureOptions, profile_run
+from perflab.sweep.scale import run_scale
+from perflab.pipeline import profile_run, resolve_config
+from perflab.profile.capture import CaptureOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 AREA = "distributed"

@@ -14,7 +14,7 @@ from perflab.errors import PerflabError
 from perflab.profile.capture import CaptureOptions
 from perflab.report.diagnosis import print_diagnosis
 from perflab.report.terminal import print_result
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 from perflab.script import parse_command, run_script
 from perflab.script.command import check_command
 

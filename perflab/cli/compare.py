@@ -9,7 +9,7 @@ from perflab.compare import compare_paths, regression_exceeds
 from perflab.config import JudgeConfig
 from perflab.errors import writing
 from perflab.report.compare_table import print_comparison
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 
 
 def register(subparsers) -> None:

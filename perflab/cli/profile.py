@@ -12,10 +12,10 @@ from perflab.cli._options import add_rank_mode, add_run_options, config_from_arg
 from perflab.cli._outcome import finish_run
 from perflab.cli._script import EPILOG, handle_script
 from perflab.cli.run import launcher_or_rich_reporter, rank_reporter
-from perflab.harness.runner import resolve_config
-from perflab.profile.capture import CaptureOptions, profile_run
+from perflab.pipeline import profile_run, resolve_config
+from perflab.profile.capture import CaptureOptions
 from perflab.report.diagnosis import print_diagnosis
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 
 
 def register(subparsers) -> None:
@@ -65,7 +65,7 @@ def capture_options_from_args(args: argparse.Namespace) -> CaptureOptions:
 
 def profile_rank(cfg, options: CaptureOptions, args: argparse.Namespace) -> int:
     """One rank of `perflab profile --nproc N`: each rank writes its trace; rank 0 diagnoses and saves."""
-    from perflab.distributed import is_primary
+    from perflab.ranks import is_primary
     from perflab.distributed.rank import run_as_rank
 
     def body() -> None:

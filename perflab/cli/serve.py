@@ -12,7 +12,7 @@ from perflab.cli._outcome import finish_run
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.report.serve_table import point_row, print_serve
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 from perflab.serve import ServeConfig, serve, serve_run_config
 from perflab.workloads.plugin import is_plugin_spec, plugin_name
 

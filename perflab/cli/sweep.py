@@ -14,7 +14,7 @@ from perflab.cli._options import add_run_options, gave_run_options, grid_from_ar
 from perflab.errors import PerflabError, writing
 from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
-from perflab.rundir import default_run_dir
+from perflab.results.rundir import default_run_dir
 from perflab.sweep import SWEEP_JSON, SweepObserver, SweepSummary, read_rows, run_auto_batch, run_sweep
 
 

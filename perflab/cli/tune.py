@@ -15,7 +15,7 @@ from perflab import options
 from perflab.cli import console, err_console
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
-from perflab.rundir import default_run_dir
+from perflab.results.rundir import default_run_dir
 from perflab.serve.config import ServeConfig
 from perflab.tune import TuneConfig, tune
 from perflab.tune.output import TUNE_JSON, objective_figure

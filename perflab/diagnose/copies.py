@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import H2D_COPIES, Context, Finding, clamp, gain, rounded
+from perflab.bottlenecks import H2D_COPIES, PAGEABLE_COPIES
+from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
+from perflab.levers import levers_for
 
 THRESHOLD_PCT = 10.0  # GPU idle (no kernel) while host-to-device copies are prepared or in flight
 
@@ -24,7 +26,7 @@ def host_to_device_copies(ctx: Context) -> Optional[Finding]:
                 "h2d_gbps": megabytes * 2**20 / (copy_ms * 1e6) if copy_ms else None,
                 "pageable_share_pct": 100 * pageable_ms / copy_ms if copy_ms else 0.0,
                 "overlap_with_compute_pct": overlap}
-    levers = (["pin-memory"] if pageable_ms > 0.5 * copy_ms else []) + ["prefetcher-stream", "augment-gpu"]
+    levers = levers_for(H2D_COPIES, {PAGEABLE_COPIES} if pageable_ms > 0.5 * copy_ms else set())
     return Finding(
         cls=H2D_COPIES, confidence=clamp(0.35 + idle / 60 + (0.05 if pageable_ms > 0.5 * copy_ms else 0.0)),
         summary=f"the GPU waited on host-to-device copies {idle:.0f}% of the time ({megabytes:.0f} MB per step, "

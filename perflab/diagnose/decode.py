@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from perflab.diagnose.findings import (COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH, Context, Finding, clamp,
-                                      rounded)
+from perflab.bottlenecks import (COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND, DECODE_COMPUTE_BOUND, DECODE_KERNEL_EFFICIENCY,
+                                 DECODE_LAUNCH_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH)
+from perflab.diagnose.findings import Context, Finding, clamp, rounded
+from perflab.levers import levers_for
 
 NEAR_BOUND_PCT = 60.0  # at or above: bandwidth-bound
 FAR_FROM_BOUND_PCT = 35.0  # below, eager and small batch: launch-bound
@@ -73,7 +75,8 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
         evidence["compute_ms_per_token_at_peak"] = compute_ms
         return _finding(COMPUTE_BOUND, clamp(0.5 + 0.4 * min(1.0, compute_ms / bound["measured_ms_per_token"])),
                         f"{step}; at batch {batch} the matmuls need {compute_ms:.3g} ms at peak FLOP/s, more "
-                        "than the reads: compute-bound", evidence, ["bf16", "fp8"], active,
+                        "than the reads: compute-bound", evidence,
+                        _regime_levers(COMPUTE_BOUND, DECODE_COMPUTE_BOUND), active,
                         ["a smaller decode batch lowers latency; a larger one only adds throughput now"])
     host_wait = _host_wait(bound) if compiled and config.get("device") == "cuda" and pct < NEAR_BOUND_PCT else None
     if host_wait is not None:
@@ -88,7 +91,7 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
                          "cost most): TORCH_LOGS=guards lists them"])
     if pct >= NEAR_BOUND_PCT:
         return _finding(MEMORY_BANDWIDTH, clamp(0.5 + (pct - NEAR_BOUND_PCT) / 80), f"{step}: bandwidth-bound",
-                        evidence, ["int8-weight", "int4-weight", "fp8", "speculative"], active,
+                        evidence, _regime_levers(MEMORY_BANDWIDTH, DECODE_BANDWIDTH_BOUND), active,
                         ["read fewer bytes per token (quantized weights) or make more tokens per read "
                          "(speculative decoding, a larger decode batch)"])
     if _replays_as_one_graph(generation):
@@ -97,7 +100,7 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
         return _finding(MEMORY_BANDWIDTH, clamp(0.5 + (NEAR_BOUND_PCT - pct) / 200),
                         f"{step}: the step replays as one CUDA graph, so launching is not the cost; its kernels "
                         f"read below the bandwidth{reads}: kernel efficiency", evidence,
-                        ["int8-weight", "speculative"], active,
+                        _regime_levers(MEMORY_BANDWIDTH, DECODE_KERNEL_EFFICIENCY), active,
                         ["`perflab profile` of the same run lists the decode step's kernels: small ones (norms, "
                          "rotary embeddings, one-query attention) each run far below the bandwidth",
                          "--compile max-autotune tunes the matrix-vector kernels further (minutes of compiling)"])
@@ -106,11 +109,22 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
     if pct < FAR_FROM_BOUND_PCT or eager_small:
         return _finding(LAUNCH_OVERHEAD, confidence,
                         f"{step}: {_waiting(config)} (launch-bound)", evidence,
-                        ["kv-cache-static", "compile"], active,
+                        _regime_levers(LAUNCH_OVERHEAD, DECODE_LAUNCH_BOUND), active,
                         ["--kv-cache static --compile reduce-overhead captures the decode step as CUDA graphs",
                          "a larger decode batch reads the same weights for more tokens"])
     return _finding(MEMORY_BANDWIDTH, 0.4, f"{step}: between launch-bound and bandwidth-bound", evidence,
-                    ["kv-cache-static", "compile", "int8-weight"], active, [])
+                    _between_levers(), active, [])
+
+
+def _regime_levers(cls: str, regime: str) -> list[str]:
+    """The levers that declare they answer this decode regime (perflab/levers), best first."""
+    return levers_for(cls, {regime}, always=False)
+
+
+def _between_levers() -> list[str]:
+    """Between launch-bound and bandwidth-bound: the launch-bound levers, then the first bandwidth-bound one."""
+    return (_regime_levers(LAUNCH_OVERHEAD, DECODE_LAUNCH_BOUND)
+            + _regime_levers(MEMORY_BANDWIDTH, DECODE_BANDWIDTH_BOUND)[:1])
 
 
 def _host_wait(bound: dict[str, Any]) -> Optional[tuple[float, str]]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from perflab.diagnose.findings import INFERENCE_QUEUE, Context, Finding, clamp, rounded
+from perflab.levers import levers_for
 
 DOMINANT_SHARE_PCT = 50.0  # a part of the tail latency this large "dominates" it
 UNDERFILLED_PCT = 50.0  # mean batch fill below this is under-filled
@@ -79,7 +80,7 @@ def inference_queue(ctx: Context) -> Optional[Finding]:
     else:
         return None
     return Finding(cls=INFERENCE_QUEUE, confidence=confidence, summary=summary, evidence=rounded(evidence),
-                   levers=ctx.rank_levers(["compile", "cuda-graphs"]) if busy >= BUSY_PCT else [], advice=advice,
+                   levers=ctx.rank_levers(levers_for(INFERENCE_QUEUE)) if busy >= BUSY_PCT else [], advice=advice,
                    expected_gain_pct=gain[0], gain_basis=gain[1])
 
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import INPUT_PIPELINE, Context, Finding, clamp, gain, rounded
+from perflab.bottlenecks import CPU_AUGMENTATION, INPUT_PIPELINE, NO_WORKERS, WITH_WORKERS
+from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
+from perflab.levers import levers_for
 
 THRESHOLD_PCT = 10.0  # GPU idle waiting for data (or, on the CPU, data-wait share of the step)
 
@@ -22,13 +24,10 @@ def input_pipeline(ctx: Context) -> Optional[Finding]:
     if signal < THRESHOLD_PCT:
         return None
     workers = ctx.config("workers", 0)
-    if workers == 0:
-        levers = ["workers", "persistent-workers", "prefetch-factor"]
-    else:
-        levers = ["prefetch-factor", "persistent-workers", "workers"]
-    levers += ["prefetcher-stream"]
+    situations = {NO_WORKERS if workers == 0 else WITH_WORKERS}
     if ctx.config("augment") == "cpu":
-        levers += ["augment-gpu", "augment-gpu-stream"]
+        situations.add(CPU_AUGMENTATION)
+    levers = levers_for(INPUT_PIPELINE, situations)
     advice = ["cache decoded/pre-processed items, or move per-item transforms to the GPU in batches",
               f"more DataLoader workers (this run: {workers})"]
     syncs = ctx.profile.syncs

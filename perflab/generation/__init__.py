@@ -10,7 +10,6 @@
     corpus.py       the synthetic language and the trained target/draft pair (cached)
     quantize.py     torchao weight quantization (optional extra)
     plan.py         how generation plugs into the harness (settings, step, hook)
-    quality.py      the generation quality gate
     workload.py     causal_lm_workload(): your own causal LM as a workload
 """
 from perflab.generation.plan import GenerationSpec

@@ -22,7 +22,7 @@ from perflab.generation.metrics import BandwidthBound, TokenClock, parse_slo, su
 from perflab.generation.requests import request_shape
 from perflab.generation.session import open_session, output_field
 from perflab.generation.speculative import SpeculativeStats, generate_speculative
-from perflab.harness.hooks import StepHook
+from perflab.hooks import StepHook
 
 
 @dataclass

@@ -1,14 +1,10 @@
-"""run(): warm up, time several trials, aggregate them into a Result. The top of the measurement core."""
+"""measure(): warm up, time several trials, aggregate them: the measurement stage of the pipeline (perflab/pipeline.py)."""
 from __future__ import annotations
 
-import copy
-import dataclasses
-import random
 import resource
-import sys
 import time
 from contextlib import ExitStack
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -16,174 +12,24 @@ import torch
 from perflab.calibrate import peak_tflops
 from perflab.config import RunConfig
 from perflab.cost import cost_per_million
-from perflab.distributed import agree_any, agree_max, in_rank, needs_launch
-from perflab.environment import collect_environment
-from perflab.errors import PerflabError
+from perflab.ranks import agree_any, agree_max
 from perflab.harness.calls import floating_tensors
 from perflab.harness.data import map_tensors
 from perflab.harness.flops import count_flops_per_sample
-from perflab.harness.hooks import StepHook
+from perflab.hooks import StepHook
 from perflab.harness.interference import LoadProbe, TrialLoad, busy_note, summarize_load
 from perflab.harness.loop import run_steps
 from perflab.harness.nvml import NvmlSampler
-from perflab.harness.plan import StepPlan, build_plan
+from perflab.harness.plan import StepPlan
 from perflab.harness.progress import Reporter
 from perflab.harness.stats import percentiles, summarize
 from perflab.harness.steady import (UNSTEADY_RANGE_PCT, moving_phase, reach_steady_state, steady_notes,
                                     steps_for_time, trend, unsteady_note)
 from perflab.harness.timers import NullTimer, make_timer
-from perflab.levers import check_levers
-from perflab.results import Result, Trial
-from perflab.version import __version__
-from perflab.workloads import Workload, default_batch, load_workload
+from perflab.results import Trial
 
 PEAK_SLACK = 1.1  # achieved FLOP/s beyond 110% of the peak: the peak is not this run's ceiling
 THROUGHPUT_METHOD = "samples over wall-clock time of the timed steps, device synchronised at both ends"
-
-
-def resolve_device(requested: str) -> torch.device:
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise PerflabError("--device cuda: no CUDA GPU is visible to torch here; use --device cpu or auto")
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def resolve_config(config: RunConfig, workload: Union[Workload, str, None]) -> RunConfig:
-    """Validated config with the device and batch size made concrete, as recorded in result.json."""
-    cfg = config.validate()
-    if needs_launch(cfg):
-        from perflab.distributed.launch import check_visible_gpus
-        check_visible_gpus(cfg.nproc, cfg.device)
-    device = resolve_device(cfg.device)
-    spec = workload.name if isinstance(workload, Workload) else (workload or cfg.workload)
-    return cfg.replace(workload=spec, device=device.type,
-                       batch_size=cfg.batch_size or default_batch(spec, device.type))
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig] = None,
-        reporter: Optional[Reporter] = None, command: Optional[list[str]] = None,
-        hooks: Sequence[StepHook] = ()) -> Result:
-    """Measure a workload (a Workload, a workload spec, or config.workload) and return its Result.
-
-    With --nproc N the ranks are started here (perflab/distributed/) and the result gathered over all of
-    them is returned (None on a node other than node 0 of a multi-node run)."""
-    if isinstance(workload, Workload) and not workload.name:  # a plugin's gets its file's name when loaded
-        workload = dataclasses.replace(workload, name=type(workload.model).__name__)
-    cfg = resolve_config(config or RunConfig(), workload)
-    if needs_launch(cfg):
-        return _launch(workload, cfg, command)
-    device = resolve_device(cfg.device)
-    reporter = reporter or Reporter()
-    seed_everything(cfg.seed)
-    if not isinstance(workload, Workload):
-        workload = load_workload(cfg.workload, cfg)
-    levers = check_levers(cfg, workload, device)
-    hooks = [*hooks, *config_hooks(cfg)]
-    gate = quality_gate_enabled(cfg, levers)
-    # The gate runs after the timed run (so compilation is timed where a user pays for it, in warm-up),
-    # from a copy of the weights taken before anything trained them. The dataset is shared, not copied.
-    pristine = copy.deepcopy(workload, memo={id(workload.dataset): workload.dataset}) if gate else None
-    plan = build_plan(workload, cfg, device, levers)
-    hooks += plan.hooks
-    try:
-        for hook in hooks:
-            hook.start(plan)
-        measured = measure(plan, cfg, reporter, hooks)
-    finally:
-        plan.cleanup()
-    quality = None
-    interrupted = measured.pop("interrupted")
-    if gate and not interrupted:
-        from perflab.quality import run_quality_gate
-        reporter.note("quality gate: baseline vs candidate from the same weights and inputs")
-        quality = run_quality_gate(pristine, cfg, device)
-    trials = measured.pop("trials")
-    flops_per_sample = measured.pop("flops_per_sample")
-    timing = measured.pop("timing")
-    notes = list(plan.notes) + measured.pop("notes")
-    status, reason = _status(interrupted, measured.pop("non_finite"), cfg)
-    result = Result(
-        config=cfg.to_dict(),
-        environment=collect_environment(device),
-        workload=describe_workload(workload, flops_per_sample),
-        trials=trials,
-        metrics=measured,
-        timing=timing,
-        levers=list(plan.levers),
-        notes=notes,
-        command=list(command if command is not None else sys.argv),
-        created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        quality=quality,
-        perflab_version=__version__,
-        status=status,
-        status_reason=reason,
-    )
-    for hook in hooks:
-        hook.finish(result)
-    if in_rank():
-        from perflab.distributed.gather import gather_result
-        result = gather_result(result)
-    return result
-
-
-def _status(interrupted: Optional[str], non_finite: Optional[str], cfg: RunConfig) -> tuple[str, str]:
-    """complete | interrupted | invalid, and why."""
-    if interrupted:
-        return "interrupted", interrupted
-    if non_finite:
-        return "invalid", non_finite
-    return "complete", ""
-
-
-def _launch(workload: Union[Workload, str, None], cfg: RunConfig, command: Optional[list[str]]) -> Optional[Result]:
-    """Start cfg.nproc ranks of `perflab run` writing to cfg.out (a temporary directory when unset)."""
-    import tempfile
-    from pathlib import Path
-
-    from perflab.distributed.launch import launch
-
-    if isinstance(workload, Workload):
-        raise PerflabError(f"--nproc {cfg.nproc}: each rank builds the workload itself, so give a spec (a built-in "
-                           "name, path/file.py:build or package.module:build), not a Workload object")
-    if cfg.out:
-        return launch(cfg, "run", Path(cfg.out), recorded_command=command)
-    with tempfile.TemporaryDirectory(prefix="perflab-ranks-") as out:
-        return launch(cfg, "run", Path(out), recorded_command=command)
-
-
-def config_hooks(cfg: RunConfig) -> list[StepHook]:
-    """The hooks the config itself asks for: checkpoints (--checkpoint-every, --resume-from) and --nsys."""
-    from perflab.checkpoint import checkpoint_hooks
-    from perflab.profile.nsys import nsys_hooks
-
-    if cfg.checkpoint_every and not cfg.out:
-        raise PerflabError("checkpoint_every needs a directory for checkpoint.pt: set RunConfig.out (--out)")
-    return [*checkpoint_hooks(cfg, cfg.out or "."), *nsys_hooks(cfg.nsys)]
-
-
-def quality_gate_enabled(cfg: RunConfig, levers) -> bool:
-    if cfg.check_quality is not None:
-        return cfg.check_quality
-    return any(lever.changes_numerics for lever in levers)
-
-
-def describe_workload(workload: Workload, flops_per_sample: Optional[float]) -> dict[str, Any]:
-    model = workload.model
-    return {
-        "name": workload.name,
-        "description": workload.description,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "flops_per_sample": flops_per_sample,
-        "info": workload.info,
-    }
 
 
 def _synchronize(device: torch.device) -> None:

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity
 
 from perflab import options as option_table
 from perflab.errors import PerflabError
-from perflab.harness.hooks import StepHook
+from perflab.hooks import StepHook
 from perflab.options import option
 
 TRACE_FILE = "trace.json"
@@ -146,7 +146,7 @@ class ProfilerCapture(StepHook):
         if self.distributed and self.cuda:
             # each rank reads its own trace (it may be on another node); rank 0 gathers the figures
             from perflab.diagnose.trace import load_trace
-            from perflab.distributed.collectives import communication_profile
+            from perflab.diagnose.communication import communication_profile
             profile = communication_profile(load_trace(self.trace_path))
             result.metrics["collectives"] = profile.to_dict() if profile is not None else None
         result.notes.append(f"profiled: steps {self.options.wait + self.options.warmup + 1}-"
@@ -178,54 +178,3 @@ def _quiet_profiler_warnings(cuda: bool) -> None:
         # start/stop lines on stderr; none concern a CPU trace. Kineto reads this once, when it first starts;
         # a level the user set is kept.
         os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_SILENT)
-
-
-def profile_run(workload, cfg, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None,
-                reporter=None, command: Optional[list[str]] = None):
-    """Run with a profiler capture, save result.json, trace, diagnosis.json and nsys_command.txt in `out_dir`.
-
-    `workload` is a Workload or a spec; every field of `cfg` applies (checkpoints, --nsys included), and the
-    nsys command reproduces it. `command` is what is recorded as the run's command line.
-    Returns (result, diagnosis or None, nsys command as a list).
-    """
-    from perflab.diagnose import DIAGNOSIS_FILE, diagnose
-    from perflab.harness.runner import run
-    from perflab.profile.nsys import nsys_command, save_nsys_command
-    from perflab.diagnose.verdict import Diagnosis
-    from perflab.distributed import in_rank, is_primary, needs_launch
-    from perflab.results import write_json_atomic
-
-    options, cycle_note = whole_loader_cycles(options or CaptureOptions(), cfg.workers)
-    if cycle_note is not None:
-        if reporter is not None:
-            reporter.note(cycle_note)
-        cfg = cfg.replace(steps=max(cfg.steps, options.steps_needed))
-    options = options.check(cfg.steps)
-    out_dir = Path(out_dir)
-    cfg = cfg.replace(out=str(out_dir))
-    if command is None:
-        command = ["perflab", "profile", *cfg.to_argv("profile"), "--out", str(out_dir)]
-    nsys = nsys_command(out_dir, cfg, options.wait + options.warmup, options.active)
-    if needs_launch(cfg):  # the ranks profile themselves; rank 0 diagnoses and saves
-        from perflab.distributed.launch import launch
-        result = launch(cfg, "profile", out_dir, capture_argv(options), recorded_command=command)
-        if result is not None and cycle_note is not None:
-            result.notes.append(cycle_note)
-            result.save(out_dir)
-        diagnosis = Diagnosis.from_dict(result.diagnosis) if result and result.diagnosis else None
-        return result, diagnosis, nsys
-    import torch.distributed as dist
-    capture = ProfilerCapture(out_dir, options, rank=dist.get_rank() if in_rank() else 0)
-    result = run(workload, cfg, reporter=reporter, command=command, hooks=[capture])
-    if not is_primary():
-        return result, None, nsys
-    if cycle_note is not None:
-        result.notes.append(cycle_note)
-    result.artifacts["nsys_command"] = save_nsys_command(out_dir, nsys).name
-    diagnosis = diagnose(capture.trace_path, result) if capture.written and result.trials else None
-    if diagnosis is not None:
-        result.diagnosis = diagnosis.to_dict()
-        write_json_atomic(out_dir / DIAGNOSIS_FILE, result.diagnosis)
-        result.artifacts["diagnosis"] = DIAGNOSIS_FILE
-    result.save(out_dir)
-    return result, diagnosis, nsys

@@ -205,7 +205,7 @@ class Tuner:
         arranged = ordering.arrange(search.proposals(self.diagnosis, self.levers), self.best_cfg)
         for proposal in arranged:
             if self._search_lever(proposal):
-                partner = ordering.PARTNERS.get(proposal.lever)
+                partner = ordering.partner_of(proposal.lever)
                 for other in arranged:  # its partner before re-profiling: the two are one win in two trials
                     if other.lever == partner:
                         self._search_lever(other)

@@ -31,7 +31,7 @@ import perflab
 from perflab.config import RunConfig
 from perflab.errors import PerflabError, is_out_of_memory
 from perflab.harness.progress import Reporter
-from perflab.harness.runner import resolve_config
+from perflab.pipeline import resolve_config
 from perflab.results import Result, atomic_file, write_json_atomic
 
 SWEEP_JSON = "sweep.json"

@@ -55,14 +55,8 @@ def precision_tolerance(cfg) -> dict[str, Any]:
     return {"rtol": table[cfg.precision], "source": f"{cfg.precision} default"}
 
 
-def run_quality_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
-    """Compare the candidate (cfg's levers) with the fp32 eager baseline; returns the verdict and figures."""
-    if workload.generation is not None:
-        from perflab.generation.quality import run_generation_gate
-        return run_generation_gate(workload, cfg, device)
-    if cfg.mode == "train" and _world_size() > 1:
-        from perflab.distributed.quality import run_distributed_quality_gate
-        return run_distributed_quality_gate(workload, cfg, device)
+def run_model_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
+    """One process's gate: the candidate's outputs (infer) or loss trajectory (train) against fp32 eager."""
     began = time.perf_counter()
     tolerance = precision_tolerance(cfg)
     devices = [device] if device.type == "cuda" else []
@@ -83,11 +77,6 @@ def run_quality_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
                    tolerances=tolerance, seconds=round(time.perf_counter() - began, 3))
     verdict["batches" if cfg.mode == "infer" else "steps"] = cfg.quality_steps
     return verdict
-
-
-def _world_size() -> int:
-    import torch.distributed as dist
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def run_candidate(workload, cfg, device: torch.device) -> tuple[list[str], list[Any], list[Any]]:

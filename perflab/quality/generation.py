@@ -22,6 +22,7 @@ from perflab.generation.corpus import perplexity
 from perflab.generation.decode import generate_greedy, teacher_forced_logits
 from perflab.generation.requests import request_shape
 from perflab.harness.plan import StepPlan, build_plan
+from perflab.quality.gate import top1_flips
 
 # Relative error of next-token logits allowed, by precision, then by quantization scheme (the larger applies).
 LOGITS_RTOL = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 3e-2, "fp16": 1e-2}
@@ -129,7 +130,6 @@ def _synchronize(device: torch.device) -> None:
 
 def judge(figures: dict[str, Any], tolerance: dict[str, Any], speculative: bool) -> dict[str, Any]:
     """The verdict: NaN/inf fails; speculative output must be identical; then logits, agreement, perplexity."""
-    from perflab.quality import top1_flips
     rtol = tolerance["rtol"]
     errors, flips, decisive, samples, non_finite = [], 0, 0, 0, 0
     for cand, base in zip(figures["candidate_logits"], figures["baseline_logits"]):
