@@ -35,7 +35,7 @@ def test_queue_wait_dominating_the_tail_is_named_with_numbers_and_remedies():
     assert "queue wait is 82% of the tail" in diagnosis.headline
     assert diagnosis.evidence["offered_qps"] == 4000
     advice = " ".join(diagnosis.advice)
-    assert "--max-batch" in advice and "--instances 2" in advice and "admission control" in advice
+    assert "--batcher-max-batch" in advice and "--instances 2" in advice and "admission control" in advice
     assert "3,000" in advice, "admission control names the max QPS that met the bound"
 
 

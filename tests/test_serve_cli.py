@@ -17,7 +17,7 @@ from perflab.results import Result
 from perflab.serve import ServeConfig, serve
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["serve", "--workload", "mlp", "--device", "cpu", "--warmup", "1", "--max-batch", "8"]
+TINY = ["serve", "--workload", "mlp", "--device", "cpu", "--warmup", "1", "--batcher-max-batch", "8"]
 CPU_MLP = RunConfig(workload="mlp", device="cpu", warmup=1)
 
 
@@ -87,7 +87,7 @@ def write_training_only(tmp_path: Path) -> Path:
     (["--qps", "100,-5"], "--qps must be positive"),
     (["--p99-ms", "0"], "--p99-ms must be a positive number"),
     (["--p99-ms", "-3"], "--p99-ms must be a positive number"),
-    (["--max-batch", "0"], "--max-batch must be a positive integer"),
+    (["--batcher-max-batch", "0"], "--batcher-max-batch must be a positive integer"),
     (["--mode", "train"], "--mode train cannot be served"),
     (["--qps", "10", "--duration", "1", "--min-queries", "100"], "fewer than --min-queries 100"),
     (["--scenario", "offline", "--qps", "100"], "apply to --scenario server"),

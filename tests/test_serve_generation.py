@@ -18,7 +18,7 @@ from perflab.workloads import load_workload
 
 MAX_BATCH = 4
 TINY = ["serve", "--workload", "generate", "--option", "size=tiny", "--option", "output_len=8", "--device", "cpu",
-        "--warmup", "1", "--max-batch", str(MAX_BATCH)]
+        "--warmup", "1", "--batcher-max-batch", str(MAX_BATCH)]
 
 
 def tiny_engine(**levers):

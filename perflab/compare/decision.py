@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from perflab.config import numerics_fields
+from perflab.config import MIN_EFFECT_PCT, numerics_fields
 from perflab.cost import cost_per_million
 from perflab.errors import PerflabError
 from perflab.harness.stats import RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
@@ -31,7 +31,6 @@ from perflab.results import Result, resolve_result_path, write_json_atomic
 COMPARE_FILE = "compare.json"
 CONFIDENCE = 0.95
 RESAMPLES = RATIO_BOOTSTRAP_RESAMPLES
-MIN_EFFECT_PCT = 2.0
 METHOD = (f"{int(CONFIDENCE * 100)}% percentile-bootstrap confidence interval ({RESAMPLES} resamples, seeded) "
           "of the candidate/base ratio: throughput from per-trial values (median), latency from per-step "
           "values pooled over trials (p50, p95); significant when the interval excludes no change")

@@ -12,7 +12,7 @@ from perflab.results.metrics import Serve
 DOMINANT_SHARE_PCT = 50.0  # a part of the tail latency this large "dominates" it
 UNDERFILLED_PCT = 50.0  # mean batch fill below this is under-filled
 BUSY_PCT = 70.0  # an instance busier than this has little room left
-FULL_PCT = 90.0  # batches this full are limited by --max-batch
+FULL_PCT = 90.0  # batches this full are limited by --batcher-max-batch
 OVERLOADED = 0.95  # achieved below this share of offered: the server does not keep up
 PADDED_PCT = 15.0  # padding past this share of the samples computed is worth fewer, finer buckets
 
@@ -108,7 +108,7 @@ def _setting_changes(point, settings, gpu_util) -> list[SettingChange]:
     fill, busy, offered = point["batch_fill_pct"], point["instance_busy_pct"], point["offered_qps"]
     max_batch, timeout_ms, bound = settings.max_batch, settings.batch_timeout_ms, settings.p99_ms
     if fill >= FULL_PCT:
-        changes.append(SettingChange("max_batch", 2 * max_batch, f"batches are {fill:.0f}% full: raise --max-batch "
+        changes.append(SettingChange("max_batch", 2 * max_batch, f"batches are {fill:.0f}% full: raise --batcher-max-batch "
                                      f"above {max_batch} (e.g. {2 * max_batch})"))
     elif fill < UNDERFILLED_PCT and busy >= BUSY_PCT:
         # Long enough to gather half a batch at this rate, but well inside the latency bound.

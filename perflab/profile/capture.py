@@ -16,23 +16,39 @@ from typing import Optional, Union
 import torch
 from torch.profiler import ProfilerActivity
 
+from perflab import options as option_table
 from perflab.errors import PerflabError
 from perflab.hooks import StepHook
+from perflab.options import option
 
 TRACE_FILE = "trace.json"
 
 
+PROFILE = ("profile",)
+PROFILER = "profiler"
+
+
 @dataclass
 class CaptureOptions:
-    """The profiler schedule (in timed steps) and what to record besides op and kernel times."""
+    """The profiler schedule (in timed steps) and what to record besides op and kernel times; each field is
+    `perflab profile`'s option of that name (perflab/options.py derives the flags, the argv of the ranks and of
+    tune's profile trials, and the flags a profiled script accepts)."""
 
-    wait: int = 1
-    warmup: int = 2
-    active: int = 3
-    record_shapes: bool = True  # input shapes on aten ops: FLOPs and bytes for the roofline
-    with_stack: bool = False
-    profile_memory: bool = False
-    gzip: bool = False  # write trace.json.gz instead of trace.json
+    wait: int = option("--wait", int, "timed steps skipped first (default: 1)", PROFILER, 1, minimum=0, metavar="N",
+                       commands=PROFILE)
+    # dest: the run options already have a `warmup` (untimed steps before the trials)
+    warmup: int = option("--warmup-steps", int, "profiler warm-up steps, recorded then discarded (default: 2)",
+                         PROFILER, 2, minimum=0, metavar="N", commands=PROFILE, dest="warmup_steps")
+    active: int = option("--active", int, "steps in the trace (default: 3; with DataLoader workers, rounded up to "
+                         "whole cycles of them)", PROFILER, 3, minimum=1, metavar="N", commands=PROFILE)
+    record_shapes: bool = option("--record-shapes", bool, "input shapes on ops: FLOPs and bytes for the roofline "
+                                 "(default: on)", PROFILER, True, negatable=True, commands=PROFILE)
+    with_stack: bool = option("--with-stack", bool, "Python stacks on ops (bigger trace)", PROFILER, False,
+                              commands=PROFILE)
+    profile_memory: bool = option("--profile-memory", bool, "allocations and frees (bigger trace)", PROFILER, False,
+                                  commands=PROFILE)
+    gzip: bool = option("--gzip-trace", bool, "write trace.json.gz instead of trace.json", PROFILER, False,
+                        commands=PROFILE)
 
     @property
     def steps_needed(self) -> int:
@@ -145,11 +161,7 @@ def rank_trace_name(name: str, rank: int) -> str:
 
 def capture_argv(options: CaptureOptions) -> list[str]:
     """`perflab profile`'s own options that reproduce `options` (for the ranks of a distributed profile)."""
-    argv = ["--wait", str(options.wait), "--warmup-steps", str(options.warmup), "--active", str(options.active)]
-    argv.append("--record-shapes" if options.record_shapes else "--no-record-shapes")
-    argv += [flag for flag, on in (("--with-stack", options.with_stack), ("--profile-memory", options.profile_memory),
-                                   ("--gzip-trace", options.gzip)) if on]
-    return argv
+    return option_table.to_argv(options, "profile")
 
 
 # Kineto's log levels run VERBOSE 0 … ERROR 4, USDT 5; above the last, it prints nothing.

@@ -7,7 +7,7 @@ change numerics; tune turns it on for every candidate) did not fail.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from perflab import options
 from perflab.config import RunConfig
@@ -89,6 +89,13 @@ def serve_refusal(option_name: str) -> Optional[str]:
         return None
     return (f"{declared.flag} is not an option of perflab serve (its queries come from a staged sample pool through "
             "the dynamic batcher); the max-qps objective cannot measure it")
+
+
+def unserved_options(cfg: RunConfig, given: Iterable[str] = ()) -> list[options.Option]:
+    """The run options set in `cfg` (or `given` by name on the command line, even at their defaults) that a serve
+    trial cannot carry: perflab serve does not take them (the option table's `commands`)."""
+    return [declared for declared in options.options_of(RunConfig) if SERVE not in declared.commands
+            and (declared.name in given or options.is_set(declared, getattr(cfg, declared.name)))]
 
 
 def serve_argv(cfg: RunConfig, serve_cfg: ServeConfig) -> list[str]:

@@ -1,0 +1,1 @@
+"""Model building blocks shared by the built-in workloads and generation (they import torch only, no perflab)."""
