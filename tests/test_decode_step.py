@@ -3,10 +3,11 @@ scoped to the compiled step, and the compiled path's outputs equal to eager deco
 import pytest
 import torch
 
-from perflab.generation.compiled_decode import (GPT_FAST_OPTIONS, compile_decode, decode_attention,
+from perflab.workloads.generation import GPT_FAST_OPTIONS
+from perflab.generation.compiled_decode import (compile_decode, decode_attention,
                                                 inductor_options)
 from perflab.generation.decode import generate_greedy, teacher_forced_logits
-from perflab.generation.decoder import SIZES, Decoder
+from perflab.models.decoder import SIZES, Decoder
 from perflab.generation.session import open_session
 from perflab.generation.speculative import generate_speculative
 from perflab.results.metrics import Generation

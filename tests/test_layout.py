@@ -32,6 +32,8 @@ def _file_unit(path: str) -> str:
 def _perflab_targets(node: ast.stmt) -> list[str]:
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names if alias.name.startswith("perflab")]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "perflab":
+        return [f"perflab.{alias.name}" for alias in node.names]  # `from perflab import options`: the module
     if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("perflab"):
         return [node.module]
     return []

@@ -16,29 +16,15 @@ import torch
 from torch import nn
 
 from perflab.errors import PerflabError
-from perflab.generation.compiled_decode import DEFAULT_DECODE_TUNING
 from perflab.generation.decode import generate_greedy
 from perflab.generation.metrics import BandwidthBound, TokenClock, parse_slo, summarize_requests, weight_bytes_per_step
-from perflab.generation.requests import request_shape
-from perflab.generation.session import open_session, output_field
+from perflab.workloads.generation import request_shape
+from perflab.generation.session import open_session
 from perflab.generation.speculative import SpeculativeStats, generate_speculative
 from perflab.hooks import StepHook
+from perflab.models.outputs import output_field
+from perflab.workloads.generation import GenerationSpec
 from perflab.results.metrics import DecodeCompile, Generation, Speculative
-
-
-@dataclass
-class GenerationSpec:
-    """What a generation workload declares: vocabulary, request lengths, the model's context, the built-in draft."""
-
-    vocab: int
-    prompt_lengths: tuple[int, int]
-    output_lengths: tuple[int, int]
-    eval_sequences: torch.Tensor  # fixed synthetic token sequences: the quality gate's perplexity set
-    context_limit: Optional[int] = None  # positions the model supports, when known
-    builtin_draft: Optional[Callable[[], nn.Module]] = None  # the draft trained with the target, if any
-    builtin_decoder: bool = False  # the model is perflab's Decoder (static cache and compiled decode apply)
-    decode_tuning: str = DEFAULT_DECODE_TUNING  # the decode step's Inductor settings by name (DECODE_TUNINGS)
-    decode_graphs: str = "perflab"  # who captures a compile mode's CUDA graphs: perflab (decode_graph.py) or inductor
 
 
 @dataclass
@@ -144,7 +130,7 @@ def probe_vocab(model: nn.Module, device: torch.device) -> int:
     """The vocabulary size a causal LM predicts over (the last dimension of its logits for one token)."""
     tokens = torch.zeros(1, 1, dtype=torch.long, device=device)
     with torch.inference_mode():
-        from perflab.generation.decoder import Decoder
+        from perflab.models.decoder import Decoder
         if isinstance(model, Decoder):
             return model(tokens).shape[-1]
         output = model(input_ids=tokens, attention_mask=torch.ones_like(tokens), use_cache=False)
@@ -165,8 +151,8 @@ def bandwidth_bound(model: nn.Module, spec: GenerationSpec, plan, dtype: torch.d
 
 def kv_bytes_per_position(model: nn.Module, batch: int, dtype: torch.dtype) -> Optional[int]:
     """Keys + values of one position for the batch, all layers; None when only a first request can tell."""
-    from perflab.generation.decoder import Decoder
-    from perflab.generation.kv_cache import kv_cache_bytes
+    from perflab.models.decoder import Decoder
+    from perflab.models.kv_cache import kv_cache_bytes
     if isinstance(model, Decoder):
         size = model.size
         return kv_cache_bytes(size.layers, batch, size.heads, size.head_dim, 1, dtype)

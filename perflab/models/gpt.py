@@ -24,7 +24,7 @@ class CausalSelfAttention(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
         self.proj = nn.Linear(dim, dim, bias=bias)
-        self.cache = None  # a DynamicKVCache or StaticKVCache (perflab/generation/kv_cache.py) while generating
+        self.cache = None  # a DynamicKVCache or StaticKVCache (perflab/models/kv_cache.py) while generating
 
     def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None,
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:

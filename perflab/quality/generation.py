@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from perflab.generation.corpus import perplexity
+from perflab.models.language import perplexity
 from perflab.generation.decode import generate_greedy, teacher_forced_logits
-from perflab.generation.requests import request_shape
+from perflab.workloads.generation import request_shape
 from perflab.harness.plan import StepPlan, build_plan
 from perflab.quality.gate import top1_flips
 

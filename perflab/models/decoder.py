@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from perflab.generation.kv_cache import DynamicKVCache, StaticKVCache
+from perflab.models.kv_cache import DynamicKVCache, StaticKVCache
 from perflab.models.gpt import Block
 
 
