@@ -6,7 +6,9 @@ PATH holds an earlier perflab tree (default: .parity/old, made with `git worktre
 and carried to the device). Each round runs, for the old tree then the new one, `perflab run` as its own
 process (PYTHONPATH pointing at that tree):
 - resnet50 infer bf16, batch 256, synthetic data on the device;
-- driving train, its defaults (fp32, loader workers).
+- driving train at batch 32 on batches staged on the device (the model step and the harness, no loader);
+- driving train with its defaults (fp32, loader workers): bound by the host's JPEG decoding, which swings 20-45%
+  between windows on the lent VM (BENCHMARKS.md, loader_drift), so it shows the spread rather than a 1% answer.
 Harness overhead: perflab's resnet50 throughput against a bare hand-written loop over the same model, precision
 and pre-staged batches in this process, measured once per round between the two trees.
 Rows: each tree's median over rounds, and new/old - 1 in percent.
@@ -35,7 +37,9 @@ from benchmarks.common import Rows  # noqa: E402
 RUNS = {
     "resnet50 infer bf16 b256": ["--workload", "resnet50", "--mode", "infer", "--precision", "bf16", "--batch", "256",
                                  "--data", "device", "--steps", "40", "--trials", "5", "--warmup", "10"],
-    "driving train": ["--workload", "driving", "--mode", "train"],
+    "driving train b32 device data": ["--workload", "driving", "--mode", "train", "--batch", "32", "--data", "device",
+                                      "--steps", "30", "--trials", "5", "--warmup", "5"],
+    "driving train (loader)": ["--workload", "driving", "--mode", "train"],
 }
 QUICK = {
     "mlp infer": ["--workload", "mlp", "--mode", "infer", "--steps", "20", "--trials", "3", "--warmup", "3"],
