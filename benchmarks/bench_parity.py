@@ -50,15 +50,16 @@ QUICK = {
 def perflab_run(tree: Path, argv: list[str], device: str) -> dict:
     """One `perflab run` of `tree` in its own process; the throughput median and spread from its result.json."""
     with tempfile.TemporaryDirectory(prefix="parity-") as out:
+        # cwd=tree as well as PYTHONPATH: `python -m` puts the working directory first on sys.path
         env = {**os.environ, "PYTHONPATH": str(tree)}
         done = subprocess.run([sys.executable, "-m", "perflab", "run", *argv, "--device", device, "--out", out],
-                              env=env, capture_output=True, text=True, timeout=600)
+                              env=env, cwd=tree, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"perflab run in {tree} failed: {done.stderr[-2000:]}")
         data = json.loads((Path(out) / "result.json").read_text())
     throughput = data["metrics"]["throughput_samples_per_s"]
     return {"median": throughput["median"], "range_pct": throughput.get("range_pct"),
-            "schema": data["schema_version"]}
+            "schema": data["schema_version"], "version": data.get("perflab_version")}
 
 
 def bare_resnet50_bf16(batch: int, steps: int, trials: int, warmup: int, device: torch.device) -> float:
