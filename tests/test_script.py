@@ -98,6 +98,7 @@ def test_ctrl_c_stops_the_script_and_still_writes_the_result(tmp_path):
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["metrics"]["steps_seen"] >= 20
     assert any(note.startswith("interrupted (Ctrl-C)") for note in result["notes"])
+    assert result["status"] == "interrupted" and "Ctrl-C" in result["status_reason"]  # never "complete"
 
 
 def test_missing_script_or_module_is_one_clear_line_and_exit_2(tmp_path, capsys):

@@ -83,8 +83,10 @@ def run_script(command: ScriptCommand, out_dir: Union[str, Path], warmup: int = 
                             interrupted=interrupted, steps_seen=timeline.boundaries)
     if result is None:
         return outcome
-    if interrupted:
-        result.notes.append(f"interrupted (Ctrl-C) after {timeline.boundaries} steps; the figures cover those")
+    if interrupted:  # the figures cover the steps before Ctrl-C: saved, but never as a complete run
+        result.status = "interrupted"
+        result.status_reason = f"interrupted (Ctrl-C) after {timeline.boundaries} steps; the figures cover those"
+        result.notes.append(result.status_reason)
     if trace_text is not None:
         result.notes.append(f"the script raised {trace_text.strip().splitlines()[-1]}")
     if profiler is not None:
