@@ -4,6 +4,7 @@ profile and sweep, the argv that reproduces a run, and the levers' refusals all 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -262,6 +263,7 @@ class RunConfig:
         if self.slo:
             from perflab.generation.metrics import parse_slo
             parse_slo(self.slo)
+        check_workers_against_machine(self.workers)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -298,6 +300,18 @@ class JudgeConfig:
     accept_noisy: bool = option("--accept-noisy", bool, "judge the speed even when a run was taken beside other busy "
                                 "processes or did not finish cleanly; otherwise compare does not judge it and tune "
                                 "does not count such a trial's lever as lost", JUDGE, False, commands=JUDGING)
+
+
+MAX_WORKERS_PER_CPU = 4  # DataLoader workers beyond this many per CPU only contend (and may exhaust memory)
+
+
+def check_workers_against_machine(workers: int) -> None:
+    """Refuse a --workers count far beyond this machine's CPUs (one line, exit 2)."""
+    cpus = os.cpu_count() or 1
+    if workers > MAX_WORKERS_PER_CPU * cpus:
+        from perflab.errors import PerflabError
+        raise PerflabError(f"--workers {workers} is more than {MAX_WORKERS_PER_CPU}x the {cpus} CPU(s) of this "
+                           f"machine; use --workers {MAX_WORKERS_PER_CPU * cpus} or fewer")
 
 
 def run_options() -> tuple[options.Option, ...]:

@@ -65,8 +65,13 @@ def check_launch(cfg: RunConfig) -> None:
 
 
 def check_visible_gpus(nproc: int, device: str) -> None:
-    """One GPU per rank: on CUDA (asked for, or chosen by auto) the node must show at least --nproc GPUs."""
+    """One GPU per rank: on CUDA (asked for, or chosen by auto) the node must show at least --nproc GPUs; on CPU
+    (gloo) at least --nproc CPUs (more ranks than CPUs measure the scheduler, and 1000 would swamp the machine)."""
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        cpus = os.cpu_count() or 1
+        if nproc > cpus:
+            raise PerflabError(f"--nproc {nproc} on CPU starts {nproc} gloo ranks and this machine has {cpus} "
+                               f"CPU(s); use --nproc {cpus} or fewer")
         return
     visible = torch.cuda.device_count()
     if nproc > visible:

@@ -15,6 +15,8 @@ from perflab.serve.metrics import COMPONENTS
 def _verdict(point: dict[str, Any]) -> str:
     if point["passed"]:
         return "[green]pass[/]"
+    if point.get("overloaded"):
+        return "[red]overloaded[/]"
     return "[yellow]harness late[/]" if point.get("harness_late") else "[red]fail[/]"
 
 

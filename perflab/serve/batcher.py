@@ -50,11 +50,15 @@ class ScheduledBatcher:
     `arrivals_s[i]`): the forming instance sleeps until the batch is due, then takes every query that has arrived."""
 
     def __init__(self, arrivals_s: np.ndarray, max_batch: int, timeout_s: float,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, max_wait_s: float = math.inf):
         self.arrivals_s = np.asarray(arrivals_s, dtype=float)
         self.max_batch = max_batch
         self.timeout_s = timeout_s
         self.clock = clock
+        # The queue's bound: once the oldest waiting query has waited this long the point stops (overloaded), and
+        # the rest of the schedule is never served.
+        self.max_wait_s = max_wait_s
+        self.overloaded: Optional[dict[str, float]] = None
         self._taken = 0  # queries before this one are in batches already
         self._forming = threading.Lock()  # one instance forms a batch at a time; the others queue behind it
         self._stopped = threading.Event()  # set by close(): wakes a sleeping instance (Ctrl-C)
@@ -76,6 +80,12 @@ class ScheduledBatcher:
             if first >= count or self._stopped.is_set():
                 return None
             opened_s = self.clock()
+            if opened_s - self.arrivals_s[first] > self.max_wait_s:
+                waiting = int(np.searchsorted(self.arrivals_s, opened_s, side="right")) - first
+                self.overloaded = {"at_s": opened_s, "waited_s": opened_s - self.arrivals_s[first],
+                                   "waiting": waiting, "unserved": count - first}
+                self._stopped.set()  # every instance stops taking batches
+                return None
             self._sleep_until(self.arrivals_s[first])
             # When the batch will fill: the arrival of the max_batch-th waiting query (or, when fewer remain, of the
             # schedule's last: nothing more will come). Reading that time ahead is what a put would tell a waiting

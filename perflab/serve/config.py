@@ -90,9 +90,26 @@ class ServeConfig:
         return options.to_argv(self, "serve")
 
 
+MAX_QUERIES_PER_POINT = 2_000_000  # a point's schedule is held in memory; past this a rate is not a serving load
+# A server point ends as 'overloaded' once its oldest waiting query has waited this many times the p99 bound (at
+# least OVERLOAD_FLOOR_S): the rate is beyond capacity, and serving the rest of its schedule would only take hours.
+OVERLOAD_WAIT_FACTOR = 20
+OVERLOAD_FLOOR_S = 1.0
+
+
+def overload_wait_s(p99_ms: float) -> float:
+    """How long the oldest waiting query may wait before a server point is ended as overloaded."""
+    return max(OVERLOAD_FLOOR_S, OVERLOAD_WAIT_FACTOR * p99_ms / 1000)
+
+
 def check_query_count(rate: float, duration_s: float, min_queries: int) -> None:
-    """A point at `rate` for `duration_s` must issue at least `min_queries` queries."""
+    """A point at `rate` for `duration_s` must issue at least `min_queries` queries, and at most
+    MAX_QUERIES_PER_POINT (its schedule is held in memory)."""
     expected = rate * duration_s
+    if expected > MAX_QUERIES_PER_POINT:
+        raise PerflabError(f"--qps {rate:g} for --duration {duration_s:g} s schedules about {expected:,.0f} queries "
+                           f"in one point, more than the {MAX_QUERIES_PER_POINT:,} perflab holds; lower --qps or "
+                           "--duration (--find-max-qps finds the highest rate the model sustains)")
     if expected < min_queries:
         raise PerflabError(f"--duration {duration_s:g} s at {rate:g} queries/s offers about {expected:.0f} queries, "
                            f"fewer than --min-queries {min_queries}; use --duration "

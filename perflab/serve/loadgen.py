@@ -7,6 +7,7 @@ Latency is measured from the scheduled arrival, as LoadGen does: a batch dispatc
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 import time
@@ -43,11 +44,12 @@ def _point_clock() -> Callable[[], float]:
 
 
 def run_scheduled(server: Server, arrivals_s: np.ndarray, samples: np.ndarray, max_batch: int,
-                  timeout_s: float) -> QueryLog:
+                  timeout_s: float, max_wait_s: float = math.inf) -> QueryLog:
     """Server scenario: query i arrives at arrivals_s[i] (seconds from the start, sorted); returns every query's
-    stamps once the instances have served the whole schedule."""
+    stamps once the instances have served the whole schedule, or once a query has waited `max_wait_s` (then
+    `log.overloaded` says so and the rest of the schedule is left unserved)."""
     clock = _point_clock()
-    batcher = ScheduledBatcher(arrivals_s, max_batch, timeout_s, clock)
+    batcher = ScheduledBatcher(arrivals_s, max_batch, timeout_s, clock, max_wait_s)
     log = QueryLog(arrivals_s)
     with prompt_thread_switches():
         serving = server.start(batcher, log, samples)
@@ -55,6 +57,7 @@ def run_scheduled(server: Server, arrivals_s: np.ndarray, samples: np.ndarray, m
             serving.wait()
         finally:
             batcher.close()  # interrupted (Ctrl-C): the instances stop taking batches
+    log.overloaded = batcher.overloaded
     return log
 
 

@@ -37,6 +37,7 @@ class QueryLog:
         # generation: per batch, (query ids, its token times, host time its last token came out)
         self.token_batches: list[tuple[list[int], RequestTiming, float]] = []
         self._lock = threading.Lock()  # instances record from their own threads
+        self.overloaded: Optional[dict[str, float]] = None  # set when the point stopped at the queue's bound
 
     def __len__(self) -> int:
         return len(self.scheduled_s)

@@ -11,7 +11,7 @@ from perflab.harness.nvml import NvmlSampler
 from perflab.results.metrics import Serve
 from perflab.results import Result
 from perflab.serve import loadgen, schedule
-from perflab.serve.config import ServeConfig
+from perflab.serve.config import ServeConfig, overload_wait_s
 from perflab.generation.metrics import parse_slo
 from perflab.serve.metrics import summarize_point, summarize_tokens
 from perflab.serve.search import find_max_qps
@@ -60,7 +60,8 @@ class Session:
             if scenario == "server":
                 arrivals = schedule.poisson_arrivals(rate, duration_s, sc.min_queries, sc.schedule_seed + index)
                 order = schedule.sample_order(len(arrivals), self.samples, seed)
-                log = loadgen.run_scheduled(self.server, arrivals, order, max_batch, timeout_s)
+                log = loadgen.run_scheduled(self.server, arrivals, order, max_batch, timeout_s,
+                                            max_wait_s=overload_wait_s(sc.p99_ms))
             elif scenario == "offline":
                 order = schedule.sample_order(queries, self.samples, seed)
                 log = loadgen.run_offline(self.server, queries, order, max_batch, timeout_s)
@@ -77,6 +78,10 @@ class Session:
         point["schedule_seed"] = sc.schedule_seed + index if scenario == "server" else None
         point["meets_bound"] = bool(point["latency_ms"]["p99"] <= sc.p99_ms)
         point["passed"] = point["meets_bound"] and not point["harness_late"]
+        if log.overloaded is not None:  # the queue's bound ended the point: beyond capacity, never a pass
+            point["overloaded"] = log.overloaded
+            point["meets_bound"] = point["passed"] = False
+            self.result.notes.append(overload_note(point))
         padding = [engine for engine in self.server.engines if hasattr(engine, "padded_samples")]
         point["padded_samples"] = sum(engine.padded_samples for engine in padding)
         for engine in padding:
@@ -85,6 +90,14 @@ class Session:
         self.save()
         self.on_point(point)
         return point
+
+
+def overload_note(point: dict[str, Any]) -> str:
+    """One line saying why an overloaded point ended early."""
+    over = point["overloaded"]
+    return (f"point {point['index']} at {point['offered_qps']:g} queries/s overloaded: after {over['at_s']:.1f} s a "
+            f"query had waited {over['waited_s']:.1f} s with {over['waiting']:,} queued; the point was ended with "
+            f"{over['unserved']:,} of {point['queries']:,} queries unserved (the rate is beyond what the model serves)")
 
 
 def run_scenario(session: Session, estimate: float) -> None:

@@ -33,6 +33,7 @@ from perflab.errors import PerflabError, is_out_of_memory
 from perflab.harness.progress import Reporter
 from perflab.pipeline import resolve_config
 from perflab.results import Result, atomic_file, write_json_atomic
+from perflab.rundir import check_same_search, locked_out
 
 SWEEP_JSON = "sweep.json"
 SWEEP_JSONL = "sweep.jsonl"
@@ -188,6 +189,8 @@ class Sweep:
         self.description = description or {}
         self.jsonl = self.out / SWEEP_JSONL
         self._prepare(resume)
+        if resume:
+            self._check_same_sweep()
         self.rows: dict[str, dict[str, Any]] = {row["key"]: row for row in read_rows(self.jsonl)} \
             if self.jsonl.exists() else {}
         self.next_index = max((row["index"] for row in self.rows.values()), default=-1) + 1
@@ -204,6 +207,24 @@ class Sweep:
         except OSError as err:
             raise PerflabError(f"cannot write to --out {self.out}: {err.strerror}") from None
         trim_partial_line(self.jsonl)
+
+    def _check_same_sweep(self) -> None:
+        """A resumed sweep is the same search: the same kind (grid or auto-batch), the same swept options, and the
+        same value of every option that neither sweeps; otherwise its points would mix with another's."""
+        meta_path = self.out / SWEEP_JSON
+        if not self.jsonl.exists() or not meta_path.is_file():
+            return
+        try:
+            recorded = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            return
+        old_axes, new_axes = list(recorded.get("axes") or []), self.axes
+        swept = set(old_axes) | set(new_axes)
+
+        def search(meta: dict[str, Any], axes: list[str]) -> dict[str, Any]:
+            fixed = {k: v for k, v in (meta.get("base_config") or {}).items() if k not in swept}
+            return {"sweep kind": meta.get("mode"), "swept options": ",".join(sorted(axes)), **fixed}
+        check_same_search(self.out, search(recorded, old_axes), search(self.description, new_axes), "a sweep")
 
     @property
     def done(self) -> list[dict[str, Any]]:
@@ -333,13 +354,14 @@ def run_sweep(configs: Sequence[RunConfig], out: Union[str, Path], axes: Optiona
         raise PerflabError("the sweep has no points: give at least one value per option")
     _check_workloads(configs)
     axes = list(axes) if axes is not None else swept_axes(configs)
-    sweep = Sweep(out, axes, resume, max_p95_ms, observer, command, reporter_factory,
-                  _describe(configs, "grid"))
-    sweep.observer.begin(len(configs), sum(1 for cfg in configs
-                                           if point_key(resolve_config(cfg, None)) in sweep.rows))
-    for cfg in configs:
-        sweep.point(cfg)
-    return sweep.finish(plots)
+    with locked_out(Path(out)):  # one writer per sweep folder: two sweeps never mix their points
+        sweep = Sweep(out, axes, resume, max_p95_ms, observer, command, reporter_factory,
+                      _describe(configs, "grid"))
+        sweep.observer.begin(len(configs), sum(1 for cfg in configs
+                                               if point_key(resolve_config(cfg, None)) in sweep.rows))
+        for cfg in configs:
+            sweep.point(cfg)
+        return sweep.finish(plots)
 
 
 def run_auto_batch(configs: Sequence[RunConfig], out: Union[str, Path], growth_pct: float = 5.0,
@@ -356,18 +378,19 @@ def run_auto_batch(configs: Sequence[RunConfig], out: Union[str, Path], growth_p
     _check_workloads(configs)
     axes = [name for name in (axes if axes is not None else swept_axes(configs)) if name != "batch_size"]
     axes = ["batch_size"] + axes
-    sweep = Sweep(out, axes, resume, max_p95_ms, observer, command, reporter_factory,
-                  _describe(configs, "auto-batch", growth_pct=growth_pct, max_batch=max_batch))
-    sweep.observer.begin(None, 0)
-    for base in configs:
-        batch = resolve_config(base, None).batch_size
-        previous: Optional[float] = None
-        while batch <= max_batch:
-            row = sweep.point(base.replace(batch_size=batch))
-            if row["status"] != "ok":
-                break
-            if previous is not None and row["throughput"] < previous * (1 + growth_pct / 100):
-                break
-            previous = row["throughput"]
-            batch *= 2
-    return sweep.finish(plots)
+    with locked_out(Path(out)):
+        sweep = Sweep(out, axes, resume, max_p95_ms, observer, command, reporter_factory,
+                      _describe(configs, "auto-batch", growth_pct=growth_pct, max_batch=max_batch))
+        sweep.observer.begin(None, 0)
+        for base in configs:
+            batch = resolve_config(base, None).batch_size
+            previous: Optional[float] = None
+            while batch <= max_batch:
+                row = sweep.point(base.replace(batch_size=batch))
+                if row["status"] != "ok":
+                    break
+                if previous is not None and row["throughput"] < previous * (1 + growth_pct / 100):
+                    break
+                previous = row["throughput"]
+                batch *= 2
+        return sweep.finish(plots)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from perflab.config import RunConfig
+from perflab.rundir import locked_out
 from perflab.tune.driver import Tuner, TuneObserver
 from perflab.tune.output import TUNE_JSON, tune_summary, write_tune_json
 from perflab.tune.settings import TuneConfig, parse_duration
@@ -31,19 +32,20 @@ def tune(start: RunConfig, settings: TuneConfig, out: Union[str, Path], observer
          command: Optional[list[str]] = None, report: bool = True, **tuner_options: Any) -> dict[str, Any]:
     """Tune from `start` into `out`; returns the tune.json summary. On KeyboardInterrupt, tune.json is written
     for what finished and the interrupt propagates (resume with settings.resume=True)."""
-    tuner = Tuner(start, settings, Path(out), observer=observer, **tuner_options)
-    try:
-        stop_reason = tuner.run()
-    except KeyboardInterrupt:
-        if tuner.best_row is not None:
-            write_tune_json(tuner.out, tune_summary(tuner, INTERRUPTED, command or []))
-        raise
-    summary = tune_summary(tuner, stop_reason, command or [])
-    write_tune_json(tuner.out, summary)
-    if report:
-        from perflab.report.build import write_report
-        summary["report"] = [str(path) for path in write_report(tuner.out)]
-    return summary
+    with locked_out(Path(out)):  # one writer per tune folder
+        tuner = Tuner(start, settings, Path(out), observer=observer, **tuner_options)
+        try:
+            stop_reason = tuner.run()
+        except KeyboardInterrupt:
+            if tuner.best_row is not None:
+                write_tune_json(tuner.out, tune_summary(tuner, INTERRUPTED, command or []))
+            raise
+        summary = tune_summary(tuner, stop_reason, command or [])
+        write_tune_json(tuner.out, summary)
+        if report:
+            from perflab.report.build import write_report
+            summary["report"] = [str(path) for path in write_report(tuner.out)]
+        return summary
 
 
 __all__ = ["tune", "Tuner", "TuneObserver", "TuneConfig", "parse_duration", "TUNE_JSON"]

@@ -114,6 +114,7 @@ class Tuner:
         self.built_for: dict[str, Any] = {}  # workloads built for candidates' settings, to confirm a refusal
         (self.out / TRIALS_DIR).mkdir(parents=True, exist_ok=True)
         self.journal = Journal(self.out, settings.resume)
+        self.journal.check_same_start(self.start, self.measure)
         self.spent_s = 0.0
         self.count = 0
         self.lost: list[str] = []  # levers tried that never won (the diagnosis is told, and never re-proposes)

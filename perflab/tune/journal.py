@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
+from perflab.rundir import check_same_search
 from perflab.sweep import point_key, read_rows, trim_partial_line
 
 TUNE_JSONL = "tune.jsonl"
@@ -39,6 +40,16 @@ class Journal:
         trim_partial_line(self.path)
         self.rows: dict[str, dict[str, Any]] = {row["key"]: row for row in read_rows(self.path)} \
             if self.path.exists() else {}
+
+    def check_same_start(self, start: RunConfig, kind: str) -> None:
+        """On --resume, the journal's first trial must be this tune's start (same options, same kind of measured
+        trial): another tune's trials would be overwritten and its trial numbers repeated."""
+        first = min(self.rows.values(), key=lambda row: row["index"], default=None)
+        if first is None:
+            return
+        recorded = {"measured trial": first.get("kind"), **(first.get("config") or {})}
+        current = {"measured trial": kind, **start.to_dict()}
+        check_same_search(self.path.parent, recorded, current, "a tune")
 
     def __len__(self) -> int:
         return len(self.rows)
