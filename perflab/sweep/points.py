@@ -209,8 +209,9 @@ class Sweep:
         trim_partial_line(self.jsonl)
 
     def _check_same_sweep(self) -> None:
-        """A resumed sweep is the same search: the same kind (grid or auto-batch), the same swept options, and the
-        same value of every option that neither sweeps; otherwise its points would mix with another's."""
+        """A resumed sweep is the same search: the same kind (grid or auto-batch) and the same value of every option
+        that neither sweeps (a resume may add values of a swept option); otherwise its points would mix with
+        another's."""
         meta_path = self.out / SWEEP_JSON
         if not self.jsonl.exists() or not meta_path.is_file():
             return
@@ -221,10 +222,10 @@ class Sweep:
         old_axes, new_axes = list(recorded.get("axes") or []), self.axes
         swept = set(old_axes) | set(new_axes)
 
-        def search(meta: dict[str, Any], axes: list[str]) -> dict[str, Any]:
+        def search(meta: dict[str, Any]) -> dict[str, Any]:
             fixed = {k: v for k, v in (meta.get("base_config") or {}).items() if k not in swept}
-            return {"sweep kind": meta.get("mode"), "swept options": ",".join(sorted(axes)), **fixed}
-        check_same_search(self.out, search(recorded, old_axes), search(self.description, new_axes), "a sweep")
+            return {"sweep kind": meta.get("mode"), **fixed}
+        check_same_search(self.out, search(recorded), search(self.description), "a sweep")
 
     @property
     def done(self) -> list[dict[str, Any]]:
