@@ -182,6 +182,10 @@ class RunConfig:
     rdzv_endpoint: Optional[str] = option("--rdzv-endpoint", str, "HOST:PORT where the nodes meet (node 0's "
                                           "address; default: a free local port)", DISTRIBUTED, metavar="HOST:PORT",
                                           sweepable=False)
+    rank_timeout_s: float = option("--rank-timeout", float, "seconds a rank waits for the others in a collective "
+                                   "before the run ends with a 'stalled rank' error (default: 300; raise it when "
+                                   "one rank legitimately works that long alone, e.g. a long first compile)",
+                                   DISTRIBUTED, 300.0, above=0, metavar="S", sweepable=False)
     ddp_bucket_mb: Optional[float] = option("--ddp-bucket-mb", float, "DDP gradient bucket size in MiB: smaller "
                                             "starts all-reduces earlier in backward, larger sends fewer "
                                             "(default: DDP's 25)", DISTRIBUTED, above=0, metavar="MB", modes=TRAIN, conflicts=(

@@ -286,3 +286,18 @@ def test_two_gpus_profile_measures_exposed_nccl_communication_of_the_planted_cas
     diagnosis = json.loads((out / "diagnosis.json").read_text())
     assert diagnosis["bottleneck"] == "collectives"
     assert result["metrics"]["distributed"]["backend"] == "nccl"
+
+
+def test_a_rank_that_stalls_ends_the_run_after_the_rank_timeout_with_one_line(tmp_path, capfd):
+    out = tmp_path / "stalls"
+    began = time.monotonic()
+    code = main(["run", "--workload", "tests/planted/stalls_on_rank1.py:build", "--nproc", "2", "--device", "cpu",
+                 "--batch", "4", "--steps", "5", "--warmup", "1", "--trials", "1", "--rank-timeout", "5",
+                 "--out", str(out)])
+    output = "".join(capfd.readouterr())
+    assert code == 1, output
+    assert "(--rank-timeout) for the other ranks" in output and "Traceback" not in output, output
+    assert not out.exists()
+    time.sleep(0.5)
+    assert _processes_mentioning(str(out)) == [], "the stalled rank outlived the run"
+    assert time.monotonic() - began < 120

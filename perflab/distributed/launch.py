@@ -158,6 +158,8 @@ def rank_failure(err) -> RankFailedError:
     info = data.get("extraInfo") or {}
     if not data:  # no error file: killed by a signal, or died before it could write one
         return RankFailedError(f"rank {rank} (pid {failure.pid}) died: {failure.message}", 1)
+    if info.get("rank_stalled"):  # a timeout is not a user mistake: exit 1, one line
+        return RankFailedError(f"rank {rank}: {data['message'].partition(': ')[2]}", 1)
     if info.get("perflab_error"):
         return RankFailedError(f"rank {rank}: {data['message'].partition(': ')[2]}", 2)
     callstack = (info.get("py_callstack") or data["message"]).rstrip()
@@ -184,7 +186,10 @@ def _launcher_environment(cfg: RunConfig) -> Iterator[None]:
     NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST and every other variable pass to the ranks as set."""
     import perflab
 
-    saved_env = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "PYTHONPATH")}
+    from perflab.distributed.rank import TIMEOUT_ENV
+
+    saved_env = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "PYTHONPATH", TIMEOUT_ENV)}
+    os.environ[TIMEOUT_ENV] = repr(float(cfg.rank_timeout_s))
     saved_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     if saved_env["OMP_NUM_THREADS"] is None:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.nproc))

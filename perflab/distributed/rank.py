@@ -9,6 +9,7 @@ closed") never buries the cause.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import sys
@@ -23,6 +24,20 @@ from perflab.errors import PerflabError
 
 RANK_MODE_FLAG = "--nproc-rank-mode"
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+TIMEOUT_ENV = "PERFLAB_RANK_TIMEOUT_S"  # --rank-timeout, set by the launcher for its ranks
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def rank_timeout_s() -> float:
+    """How long a collective waits for the other ranks (--rank-timeout, passed by the launcher)."""
+    try:
+        return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+
+
+class RankStalledError(PerflabError):
+    """A collective waited --rank-timeout seconds for a rank that never joined it."""
 
 
 def local_rank() -> int:
@@ -38,7 +53,7 @@ def process_group(device: str) -> Iterator[None]:
     if device == "cuda":
         torch.cuda.set_device(local_rank())  # before anything touches CUDA: the harness uses current_device()
     backend = "nccl" if device == "cuda" else "gloo"
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=rank_timeout_s()))
     try:
         yield
     finally:
@@ -53,8 +68,23 @@ def run_as_rank(device: str, body: Callable[[], None]) -> int:
             body()
         return 0
     except BaseException as err:  # noqa: B902 - every failure must reach the launcher, KeyboardInterrupt too
+        if is_collective_timeout(err):
+            try:
+                raise RankStalledError(f"waited {rank_timeout_s():g} s (--rank-timeout) for the other ranks in a "
+                                       "collective: a rank stalled (a hang in its forward, data or a deadlock); the "
+                                       "run was stopped; raise --rank-timeout if a rank legitimately works that "
+                                       "long alone") from err
+            except RankStalledError as stalled:
+                record_failure(stalled)
+            return 1
         record_failure(err)
         return 2 if isinstance(err, PerflabError) else 1
+
+
+def is_collective_timeout(err: BaseException) -> bool:
+    """A gloo or NCCL collective that gave up waiting for the other ranks."""
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and ("timed out" in text or "timeout" in text)
 
 
 def record_failure(err: BaseException) -> None:
@@ -62,7 +92,8 @@ def record_failure(err: BaseException) -> None:
     launcher can tell which rank failed first (the format's own timestamp is in whole seconds)."""
     data = {"message": {"message": f"{type(err).__name__}: {err}",
                         "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time())),
-                                      "time_ns": time.time_ns(), "perflab_error": isinstance(err, PerflabError)}}}
+                                      "time_ns": time.time_ns(), "perflab_error": isinstance(err, PerflabError),
+                                      "rank_stalled": isinstance(err, RankStalledError)}}}
     path = os.environ.get(ERROR_FILE_ENV)
     if not path:  # started by hand, not by the launcher: say it here
         if isinstance(err, PerflabError):

@@ -232,10 +232,12 @@ def check_same_search(out: Path, recorded: dict, current: dict, what: str) -> No
     from perflab.config import RunConfig
 
     flags = {declared.name: declared.flag for declared in options.options_of(RunConfig)}
+    # an option added since the folder was written counts as recorded at its default
+    defaults = json.loads(json.dumps(RunConfig().to_dict(), default=str))
     normal = json.loads(json.dumps(current, default=str))
-    names = list(normal) + [name for name in recorded if name not in normal]
+    recorded = {**{name: defaults[name] for name in normal if name in defaults}, **recorded}
     differing = [f"{flags.get(name, name)} {_shown(recorded.get(name))} -> {_shown(normal.get(name))}"
-                 for name in names if name != "out" and json.dumps(recorded.get(name), sort_keys=True, default=str)
+                 for name in normal if name != "out" and json.dumps(recorded.get(name), sort_keys=True, default=str)
                  != json.dumps(normal.get(name), sort_keys=True, default=str)]
     if differing:
         raise PerflabError(f"--resume: {out} holds {what} with other options ({'; '.join(differing)}); give the "
