@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import time
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -69,8 +69,12 @@ def remove_stale_temp_files(path: Path) -> None:
 def check_out_path(path: Path) -> None:
     """Refuse folders that are never perflab's alone: the working directory, home, a filesystem root, a git root."""
     resolved = path.expanduser().resolve()
+    try:
+        home: Optional[Path] = Path.home().resolve()
+    except (KeyError, RuntimeError):  # no HOME and no passwd entry
+        home = None
     reasons = [(resolved == Path.cwd().resolve(), "is the current directory"),
-               (resolved == Path.home().resolve(), "is your home directory"),
+               (resolved == home, "is your home directory"),
                (resolved.parent == resolved, "is a filesystem root"),
                ((resolved / ".git").exists(), "is the root of a git repository")]
     for refused, reason in reasons:
@@ -168,6 +172,23 @@ def remove_stale(path: Path, stale: dict[str, tuple[int, int]]) -> None:
             continue
 
 
+def _create_and_lock(path: Path, stack: ExitStack) -> bool:
+    """Check `path`, create it if needed and take its lock (held until `stack` closes); True if it was created here.
+    A refused lock raises PerflabError and never removes anything: the folder is the holder's."""
+    check_out_path(path)
+    if path.exists() and not path.is_dir():
+        raise PerflabError(f"--out {path} exists and is not a directory; choose another --out")
+    created = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        stack.enter_context(out_lock(path))
+    except OSError as err:
+        if created and path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+        raise PerflabError(f"cannot write to --out {path}: {err.strerror}; choose a writable directory") from None
+    return created
+
+
 @contextmanager
 def run_dir(out: Optional[str], name: str, overwrite: bool = False,
             resume_from: Optional[str] = None) -> Iterator[Path]:
@@ -175,19 +196,8 @@ def run_dir(out: Optional[str], name: str, overwrite: bool = False,
     go; on failure, remove the directory if this command created it and it holds nothing worth keeping (a
     checkpoint or a result saved as interrupted); an existing folder keeps the earlier run."""
     path = Path(out) if out else default_run_dir(name)
-    check_out_path(path)
-    created = not path.exists()
-    if path.exists() and not path.is_dir():
-        raise PerflabError(f"--out {path} exists and is not a directory; choose another --out")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        lock = out_lock(path)
-        lock.__enter__()  # a refused lock raises PerflabError: the folder is the holder's, never removed here
-    except OSError as err:
-        if created and path.exists():
-            shutil.rmtree(path, ignore_errors=True)
-        raise PerflabError(f"cannot write to --out {path}: {err.strerror}; choose a writable directory") from None
-    try:
+    with ExitStack() as stack:
+        created = _create_and_lock(path, stack)
         stale = {} if created else claim(path, overwrite, resume_from)
         try:
             yield path
@@ -201,28 +211,16 @@ def run_dir(out: Optional[str], name: str, overwrite: bool = False,
                 remove_stale(path, stale)  # the new run saved its (interrupted) result: the old one's files go
             raise
         remove_stale(path, stale)
-    finally:
-        lock.__exit__(None, None, None)
 
 
 @contextmanager
 def locked_out(path: Path) -> Iterator[Path]:
-    """An output folder that a command fills over time (sweep, tune, scale): checked, created and locked for the
-    whole command."""
+    """An output folder that a command fills over time (sweep, tune): checked, created and locked for the whole
+    command."""
     path = Path(path)
-    check_out_path(path)
-    if path.exists() and not path.is_dir():
-        raise PerflabError(f"--out {path} exists and is not a directory; choose another --out")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        lock = out_lock(path)
-        lock.__enter__()
-    except OSError as err:
-        raise PerflabError(f"cannot write to --out {path}: {err.strerror}; choose a writable directory") from None
-    try:
+    with ExitStack() as stack:
+        _create_and_lock(path, stack)
         yield path
-    finally:
-        lock.__exit__(None, None, None)
 
 
 def check_same_search(out: Path, recorded: dict, current: dict, what: str) -> None:
