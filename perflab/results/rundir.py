@@ -178,9 +178,13 @@ def _create_and_lock(path: Path, stack: ExitStack) -> bool:
     check_out_path(path)
     if path.exists() and not path.is_dir():
         raise PerflabError(f"--out {path} exists and is not a directory; choose another --out")
-    created = not path.exists()
+    created = False
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True)  # atomic: of two commands started together, one creates the folder
+            created = True
+        except FileExistsError:
+            pass
         stack.enter_context(out_lock(path))
     except OSError as err:
         if created and path.exists():
@@ -198,7 +202,7 @@ def run_dir(out: Optional[str], name: str, overwrite: bool = False,
     path = Path(out) if out else default_run_dir(name)
     with ExitStack() as stack:
         created = _create_and_lock(path, stack)
-        stale = {} if created else claim(path, overwrite, resume_from)
+        stale = claim(path, overwrite, resume_from)  # even if created here: another command may have written since
         try:
             yield path
         except BaseException as err:
