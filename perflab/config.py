@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from perflab import options
+from perflab.errors import PerflabError
 from perflab.options import Conflict, option
 
 MODES = ("train", "infer")
@@ -313,7 +314,6 @@ def check_workers_against_machine(workers: int) -> None:
     """Refuse a --workers count far beyond this machine's CPUs (one line, exit 2)."""
     cpus = os.cpu_count() or 1
     if workers > MAX_WORKERS_PER_CPU * cpus:
-        from perflab.errors import PerflabError
         raise PerflabError(f"--workers {workers} is more than {MAX_WORKERS_PER_CPU}x the {cpus} CPU(s) of this "
                            f"machine; use --workers {MAX_WORKERS_PER_CPU * cpus} or fewer")
 

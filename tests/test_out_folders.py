@@ -14,7 +14,7 @@ import pytest
 
 from perflab.cli import main
 from perflab.config import RunConfig
-from perflab.rundir import LOCK_FILE, out_lock
+from perflab.results.rundir import LOCK_FILE, out_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--workload", "mlp", "--device", "cpu", "--batch", "8", "--warmup", "1", "--steps", "2", "--trials", "1",

@@ -23,7 +23,7 @@ import torch
 
 from perflab import options
 from perflab.config import RunConfig
-from perflab.distributed.rank import RANK_MODE_FLAG
+from perflab.distributed.rank import RANK_MODE_FLAG, TIMEOUT_ENV
 from perflab.errors import PerflabError
 from perflab.results import Result
 
@@ -185,8 +185,6 @@ def _launcher_environment(cfg: RunConfig) -> Iterator[None]:
 
     NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST and every other variable pass to the ranks as set."""
     import perflab
-
-    from perflab.distributed.rank import TIMEOUT_ENV
 
     saved_env = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "PYTHONPATH", TIMEOUT_ENV)}
     os.environ[TIMEOUT_ENV] = repr(float(cfg.rank_timeout_s))

@@ -225,26 +225,3 @@ def locked_out(path: Path) -> Iterator[Path]:
     with ExitStack() as stack:
         _create_and_lock(path, stack)
         yield path
-
-
-def check_same_search(out: Path, recorded: dict, current: dict, what: str) -> None:
-    """--resume continues a search only with the options that define it: refuse (one line naming the options that
-    differ) a folder whose recorded config differs from `current` (both RunConfig-like dicts)."""
-    from perflab import options
-    from perflab.config import RunConfig
-
-    flags = {declared.name: declared.flag for declared in options.options_of(RunConfig)}
-    # an option added since the folder was written counts as recorded at its default
-    defaults = json.loads(json.dumps(RunConfig().to_dict(), default=str))
-    normal = json.loads(json.dumps(current, default=str))
-    recorded = {**{name: defaults[name] for name in normal if name in defaults}, **recorded}
-    differing = [f"{flags.get(name, name)} {_shown(recorded.get(name))} -> {_shown(normal.get(name))}"
-                 for name in normal if name != "out" and json.dumps(recorded.get(name), sort_keys=True, default=str)
-                 != json.dumps(normal.get(name), sort_keys=True, default=str)]
-    if differing:
-        raise PerflabError(f"--resume: {out} holds {what} with other options ({'; '.join(differing)}); give the "
-                           f"same options (or --resume --out {out} alone), or choose another --out")
-
-
-def _shown(value: object) -> str:
-    return "unset" if value is None else json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)

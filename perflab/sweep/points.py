@@ -28,12 +28,13 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import torch
 
 import perflab
+from perflab import options
 from perflab.config import RunConfig
 from perflab.errors import PerflabError, is_out_of_memory
 from perflab.harness.progress import Reporter
 from perflab.pipeline import resolve_config
 from perflab.results import Result, atomic_file, write_json_atomic
-from perflab.rundir import check_same_search, locked_out
+from perflab.results.rundir import locked_out
 
 SWEEP_JSON = "sweep.json"
 SWEEP_JSONL = "sweep.jsonl"
@@ -42,6 +43,26 @@ POINTS_DIR = "points"
 DONE_STATUSES = ("ok", "oom", "invalid")  # finished measurements: a resume does not redo them
 CSV_METRICS = ["throughput", "throughput_ci_low", "throughput_ci_high", "p50_ms", "p95_ms", "p99_ms",
                "peak_memory_mb", "gpu_util_pct", "mfu_pct", "quality", "elapsed_s", "error"]
+
+
+def check_same_search(out: Path, recorded: dict, current: dict, what: str) -> None:
+    """--resume continues a search only with the options that define it: refuse (one line naming the options that
+    differ) a folder whose recorded config differs from `current` (both RunConfig-like dicts)."""
+    flags = {declared.name: declared.flag for declared in options.options_of(RunConfig)}
+    # an option added since the folder was written counts as recorded at its default
+    defaults = json.loads(json.dumps(RunConfig().to_dict(), default=str))
+    normal = json.loads(json.dumps(current, default=str))
+    recorded = {**{name: defaults[name] for name in normal if name in defaults}, **recorded}
+    differing = [f"{flags.get(name, name)} {_shown(recorded.get(name))} -> {_shown(normal.get(name))}"
+                 for name in normal if name != "out" and json.dumps(recorded.get(name), sort_keys=True, default=str)
+                 != json.dumps(normal.get(name), sort_keys=True, default=str)]
+    if differing:
+        raise PerflabError(f"--resume: {out} holds {what} with other options ({'; '.join(differing)}); give the "
+                           f"same options (or --resume --out {out} alone), or choose another --out")
+
+
+def _shown(value: object) -> str:
+    return "unset" if value is None else json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
 
 
 class SweepObserver:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from perflab.config import RunConfig
-from perflab.rundir import locked_out
+from perflab.results.rundir import locked_out
 from perflab.tune.driver import Tuner, TuneObserver
 from perflab.tune.output import TUNE_JSON, tune_summary, write_tune_json
 from perflab.tune.settings import TuneConfig, parse_duration

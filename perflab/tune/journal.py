@@ -13,8 +13,7 @@ from typing import Any, Optional
 
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
-from perflab.rundir import check_same_search
-from perflab.sweep import point_key, read_rows, trim_partial_line
+from perflab.sweep.points import check_same_search, point_key, read_rows, trim_partial_line
 
 TUNE_JSONL = "tune.jsonl"
 
