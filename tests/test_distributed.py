@@ -5,7 +5,10 @@ Each launch starts real rank processes (5-10 s on a small machine), so only two 
 check the pieces without processes.
 """
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -301,3 +304,25 @@ def test_a_rank_that_stalls_ends_the_run_after_the_rank_timeout_with_one_line(tm
     time.sleep(0.5)
     assert _processes_mentioning(str(out)) == [], "the stalled rank outlived the run"
     assert time.monotonic() - began < 120
+
+
+def test_ranks_end_when_their_launcher_is_killed(tmp_path):
+    out = tmp_path / "orphans"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    launcher = subprocess.Popen([sys.executable, "-m", "perflab", "run", "--workload",
+                                 "tests/planted/stalls_on_rank1.py:build", "--nproc", "2", "--device", "cpu", "--batch",
+                                 "4", "--steps", "5", "--warmup", "1", "--trials", "1", "--out", str(out)],
+                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while len([pid for pid in _processes_mentioning(str(out)) if pid != launcher.pid]) < 2:
+            assert time.monotonic() < deadline and launcher.poll() is None, "the ranks never started"
+            time.sleep(0.2)
+        launcher.kill()  # SIGKILL: torchrun inside it cannot stop the ranks
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while _processes_mentioning(str(out)):
+            assert time.monotonic() < deadline, "ranks outlived their killed launcher"
+            time.sleep(0.2)
+    finally:
+        launcher.kill()

@@ -23,7 +23,7 @@ import torch
 
 from perflab import options
 from perflab.config import RunConfig
-from perflab.distributed.rank import RANK_MODE_FLAG, TIMEOUT_ENV
+from perflab.distributed.rank import LAUNCHER_PID_ENV, RANK_MODE_FLAG, TIMEOUT_ENV
 from perflab.errors import PerflabError
 from perflab.results import Result
 
@@ -186,8 +186,10 @@ def _launcher_environment(cfg: RunConfig) -> Iterator[None]:
     NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST and every other variable pass to the ranks as set."""
     import perflab
 
-    saved_env = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "PYTHONPATH", TIMEOUT_ENV)}
+    saved_env = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "PYTHONPATH", TIMEOUT_ENV,
+                                                         LAUNCHER_PID_ENV)}
     os.environ[TIMEOUT_ENV] = repr(float(cfg.rank_timeout_s))
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # torchrun starts the ranks from this process
     saved_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     if saved_env["OMP_NUM_THREADS"] is None:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.nproc))

@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from typing import Callable, Iterator
@@ -25,6 +26,7 @@ from perflab.errors import PerflabError
 RANK_MODE_FLAG = "--nproc-rank-mode"
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 TIMEOUT_ENV = "PERFLAB_RANK_TIMEOUT_S"  # --rank-timeout, set by the launcher for its ranks
+LAUNCHER_PID_ENV = "PERFLAB_LAUNCHER_PID"  # the launcher's pid: a rank whose parent it no longer is exits
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -60,9 +62,26 @@ def process_group(device: str) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+ORPHAN_POLL_S = 0.5
+
+
+def exit_when_orphaned(poll_s: float = ORPHAN_POLL_S) -> None:
+    """End this rank once its launcher is gone (killed with SIGKILL, it cannot stop its ranks): a daemon thread
+    watches the parent pid, and an orphaned rank exits instead of running on for the rest of the run. The launcher's
+    pid comes from the environment: a rank orphaned while it was still starting has the wrong parent already."""
+    parent = int(os.environ.get(LAUNCHER_PID_ENV) or os.getppid())
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)  # noqa: SLF001 - no cleanup to wait for: nobody reads this rank's output any more
+    threading.Thread(target=watch, daemon=True, name="perflab-orphan-watch").start()
+
+
 def run_as_rank(device: str, body: Callable[[], None]) -> int:
     """The whole life of a rank: group up, `body`, group down. Returns the exit code; a failure goes to the
     launcher's error file (2 for a user mistake, 1 for anything else)."""
+    exit_when_orphaned()
     try:
         with process_group(device):
             body()
