@@ -81,6 +81,17 @@ def test_overwrite_replaces_perflab_files_and_keeps_the_users(tmp_path):
     assert (out / "result.json").stat().st_ino != before and not (out / LOCK_FILE).exists()
 
 
+def test_compare_overwrite_keeps_the_users_notes(tmp_path):
+    run = tmp_path / "run"
+    assert main(["run", *TINY, "--out", str(run)]) == 0
+    out = tmp_path / "cmp"
+    assert main(["compare", str(run), str(run), "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("why these two")
+    assert main(["compare", str(run), str(run), "--out", str(out)]) == 2  # no --overwrite: refused, nothing touched
+    assert main(["compare", str(run), str(run), "--out", str(out), "--overwrite"]) == 0
+    assert (out / "notes.txt").read_text() == "why these two" and (out / "compare.json").is_file()
+
+
 def test_overwrite_with_a_failing_forward_or_a_bad_option_leaves_the_earlier_run_intact(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["run", *TINY, "--out", str(out)]) == 0
