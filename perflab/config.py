@@ -263,7 +263,6 @@ class RunConfig:
         """Raise PerflabError naming the first bad field and the accepted values."""
         options.validate(self)
         if self.draft and self.speculative is None:  # a requirement the option table's conflicts cannot state
-            from perflab.errors import PerflabError
             raise PerflabError("--draft is the draft model of speculative decoding: add --speculative K")
         if self.slo:
             from perflab.generation.metrics import parse_slo
