@@ -13,7 +13,7 @@ import pytest
 
 from perflab.cli import main
 from perflab.config import RunConfig
-from perflab.results.rundir import LOCK_FILE, out_lock
+from perflab.results.rundir import LOCK_FILE, is_owned, out_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--workload", "mlp", "--device", "cpu", "--batch", "8", "--warmup", "1", "--steps", "2", "--trials", "1",
@@ -79,6 +79,16 @@ def test_overwrite_replaces_perflab_files_and_keeps_the_users(tmp_path):
     assert (out / "mydata" / "part-0.csv").read_text() == "1,2,3"
     assert not (out / "trace.json").exists(), "a stale perflab file of the earlier run stays behind"
     assert (out / "result.json").stat().st_ino != before and not (out / LOCK_FILE).exists()
+
+
+def test_every_file_a_profile_and_its_report_write_is_declared_as_perflabs(tmp_path):
+    out = tmp_path / "prof"
+    assert main(["profile", *TINY, "--steps", "6", "--wait", "0", "--warmup-steps", "1", "--active", "2",
+                 "--out", str(out)]) == 0
+    assert main(["report", str(out)]) == 0
+    written = sorted(path.name for path in out.iterdir())
+    assert "trace.json" in written and "report.md" in written
+    assert [name for name in written if not is_owned(name)] == []  # --overwrite would leave them behind
 
 
 def test_compare_overwrite_keeps_the_users_notes(tmp_path):
