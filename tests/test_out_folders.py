@@ -217,8 +217,8 @@ def test_a_rate_far_beyond_capacity_ends_the_point_as_overloaded(tmp_path, capsy
     plugin.write_text(SLOW_FORWARD)
     out = tmp_path / "serve"
     began = time.perf_counter()
-    code = main(["serve", "--workload", f"{plugin}:build", "--device", "cpu", "--batch", "4", "--warmup", "1",
-                 "--qps", "50000", "--duration", "2", "--out", str(out)])
+    code = main(["serve", "--workload", f"{plugin}:build", "--device", "cpu", "--batcher-max-batch", "4",
+                 "--warmup", "1", "--qps", "50000", "--duration", "2", "--out", str(out)])
     assert time.perf_counter() - began < 60  # the schedule alone is 100,000 queries: hours at ~200 queries/s
     assert code == 0
     point = json.loads((out / "result.json").read_text())["metrics"]["serve"]["points"][0]
