@@ -97,6 +97,8 @@ class TraceProfile:
     roofline: list[dict[str, Any]] = field(default_factory=list)
     gpu_name: Optional[str] = None
     notes: list[str] = field(default_factory=list)
+    start_us: float = 0.0  # the analysed window on the trace's clock (the operator view and the rules share it)
+    end_us: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,7 +132,8 @@ def summarize(trace: ParsedTrace, precision: Optional[str] = None) -> TraceProfi
     from perflab.diagnose.roofline import roofline_rows
     return TraceProfile(device="cuda" if trace.has_gpu else "cpu", steps=steps, window_ms=window_us / 1e3,
                         step_ms=window_us / 1e3 / steps, host=host, syncs=syncs, gpu=gpu,
-                        roofline=roofline_rows(trace, precision=precision), gpu_name=trace.gpu_name, notes=notes)
+                        roofline=roofline_rows(trace, precision=precision), gpu_name=trace.gpu_name, notes=notes,
+                        start_us=start, end_us=end)
 
 
 def _gpu_window(trace: ParsedTrace, start: float, end: float, notes: list[str]) -> tuple[float, float]:

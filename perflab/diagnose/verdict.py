@@ -44,6 +44,7 @@ class Diagnosis:
     source: dict[str, Optional[str]] = field(default_factory=dict)
     expected_gain_pct: Optional[float] = None  # the named finding's (see Finding); None when none is named
     tried_and_lost: list[str] = field(default_factory=list)  # levers left out because they lost on this run
+    operators: dict[str, Any] = field(default_factory=dict)  # the operator view (perflab.diagnose.operators)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +69,8 @@ def decide(ctx: Context, findings: list[Finding]) -> Diagnosis:
     profile = ctx.profile
     busy = profile.gpu.busy_pct if profile is not None and profile.gpu else None
     common = {"findings": [f.to_dict() for f in findings], "profile": profile.to_dict() if profile else {},
-              "tried_and_lost": sorted(ctx.tried_and_lost)}
+              "tried_and_lost": sorted(ctx.tried_and_lost),
+              "operators": ctx.operators.to_dict() if ctx.operators is not None else {}}
     if findings and findings[0].confidence >= MIN_CONFIDENCE:
         top = findings[0]
         evidence = dict(top.evidence)

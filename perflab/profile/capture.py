@@ -31,6 +31,7 @@ class CaptureOptions:
     active: int = 3
     record_shapes: bool = True  # input shapes on aten ops: FLOPs and bytes for the roofline
     with_stack: bool = False
+    with_modules: bool = True  # a `module: <path>` range around each submodule's forward (eager models only)
     profile_memory: bool = False
     gzip: bool = False  # write trace.json.gz instead of trace.json
 
@@ -87,10 +88,14 @@ class ProfilerCapture(StepHook):
         self.cuda = False
         self.distributed = False
         self.written = False
+        self.marks = None
 
     def start(self, plan) -> None:
         self.cuda = plan.device.type == "cuda"
         self.distributed = plan.data_shard[1] > 1
+        if self.options.with_modules and plan.model is plan.eager_model:
+            from perflab.profile.module_marks import module_marks
+            self.marks = module_marks(plan.eager_model)
 
     def __enter__(self) -> "ProfilerCapture":
         opts = self.options
@@ -105,6 +110,8 @@ class ProfilerCapture(StepHook):
         )
         _quiet_profiler_warnings(self.cuda)
         self.profiler.__enter__()
+        if self.marks is not None:
+            self.marks.__enter__()
         return self
 
     def after_step(self, plan, timer, step: int) -> None:
@@ -112,6 +119,9 @@ class ProfilerCapture(StepHook):
             self.profiler.step()
 
     def __exit__(self, *exc) -> None:
+        if self.marks is not None:
+            self.marks.__exit__(*exc)
+            self.marks = None
         if self.profiler is not None:
             self.profiler.__exit__(*exc)
             self.profiler = None
