@@ -15,13 +15,14 @@ from perflab.diagnose.input_pipeline import input_pipeline
 from perflab.diagnose.launch_overhead import launch_overhead
 from perflab.diagnose.lost_levers import apply_tried_and_lost
 from perflab.diagnose.memory_bandwidth import memory_bandwidth
+from perflab.diagnose.patterns import PATTERN_RULES
 from perflab.diagnose.sync import host_device_sync
 
 # One function per rule family; each returns a Finding or None with its candidate levers, best first.
 # Order breaks ties of confidence and expected gain.
 RULES: list[Callable[[Context], Optional[Finding]]] = [
     input_pipeline, host_to_device_copies, host_device_sync, launch_overhead, activation_memory,
-    memory_bandwidth, compute_bound, collectives, inference_queue, decode_regime,
+    memory_bandwidth, compute_bound, collectives, inference_queue, decode_regime, *PATTERN_RULES,
 ]
 # The rules that read only the result's metrics (a serve result has no trace).
 RESULT_RULES: list[Callable[[Context], Optional[Finding]]] = [inference_queue]
