@@ -18,10 +18,16 @@ from perflab.diagnose.findings import (COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BA
 from perflab.diagnose.op_graph import OpCall
 from perflab.diagnose.phases import phase_intervals
 
-MIN_SHARE_PCT = 2.0  # a pattern explaining less of the step is not worth a finding
-# A named pattern explaining the time is more specific than the class-level rule that sees the same time, so at
-# equal share it ranks first: its confidence may pass the class rules' cap by a hair.
-PATTERN_MAX_CONFIDENCE = 0.96
+MIN_SHARE_PCT = 2.0
+TINY_CALL_US_GPU = 10.0  # elementwise ops shorter than this (with their backward) are launch-bound, not bandwidth
+TINY_CALL_US_CPU = 30.0  # a pattern explaining less of the step is not worth a finding
+# Hand-written attention is recognised structurally (an s x s matrix between two matmuls): more specific than the
+# class-level rule that sees the same time, so it may pass the class rules' cap by a hair and rank first.
+ATTENTION_MAX_CONFIDENCE = 0.96
+PATTERN_MAX_CONFIDENCE = 0.95
+# fp32 matmuls, odd dims and optimizer loops refine a class another rule already names from the same time (compute
+# bound, launch overhead): they rank below it and never displace a direct signal (a sync, a data wait).
+REFINEMENT_MAX_CONFIDENCE = 0.85
 MINOR_MAX_CONFIDENCE = 0.45  # habits that cost a little (bias before BN, zeroed grads): named, never the verdict
 MATMULS = {"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum", "aten::mm"}
 SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax"}
@@ -175,7 +181,7 @@ def hand_attention(ctx: Context) -> Optional[Finding]:
     s = matches[0].extra["seq_len"]
     return Finding(
         cls=MEMORY_BANDWIDTH if other_share >= 50 else COMPUTE_BOUND,
-        confidence=clamp(0.4 + share / 50, high=PATTERN_MAX_CONFIDENCE),
+        confidence=clamp(0.4 + share / 50, high=ATTENTION_MAX_CONFIDENCE),
         summary=f"hand-written attention in {_place(where)}: matmul -> softmax -> matmul over a {s}x{s} score "
                 f"matrix takes {share:.0f}% of the step ({where['occurrences_per_step']:g}x per step)",
         evidence=rounded(evidence), levers=levers,
@@ -217,14 +223,19 @@ def elementwise_chains(ctx: Context) -> Optional[Finding]:
         return None
     longest = max(len(m.calls) for m in matches)
     where = _where(matches, ctx.profile.steps)
+    # chains of tiny ops cost their launches, not their memory traffic (compile fixes both)
+    mean_call_us = total_us / max(1, sum(len(m.calls) for m in matches))
+    tiny = mean_call_us < (TINY_CALL_US_GPU if ctx.on_gpu else TINY_CALL_US_CPU)
     # fused, a chain of n ops reads its inputs and writes its output once instead of n times
     saved_fraction = 1 - 2 / max(longest, 2)
     evidence = {**where, "chains_per_step": len(matches) / ctx.profile.steps, "longest_chain_ops": longest,
                 "chain_share_of_step_pct": share, "ops": sorted({c.name for c in matches[0].calls})}
     return Finding(
-        cls=MEMORY_BANDWIDTH, confidence=clamp(0.3 + share / 60, high=PATTERN_MAX_CONFIDENCE),
+        cls=LAUNCH_OVERHEAD if tiny else MEMORY_BANDWIDTH,
+        confidence=clamp(0.3 + share / 60, high=PATTERN_MAX_CONFIDENCE),
         summary=f"unfused elementwise chains ({longest} ops in a row, in {_place(where)}) take {share:.0f}% of the "
-                "step: each op reads and writes the whole tensor",
+                "step: " + (f"{mean_call_us:.0f} µs per op, launched one by one" if tiny else
+                            "each op reads and writes the whole tensor"),
         evidence=rounded(evidence), levers=ctx.rank_levers(["compile"]),
         advice=["torch.compile fuses the chain into one kernel (or write it as one fused op)"],
         expected_gain_pct=gain(share * saved_fraction),
@@ -268,7 +279,7 @@ def fp32_matmuls(ctx: Context) -> Optional[Finding]:
     speedup = _tf32_speedup(ctx) if ctx.on_gpu else 1.5
     evidence = {**where, "fp32_matmul_share_of_step_pct": share, "expected_speedup_of_matmuls": speedup}
     # TF32 is a CUDA feature: on a CPU trace the finding is a note for the GPU run, not this run's verdict
-    high = PATTERN_MAX_CONFIDENCE if ctx.on_gpu else MINOR_MAX_CONFIDENCE
+    high = REFINEMENT_MAX_CONFIDENCE if ctx.on_gpu else MINOR_MAX_CONFIDENCE
     levers = ctx.rank_levers(["tf32", "bf16"]) if ctx.on_gpu else ctx.rank_levers(["bf16"])
     return Finding(
         cls=COMPUTE_BOUND, confidence=clamp(0.3 + share / 60, high=high),
@@ -308,7 +319,7 @@ def odd_16bit_dims(ctx: Context) -> Optional[Finding]:
     where = _where(matches, ctx.profile.steps)
     dims = matches[0].extra["dims"]
     return Finding(
-        cls=COMPUTE_BOUND, confidence=clamp(0.3 + share / 60, high=PATTERN_MAX_CONFIDENCE),
+        cls=COMPUTE_BOUND, confidence=clamp(0.3 + share / 60, high=REFINEMENT_MAX_CONFIDENCE),
         summary=f"16-bit matmuls with dims not a multiple of 8 ({', '.join(map(str, dims))} in {_place(where)}) "
                 f"take {share:.0f}% of the step: tensor cores run them padded or not at all",
         evidence=rounded({**where, "odd_dims": dims, "share_of_step_pct": share}), levers=[],
@@ -344,7 +355,7 @@ def single_tensor_optimizer(ctx: Context) -> Optional[Finding]:
     evidence = {"op": loops[0].name, "module": "optimizer", "line": None, "elementwise_ops_per_step": per_step,
                 "share_of_step_pct": share}
     return Finding(
-        cls=LAUNCH_OVERHEAD, confidence=clamp(0.3 + share / 50, high=PATTERN_MAX_CONFIDENCE),
+        cls=LAUNCH_OVERHEAD, confidence=clamp(0.3 + share / 50, high=REFINEMENT_MAX_CONFIDENCE),
         summary=f"the optimizer updates one tensor at a time: {per_step:.0f} elementwise ops per step, "
                 f"{share:.0f}% of the step",
         evidence=rounded(evidence), levers=ctx.rank_levers(["fused-optimizer", "foreach-optimizer"]),

@@ -34,7 +34,8 @@ COPY_CALLS = {"cudaMemcpy", "cudaMemcpyAsync", "cuMemcpyDtoH_v2", "cuMemcpyDtoHA
 SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal", "aten::nonzero",
             "aten::argwhere", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
             "aten::unique_dim", "aten::unique_consecutive", "aten::bincount"}
-EXPLICIT_SYNC = "explicit synchronize (no op)"  # the site's name when no op encloses the blocking call
+EXPLICIT_SYNC = "explicit synchronize (no op)"
+BUSY_AGAIN_QUEUE_US = 20.0  # a kernel that waited this long after its launch found the GPU busy: the host is ahead  # the site's name when no op encloses the blocking call
 
 
 @dataclass
@@ -103,17 +104,36 @@ def sync_profile(sites: list[SyncSite], steps: int, on_gpu: bool) -> SyncProfile
     )
 
 
-def sync_shadow(sites: list[SyncSite], kernels: EventTable, end: float) -> Intervals:
-    """Where the GPU's idle time is the syncs' fault: from each site's start until the first kernel that starts
-    after it returned. The host drained the queue, so the GPU waits for everything the host does next."""
+def sync_shadow(sites: list[SyncSite], kernels: EventTable, end: float,
+                queue_us: Optional[np.ndarray] = None) -> Intervals:
+    """Where the GPU's idle time is the syncs' fault: from each site's start until the GPU is busy again.
+
+    The host drained the queue, so the GPU waits for everything the host does next. Without `queue_us` that is
+    until the first kernel that starts after the sync returned. With it (per kernel, in start order: how long the
+    kernel waited between its launch and its start; pass it when the host would keep ahead of the GPU without the
+    syncs), the GPU is busy again only at the first kernel that waited in the queue: until then the host relaunches
+    the step from behind, in lockstep, and every gap of that relaunch is the sync's too.
+    """
     sites = [site for site in sites if not site.in_loader]
     if not sites:
         return Intervals(np.empty(0), np.empty(0))
     starts = np.array([site.start_us for site in sites])
     returns = np.array([site.return_us for site in sites])
-    kernel_starts = np.sort(kernels.start_us)
+    order = np.argsort(kernels.start_us, kind="stable")
+    kernel_starts = kernels.start_us[order]
     index = np.searchsorted(kernel_starts, returns, side="left")
-    following = np.where(index < len(kernel_starts), kernel_starts[np.clip(index, 0, len(kernel_starts) - 1)], end)
+    if queue_us is not None and len(kernel_starts):
+        queued = np.flatnonzero(np.nan_to_num(queue_us[order], nan=0.0) > BUSY_AGAIN_QUEUE_US)
+        # the first queued kernel at or after the first kernel after the sync; never past the next sync
+        later = np.searchsorted(queued, index, side="left")
+        busy_again = np.where(later < len(queued), queued[np.clip(later, 0, len(queued) - 1)], len(kernel_starts))
+        next_site = np.append(starts[1:], end)
+        following = np.where(busy_again < len(kernel_starts),
+                             kernel_starts[np.clip(busy_again, 0, len(kernel_starts) - 1)], end)
+        following = np.minimum(following, np.maximum(next_site, returns))
+    else:
+        following = np.where(index < len(kernel_starts), kernel_starts[np.clip(index, 0, len(kernel_starts) - 1)],
+                             end)
     return Intervals.union(starts, np.maximum(following, returns))
 
 
