@@ -424,7 +424,7 @@ def extra_copies(ctx: Context) -> Optional[Finding]:
         return None
     total_us = sum(pc.with_backward_us([c]) for c in copies)
     share = pc.share_pct(total_us)
-    if share < 3.0:
+    if share < MIN_SHARE_PCT:
         return None
     matches = [Match([c]) for c in sorted(copies, key=lambda c: -c.device_us)]
     where = _where(matches, ctx.profile.steps)
@@ -457,7 +457,12 @@ def _pattern_context(ctx: Context) -> Optional[PatternContext]:
     return cached
 
 
+def _torch_matcher(ctx: Context) -> Optional[Finding]:
+    from perflab.diagnose.torch_matcher import torch_matcher_finding
+    return torch_matcher_finding(ctx)
+
+
 PATTERN_RULES: list[Callable[[Context], Optional[Finding]]] = [
     hand_attention, elementwise_chains, fp32_matmuls, odd_16bit_dims, single_tensor_optimizer, zeroed_grads,
-    conv_bias_batchnorm, extra_copies,
+    conv_bias_batchnorm, extra_copies, _torch_matcher,
 ]

@@ -130,6 +130,9 @@ class ProfilerCapture(StepHook):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(self.trace_path))  # torch gzips when the name ends in .gz
         self.written = True
+        if self.trace_path.name == self.options.trace_name:  # rank 0 only: torch's matcher where it exists
+            from perflab.diagnose.torch_matcher import save_torch_matches
+            save_torch_matches(profiler, self.out_dir)
 
     def finish(self, result) -> None:
         if not self.written:
