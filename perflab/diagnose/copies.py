@@ -48,7 +48,7 @@ def host_to_device_copies(ctx: Context) -> Optional[Finding]:
                 "overlap_with_compute_pct": overlap, "data_wait_ms_per_step":
                 ctx.profile.host.phase_ms_per_step.get("data", 0.0), "expected_gain_by_lever_pct": gains}
     mostly_pageable = pageable_ms > 0.5 * copy_ms
-    levers = ctx.rank_levers((["pin-memory"] if mostly_pageable else []) + ["prefetcher-stream", "augment-gpu"])
+    levers = (["pin-memory"] if mostly_pageable else []) + ["prefetcher-stream", "augment-gpu"]
     confidence = 0.35 + idle / 60 + (0.05 if mostly_pageable else 0.0)
     if copy_bound(ctx):
         confidence += 0.1  # the loader keeps up: nothing else explains the wait

@@ -126,7 +126,9 @@ def sync_shadow(sites: list[SyncSite], kernels: EventTable, end: float,
         queued = np.flatnonzero(np.nan_to_num(queue_us[order], nan=0.0) > BUSY_AGAIN_QUEUE_US)
         # the first queued kernel at or after the first kernel after the sync; never past the next sync
         later = np.searchsorted(queued, index, side="left")
-        busy_again = np.where(later < len(queued), queued[np.clip(later, 0, len(queued) - 1)], len(kernel_starts))
+        busy_again = np.full(len(index), len(kernel_starts))
+        if len(queued):
+            busy_again = np.where(later < len(queued), queued[np.clip(later, 0, len(queued) - 1)], len(kernel_starts))
         next_site = np.append(starts[1:], end)
         following = np.where(busy_again < len(kernel_starts),
                              kernel_starts[np.clip(busy_again, 0, len(kernel_starts) - 1)], end)
