@@ -18,5 +18,6 @@ def build(cfg) -> Workload:
     model = nn.Sequential(*[nn.Linear(width, width) for _ in range(16)])
     return Workload(name="planted-zeroed-grads", model=model, dataset=RandomItems(256, (width,), (width,), cfg.seed),
                     loss_fn=nn.MSELoss(), default_data="device",
-                    optimizer_factory=lambda params: ZeroingSGD(params, lr=1e-3, momentum=0.9),
+                    optimizer_factory=lambda params: (torch.optim.SGD if cfg.workload_options.get("fixed") else
+                                                      ZeroingSGD)(params, lr=1e-3, momentum=0.9),
                     description="planted: grads zeroed, not set to None")
