@@ -6,8 +6,8 @@ from typing import Optional
 from perflab.diagnose.copies import copy_bound
 from perflab.diagnose.findings import INPUT_PIPELINE, Context, Finding, clamp, gain, rounded
 
-THRESHOLD_PCT = 10.0
-COPY_BOUND_PENALTY = 0.2  # confidence given up when pageable copies, not the loader, hold the step  # GPU idle waiting for data (or, on the CPU, data-wait share of the step)
+THRESHOLD_PCT = 10.0  # GPU idle waiting for data (or, on the CPU, data-wait share of the step)
+COPY_BOUND_PENALTY = 0.2  # confidence given up when pageable copies, not the loader, hold the step
 
 
 def input_pipeline(ctx: Context) -> Optional[Finding]:

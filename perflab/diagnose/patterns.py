@@ -8,116 +8,18 @@ what it found is added as evidence (see torch_matcher.py), never relied on.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
-
-import numpy as np
+from typing import Callable, Optional
 
 from perflab.diagnose.findings import (COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH, Context, Finding, clamp,
                                        gain, rounded)
+from perflab.diagnose.pattern_context import (ATTENTION_MAX_CONFIDENCE, COPY_OPS, MATMULS, MIN_SHARE_PCT,
+                                              MINOR_MAX_CONFIDENCE, PATTERN_MAX_CONFIDENCE, POINTWISE, SOFTMAX,
+                                              TINY_CALL_US_CPU, TINY_CALL_US_GPU, VIEWS, Match, PatternContext,
+                                              pattern_context, place, where_of)
+from perflab.diagnose.pattern_optimizer import single_tensor_optimizer, zeroed_grads
+from perflab.diagnose.pattern_precision import fp32_matmuls, odd_16bit_dims
 from perflab.diagnose.op_graph import OpCall
 from perflab.diagnose.phases import phase_intervals
-
-MIN_SHARE_PCT = 2.0
-TINY_CALL_US_GPU = 10.0  # elementwise ops shorter than this (with their backward) are launch-bound, not bandwidth
-TINY_CALL_US_CPU = 30.0  # a pattern explaining less of the step is not worth a finding
-# Hand-written attention is recognised structurally (an s x s matrix between two matmuls): more specific than the
-# class-level rule that sees the same time, so it may pass the class rules' cap by a hair and rank first.
-ATTENTION_MAX_CONFIDENCE = 0.96
-PATTERN_MAX_CONFIDENCE = 0.95
-# fp32 matmuls, odd dims and optimizer loops refine a class another rule already names from the same time (compute
-# bound, launch overhead): they rank below it and never displace a direct signal (a sync, a data wait).
-REFINEMENT_MAX_CONFIDENCE = 0.85
-MINOR_MAX_CONFIDENCE = 0.45  # habits that cost a little (bias before BN, zeroed grads): named, never the verdict
-MATMULS = {"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum", "aten::mm"}
-SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax"}
-POINTWISE = {"aten::add", "aten::add_", "aten::sub", "aten::mul", "aten::mul_", "aten::div", "aten::div_",
-             "aten::sin", "aten::cos", "aten::exp", "aten::log", "aten::relu", "aten::relu_", "aten::gelu",
-             "aten::silu", "aten::sigmoid", "aten::tanh", "aten::pow", "aten::sqrt", "aten::rsqrt", "aten::neg",
-             "aten::abs", "aten::clamp", "aten::where", "aten::masked_fill", "aten::dropout", "aten::square",
-             "aten::layer_norm", "aten::group_norm", "aten::batch_norm", "aten::rms_norm", "aten::erf",
-             "aten::reciprocal", "aten::addcmul", "aten::leaky_relu", "aten::hardtanh", "aten::mean", "aten::sum"}
-VIEWS = {"aten::view", "aten::reshape", "aten::transpose", "aten::permute", "aten::t", "aten::expand",
-         "aten::unsqueeze", "aten::squeeze", "aten::flatten", "aten::unflatten", "aten::select", "aten::slice",
-         "aten::split", "aten::chunk", "aten::unbind", "aten::detach", "aten::alias", "aten::as_strided"}
-LINEAR_OPS = {"aten::linear", "aten::matmul", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
-              "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::einsum"}
-SHAPED_LEAVES = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
-OPTIMIZER_ELEMENTWISE = {"aten::add_", "aten::mul_", "aten::addcdiv_", "aten::addcmul_", "aten::lerp_",
-                         "aten::sqrt", "aten::div", "aten::add", "aten::mul", "aten::neg", "aten::copy_"}
-COPY_OPS = {"aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone", "aten::copy_"}
-
-
-@dataclass
-class Match:
-    """One occurrence of a pattern: the forward calls it is made of."""
-
-    calls: list[OpCall]
-    detail: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class PatternContext:
-    """What the pattern rules share: forward calls in order per thread, backward calls by sequence number."""
-
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.trace = ctx.trace
-        self.graph = ctx.graph
-        calls = self.graph.calls
-        optimizer = phase_intervals(self.trace, ("optimizer",))
-        in_optimizer = optimizer.contains(np.array([c.start_us for c in calls])) if calls else np.zeros(0, bool)
-        self.optimizer_calls = [c for c, inside in zip(calls, in_optimizer) if inside]
-        self.forward = [c for c, inside in zip(calls, in_optimizer) if not inside and not c.backward]
-        self.backward_by_seq: dict[int, list[OpCall]] = {}
-        for call in calls:
-            if call.backward and call.seq >= 0:
-                self.backward_by_seq.setdefault(call.seq, []).append(call)
-        self.window_us = max(ctx.profile.step_ms * ctx.profile.steps * 1e3, 1e-9)
-
-    def dims(self, index: int) -> list:
-        inputs = self.trace.inputs.get(int(self.trace.cpu_ops.ext_id[index]))
-        return inputs[0] if inputs else []
-
-    def dtypes(self, index: int) -> list:
-        inputs = self.trace.inputs.get(int(self.trace.cpu_ops.ext_id[index]))
-        return inputs[1] if inputs else []
-
-    def subtree(self, call: OpCall) -> np.ndarray:
-        return np.concatenate(([call.index], self.graph.descendants(call.index))).astype(np.int64)
-
-    def names(self, call: OpCall) -> set[str]:
-        ops = self.trace.cpu_ops
-        return {ops.name(int(i)) for i in self.subtree(call)}
-
-    def with_backward_us(self, calls: list[OpCall]) -> float:
-        """Device time of these forward calls plus every backward call autograd made from them."""
-        seqs = {int(s) for call in calls for s in self.graph.seq[self.subtree(call)] if s >= 0}
-        backward = {id(b): b for seq in seqs for b in self.backward_by_seq.get(seq, [])}
-        return sum(c.device_us for c in calls) + sum(b.device_us for b in backward.values())
-
-    def share_pct(self, us: float) -> float:
-        return min(100.0, 100 * us / self.window_us)
-
-    def per_thread(self) -> dict[int, list[OpCall]]:
-        threads: dict[int, list[OpCall]] = {}
-        for call in self.forward:
-            threads.setdefault(call.tid, []).append(call)
-        return threads
-
-
-def _where(matches: list[Match], steps: int = 1) -> dict[str, Any]:
-    """Module(s) and line of the matches, most costly first."""
-    modules = list(dict.fromkeys(m.calls[0].module or "(no module)" for m in matches))
-    lines = list(dict.fromkeys(m.calls[0].line for m in matches if m.calls[0].line))
-    return {"module": modules[0], "modules": modules[:8], "line": lines[0] if lines else None,
-            "op": matches[0].calls[0].name, "occurrences_per_step": len(matches) / max(steps, 1)}
-
-
-def _place(where: dict[str, Any]) -> str:
-    more = f" (and {len(where['modules']) - 1} more)" if len(where["modules"]) > 1 else ""
-    line = f", {where['line']}" if where["line"] else ""
-    return f"{where['module']}{more}{line}"
 
 
 # --- hand-written attention -----------------------------------------------------------------------------------
@@ -158,7 +60,7 @@ def find_hand_attention(pc: PatternContext, window: int = 8) -> list[Match]:
 
 
 def hand_attention(ctx: Context) -> Optional[Finding]:
-    pc = _pattern_context(ctx)
+    pc = pattern_context(ctx)
     if pc is None:
         return None
     matches = find_hand_attention(pc)
@@ -169,7 +71,7 @@ def hand_attention(ctx: Context) -> Optional[Finding]:
     share = pc.share_pct(total_us)
     if share < MIN_SHARE_PCT:
         return None
-    where = _where(matches, ctx.profile.steps)
+    where = where_of(matches, ctx.profile.steps)
     # SDPA's kernels do the same two matmuls without writing the s x s scores: what the pattern spends outside its
     # matmuls (softmax, scale, masks, the scores' memory traffic) goes, and the matmuls themselves run fused.
     saved_us = (total_us - matmul_us) + 0.3 * matmul_us
@@ -182,7 +84,7 @@ def hand_attention(ctx: Context) -> Optional[Finding]:
     return Finding(
         cls=MEMORY_BANDWIDTH if other_share >= 50 else COMPUTE_BOUND,
         confidence=clamp(0.4 + share / 50, high=ATTENTION_MAX_CONFIDENCE),
-        summary=f"hand-written attention in {_place(where)}: matmul -> softmax -> matmul over a {s}x{s} score "
+        summary=f"hand-written attention in {place(where)}: matmul -> softmax -> matmul over a {s}x{s} score "
                 f"matrix takes {share:.0f}% of the step ({where['occurrences_per_step']:g}x per step)",
         evidence=rounded(evidence), levers=levers,
         advice=[f"in {where['module']}, replace the matmul/softmax/matmul with "
@@ -211,7 +113,7 @@ def find_elementwise_chains(pc: PatternContext, min_length: int = 4) -> list[Mat
 
 
 def elementwise_chains(ctx: Context) -> Optional[Finding]:
-    pc = _pattern_context(ctx)
+    pc = pattern_context(ctx)
     if pc is None:
         return None
     matches = sorted(find_elementwise_chains(pc), key=lambda m: -pc.with_backward_us(m.calls))
@@ -222,7 +124,7 @@ def elementwise_chains(ctx: Context) -> Optional[Finding]:
     if share < 5.0:
         return None
     longest = max(len(m.calls) for m in matches)
-    where = _where(matches, ctx.profile.steps)
+    where = where_of(matches, ctx.profile.steps)
     # chains of tiny ops cost their launches, not their memory traffic (compile fixes both)
     mean_call_us = total_us / max(1, sum(len(m.calls) for m in matches))
     tiny = mean_call_us < (TINY_CALL_US_GPU if ctx.on_gpu else TINY_CALL_US_CPU)
@@ -233,7 +135,7 @@ def elementwise_chains(ctx: Context) -> Optional[Finding]:
     return Finding(
         cls=LAUNCH_OVERHEAD if tiny else MEMORY_BANDWIDTH,
         confidence=clamp(0.3 + share / 60, high=PATTERN_MAX_CONFIDENCE),
-        summary=f"unfused elementwise chains ({longest} ops in a row, in {_place(where)}) take {share:.0f}% of the "
+        summary=f"unfused elementwise chains ({longest} ops in a row, in {place(where)}) take {share:.0f}% of the "
                 "step: " + (f"{mean_call_us:.0f} µs per op, launched one by one" if tiny else
                             "each op reads and writes the whole tensor"),
         evidence=rounded(evidence), levers=ctx.rank_levers(["compile"]),
@@ -242,151 +144,10 @@ def elementwise_chains(ctx: Context) -> Optional[Finding]:
         gain_basis=f"the chains' measured time x (1 - 2/{longest}): one read and one write instead of {longest}")
 
 
-# --- FP32 matmuls with TF32 off; 16-bit dims not a multiple of 8 ----------------------------------------------
-
-def _linear_calls(pc: PatternContext) -> list[tuple[OpCall, list[int]]]:
-    """Forward matmul/conv calls with the shaped leaf ops (mm, addmm, bmm, conv) inside them."""
-    ops = pc.trace.cpu_ops
-    found = []
-    for call in pc.forward:
-        if call.name not in LINEAR_OPS:
-            continue
-        leaves = [int(i) for i in pc.subtree(call)
-                  if ops.name(int(i)) in SHAPED_LEAVES or "convolution" in ops.name(int(i))]
-        found.append((call, leaves))
-    return found
-
-
-def fp32_matmuls(ctx: Context) -> Optional[Finding]:
-    pc = _pattern_context(ctx)
-    if pc is None:
-        return None
-    precision = ctx.config("precision")
-    if precision not in (None, "fp32"):
-        return None
-    if ctx.on_gpu and precision is None and any("tf32" in n for n in ctx.trace.kernels.names):
-        return None
-    fp32 = [call for call, leaves in _linear_calls(pc)
-            if leaves and all(pc.dtypes(i)[:1] == ["float"] for i in leaves)]
-    if not fp32:
-        return None
-    matches = [Match([c]) for c in sorted(fp32, key=lambda c: -c.device_us)]
-    total_us = sum(pc.with_backward_us(m.calls) for m in matches)
-    share = pc.share_pct(total_us)
-    if share < 10.0:
-        return None
-    where = _where(matches, ctx.profile.steps)
-    speedup = _tf32_speedup(ctx) if ctx.on_gpu else 1.5
-    evidence = {**where, "fp32_matmul_share_of_step_pct": share, "expected_speedup_of_matmuls": speedup}
-    # TF32 is a CUDA feature: on a CPU trace the finding is a note for the GPU run, not this run's verdict
-    high = REFINEMENT_MAX_CONFIDENCE if ctx.on_gpu else MINOR_MAX_CONFIDENCE
-    levers = ctx.rank_levers(["tf32", "bf16"]) if ctx.on_gpu else ctx.rank_levers(["bf16"])
-    return Finding(
-        cls=COMPUTE_BOUND, confidence=clamp(0.3 + share / 60, high=high),
-        summary=f"fp32 matmuls/convs with TF32 off (most in {_place(where)}) take {share:.0f}% of the step"
-                + ("" if ctx.on_gpu else " (on CUDA, TF32 tensor cores; here, bf16)"),
-        evidence=rounded(evidence), levers=levers,
-        advice=["torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')), "
-                "or bf16 autocast"],
-        expected_gain_pct=gain(share * (1 - 1 / speedup)),
-        gain_basis=f"the fp32 matmuls' measured time, {speedup:.1f}x faster at the calibrated TF32/bf16 peak")
-
-
-def _tf32_speedup(ctx: Context) -> float:
-    from perflab.diagnose.roofline import ceilings
-    peaks = ceilings(ctx.trace).get("tflops") or {}
-    fast, slow = peaks.get("tf32") or peaks.get("bf16"), peaks.get("fp32")
-    # matmuls at their roof rarely reach the full ratio (memory-bound edges, epilogues): cap it
-    return min(4.0, fast / slow) if fast and slow else 2.0
-
-
-def odd_16bit_dims(ctx: Context) -> Optional[Finding]:
-    pc = _pattern_context(ctx)
-    if pc is None:
-        return None
-    odd = []
-    for call, leaves in _linear_calls(pc):
-        bad = [i for i in leaves if pc.dtypes(i)[:1] in (["c10::BFloat16"], ["c10::Half"]) and _odd_dims(pc, i)]
-        if bad:
-            odd.append((call, _odd_dims(pc, bad[0])))
-    if not odd:
-        return None
-    matches = [Match([c], extra={"dims": d}) for c, d in sorted(odd, key=lambda p: -p[0].device_us)]
-    total_us = sum(pc.with_backward_us(m.calls) for m in matches)
-    share = pc.share_pct(total_us)
-    if share < MIN_SHARE_PCT:
-        return None
-    where = _where(matches, ctx.profile.steps)
-    dims = matches[0].extra["dims"]
-    return Finding(
-        cls=COMPUTE_BOUND, confidence=clamp(0.3 + share / 60, high=REFINEMENT_MAX_CONFIDENCE),
-        summary=f"16-bit matmuls with dims not a multiple of 8 ({', '.join(map(str, dims))} in {_place(where)}) "
-                f"take {share:.0f}% of the step: tensor cores run them padded or not at all",
-        evidence=rounded({**where, "odd_dims": dims, "share_of_step_pct": share}), levers=[],
-        advice=[f"pad the model's widths to multiples of 8 (e.g. {dims[0]} -> {-(-dims[0] // 8) * 8}); "
-                "vocabulary sizes to multiples of 64"],
-        expected_gain_pct=gain(0.3 * share), gain_basis="30% of those matmuls' measured time (aligned tiles)")
-
-
-def _odd_dims(pc: PatternContext, index: int) -> list[int]:
-    dims = pc.dims(index)
-    sizes = [d for shape in dims[:3] if isinstance(shape, list) for d in shape[-2:] if isinstance(d, int)]
-    return sorted({d for d in sizes if d > 8 and d % 8})
-
-
-# --- optimizer: single-tensor loops, zeroed gradients ---------------------------------------------------------
-
-def single_tensor_optimizer(ctx: Context) -> Optional[Finding]:
-    pc = _pattern_context(ctx)
-    if pc is None or not pc.optimizer_calls:
-        return None
-    names = [c.name for c in pc.optimizer_calls]
-    if any(n.startswith(("aten::_foreach_", "aten::_fused_")) for n in names):
-        return None
-    loops = [c for c in pc.optimizer_calls if c.name in OPTIMIZER_ELEMENTWISE]
-    per_step = len(loops) / ctx.profile.steps
-    if per_step < 20:
-        return None
-    total_us = sum(c.device_us for c in loops)
-    share = pc.share_pct(total_us)
-    if share < MIN_SHARE_PCT:
-        return None
-    kernels_us = total_us
-    evidence = {"op": loops[0].name, "module": "optimizer", "line": None, "elementwise_ops_per_step": per_step,
-                "share_of_step_pct": share}
-    return Finding(
-        cls=LAUNCH_OVERHEAD, confidence=clamp(0.3 + share / 50, high=REFINEMENT_MAX_CONFIDENCE),
-        summary=f"the optimizer updates one tensor at a time: {per_step:.0f} elementwise ops per step, "
-                f"{share:.0f}% of the step",
-        evidence=rounded(evidence), levers=ctx.rank_levers(["fused-optimizer", "foreach-optimizer"]),
-        advice=["build the optimizer with fused=True (or foreach=True): one kernel over all parameters"],
-        expected_gain_pct=gain(pc.share_pct(0.8 * kernels_us)),
-        gain_basis="80% of the per-tensor update ops' measured time (one fused kernel remains)")
-
-
-def zeroed_grads(ctx: Context) -> Optional[Finding]:
-    pc = _pattern_context(ctx)
-    if pc is None:
-        return None
-    zeroing = [c for c in pc.optimizer_calls if c.name in ("aten::zero_", "aten::fill_")]
-    per_step = len(zeroing) / ctx.profile.steps
-    if per_step < 4:
-        return None
-    share = pc.share_pct(sum(c.device_us for c in zeroing))
-    return Finding(
-        cls=MEMORY_BANDWIDTH, confidence=clamp(0.2 + share / 20, high=MINOR_MAX_CONFIDENCE),
-        summary=f"gradients are zeroed, not set to None: {per_step:.0f} zero_ ops per step ({share:.1f}% of it), "
-                "and backward then adds into them instead of writing them",
-        evidence=rounded({"op": "aten::zero_", "module": "optimizer", "line": None, "zero_ops_per_step": per_step,
-                          "share_of_step_pct": share}),
-        levers=[], advice=["optimizer.zero_grad(set_to_none=True) (the default since torch 2.0)"],
-        expected_gain_pct=gain(share), gain_basis="the zero_ ops' measured time")
-
-
 # --- conv bias before batch norm; extra copies ----------------------------------------------------------------
 
 def conv_bias_batchnorm(ctx: Context) -> Optional[Finding]:
-    pc = _pattern_context(ctx)
+    pc = pattern_context(ctx)
     if pc is None:
         return None
     matches = []
@@ -402,10 +163,10 @@ def conv_bias_batchnorm(ctx: Context) -> Optional[Finding]:
         return None
     conv_us = sum(pc.with_backward_us(m.calls[:1]) for m in matches)
     share = pc.share_pct(conv_us)
-    where = _where(matches, ctx.profile.steps)
+    where = where_of(matches, ctx.profile.steps)
     return Finding(
         cls=MEMORY_BANDWIDTH, confidence=clamp(0.25 + share / 100, high=MINOR_MAX_CONFIDENCE),
-        summary=f"{len(matches) // ctx.profile.steps} convs with a bias feed batch norm ({_place(where)}): the "
+        summary=f"{len(matches) // ctx.profile.steps} convs with a bias feed batch norm ({place(where)}): the "
                 "norm subtracts the mean, so the bias is computed, stored and differentiated for nothing",
         evidence=rounded({**where, "conv_share_of_step_pct": share}), levers=[],
         advice=["nn.Conv2d(..., bias=False) before BatchNorm"],
@@ -413,7 +174,7 @@ def conv_bias_batchnorm(ctx: Context) -> Optional[Finding]:
 
 
 def extra_copies(ctx: Context) -> Optional[Finding]:
-    pc = _pattern_context(ctx)
+    pc = pattern_context(ctx)
     if pc is None:
         return None
     copies = [c for c in pc.forward if c.name in COPY_OPS]
@@ -427,13 +188,13 @@ def extra_copies(ctx: Context) -> Optional[Finding]:
     if share < MIN_SHARE_PCT:
         return None
     matches = [Match([c]) for c in sorted(copies, key=lambda c: -c.device_us)]
-    where = _where(matches, ctx.profile.steps)
+    where = where_of(matches, ctx.profile.steps)
     evidence = {**where, "copies_per_step": len(copies) / ctx.profile.steps, "share_of_step_pct": share,
                 "h2d_copies_in_forward_backward_per_step": h2d_in_model / ctx.profile.steps}
     return Finding(
         cls=MEMORY_BANDWIDTH, confidence=clamp(0.25 + share / 40, high=0.7),
         summary=f"tensor copies inside the model ({len(copies) / ctx.profile.steps:.0f} per step, most in "
-                f"{_place(where)}) take {share:.0f}% of the step",
+                f"{place(where)}) take {share:.0f}% of the step",
         evidence=rounded(evidence), levers=[],
         advice=["create tensors on their device (torch.zeros(..., device=x.device)) instead of .to() each step",
                 "drop .contiguous()/.clone()/dtype round trips the next op does not need"],
@@ -445,16 +206,6 @@ def _h2d_in_model(ctx: Context) -> int:
     model = phase_intervals(ctx.trace, ("forward", "backward"))
     h2d = mc.mask(lambda n: "HtoD" in n)
     return int((h2d & model.contains(mc.start_us)).sum())
-
-
-def _pattern_context(ctx: Context) -> Optional[PatternContext]:
-    if ctx.trace is None or ctx.graph is None or ctx.profile is None:
-        return None
-    cached = getattr(ctx, "_pattern_context", None)
-    if cached is None:
-        cached = PatternContext(ctx)
-        object.__setattr__(ctx, "_pattern_context", cached)
-    return cached
 
 
 def _torch_matcher(ctx: Context) -> Optional[Finding]:

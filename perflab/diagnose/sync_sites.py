@@ -34,8 +34,8 @@ COPY_CALLS = {"cudaMemcpy", "cudaMemcpyAsync", "cuMemcpyDtoH_v2", "cuMemcpyDtoHA
 SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal", "aten::nonzero",
             "aten::argwhere", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
             "aten::unique_dim", "aten::unique_consecutive", "aten::bincount"}
-EXPLICIT_SYNC = "explicit synchronize (no op)"
-BUSY_AGAIN_QUEUE_US = 20.0  # a kernel that waited this long after its launch found the GPU busy: the host is ahead  # the site's name when no op encloses the blocking call
+EXPLICIT_SYNC = "explicit synchronize (no op)"  # the site's name when no op encloses the blocking call
+BUSY_AGAIN_QUEUE_US = 20.0  # a kernel that waited this long after its launch found the GPU busy: the host is ahead
 
 
 @dataclass

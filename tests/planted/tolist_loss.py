@@ -1,7 +1,6 @@
 """Host-device sync outside the model: the loss reads per-class counts on the host with `.tolist()` every step."""
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from perflab import Workload
