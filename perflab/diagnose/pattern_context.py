@@ -14,6 +14,7 @@ from perflab.diagnose.phases import phase_intervals
 MIN_SHARE_PCT = 2.0  # a pattern explaining less of the step is not worth a finding
 TINY_CALL_US_GPU = 10.0  # elementwise ops shorter than this (with their backward) are launch-bound, not bandwidth
 TINY_CALL_US_CPU = 30.0
+TINY_CALL_BYTES = 2**20  # ... or moving less than this: their time is the launch, not the memory traffic
 # Hand-written attention is recognised structurally (an s x s matrix between two matmuls): more specific than the
 # class-level rule that sees the same time, so it may pass the class rules' cap by a hair and rank first.
 ATTENTION_MAX_CONFIDENCE = 0.96

@@ -14,11 +14,13 @@ from perflab.diagnose.findings import (COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BA
                                        gain, rounded)
 from perflab.diagnose.pattern_context import (ATTENTION_MAX_CONFIDENCE, COPY_OPS, MATMULS, MIN_SHARE_PCT,
                                               MINOR_MAX_CONFIDENCE, PATTERN_MAX_CONFIDENCE, POINTWISE, SOFTMAX,
-                                              TINY_CALL_US_CPU, TINY_CALL_US_GPU, VIEWS, Match, PatternContext,
+                                              TINY_CALL_BYTES, TINY_CALL_US_CPU,
+                                              TINY_CALL_US_GPU, VIEWS, Match, PatternContext,
                                               pattern_context, place, where_of)
 from perflab.diagnose.pattern_optimizer import single_tensor_optimizer, zeroed_grads
 from perflab.diagnose.pattern_precision import fp32_matmuls, odd_16bit_dims
 from perflab.diagnose.op_graph import OpCall
+from perflab.diagnose.operators import call_bytes
 from perflab.diagnose.phases import phase_intervals
 
 
@@ -126,8 +128,10 @@ def elementwise_chains(ctx: Context) -> Optional[Finding]:
     longest = max(len(m.calls) for m in matches)
     where = where_of(matches, ctx.profile.steps)
     # chains of tiny ops cost their launches, not their memory traffic (compile fixes both)
-    mean_call_us = total_us / max(1, sum(len(m.calls) for m in matches))
-    tiny = mean_call_us < (TINY_CALL_US_GPU if ctx.on_gpu else TINY_CALL_US_CPU)
+    forward_calls = [c for m in matches for c in m.calls]
+    mean_call_us = sum(c.device_us for c in forward_calls) / max(1, len(forward_calls))
+    mean_bytes = sum(call_bytes(pc.trace, pc.graph, c) for c in forward_calls) / max(1, len(forward_calls))
+    tiny = mean_bytes < TINY_CALL_BYTES or mean_call_us < (TINY_CALL_US_GPU if ctx.on_gpu else TINY_CALL_US_CPU)
     # fused, a chain of n ops reads its inputs and writes its output once instead of n times
     saved_fraction = 1 - 2 / max(longest, 2)
     evidence = {**where, "chains_per_step": len(matches) / ctx.profile.steps, "longest_chain_ops": longest,
