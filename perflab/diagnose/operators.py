@@ -8,6 +8,7 @@ does not say). The ceilings are `perflab calibrate`'s (roofline.ceilings).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -187,7 +188,7 @@ def _op_row(group: dict[str, Any], roof: dict[str, Any], precision: Optional[str
             on_gpu: bool) -> dict[str, Any]:
     time_us = group["time_us"]
     flops, moved = group["flops"], group["bytes"]
-    module = max(group["by_module"], key=group["by_module"].get)
+    module = module_label(group["by_module"])
     row = {"op": group["op"], "module": module, "line": group["line"], "calls_per_step": group["calls"] / steps,
            "ms_per_step": time_us / 1e3 / steps, "share_pct": 100 * time_us / total_us if total_us else 0.0,
            "mean_us": time_us / group["calls"], "gflop_per_step": flops / 1e9 / steps,
@@ -197,6 +198,15 @@ def _op_row(group: dict[str, Any], roof: dict[str, Any], precision: Optional[str
            "intensity_flop_per_byte": flops / moved if moved else None}
     row["bound"], row["pct_of_roof"] = roofline_place(row, roof, precision, on_gpu)
     return row
+
+
+def module_label(by_module: dict[str, float]) -> str:
+    """One module, the repeated blocks it ran in ('blocks.*.qkv'), or the costliest with how many more."""
+    top = max(by_module, key=by_module.get)
+    if len(by_module) == 1:
+        return top
+    shapes = {re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", name) for name in by_module}
+    return shapes.pop() if len(shapes) == 1 else f"{top} (+{len(by_module) - 1})"
 
 
 def roofline_place(row: dict[str, Any], roof: dict[str, Any], precision: Optional[str],
