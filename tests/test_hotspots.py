@@ -245,3 +245,20 @@ def test_when_the_loader_keeps_up_pageable_copies_outrank_the_data_wait(tmp_path
     assert diagnosis.bottleneck == "host-to-device copies"
     assert diagnosis.levers[0] == "pin-memory"
     assert by_class["input pipeline"]["confidence"] < by_class["host-to-device copies"]["confidence"]
+
+
+# --- GPU traces of the planted pattern cases (benchmarks/bench_hotspots.py writes them) -------------------------
+
+PATTERN_FIXTURES = sorted((HERE / "fixtures" / "traces" / "patterns").glob("*.json.gz"))
+PATTERN_PHRASES = {"hand_attention": "hand-written attention", "odd_dims": "not a multiple of 8",
+                   "extra_copies": "tensor copies inside", "conv_bias_bn": "convs with a bias feed batch norm",
+                   "zeroed_grads": "zeroed, not set to None"}
+
+
+@pytest.mark.parametrize("trace", PATTERN_FIXTURES, ids=[p.name for p in PATTERN_FIXTURES])
+def test_each_recorded_pattern_case_is_named(trace):
+    diagnosis, _ = diagnose_path(trace)
+    name = trace.name.removesuffix(".json.gz")
+    _finding(diagnosis, PATTERN_PHRASES[name])
+    if name == "hand_attention":
+        assert "hand-written attention" in diagnosis.headline and "blocks.0" in diagnosis.headline
