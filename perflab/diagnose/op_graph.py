@@ -44,6 +44,15 @@ class OpGraph:
         self.trace = trace
         ops = trace.cpu_ops
         self.parent = _parents(ops)
+        self._thread_order = {int(tid): np.flatnonzero(ops.tid == tid) for tid in np.unique(ops.tid)}
+        self._position = np.zeros(len(ops), dtype=np.int64)
+        for order in self._thread_order.values():
+            self._position[order] = np.arange(len(order))
+        self._children: dict[int, np.ndarray] = {}
+        has_parent = np.flatnonzero(self.parent >= 0)
+        for parent, child in zip(self.parent[has_parent], has_parent):
+            self._children.setdefault(int(parent), []).append(int(child))
+        self._children = {k: np.array(v, dtype=np.int64) for k, v in self._children.items()}
         self.seq = ops.extra.astype(np.int64) if len(ops) else np.empty(0, dtype=np.int64)
         self.is_top = self._top_mask()
         self.top_of = self._top_of()
@@ -54,13 +63,16 @@ class OpGraph:
         self.calls = self._calls(np.flatnonzero(self.is_top & in_window))
 
     def children(self, index: int) -> np.ndarray:
-        return np.flatnonzero(self.parent == index)
+        return self._children.get(int(index), np.empty(0, dtype=np.int64))
 
     def descendants(self, index: int) -> np.ndarray:
-        """Every op nested inside `index` on its thread (by time)."""
+        """Every op nested inside `index` on its thread: the ops after it in its thread's order that start
+        before it ends."""
         ops = self.trace.cpu_ops
-        return np.flatnonzero((ops.tid == ops.tid[index]) & (ops.start_us >= ops.start_us[index])
-                              & (ops.end_us <= ops.end_us[index]) & (np.arange(len(ops)) != index))
+        order = self._thread_order[int(ops.tid[index])]
+        position = self._position[index]
+        last = int(np.searchsorted(ops.start_us[order], ops.end_us[index], side="left"))
+        return order[position + 1:max(position + 1, last)]
 
     def _top_mask(self) -> np.ndarray:
         """Ops that are an aten op or a backward node with no such op above them (wrappers do not count)."""
@@ -191,27 +203,65 @@ def _is_countable(name: str) -> bool:
     return name.startswith("aten::") or name.startswith(BACKWARD_WRAPPER)
 
 
+class _Nesting:
+    """The selected events of a table, nested per thread: the innermost one around a time, and its enclosing chain,
+    in O(log n) plus the depth (events of one thread nest; sorted by start, each one's parent is found once)."""
+
+    def __init__(self, table: EventTable, selected: np.ndarray) -> None:
+        self.table = table
+        self.index = np.flatnonzero(selected)
+        self.parent = np.full(len(self.index), -1, dtype=np.int64)  # positions in self.index
+        self.by_tid: dict[int, np.ndarray] = {}
+        tids = table.tid[self.index]
+        for tid in np.unique(tids):
+            positions = np.flatnonzero(tids == tid)  # self.index is in start order, so these are too
+            self.by_tid[int(tid)] = positions
+            stack: list[int] = []
+            for position in positions:
+                event = self.index[position]
+                while stack and table.end_us[self.index[stack[-1]]] <= table.start_us[event]:
+                    stack.pop()
+                if stack:
+                    self.parent[position] = stack[-1]
+                stack.append(int(position))
+
+    def innermost(self, t: float, tid: int) -> int:
+        """Position (in self.index) of the innermost selected event around t on the thread, or -1."""
+        positions = self.by_tid.get(tid)
+        if positions is None or not len(positions):
+            return -1
+        starts = self.table.start_us[self.index[positions]]
+        at = int(np.searchsorted(starts, t, side="right")) - 1
+        position = int(positions[at]) if at >= 0 else -1
+        while position >= 0 and self.table.end_us[self.index[position]] < t:
+            position = int(self.parent[position])  # it ended before t: its enclosing one may still be open
+        return position
+
+    def chain(self, position: int) -> list[int]:
+        """Event rows from the outermost enclosing one to this one."""
+        rows = []
+        while position >= 0:
+            rows.append(int(self.index[position]))
+            position = int(self.parent[position])
+        return rows[::-1]
+
+
 class _ModuleLookup:
     """The nn.Module path around a time on a thread: perflab's module ranges, else the profiler's module frames."""
 
     def __init__(self, trace: ParsedTrace) -> None:
         ann, py = trace.annotations, trace.python
-        self.marks = ann.mask(lambda n: n.startswith(MODULE_MARK))
-        self.frames = py.mask(lambda n: n.startswith(PY_MODULE))
         self.ann, self.py = ann, py
+        self.marks = _Nesting(ann, ann.mask(lambda n: n.startswith(MODULE_MARK)))
+        self.frames = _Nesting(py, py.mask(lambda n: n.startswith(PY_MODULE)))
 
     def at(self, t: float, tid: int) -> Optional[str]:
-        if self.marks.any():
-            ann = self.ann
-            around = np.flatnonzero(self.marks & (ann.start_us <= t) & (ann.end_us >= t) & (ann.tid == tid))
-            if len(around):
-                return ann.name(int(around[np.argmax(ann.start_us[around])])).removeprefix(MODULE_MARK) or "(model)"
-        if self.frames.any():
-            py = self.py
-            around = np.flatnonzero(self.frames & (py.start_us <= t) & (py.end_us >= t) & (py.tid == tid))
-            if len(around):
-                names = [py.name(int(i)).removeprefix(PY_MODULE) for i in around[np.argsort(py.start_us[around])]]
-                return ".".join(names)
+        position = self.marks.innermost(t, tid)
+        if position >= 0:
+            return self.ann.name(int(self.marks.index[position])).removeprefix(MODULE_MARK) or "(model)"
+        position = self.frames.innermost(t, tid)
+        if position >= 0:
+            return ".".join(self.py.name(row).removeprefix(PY_MODULE) for row in self.frames.chain(position))
         return None
 
 
@@ -221,11 +271,8 @@ class _LineLookup:
     def __init__(self, trace: ParsedTrace) -> None:
         from perflab.diagnose.sync_sites import _is_user_frame
         self.py = trace.python
-        self.user = self.py.mask(_is_user_frame) if len(self.py) else np.zeros(0, dtype=bool)
+        self.user = _Nesting(self.py, self.py.mask(_is_user_frame) if len(self.py) else np.zeros(0, dtype=bool))
 
     def at(self, t: float, tid: int) -> Optional[str]:
-        py = self.py
-        if not self.user.any():
-            return None
-        around = np.flatnonzero(self.user & (py.start_us <= t) & (py.end_us >= t) & (py.tid == tid))
-        return py.name(int(around[np.argmax(py.start_us[around])])) if len(around) else None
+        position = self.user.innermost(t, tid)
+        return self.py.name(int(self.user.index[position])) if position >= 0 else None

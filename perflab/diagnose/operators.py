@@ -205,7 +205,8 @@ def module_label(by_module: dict[str, float]) -> str:
     top = max(by_module, key=by_module.get)
     if len(by_module) == 1:
         return top
-    shapes = {re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", name) for name in by_module}
+    # ModuleList indices (blocks.3) and the profiler's instance numbers (Linear_13) vary between repeats
+    shapes = {re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", re.sub(r"_\d+(?=\.|$)", "_*", name)) for name in by_module}
     return shapes.pop() if len(shapes) == 1 else f"{top} (+{len(by_module) - 1})"
 
 
