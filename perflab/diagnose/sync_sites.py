@@ -49,6 +49,7 @@ class SyncSite:
     python: Optional[str]  # "file.py(line): function" of the calling frame, when the trace has stacks
     phase: Optional[str]  # perflab phase around it (forward, backward, ...), None outside them
     in_loader: bool
+    module: Optional[str] = None  # the nn.Module path around it (perflab's module ranges or with_stack frames)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class SyncProfile:
     by_op_per_step: dict[str, float] = field(default_factory=dict)
     by_call_per_step: dict[str, float] = field(default_factory=dict)
     by_python_per_step: dict[str, float] = field(default_factory=dict)
+    by_module_per_step: dict[str, float] = field(default_factory=dict)
     by_phase_per_step: dict[str, float] = field(default_factory=dict)
     in_model_per_step: float = 0.0  # in forward/backward
     in_compute_per_step: float = 0.0  # outside the data and h2d phases: what a CUDA graph of the step would hold
@@ -95,6 +97,7 @@ def sync_profile(sites: list[SyncSite], steps: int, on_gpu: bool) -> SyncProfile
         by_op_per_step=per_step(Counter(site.op for site in in_step)),
         by_call_per_step=per_step(Counter(call for site in in_step for call in site.calls)),
         by_python_per_step=per_step(Counter(site.python for site in in_step if site.python)),
+        by_module_per_step=per_step(Counter(site.module for site in in_step if site.module)),
         by_phase_per_step=per_step(Counter(site.phase or "outside phases" for site in in_step)),
         in_model_per_step=sum(site.phase in MODEL_PHASES for site in in_step) / steps,
         in_compute_per_step=sum(site.phase not in ("data", "h2d") for site in in_step) / steps,
@@ -211,6 +214,8 @@ class _Context:
         python = trace.python
         self.user_frame = python.mask(_is_user_frame)
         self.named_frame = python.mask(lambda n: not n.startswith(("<built-in", "nn.Module:")))
+        from perflab.diagnose.op_graph import _ModuleLookup
+        self.modules = _ModuleLookup(trace)
 
     def source_op(self, start: float, end: float, tid: int) -> Optional[int]:
         """The outermost aten op around [start, end] on this thread, else the innermost op; None without one."""
@@ -227,6 +232,7 @@ class _Context:
         phase = next((name for name in ("forward", "backward", "optimizer", "augment", "h2d", "data", "step")
                       if self.phases[name].contains(point)[0]), None)
         return SyncSite(start_us=start, return_us=returned, op=op, calls=calls, python=self._frame(start, tid),
+                        module=self.modules.at(start, tid),
                         phase=phase, in_loader=bool(self.loader.contains(point)[0]))
 
     def _frame(self, t: float, tid: int) -> Optional[str]:

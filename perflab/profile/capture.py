@@ -95,7 +95,7 @@ class ProfilerCapture(StepHook):
         self.distributed = plan.data_shard[1] > 1
         if self.options.with_modules and plan.model is plan.eager_model:
             from perflab.profile.module_marks import module_marks
-            self.marks = module_marks(plan.eager_model)
+            self.marks = module_marks(plan.eager_model, getattr(plan, "loss_fn", None))
 
     def __enter__(self) -> "ProfilerCapture":
         opts = self.options

@@ -16,8 +16,9 @@ MODULE_MARK = "module: "  # read by perflab.diagnose.op_graph
 
 
 @contextmanager
-def module_marks(model: nn.Module) -> Iterator[None]:
-    """Mark every submodule's forward with a record_function range named after its path in `model`."""
+def module_marks(model: nn.Module, loss_fn=None) -> Iterator[None]:
+    """Mark every submodule's forward with a record_function range named after its path in `model`; a loss that is
+    an nn.Module is marked `loss` (a sync in the loss is then named there)."""
     handles = []
     open_ranges: list = []
 
@@ -31,7 +32,10 @@ def module_marks(model: nn.Module) -> Iterator[None]:
         if open_ranges:
             torch.ops.profiler._record_function_exit(open_ranges.pop())
 
-    for name, module in model.named_modules():
+    named = list(model.named_modules())
+    if isinstance(loss_fn, nn.Module) and loss_fn is not model:
+        named += [(f"loss.{name}" if name else "loss", module) for name, module in loss_fn.named_modules()]
+    for name, module in named:
         handles.append(module.register_forward_pre_hook(enter(name or type(module).__name__)))
         handles.append(module.register_forward_hook(leave, always_call=True))
     try:
