@@ -189,6 +189,7 @@ def _lockstep_after_loss_sync(tmp_path, backward_kernel_us: float, forward_kerne
         gpu_done = base + forward_kernel_us * 20 + 10
         corr += 1
         events += [_x("python_function", "tolist_loss.py(17): forward", base + 205, gpu_done + 8 - base - 205),
+                   _x("user_annotation", "module: loss", base + 209, gpu_done + 7 - base - 209),
                    _x("cpu_op", "aten::to", base + 210, gpu_done + 5 - base - 210),
                    _x("cuda_runtime", "cudaMemcpyAsync", base + 212, gpu_done + 2 - base - 212, correlation=corr),
                    _x("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", gpu_done, 2, tid=7, bytes=40,
@@ -208,6 +209,7 @@ def test_one_sync_per_step_in_the_loss_is_charged_its_lockstep_relaunch_and_name
     assert idle["host-device syncs"] > 4 * idle["launch / framework overhead"]
     assert "tolist_loss.py(17)" in diagnosis.headline and "aten::to" in diagnosis.headline
     assert diagnosis.profile["syncs"]["per_step"] == 1
+    assert diagnosis.evidence["syncs_by_module_per_step"] == {"loss": 1}
 
 
 def test_a_host_slower_than_the_gpu_keeps_its_launch_gaps_when_a_sync_is_present(tmp_path):
