@@ -16,12 +16,15 @@ TINY_CALL_US_GPU = 10.0  # elementwise ops shorter than this (with their backwar
 TINY_CALL_US_CPU = 30.0
 TINY_CALL_BYTES = 2**20  # ... or moving less than this: their time is the launch, not the memory traffic
 # Hand-written attention is recognised structurally (an s x s matrix between two matmuls): more specific than the
-# class-level rule that sees the same time, so it may pass the class rules' cap by a hair and rank first.
+# class-level rule that sees the same time, so from a third of the step it may pass the class rules' cap by a hair.
 ATTENTION_MAX_CONFIDENCE = 0.96
-PATTERN_MAX_CONFIDENCE = 0.95
-# fp32 matmuls, odd dims and optimizer loops refine a class another rule already names from the same time (compute
-# bound, launch overhead): they rank below it and never displace a direct signal (a sync, a data wait).
-REFINEMENT_MAX_CONFIDENCE = 0.85
+# Other patterns measure their share against the wall-clock step, idle time included: they stay below the cap of
+# the direct signals (data wait, syncs, copies: 0.95), which name what the idle time is.
+PATTERN_MAX_CONFIDENCE = 0.9
+# Launch-bound optimizer loops refine the launch-overhead class; fp32 matmuls and odd dims refine compute bound,
+# which compute.py already names (with tf32/bf16) from the same kernels: named, rarely the verdict.
+OPTIMIZER_MAX_CONFIDENCE = 0.85
+REFINEMENT_MAX_CONFIDENCE = 0.6
 MINOR_MAX_CONFIDENCE = 0.45  # habits that cost a little (bias before BN, zeroed grads): named, never the verdict
 MATMULS = {"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum", "aten::mm"}
 SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax"}

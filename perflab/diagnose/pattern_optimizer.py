@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 from perflab.diagnose.findings import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH, Context, Finding, clamp, gain, rounded
-from perflab.diagnose.pattern_context import (MIN_SHARE_PCT, MINOR_MAX_CONFIDENCE, REFINEMENT_MAX_CONFIDENCE,
+from perflab.diagnose.pattern_context import (MIN_SHARE_PCT, MINOR_MAX_CONFIDENCE, OPTIMIZER_MAX_CONFIDENCE,
                                               pattern_context)
 
 OPTIMIZER_ELEMENTWISE = {"aten::add_", "aten::mul_", "aten::addcdiv_", "aten::addcmul_", "aten::lerp_",
@@ -30,7 +30,7 @@ def single_tensor_optimizer(ctx: Context) -> Optional[Finding]:
     evidence = {"op": loops[0].name, "module": "optimizer", "line": None, "elementwise_ops_per_step": per_step,
                 "share_of_step_pct": share}
     return Finding(
-        cls=LAUNCH_OVERHEAD, confidence=clamp(0.3 + share / 50, high=REFINEMENT_MAX_CONFIDENCE),
+        cls=LAUNCH_OVERHEAD, confidence=clamp(0.3 + share / 50, high=OPTIMIZER_MAX_CONFIDENCE),
         summary=f"the optimizer updates one tensor at a time: {per_step:.0f} elementwise ops per step, "
                 f"{share:.0f}% of the step",
         evidence=rounded(evidence), levers=ctx.rank_levers(["fused-optimizer", "foreach-optimizer"]),

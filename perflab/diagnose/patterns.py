@@ -85,7 +85,7 @@ def hand_attention(ctx: Context) -> Optional[Finding]:
     s = matches[0].extra["seq_len"]
     return Finding(
         cls=MEMORY_BANDWIDTH if other_share >= 50 else COMPUTE_BOUND,
-        confidence=clamp(0.4 + share / 50, high=ATTENTION_MAX_CONFIDENCE),
+        confidence=clamp(0.3 + share / 50, high=ATTENTION_MAX_CONFIDENCE),
         summary=f"hand-written attention in {place(where)}: matmul -> softmax -> matmul over a {s}x{s} score "
                 f"matrix takes {share:.0f}% of the step ({where['occurrences_per_step']:g}x per step)",
         evidence=rounded(evidence), levers=levers,
