@@ -34,7 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PLANTED = ROOT / "tests" / "planted"
 CUDA = torch.cuda.is_available()
 OPTIONS = CaptureOptions(wait=1, warmup=1, active=2, record_shapes=True, with_stack=True, gzip=True)
-BUDGET_S = 420.0  # stop measuring levers past this (the area must end within 8 minutes on an H100)
+# The area must end within 8 minutes on an H100 (and within the suite's default 420-s area limit): no lever is
+# measured after LEVER_BUDGET_S, no case is profiled after PROFILE_BUDGET_S.
+LEVER_BUDGET_S = 280.0
+PROFILE_BUDGET_S = 380.0
 # the run options each lever sets (the first lever of a finding is applied as exactly this)
 LEVER_CHANGES = {
     "pin-memory": {"pin_memory": True}, "tf32": {"precision": "tf32"}, "bf16": {"precision": "bf16"},
@@ -166,6 +169,9 @@ def run_area(out: Path, quick: bool) -> list[dict]:
     table = []
     for case in cases:
         expected = case.expected
+        if time.time() - began > PROFILE_BUDGET_S:
+            rows.add(case.name, "verdict", None, note="skipped: out of time")
+            continue
         diagnosis = profile_case(rows, out, case)
         if diagnosis is None:
             table.append((case.name, expected, "failed", False, "-", None, None))
@@ -177,7 +183,7 @@ def run_area(out: Path, quick: bool) -> list[dict]:
         rows.add(case.name, "verdict_matches_planted", float(right), note=f"expected {expected}")
         rows.add(case.name, "predicted_gain", predicted, "%", note=move)
         gain = None
-        if changes is not None and time.time() - began < BUDGET_S:
+        if changes is not None and time.time() - began < LEVER_BUDGET_S:
             try:
                 gain = measured_gain(case, changes, steps)
             except Exception as err:
@@ -195,7 +201,10 @@ def print_table(table: list[tuple]) -> None:
     def pct(value: Optional[float]) -> str:
         return "-" if value is None else f"{value:.0f}%"
     right = sum(1 for row in table if row[3])
-    print(f"\ncase | expected | named | first lever | predicted | measured   ({right}/{len(table)} named right)")
+    measured = [row for row in table if row[6] is not None and row[5]]
+    held = sum(1 for row in measured if row[6] >= 0.5 * row[5])
+    print(f"\ncase | expected | named | first lever | predicted | measured   ({right}/{len(table)} named right; "
+          f"{held}/{len(measured)} first moves gave at least half the predicted gain)")
     for name, expected, named, ok, move, predicted, gain in table:
         print(f"{name} | {expected} | {named}{'' if ok else ' (MISS)'} | {move} | {pct(predicted)} | {pct(gain)}")
 
