@@ -264,3 +264,11 @@ def test_each_recorded_pattern_case_is_named(trace):
     _finding(diagnosis, PATTERN_PHRASES[name])
     if name == "hand_attention":
         assert "hand-written attention" in diagnosis.headline and "blocks.0" in diagnosis.headline
+
+
+def test_an_op_in_repeated_blocks_is_labelled_by_their_shared_path():
+    from perflab.diagnose.operators import module_label
+
+    assert module_label({"blocks.0.attn": 1.0, "blocks.3.attn": 2.0}) == "blocks.*.attn"
+    assert module_label({"Model_0.Block_1.Linear_2": 1.0, "Model_0.Block_4.Linear_9": 1.0}) == "Model_*.Block_*.Linear_*"
+    assert module_label({"encoder": 1.0, "head": 3.0}) == "head (+1)"
