@@ -15,7 +15,7 @@ from torchvision.models import resnet50
 import perflab
 from benchmarks.common import Rows, parse_args
 from perflab.calibrate import calibrate
-from perflab.levers.precision import set_tf32
+from perflab.backends import set_tf32
 
 
 def bare_resnet50(mode: str, batch: int, steps: int, trials: int, warmup: int, device) -> list[float]:
@@ -80,12 +80,12 @@ def main() -> None:
             result = perflab.run(workload, cfg)
             out.mkdir(parents=True, exist_ok=True)
             result.save(out)
-            tp = result.metrics["throughput_samples_per_s"]
-            phases = result.metrics["phase_share_pct"]
+            tp = result.metrics.throughput_samples_per_s
+            phases = result.metrics.phase_share_pct
             top = max(phases, key=phases.get)
-            mfu = result.metrics["flops"].get("mfu_pct")
-            rows.add(f"{workload} {mode} bs{batch}", "throughput", tp["median"], "samples/s",
-                     f"spread {tp['range_pct']:.2f}% · p95 {result.metrics['latency_ms']['p95']:.2f} ms · "
+            mfu = result.metrics.flops.mfu_pct
+            rows.add(f"{workload} {mode} bs{batch}", "throughput", tp.median, "samples/s",
+                     f"spread {tp.range_pct:.2f}% · p95 {result.metrics.latency_ms.p95:.2f} ms · "
                      f"MFU {mfu if mfu is None else round(mfu, 1)}% · top phase {top} {phases[top]:.0f}%")
 
     if not cuda:
@@ -95,7 +95,7 @@ def main() -> None:
         for mode, batch in (("train", 128), ("infer", 256)):
             cfg = perflab.RunConfig(workload="resnet50", mode=mode, batch_size=batch, steps=steps, trials=5,
                                     warmup=warmup)
-            ours = perflab.run("resnet50", cfg).metrics["throughput_samples_per_s"]
+            ours = perflab.run("resnet50", cfg).metrics.throughput_samples_per_s
             bare = bare_resnet50(mode, batch, steps, 5, warmup, device)
             bare_median = sorted(bare)[2]
             overhead = (bare_median - ours["median"]) / bare_median * 100

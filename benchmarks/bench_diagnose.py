@@ -20,10 +20,10 @@ import torch
 from benchmarks.common import Rows, parse_args
 from perflab import RunConfig
 from perflab.diagnose import CLASS_SLUGS
-from perflab.harness.hooks import StepHook
-from perflab.harness.runner import resolve_config
-from perflab.harness.runner import run as perflab_run
-from perflab.profile.capture import CaptureOptions, profile_run
+from perflab.hooks import StepHook
+from perflab.pipeline import profile_run, resolve_config
+from perflab.pipeline import run as perflab_run
+from perflab.profile.capture import CaptureOptions
 from perflab.profile.markers import mark, no_mark
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +114,7 @@ def marker_overhead(rows: Rows, spec: str, quick: bool) -> None:
         for hooks, bucket in (order if pair % 2 == 0 else order[::-1]):
             cfg = resolve_config(RunConfig(**base), None)
             result = perflab_run(spec, cfg, hooks=hooks, command=["bench_diagnose"])
-            bucket.append(result.metrics["latency_ms"]["p50"])
+            bucket.append(result.metrics.latency_ms.p50)
     on, off = min(on_ms), min(off_ms)  # the least disturbed run of each: other load only ever adds time
     rows.add(f"markers_{spec}", "step_ms_markers_on", on, "ms")
     rows.add(f"markers_{spec}", "step_ms_markers_off", off, "ms")

@@ -24,9 +24,9 @@ import torch
 
 from benchmarks.common import Rows, parse_args
 from perflab import RunConfig
-from perflab.distributed.scale import run_scale
-from perflab.harness.runner import resolve_config
-from perflab.profile.capture import CaptureOptions, profile_run
+from perflab.sweep.scale import run_scale
+from perflab.pipeline import profile_run, resolve_config
+from perflab.profile.capture import CaptureOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 AREA = "distributed"
@@ -64,13 +64,13 @@ def profiled(rows: Rows, out: Path, name: str, cfg: RunConfig, expected: str = "
         rows.add(name, "status", None, note=f"failed: {type(err).__name__}: {err}"[:300])
         return
     rows.add(name, "throughput", result.throughput, "samples/s", note=f"profiled run, {time.time() - began:.0f}s")
-    comm = result.metrics.get("collectives")
+    comm = result.metrics.collectives
     if comm:
         rows.add(name, "nccl_ms_per_step", comm["communication_ms_per_step"], "ms")
         rows.add(name, "overlap", comm["overlap_pct"], "%", note="NCCL time under compute kernels")
         rows.add(name, "exposed_share_of_step", comm["exposed_share_pct"], "%",
                  note=f"{comm['exposed_ms_per_step']:.2f} ms/step, worst rank {comm.get('worst_rank')}")
-    spread = result.metrics.get("distributed", {}).get("straggler_spread_pct")
+    spread = result.metrics.distributed.straggler_spread_pct if result.metrics.distributed else None
     rows.add(name, "straggler_spread", spread, "%")
     if diagnosis is not None:
         match = "" if not expected else (" (expected)" if diagnosis.bottleneck == expected else f" (EXPECTED {expected})")

@@ -105,26 +105,26 @@ def measure(rows: Rows, out: Path, experiment: str, label: str, settings: dict[s
 
 
 def add_bound_rows(rows: Rows, experiment: str, label: str, result: perflab.Result) -> float:
-    generation = result.metrics["generation"]
-    bound = generation["bandwidth_bound"]
-    compile_s = result.metrics.get("compile_s")
-    note = (f"TTFT p50 {generation['ttft_ms']['p50']:.2f} ms · TPOT p50 {generation['tpot_ms']['p50']:.3f} ms · "
+    generation = result.metrics.generation
+    bound = generation.bandwidth_bound
+    compile_s = result.metrics.compile_s
+    note = (f"TTFT p50 {generation.ttft_ms.p50:.2f} ms · TPOT p50 {generation.tpot_ms.p50:.3f} ms · "
             f"{quality_text(result)}" + (f" · compile {compile_s:.0f}s" if compile_s else ""))
-    rows.add(experiment, f"{label} tokens/s", generation["output_tokens_per_s"], "tokens/s", note)
-    rows.add(experiment, f"{label} ms per decode step", bound["measured_ms_per_token"], "ms",
-             f"bound {bound['bound_ms_per_token']:.3f} ms = {bound['weight_bytes'] / 1e9:.3f} GB weights + KV at "
-             f"{bound['memory_gbps']:.0f} GB/s ({bound['memory_gbps_source']})" if bound["bound_ms_per_token"] else
-             bound["memory_gbps_source"])
-    rows.add(experiment, f"{label} share of the bandwidth bound", bound["pct_of_bound"], "%",
-             f"measured ÷ bound {bound['measured_over_bound']:.2f}x" if bound["measured_over_bound"] else "")
-    compiled = generation.get("decode_compile") or {}
-    rows.add(experiment, f"{label} device wait for the host, ms per decode step", bound.get("device_wait_ms_per_token"),
-             "ms", f"host issue clock {bound.get('host_issue_ms_per_token')} ms per step (includes launch-queue waits)")
-    rows.add(experiment, f"{label} host issue ms per decode step", bound.get("host_issue_ms_per_token"), "ms",
-             f"graphs by {compiled.get('graphs')} (captured {compiled.get('captured_lengths')}, skips "
-             f"{compiled.get('cudagraph_skips')}) · decode SDPA {compiled.get('decode_sdpa')}"
+    rows.add(experiment, f"{label} tokens/s", generation.output_tokens_per_s, "tokens/s", note)
+    rows.add(experiment, f"{label} ms per decode step", bound.measured_ms_per_token, "ms",
+             f"bound {bound.bound_ms_per_token:.3f} ms = {bound.weight_bytes / 1e9:.3f} GB weights + KV at "
+             f"{bound.memory_gbps:.0f} GB/s ({bound.memory_gbps_source})" if bound.bound_ms_per_token else
+             bound.memory_gbps_source)
+    rows.add(experiment, f"{label} share of the bandwidth bound", bound.pct_of_bound, "%",
+             f"measured ÷ bound {bound.measured_over_bound:.2f}x" if bound.measured_over_bound else "")
+    compiled = generation.decode_compile
+    rows.add(experiment, f"{label} device wait for the host, ms per decode step", bound.device_wait_ms_per_token,
+             "ms", f"host issue clock {bound.host_issue_ms_per_token} ms per step (includes launch-queue waits)")
+    rows.add(experiment, f"{label} host issue ms per decode step", bound.host_issue_ms_per_token, "ms",
+             f"graphs by {compiled.graphs} (captured {compiled.captured_lengths}, skips "
+             f"{compiled.cudagraph_skips}) · decode SDPA {compiled.decode_sdpa}"
              if compiled else "eager decode")
-    return generation["output_tokens_per_s"]
+    return generation.output_tokens_per_s
 
 
 def run(out: Path, quick: bool, only: Optional[str] = None) -> list[dict]:
@@ -154,18 +154,18 @@ def run(out: Path, quick: bool, only: Optional[str] = None) -> list[dict]:
         if result is None:
             continue
         tokens_per_s = add_bound_rows(rows, name, label, result)
-        speculative = result.metrics["generation"].get("speculative")
+        speculative = result.metrics.generation.speculative
         if speculative is None:
             plain_tokens_per_s = tokens_per_s
             continue
-        rows.add(name, "acceptance rate", speculative["acceptance_rate"], "", f"K={speculative['k']}")
-        rows.add(name, "tokens per target forward", speculative["tokens_per_target_forward"], "tokens")
+        rows.add(name, "acceptance rate", speculative.acceptance_rate, "", f"K={speculative.k}")
+        rows.add(name, "tokens per target forward", speculative.tokens_per_target_forward, "tokens")
         if plain_tokens_per_s:
             rows.add(name, "speculative speed-up", tokens_per_s / plain_tokens_per_s, "x",
                      "output tokens/s vs plain greedy with the same levers")
-        elif speculative.get("speedup_vs_plain") is not None:  # plain greedy not run in this call
-            rows.add(name, "speculative speed-up (quality gate)", speculative["speedup_vs_plain"], "x",
-                     speculative.get("speedup_method", ""))
+        elif speculative.speedup_vs_plain is not None:  # plain greedy not run in this call
+            rows.add(name, "speculative speed-up (quality gate)", speculative.speedup_vs_plain, "x",
+                     speculative.speedup_method or "")
     return rows.rows
 
 

@@ -26,9 +26,9 @@ import torch
 from benchmarks.common import Rows, parse_args
 from perflab import RunConfig
 from perflab.diagnose import CLASS_SLUGS
-from perflab.harness.runner import resolve_config
-from perflab.harness.runner import run as perflab_run
-from perflab.profile.capture import CaptureOptions, profile_run
+from perflab.pipeline import profile_run, resolve_config
+from perflab.pipeline import run as perflab_run
+from perflab.profile.capture import CaptureOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANTED = ROOT / "tests" / "planted"
@@ -111,8 +111,8 @@ def config(case: Case, steps: int, extra: Optional[dict] = None) -> RunConfig:
 
 def step_ms(result) -> Optional[float]:
     """The one place this area reads a result's metrics: the median step time."""
-    latency = result.metrics.get("latency_ms") or {}
-    return latency.get("p50")
+    latency = result.metrics.latency_ms
+    return latency.p50 if latency is not None else None
 
 
 def profile_case(rows: Rows, out: Path, case: Case) -> Optional[dict]:

@@ -27,6 +27,7 @@ import torch
 import perflab
 from benchmarks.common import Rows, parse_args
 from perflab.levers import active_levers
+from perflab.results.metrics import Throughput
 
 CPU_WORKERS = 2  # the CPU machine the quick run is checked on has two cores
 
@@ -117,7 +118,7 @@ def quality_text(result: perflab.Result) -> str:
 
 
 def run_variant(rows: Rows, out: Path, experiment: Experiment, label: str, changes: dict[str, Any],
-                baseline: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
+                baseline: Optional[Throughput]) -> Optional[Throughput]:
     """Measure one variant, save its result.json, add its rows; returns its throughput summary."""
     name = experiment.name
     run_dir = out / slug(f"{name} {label}")
@@ -134,22 +135,22 @@ def run_variant(rows: Rows, out: Path, experiment: Experiment, label: str, chang
             torch.cuda.empty_cache()
     run_dir.mkdir(parents=True, exist_ok=True)
     result.save(run_dir)
-    tp = result.metrics["throughput_samples_per_s"]
-    shares = result.metrics["phase_share_pct"]
+    tp = result.metrics.throughput_samples_per_s
+    shares = result.metrics.phase_share_pct
     top = max(shares, key=shares.get) if shares else "?"
-    compile_s = result.metrics.get("compile_s")
+    compile_s = result.metrics.compile_s
     peak_mb = result.peak_memory.mb if result.peak_memory.on_gpu else None
-    note = (f"spread {tp['range_pct']:.1f}% · CI95 {tp['ci95_low']:.0f}–{tp['ci95_high']:.0f} · "
-            f"p95 {result.metrics['latency_ms']['p95']:.2f} ms · top phase {top} {shares.get(top, 0):.0f}% · "
+    note = (f"spread {tp.range_pct:.1f}% · CI95 {tp.ci95_low:.0f}–{tp.ci95_high:.0f} · "
+            f"p95 {result.metrics.latency_ms.p95:.2f} ms · top phase {top} {shares.get(top, 0):.0f}% · "
             + (f"peak {peak_mb:.0f} MiB · " if peak_mb is not None else "")
             + f"{quality_text(result)} · {time.perf_counter() - began:.0f}s wall"
             + (f" · compile {compile_s:.0f}s" if compile_s else ""))
     if label in experiment.notes:
         note += f" · {experiment.notes[label]}"
-    rows.add(name, f"{label} throughput", tp["median"], "samples/s", note)
+    rows.add(name, f"{label} throughput", tp.median, "samples/s", note)
     if baseline is not None:
-        overlap = tp["ci95_low"] <= baseline["ci95_high"] and baseline["ci95_low"] <= tp["ci95_high"]
-        rows.add(name, f"{label} speed-up", tp["median"] / baseline["median"], "x",
+        overlap = tp.ci95_low <= baseline.ci95_high and baseline.ci95_low <= tp.ci95_high
+        rows.add(name, f"{label} speed-up", tp.median / baseline.median, "x",
                  f"vs {experiment.variants[0][0]}" + (" · CIs overlap: no significant change" if overlap else ""))
     return tp
 

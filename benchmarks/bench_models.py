@@ -51,11 +51,11 @@ def add_quality_rows(rows: Rows, out: Path, experiment: Experiment) -> None:
         quality = json.loads(saved.read_text()).get("quality") if saved.exists() else None
         if not quality:
             continue
-        metrics = quality["metrics"]
+        gate_figures = quality["metrics"]
         error_name = "rel_error" if quality["mode"] == "infer" else "final_loss_rel_delta"
         rows.add(experiment.name, f"{label} quality pass", float(quality["verdict"] == "pass"), "",
                  quality["reason"])
-        rows.add(experiment.name, f"{label} {error_name}", metrics[error_name], "",
+        rows.add(experiment.name, f"{label} {error_name}", gate_figures[error_name], "",
                  f"tolerance {quality['tolerances']['rtol']:.1e} ({quality['tolerances']['source']})")
 
 

@@ -14,7 +14,7 @@ import torch
 
 from benchmarks.common import Rows, parse_args
 from perflab.config import RunConfig
-from perflab.harness.runner import resolve_config, resolve_device, seed_everything
+from perflab.pipeline import resolve_config, resolve_device, seed_everything
 from perflab.quality import run_quality_gate
 from perflab.workloads import load_workload
 
@@ -61,15 +61,15 @@ def main() -> None:
         except Exception as err:  # one failing case must not cost the area's other rows
             rows.add(label, "error", None, note=f"{type(err).__name__}: {err}")
             continue
-        metrics, tolerance = quality["metrics"], quality["tolerances"]
+        gate_figures, tolerance = quality["metrics"], quality["tolerances"]
         error_name = "rel_error" if cfg.mode == "infer" else "final_loss_rel_delta"
         rows.add(label, "verdict_pass", float(quality["verdict"] == "pass"), note=quality["reason"])
-        rows.add(label, error_name, metrics[error_name])
+        rows.add(label, error_name, gate_figures[error_name])
         rows.add(label, "tolerance", tolerance["rtol"], note=tolerance["source"])
         if "noise_floor" in tolerance:
             rows.add(label, "noise_floor", tolerance["noise_floor"])
-        if "top1_agreement" in metrics:
-            rows.add(label, "top1_agreement", metrics["top1_agreement"])
+        if "top1_agreement" in gate_figures:
+            rows.add(label, "top1_agreement", gate_figures["top1_agreement"])
         rows.add(label, "gate_s", time.perf_counter() - began, "s")
 
 

@@ -31,6 +31,7 @@ import torch
 
 from benchmarks.bench_levers import slug
 from benchmarks.common import Rows, parse_args
+from perflab.results.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "benchmarks" / "scripts"
@@ -80,6 +81,11 @@ def script_alone(rows: Rows, name: str, script: str, args: list[str], batch: int
     return report["samples_per_s"]
 
 
+def throughput_of(result: Optional[dict]) -> Optional[float]:
+    """Median samples/s of a result.json read by perflab_result (None when the run failed)."""
+    return Metrics.from_dict(result["metrics"]).throughput if result else None
+
+
 def perflab_result(rows: Rows, experiment: str, perflab_args: list[str], out: Path) -> Optional[dict]:
     """Run `python -m perflab ...` with --out, add its rows (steps/s, samples/s, diagnosis), return result.json
     (with the script's own report, if it printed one, under "own_report")."""
@@ -88,15 +94,13 @@ def perflab_result(rows: Rows, experiment: str, perflab_args: list[str], out: Pa
         return None
     result = json.loads((out / "result.json").read_text())
     result["own_report"] = own_report(done.stdout)
-    metrics = result["metrics"]
-    throughput = metrics["throughput_samples_per_s"]
-    steps_per_s = metrics.get("steps_per_s") or throughput["median"] / result["config"]["batch_size"]
+    metrics = Metrics.from_dict(result["metrics"])
+    steps_per_s = metrics.steps_per_s or metrics.throughput / result["config"]["batch_size"]
     rows.add(experiment, "steps_per_s", steps_per_s, "steps/s", note=result["config"].get("step_source") or "")
-    util = (metrics.get("gpu") or {}).get("util_mean_pct")
-    phases = ", ".join(f"{name} {share:.0f}%" for name, share in metrics.get("phase_share_pct", {}).items()
-                       if share >= 1)
-    rows.add(experiment, "samples_per_s", throughput["median"], "samples/s",
-             note=f"batch {result['config']['batch_size']}; p50 {metrics['latency_ms']['p50']:.1f} ms; "
+    util = metrics.gpu.util_mean_pct if metrics.gpu else None
+    phases = ", ".join(f"{name} {share:.0f}%" for name, share in metrics.phase_share_pct.items() if share >= 1)
+    rows.add(experiment, "samples_per_s", metrics.throughput, "samples/s",
+             note=f"batch {result['config']['batch_size']}; p50 {metrics.latency_ms.p50:.1f} ms; "
                   f"NVML util {util if util is None else round(util)}%; phases {phases}; {elapsed_s:.0f}s")
     diagnosis = result.get("diagnosis")
     if diagnosis:
@@ -125,9 +129,9 @@ def study(rows: Rows, out: Path, name: str, script: str, script_args: list[str],
                    out / f"{name}_profile")
     builtin = perflab_result(rows, f"{name}: perflab run {equivalent_label}", ["run", *equivalent],
                              out / f"{name}_equivalent")
-    script_under_perflab = run["metrics"]["throughput_samples_per_s"]["median"] if run else None
+    script_under_perflab = throughput_of(run)
     compare(rows, f"{name}: script under perflab vs the equivalent workload", script_under_perflab,
-            builtin["metrics"]["throughput_samples_per_s"]["median"] if builtin else None, "perflab run workload")
+            throughput_of(builtin), "perflab run workload")
     compare(rows, f"{name}: script under perflab vs the script alone", script_under_perflab, alone, "script alone")
     own = (run or {}).get("own_report")
     compare(rows, f"{name}: perflab's overhead (the script's own figure, under perflab run -- vs alone)",
@@ -148,12 +152,12 @@ def rounds_study(rows: Rows, out: Path, name: str, script: str, script_args: lis
         alone.append(script_alone(rows, tag, script, script_args, batch))
         run = perflab_result(rows, f"{tag}: perflab run --", ["run", "--warmup", str(WARMUP), *command],
                              out / f"{slug(name)}_run_{index + 1}")
-        under.append(run["metrics"]["throughput_samples_per_s"]["median"] if run else None)
+        under.append(throughput_of(run))
         report = (run or {}).get("own_report")
         own.append(report["samples_per_s"] if report else None)
         built = perflab_result(rows, f"{tag}: perflab run --workload (plugin)", ["run", *equivalent],
                                out / f"{slug(name)}_plugin_{index + 1}")
-        plugin.append(built["metrics"]["throughput_samples_per_s"]["median"] if built else None)
+        plugin.append(throughput_of(built))
     medians = {label: _median(values) for label, values in
                (("alone", alone), ("run --", under), ("plugin", plugin), ("own under run --", own))}
     for label, values in (("alone", alone), ("run --", under), ("plugin", plugin)):

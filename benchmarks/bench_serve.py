@@ -99,7 +99,7 @@ def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> N
     timing = dict(duration_s=2.0, min_queries=1000) if full else dict(duration_s=0.5, min_queries=50)
     offline, offline_s = run_one(experiment, ServeConfig(scenario="offline", max_batch=experiment.offline_batch,
                                                          instances=2, **timing), out / f"{folder}_offline", full)
-    point = offline.metrics["serve"]["points"][0]
+    point = offline.metrics.serve.points[0]
     offline_qps = point["achieved_qps"]
     rows.add(name, f"offline samples/s (max batch {experiment.offline_batch}, 2 instances)", offline_qps,
              "samples/s", f"p99 {point['latency_ms']['p99']:.1f} ms; {parts(point)}; session {offline_s:.0f} s "
@@ -130,26 +130,26 @@ def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> N
 def measure_server(rows: Rows, name: str, experiment: ServeExperiment, setting: str, server, server_s: float
                    ) -> Optional[float]:
     """The rows of one max-QPS search; its max QPS."""
-    record = server.metrics["serve"]
-    max_qps = record["max_qps"]
-    at_max = max((p for p in record["points"] if p["passed"]), key=lambda p: p["offered_qps"], default=None)
+    record = server.metrics.serve
+    max_qps = record.max_qps
+    at_max = max((p for p in record.points if p["passed"]), key=lambda p: p["offered_qps"], default=None)
     note = (f"p99 {at_max['latency_ms']['p99']:.2f} ms, dispatch delay p99 "
             f"{at_max['dispatch_delay_ms']['p99_ms']:.3f} ms, mean batch {at_max['batch_mean']:.1f}, instances busy "
             f"{at_max['instance_busy_pct']:.0f}%, GPU {(at_max.get('gpu') or {}).get('util_mean_pct')}%, "
             f"{parts(at_max)}" if at_max else "no rate met the bound")
     rows.add(name, f"server max QPS at p99 <= {experiment.p99_ms:g} ms ({setting})", max_qps, "queries/s",
-             f"{note}; {len(record['search']['tried'])} points; session {server_s:.0f} s "
-             f"{record['search'].get('skipped') or ''}")
+             f"{note}; {len(record.search['tried'])} points; session {server_s:.0f} s "
+             f"{record.search.get('skipped') or ''}")
     if at_max:
         rows.add(name, f"server dispatch delay p99 at max QPS ({setting})", at_max["dispatch_delay_ms"]["p99_ms"], "ms",
                  f"max {at_max['dispatch_delay_ms']['max_ms']:.3f} ms; a point is harness-late past "
-                 f"{record['settings']['harness_late_ms']:g} ms")
-    capacity = record["capacity"]
+                 f"{record.settings.harness_late_ms:g} ms")
+    capacity = record.capacity
     rows.add(name, "batcher capacity (no-op model)", capacity["batcher_qps_at_max_batch"], "queries/s",
              f"at max batch; {capacity['batcher_batches_per_s']:.0f} batches/s at batch 1; dispatch delay p99 "
              f"{capacity['dispatch_delay_p99_ms']:.3f} ms on a Poisson schedule at "
              f"{capacity['dispatch_probe_qps']:.0f} queries/s")
-    late = [p["offered_qps"] for p in record["points"] if p["harness_late"]]
+    late = [p["offered_qps"] for p in record.points if p["harness_late"]]
     if late:
         rows.add(name, "points where the batcher dispatched late (not valid)", len(late), "points", str(late))
     diagnosis = server.diagnosis or {}
@@ -192,7 +192,7 @@ def measure_generation(out: Path, rows: Rows, full: bool) -> None:
     began = time.perf_counter()
     offline = serve(cfg, ServeConfig(scenario="offline", max_batch=8, **timing), out / "generate_offline",
                     command=["benchmarks/bench_serve.py"])
-    point = offline.metrics["serve"]["points"][0]
+    point = offline.metrics.serve.points[0]
     offline_rps = point["achieved_qps"]
     rows.add(name, "offline requests/s (max batch 8)", offline_rps, "requests/s",
              f"{point['generation']['output_tokens_per_s']:.0f} output tokens/s; {host_text(point['generation'])}, "
@@ -206,7 +206,7 @@ def measure_generation(out: Path, rows: Rows, full: bool) -> None:
                                     **timing),
                    out / "generate_server", command=["benchmarks/bench_serve.py"])
     write_report(out / "generate_server")
-    for point in server.metrics["serve"]["points"]:
+    for point in server.metrics.serve.points:
         gen = point["generation"]
         goodput = gen.get("goodput") or {}
         rows.add(name, f"server at {point['offered_qps']:g} requests/s "

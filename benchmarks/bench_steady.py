@@ -14,6 +14,7 @@ import torch
 
 import perflab
 from benchmarks.common import Rows, parse_args
+from perflab.results.metrics import Interference, SteadyState
 
 
 def cases(cuda: bool) -> list[tuple[str, str, dict]]:
@@ -45,17 +46,17 @@ def main() -> None:
                              command=["benchmarks", "steady", name])
         run_dir.mkdir(parents=True, exist_ok=True)
         result.save(run_dir)
-        tp = result.metrics["throughput_samples_per_s"]
-        steady = result.metrics.get("steady_state") or {}
-        rows.add(name, "throughput", tp["median"], "samples/s",
+        tp = result.metrics.throughput_samples_per_s
+        steady = result.metrics.steady_state or SteadyState()
+        rows.add(name, "throughput", tp.median, "samples/s",
                  f"trials {[round(t.throughput_samples_per_s) for t in result.trials]}")
-        rows.add(name, "spread (range/median)", tp["range_pct"], "%", "goal <= 5%")
+        rows.add(name, "spread (range/median)", tp.range_pct, "%", "goal <= 5%")
         rows.add(name, "steps per trial", result.trials[0].steps, "", f"--steps {settings['steps']}")
-        rows.add(name, "untimed steps to drain the loader", steady.get("steps"), "",
-                 f"settled={steady.get('settled')} windows ms/step {steady.get('window_step_ms')}")
-        interference = result.metrics.get("interference") or {}
-        rows.add(name, "machine busy", float(bool(interference.get("busy"))), "",
-                 f"other CPU cores max {interference.get('other_cpu_cores_max')}")
+        rows.add(name, "untimed steps to drain the loader", steady.steps, "",
+                 f"settled={steady.settled} windows ms/step {steady.window_step_ms}")
+        interference = result.metrics.interference or Interference()
+        rows.add(name, "machine busy", float(interference.busy), "",
+                 f"other CPU cores max {interference.other_cpu_cores_max}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
   the chain tune is expected to take is bf16, channels-last, compile default, then max-autotune or reduce-overhead
   where the budget left covers their estimated compile time, then the batch;
 - driving train bs32 from workers 0 (hand-found: 6.5x with 8 workers + --augment gpu), budget 300 s;
-- max-qps: ResNet-50 served from fp32 eager, `--objective max-qps --p99-ms 15 --max-batch 64` (each measured
+- max-qps: ResNet-50 served from fp32 eager, `--objective max-qps --p99-ms 15 --batcher-max-batch 64` (each measured
   trial a `perflab serve --find-max-qps`, 1 s and 256 queries per point), budget 300 s: the max QPS tune reaches
   against serve's own figure for bf16 + channels-last + compile (BENCHMARKS.md, issue 10).
 The planted workloads are area "tune_planted" (benchmarks/bench_tune_planted.py), which reuses `tune_rows`.

@@ -48,7 +48,7 @@ VARIANTS = "gpt-fast,gpt-fast,autotune,autotune,off,off"
 
 def run_variant(name: str, size: str, device: torch.device, out: Path) -> dict:
     from perflab.generation import compiled_decode
-    from perflab.generation.decoder import SIZES, Decoder
+    from perflab.models.decoder import SIZES, Decoder
     from perflab.generation.session import DecoderSession
     from perflab.harness.nvml import NvmlSampler
     from perflab.levers.sdpa import sdpa_context
@@ -113,7 +113,7 @@ def profiled_request(session, prompt: torch.Tensor, trace: Path) -> dict:
 
 def record_variant(rows: Rows, label: str, name: str, size: str, gbps: float) -> None:
     """Compile, time and profile one variant in this process; its rows under `label`."""
-    from perflab.generation.kv_cache import kv_cache_bytes
+    from perflab.models.kv_cache import kv_cache_bytes
     from perflab.generation.metrics import weight_bytes_per_step
     device = torch.device("cuda")
     try:

@@ -10,7 +10,7 @@ import torch
 
 import perflab
 from perflab.harness.plan import build_plan
-from perflab.harness.runner import resolve_config, resolve_device, seed_everything
+from perflab.pipeline import resolve_config, resolve_device, seed_everything
 from perflab.workloads import load_workload
 
 

@@ -33,15 +33,15 @@ def main() -> None:
             began = time.perf_counter()
             offline = serve(cfg, ServeConfig(scenario="offline", max_batch=offline_batch, instances=instances,
                                              duration_s=2.0, min_queries=1000), args.out / f"{label}-offline")
-            point = offline.metrics["serve"]["points"][0]
+            point = offline.metrics.serve.points[0]
             rows.add(label, "offline samples/s", point["achieved_qps"], "samples/s",
                      f"max batch {offline_batch}, {instances} inst, parts {point.get('time_ms', {}).get('mean')}")
             search = serve(cfg, ServeConfig(find_max_qps=True, p99_ms=15.0, max_batch=server_batch,
                                             batch_timeout_ms=timeout_ms, instances=instances, duration_s=1.0,
                                             min_queries=500, search_tolerance_pct=10.0), args.out / f"{label}-server")
-            record = search.metrics["serve"]
-            rows.add(label, "server max QPS p99<=15ms", record["max_qps"], "queries/s",
-                     f"single query {record.get('single_query_ms')} ms; {time.perf_counter() - began:.0f} s")
+            record = search.metrics.serve
+            rows.add(label, "server max QPS p99<=15ms", record.max_qps, "queries/s",
+                     f"single query {record.single_query_ms} ms; {time.perf_counter() - began:.0f} s")
         except Exception as err:
             traceback.print_exc()
             rows.add(label, "status", None, "", f"failed: {type(err).__name__}: {err}"[:300])

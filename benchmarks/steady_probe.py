@@ -53,8 +53,8 @@ def main() -> None:
                 print(f"  trial {index}: {trial.throughput_samples_per_s:8.1f} samples/s  {trial.steps} steps  "
                       f"step p50 {np.median(steps):6.1f} p90 {np.percentile(steps, 90):6.1f} ms  phases "
                       f"{json.dumps({k: round(v, 1) for k, v in trial.phase_ms.items()})}", flush=True)
-            summary.append((name, variant, result.metrics["throughput_samples_per_s"]["range_pct"],
-                            result.metrics["throughput_samples_per_s"]["median"]))
+            summary.append((name, variant, result.metrics.throughput_samples_per_s.range_pct,
+                            result.metrics.throughput))
     print("\ncase | variant | spread % | median samples/s")
     for name, variant, spread, median in summary:
         print(f"{name} | {variant} | {spread:.1f} | {median:.1f}")

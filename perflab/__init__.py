@@ -1,7 +1,7 @@
 """perflab: a profile-first performance lab for PyTorch training and inference."""
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
-from perflab.harness.runner import run
+from perflab.pipeline import run
 from perflab.profile.markers import mark
 from perflab.results import Result
 from perflab.version import __version__

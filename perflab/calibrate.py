@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
-from perflab.levers.precision import set_tf32
+from perflab.backends import set_tf32
 from perflab.results import write_json_atomic
 
 # Dense (no sparsity) datasheet peaks in TFLOP/s and memory bandwidth in GB/s; a fallback only.

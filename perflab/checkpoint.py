@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from perflab.errors import PerflabError
-from perflab.harness.hooks import StepHook
+from perflab.hooks import StepHook
 from perflab.results import atomic_file
 
 CHECKPOINT_FILE = "checkpoint.pt"

@@ -220,7 +220,7 @@ class RunConfig:
     # quality gate: None means "on whenever a lever differs from the fp32 eager baseline"
     check_quality: Optional[bool] = option("--check-quality", bool, "compare outputs/losses with the fp32 eager "
                                            "baseline (default: on whenever a lever can change numerics; serve: "
-                                           "after its points, at --max-batch)", QUALITY, negatable=True,
+                                           "after its points, at --batcher-max-batch)", QUALITY, negatable=True,
                                            commands=RUN_AND_SERVE)
     quality_steps: int = option("--quality-steps", int, "training steps (train) or batches (infer) the quality gate "
                                 "compares (default: 8)", QUALITY, 8, minimum=1, metavar="N",
@@ -279,6 +279,25 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
+
+
+MIN_EFFECT_PCT = 2.0  # the smallest significant throughput change that counts as a win or a loss, in percent
+JUDGING = ("compare", "tune")
+JUDGE = "judging a candidate against its baseline (compare; every trial of tune)"
+
+
+@dataclass
+class JudgeConfig:
+    """How a candidate is judged against its baseline: `perflab compare`'s decision and every `perflab tune` trial's
+    (TuneConfig is a JudgeConfig). Each option is declared here once for both commands."""
+
+    min_effect_pct: float = option("--min-effect-pct", float, "smallest significant throughput change that counts "
+                                   "as a win or a loss, in percent; tune keeps a lever only for a larger gain "
+                                   f"(default: {MIN_EFFECT_PCT:g})", JUDGE, MIN_EFFECT_PCT, minimum=0, metavar="PCT",
+                                   commands=JUDGING, deprecated=("--min-effect",))
+    accept_noisy: bool = option("--accept-noisy", bool, "judge the speed even when a run was taken beside other busy "
+                                "processes or did not finish cleanly; otherwise compare does not judge it and tune "
+                                "does not count such a trial's lever as lost", JUDGE, False, commands=JUDGING)
 
 
 def run_options() -> tuple[options.Option, ...]:

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import functools
 import itertools
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -72,7 +73,20 @@ class Option:
     # a workload's build(cfg) reads it (--augment picks the dataset and sets gpu_augment): what the build made for
     # one value says nothing of another, so a refusal read off a workload built without it is checked again
     read_by_build: bool = False
+    deprecated: tuple = ()  # old spellings still accepted, each with a one-line note on stderr
+    dest: str = ""  # the argparse destination when the field's name is taken by another table's option
     name: str = ""
+
+    @property
+    def arg_name(self) -> str:
+        """Where argparse puts the value (the field's name unless `dest` says otherwise)."""
+        return self.dest or self.name
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        """Every way to write the flag on a command line: the flag, its --no- form, the deprecated spellings."""
+        negated = ("--no-" + self.flag[2:],) if self.switch and self.negatable else ()
+        return (self.flag, *negated, *self.deprecated)
 
     @property
     def switch(self) -> bool:
@@ -223,7 +237,11 @@ def add_arguments(parser: argparse.ArgumentParser, config_class: type, command: 
 
 
 def _add_argument(group: Any, declared: Option, as_list: bool) -> None:
-    common = dict(dest=declared.name, default=None, help=declared.help)
+    common = dict(dest=declared.arg_name, default=None, help=declared.help)
+    for old in declared.deprecated:  # a switch's old spelling takes no value, like the switch
+        deprecated_flag(group, old, declared.flag, dest=declared.arg_name, default=None,
+                        nargs=0 if declared.switch and not as_list else None,
+                        type=None if declared.switch or as_list else _converter(declared))
     if declared.key_value:
         group.add_argument(declared.flag, action="append", metavar=declared.metavar or "KEY=VALUE", **common)
     elif declared.repeatable:
@@ -245,6 +263,24 @@ def _add_argument(group: Any, declared: Option, as_list: bool) -> None:
     else:
         group.add_argument(declared.flag, type=_converter(declared), choices=declared.choices or None,
                            metavar=declared.metavar, **common)
+
+
+class DeprecatedSpelling(argparse.Action):
+    """An option's old spelling: stores its value as the new one does, with a one-line note on stderr."""
+
+    def __init__(self, option_strings: list[str], dest: str, new_flag: str, **settings: Any):
+        super().__init__(option_strings, dest, **settings)
+        self.new_flag = new_flag
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        sys.stderr.write(f"perflab: {option_string} is deprecated; use {self.new_flag} (same meaning)\n")
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+
+def deprecated_flag(parser: Any, old: str, new: str, **settings: Any) -> None:
+    """Accept `old` as a hidden, deprecated spelling of the argparse option `new` (same dest and type)."""
+    parser.add_argument(old, action=DeprecatedSpelling, new_flag=new, help=argparse.SUPPRESS, **settings)
 
 
 def _converter(declared: Option) -> Callable[[str], Any]:
@@ -273,11 +309,17 @@ def changes_from_args(config_class: type, args: argparse.Namespace, command: str
     """The options given to `command` on the command line (single values), as config field changes."""
     changes: dict[str, Any] = {}
     for declared in options_of(config_class):
-        value = getattr(args, declared.name, None)
+        value = getattr(args, declared.arg_name, None)
         if value is None or command not in declared.commands:
             continue
         changes[declared.name] = key_values(value, declared.flag) if declared.key_value else value
     return changes
+
+
+def flags_of(config_class: type, command: str) -> set[str]:
+    """Every spelling of the options of `config_class` that `command` takes."""
+    return {spelling for declared in options_of(config_class) if command in declared.commands
+            for spelling in declared.spellings}
 
 
 def grid_from_args(config_class: type, args: argparse.Namespace, command: str = "sweep"
@@ -286,7 +328,7 @@ def grid_from_args(config_class: type, args: argparse.Namespace, command: str = 
     axes: dict[str, list[Any]] = {}
     fixed: dict[str, Any] = {}
     for declared in options_of(config_class):
-        value = getattr(args, declared.name, None)
+        value = getattr(args, declared.arg_name, None)
         if value is None or command not in declared.commands:
             continue
         if declared.key_value:

@@ -24,7 +24,7 @@ def test_run_mlp_writes_a_complete_result(tmp_path, capsys):
     out = tmp_path / "mlp"
     assert run_cli("run", "--workload", "mlp", "--batch", "16", *FAST, "--out", str(out)) == 0
     data = load(out)
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     assert data["config"]["workload"] == "mlp" and data["config"]["batch_size"] == 16
     assert data["config"]["device"] == "cpu"
     assert len(data["trials"]) == 2 and all(len(t["step_ms"]) == 3 for t in data["trials"])
@@ -76,7 +76,7 @@ def test_readme_shows_the_example_workload_verbatim():
 def test_python_api_returns_a_result():
     import perflab
     result = perflab.run("mlp", perflab.RunConfig(batch_size=8, steps=2, warmup=0, trials=1))
-    assert result.throughput > 0 and result.metrics["warmup_s"] == 0.0
+    assert result.throughput > 0 and result.metrics.warmup_s == 0.0
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,5 +1,6 @@
 """perflab compare: changes with confidence intervals, the decision, the CI gate, and clear errors."""
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -8,6 +9,7 @@ from perflab import RunConfig, run
 from perflab.cli import main
 from perflab.compare import compare_results, load_comparison, regression_exceeds
 from perflab.harness.runner import aggregate
+from perflab.results.metrics import Flops
 from perflab.results import Result, Trial
 
 
@@ -16,7 +18,7 @@ def measured() -> Result:
     """One real tiny run; the comparisons below derive candidates from it. Its interference record is set to
     quiet: these tests are about the statistics, and a busy test machine is tested in test_reliability.py."""
     result = run("mlp", RunConfig(workload="mlp", device="cpu", steps=3, trials=3, warmup=1, batch_size=32))
-    result.metrics["interference"]["busy"] = False
+    result.metrics.interference.busy = False
     return result
 
 
@@ -31,7 +33,10 @@ def with_throughputs(result: Result, throughputs: list[float]) -> Result:
                             throughput_samples_per_s=throughput, step_ms=[step_ms] * trial.steps,
                             phase_ms={k: v / phase_total * step_ms for k, v in trial.phase_ms.items()}))
     derived.trials = trials
-    derived.metrics.update(aggregate(trials, result.config["batch_size"]))
+    merged = aggregate(trials, result.config["batch_size"])
+    derived.metrics = dataclasses.replace(derived.metrics, throughput_samples_per_s=merged.throughput_samples_per_s,
+                                          latency_ms=merged.latency_ms, phases_ms=merged.phases_ms,
+                                          phase_share_pct=merged.phase_share_pct)
     return derived
 
 
@@ -156,8 +161,8 @@ def with_flops(result: Result, per_sample: float, peak_tflops: float, precision:
     derived = copy.deepcopy(result)
     achieved = per_sample * derived.throughput / 1e12
     derived.config["precision"] = precision
-    derived.metrics["flops"] = {"per_sample": per_sample, "achieved_tflops": achieved, "peak_tflops": peak_tflops,
-                                "peak_source": "calibrated", "mfu_pct": 100 * achieved / peak_tflops}
+    derived.metrics.flops = Flops(per_sample=per_sample, achieved_tflops=achieved, peak_tflops=peak_tflops,
+                                  peak_source="calibrated", mfu_pct=100 * achieved / peak_tflops)
     return derived
 
 

@@ -3,12 +3,14 @@ scoped to the compiled step, and the compiled path's outputs equal to eager deco
 import pytest
 import torch
 
-from perflab.generation.compiled_decode import (GPT_FAST_OPTIONS, compile_decode, decode_attention,
+from perflab.workloads.generation import GPT_FAST_OPTIONS
+from perflab.generation.compiled_decode import (compile_decode, decode_attention,
                                                 inductor_options)
 from perflab.generation.decode import generate_greedy, teacher_forced_logits
-from perflab.generation.decoder import SIZES, Decoder
+from perflab.models.decoder import SIZES, Decoder
 from perflab.generation.session import open_session
 from perflab.generation.speculative import generate_speculative
+from perflab.results.metrics import Generation
 
 CPU = torch.device("cpu")
 SYNC_OP = "aten::_local_scalar_dense"  # under .item(), .tolist(), int(tensor), bool(tensor): a read to the host
@@ -141,9 +143,10 @@ def test_a_compiled_decode_whose_host_needs_the_whole_step_to_issue_it_is_host_b
     from perflab.diagnose.findings import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
 
     def metrics(host_ms):
-        return {"bandwidth_bound": {"pct_of_bound": 27.0, "measured_ms_per_token": 2.8, "bound_ms_per_token": 0.75,
-                                    "measured_over_bound": 3.7, "memory_gbps": 2900.0, "memory_gbps_source": "test",
-                                    "host_issue_ms_per_token": host_ms}}
+        bound = {"pct_of_bound": 27.0, "measured_ms_per_token": 2.8, "bound_ms_per_token": 0.75,
+                 "measured_over_bound": 3.7, "memory_gbps": 2900.0, "memory_gbps_source": "test",
+                 "host_issue_ms_per_token": host_ms}
+        return Generation.from_dict({"bandwidth_bound": bound})
     config = {"batch_size": 1, "compile": "reduce-overhead", "device": "cuda"}
     host_bound = classify_decode(metrics(2.7), config, None)
     assert host_bound.cls == LAUNCH_OVERHEAD and "host-bound" in host_bound.summary
@@ -161,10 +164,11 @@ def test_a_graph_replayed_decode_far_below_the_bound_is_kernel_efficiency_not_la
              "host_issue_ms_per_token": 0.62, "achieved_gbps": 842.0}
     config = {"batch_size": 1, "compile": "reduce-overhead", "device": "cuda"}
     graphed = {"bandwidth_bound": bound, "decode_compile": {"graphs": "perflab", "captured_lengths": [1]}}
-    finding = classify_decode(graphed, config, None)
+    finding = classify_decode(Generation.from_dict(graphed), config, None)
     assert finding.cls == MEMORY_BANDWIDTH and "kernel efficiency" in finding.summary and "842 GB/s" in finding.summary
     skipped = {"bandwidth_bound": bound, "decode_compile": {"graphs": "inductor", "cudagraph_skips": 2}}
-    assert classify_decode(skipped, config, None).cls == LAUNCH_OVERHEAD  # graphs were skipped: launches remain
+    # graphs were skipped: launches remain
+    assert classify_decode(Generation.from_dict(skipped), config, None).cls == LAUNCH_OVERHEAD
 
 
 def test_device_wait_not_the_hosts_issue_clock_decides_host_bound_when_recorded():
@@ -180,7 +184,7 @@ def test_device_wait_not_the_hosts_issue_clock_decides_host_bound_when_recorded(
         bound = {"pct_of_bound": 40.0, "measured_ms_per_token": 1.5, "bound_ms_per_token": 0.6,
                  "measured_over_bound": 2.5, "memory_gbps": 2900.0, "memory_gbps_source": "test",
                  "host_issue_ms_per_token": host_ms, "device_wait_ms_per_token": wait_ms}
-        return classify_decode({"bandwidth_bound": bound}, config, None).summary
+        return classify_decode(Generation.from_dict({"bandwidth_bound": bound}), config, None).summary
     assert "host-bound" in regime(0.6) and "waits 0.6 ms per token" in regime(0.6)
     assert "host-bound" not in regime(0.01)
     # guards inside the step's call: the device's clock counts them as the step, the host's issue clock fills it

@@ -15,8 +15,8 @@ from perflab.diagnose.intervals import Intervals
 from perflab.diagnose.summary import kernel_kind, memcpy_kind
 from perflab.diagnose.trace import load_trace
 from perflab.errors import PerflabError
-from perflab.harness.runner import resolve_config
-from perflab.profile.capture import CaptureOptions, profile_run
+from perflab.pipeline import profile_run, resolve_config
+from perflab.profile.capture import CaptureOptions
 from perflab.report.diagnosis import diagnosis_markdown
 
 HERE = Path(__file__).resolve().parent

@@ -12,8 +12,8 @@ from perflab.cli import main
 from perflab.diagnose import diagnose, diagnose_path
 from perflab.diagnose.sync_sites import EXPLICIT_SYNC
 from perflab.errors import PerflabError
-from perflab.harness.runner import resolve_config
-from perflab.profile.capture import CaptureOptions, profile_run
+from perflab.pipeline import profile_run, resolve_config
+from perflab.profile.capture import CaptureOptions
 from perflab.report.diagnosis import diagnosis_markdown
 from test_diagnose import FIXTURES, PLANTED, _x, kernel, launch, steps, write_trace
 

@@ -17,9 +17,9 @@ from perflab.cli import main
 from perflab.config import RunConfig
 from perflab.diagnose import diagnose
 from perflab.diagnose.trace import load_trace
-from perflab.distributed.collectives import communication_profile, is_nccl_kernel
+from perflab.diagnose.communication import communication_profile, is_nccl_kernel
 from perflab.distributed.launch import check_launch, rank_failure, torchrun_argv
-from perflab.distributed.scale import at_rank_counts, scaling_rows, single_rank
+from perflab.sweep.scale import at_rank_counts, scaling_rows, single_rank
 from perflab.errors import PerflabError
 from perflab.harness.data import first_batches, make_loader
 from perflab.harness.loop import run_steps

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from perflab.cli import main
-from perflab.generation.corpus import trained_decoder
+from perflab.models.language import trained_decoder
 from perflab.generation.decode import generate_greedy
-from perflab.generation.decoder import DRAFT_SIZES, SIZES, Decoder, DecoderSize
+from perflab.models.decoder import DRAFT_SIZES, SIZES, Decoder, DecoderSize
 from perflab.generation.metrics import (BandwidthBound, RequestTiming, TokenClock, parse_slo, summarize_requests,
                                         weight_bytes_per_step)
 from perflab.generation.session import open_session
@@ -18,6 +18,7 @@ from perflab.generation.speculative import SpeculativeStats, generate_speculativ
 from perflab.diagnose.decode import classify_decode
 from perflab.diagnose.findings import COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
 from perflab.errors import PerflabError
+from perflab.results.metrics import Generation
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -40,7 +41,7 @@ def tiny_decoder(seed: int = 0, size: DecoderSize = SIZES["tiny"]) -> Decoder:
 
 def recompute_greedy(model, prompt: torch.Tensor, new_tokens: int):
     """Greedy decoding without a cache: the whole sequence through the model at every step."""
-    from perflab.generation.session import output_field
+    from perflab.models.outputs import output_field
     sequence, logits = prompt, []
     for _ in range(new_tokens):
         if isinstance(model, Decoder):
@@ -133,10 +134,10 @@ def test_weight_bytes_count_the_tied_head_once_and_only_looked_up_position_rows(
 def test_decode_regime_names_launch_bandwidth_and_compute_bound_steps():
     def metrics(pct, compute_ms=None):
         measured = 1.0
-        return {"bandwidth_bound": {"pct_of_bound": pct, "measured_ms_per_token": measured,
-                                    "bound_ms_per_token": measured * pct / 100, "measured_over_bound": 100 / pct,
-                                    "memory_gbps": 3000.0, "memory_gbps_source": "test",
-                                    "compute_ms_per_token": compute_ms}}
+        bound = {"pct_of_bound": pct, "measured_ms_per_token": measured, "bound_ms_per_token": measured * pct / 100,
+                 "measured_over_bound": 100 / pct, "memory_gbps": 3000.0, "memory_gbps_source": "test",
+                 "compute_ms_per_token": compute_ms}
+        return Generation.from_dict({"bandwidth_bound": bound})
     launch = classify_decode(metrics(8), {"batch_size": 1, "compile": None}, None)
     assert launch.cls == LAUNCH_OVERHEAD and "compile" in launch.levers and "8% of the bound" in launch.summary
     bandwidth = classify_decode(metrics(75), {"batch_size": 1, "compile": "reduce-overhead"}, None,
@@ -144,11 +145,11 @@ def test_decode_regime_names_launch_bandwidth_and_compute_bound_steps():
     assert bandwidth.cls == MEMORY_BANDWIDTH and "int8-weight" not in bandwidth.levers
     compute = classify_decode(metrics(40, compute_ms=0.8), {"batch_size": 256, "compile": "default"}, None)
     assert compute.cls == COMPUTE_BOUND
-    assert classify_decode({"bandwidth_bound": None}, {}, None) is None
+    assert classify_decode(Generation(), {}, None) is None
 
 
 def test_trained_pair_is_made_once_then_read_from_the_cache(monkeypatch):
-    monkeypatch.setattr("perflab.generation.corpus.training_steps", lambda size, on_gpu: 3)
+    monkeypatch.setattr("perflab.models.language.training_steps", lambda size, on_gpu: 3)
     target, made = trained_decoder("tiny", "target", SIZES["tiny"], CPU)
     again, cached = trained_decoder("tiny", "target", SIZES["tiny"], CPU)
     draft, _ = trained_decoder("tiny", "draft", DRAFT_SIZES["tiny"], CPU)
@@ -221,7 +222,7 @@ def test_bad_generation_inputs_exit_2_with_one_clear_line(args, message, capsys)
 
 def test_a_draft_with_another_vocabulary_is_refused(tmp_path, capsys):
     draft = tmp_path / "draft.py"
-    draft.write_text("from perflab.generation.decoder import Decoder, DecoderSize\n"
+    draft.write_text("from perflab.models.decoder import Decoder, DecoderSize\n"
                      "def build_draft(cfg):\n    return Decoder(DecoderSize(1, 32, 2, 300, 256))\n")
     assert run_cli("run", *TINY, *FAST, "--speculative", "2", "--draft", f"{draft}:build_draft") == 2
     assert "vocabulary of 300 tokens and the target 512" in capsys.readouterr().err

@@ -5,8 +5,8 @@ import torch
 
 from perflab.compare import compare_results
 from perflab.config import RunConfig
-from perflab.harness.runner import resolve_config
-from perflab.profile.capture import CaptureOptions, profile_run
+from perflab.pipeline import profile_run, resolve_config
+from perflab.profile.capture import CaptureOptions
 from perflab.sweep import run_sweep
 
 

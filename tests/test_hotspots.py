@@ -12,8 +12,8 @@ import pytest
 
 from perflab import RunConfig
 from perflab.diagnose import diagnose, diagnose_path
-from perflab.harness.runner import resolve_config
-from perflab.profile.capture import CaptureOptions, profile_run
+from perflab.pipeline import profile_run, resolve_config
+from perflab.profile.capture import CaptureOptions
 from perflab.report.operators import operators_markdown, top_ops_lines, top_ops_plot
 from tests.test_diagnose import _x, kernel, launch, steps, write_trace
 

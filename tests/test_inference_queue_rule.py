@@ -35,7 +35,7 @@ def test_queue_wait_dominating_the_tail_is_named_with_numbers_and_remedies():
     assert "queue wait is 82% of the tail" in diagnosis.headline
     assert diagnosis.evidence["offered_qps"] == 4000
     advice = " ".join(diagnosis.advice)
-    assert "--max-batch" in advice and "--instances 2" in advice and "admission control" in advice
+    assert "--batcher-max-batch" in advice and "--instances 2" in advice and "admission control" in advice
     assert "3,000" in advice, "admission control names the max QPS that met the bound"
 
 
@@ -64,7 +64,7 @@ def test_batches_mostly_padding_propose_a_finer_bucket_step():
     starved = point(3000, 2950, 25.0, parts(4.0, 1.0, 18.0), fill=12.0, busy=95.0, mean_batch=3.8, passed=False)
     starved["padded_samples"] = 250  # 250 padded rows beside 500 served queries: a third of the work
     result = serve_result([starved], ceiling=9000.0)
-    result.metrics["serve"]["settings"].update(buckets=[1, 2, 4, 8, 16, 32], bucket_step=16)
+    result.metrics.serve.settings.buckets, result.metrics.serve.settings.bucket_step = [1, 2, 4, 8, 16, 32], 16
     advice = " ".join(diagnose_result(result).advice)
     assert "33% of the samples computed were padding" in advice and "--bucket-step (now 16)" in advice
     starved["padded_samples"] = 20  # 4%: not worth more shapes

@@ -10,7 +10,7 @@ from perflab import cli
 from perflab.cli import main
 from perflab.config import RunConfig
 from perflab.harness.plan import build_plan
-from perflab.harness.runner import resolve_config
+from perflab.pipeline import resolve_config
 from perflab.levers import all_levers
 from perflab.levers.cuda_graphs import _restore_training_state, _training_state
 from perflab.workloads import load_workload

@@ -14,7 +14,7 @@ import perflab
 from perflab.config import RunConfig
 from perflab.errors import PerflabError, UserCodeError
 from perflab.harness.calls import call_model, compared_tensors, inputs_from_call, logits_of
-from perflab.harness.runner import resolve_config, resolve_device
+from perflab.pipeline import resolve_config, resolve_device
 from perflab.levers import check_levers
 from perflab.quality import INFER_RTOL, judge_outputs, observe_output
 from perflab.workloads import load_workload

@@ -128,3 +128,46 @@ def test_option_declarations_are_single_sources():
     assert len(set(names)) == len(names) and len(set(flags)) == len(flags)
     with pytest.raises(KeyError):
         options.option_named(RunConfig, "no_such_option")
+
+
+# ---------------------------------------------------------------------------------------------- the other tables
+
+def test_profiler_options_come_from_one_table_for_the_parser_the_ranks_and_scripts():
+    from perflab.cli._script import PROFILER_OPTIONS
+    from perflab.cli.profile import capture_options_from_args
+    from perflab.profile.capture import CaptureOptions, capture_argv
+
+    capture = CaptureOptions(wait=0, warmup=1, active=4, record_shapes=False, with_stack=True, gzip=True)
+    args = build_parser().parse_args(["profile", "--warmup", "7", *capture_argv(capture)])
+    assert capture_options_from_args(args) == capture and args.warmup == 7  # --warmup-steps is not --warmup
+    assert PROFILER_OPTIONS == {spelling for declared in options.options_of(CaptureOptions)
+                                for spelling in declared.spellings}
+    assert "--no-record-shapes" in PROFILER_OPTIONS
+
+
+def test_min_effect_and_accept_noisy_are_declared_once_for_compare_and_tune():
+    from perflab.config import JudgeConfig
+    from perflab.tune.settings import TuneConfig
+
+    judging = {declared.flag: declared for declared in options.options_of(JudgeConfig)}
+    assert set(judging) == {"--min-effect-pct", "--accept-noisy"}
+    for command in ("compare", "tune"):
+        assert all(command in declared.commands for declared in judging.values())
+    assert {declared.flag: declared for declared in options.options_of(TuneConfig)
+            if declared.flag in judging} == judging
+    compare = build_parser().parse_args(["compare", "a", "b", "--min-effect-pct", "5", "--accept-noisy"])
+    assert (compare.min_effect_pct, compare.accept_noisy) == (5.0, True)
+
+
+@pytest.mark.parametrize("command, old, new, dest", [
+    (["sweep", "--auto-batch"], "--max-batch", "--max-auto-batch", "max_auto_batch"),
+    (["serve"], "--max-batch", "--batcher-max-batch", "max_batch"),
+    (["tune"], "--max-batch", "--batcher-max-batch", "max_batch"),
+    (["compare", "a", "b"], "--min-effect", "--min-effect-pct", "min_effect_pct"),
+])
+def test_an_old_spelling_still_works_with_a_one_line_deprecation_note(command, old, new, dest, capsys):
+    assert getattr(build_parser().parse_args([*command, new, "64"]), dest) == 64
+    assert capsys.readouterr().err == ""
+    assert getattr(build_parser().parse_args([*command, old, "64"]), dest) == 64
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and old in err and new in err and "deprecated" in err

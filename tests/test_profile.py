@@ -9,8 +9,8 @@ from perflab import RunConfig
 from perflab.cli import main
 from perflab.diagnose.trace import load_trace
 from perflab.errors import PerflabError
-from perflab.harness.hooks import StepHook
-from perflab.harness.runner import resolve_config, run
+from perflab.hooks import StepHook
+from perflab.pipeline import resolve_config, run
 from perflab.profile.capture import CaptureOptions, ProfilerCapture
 from perflab.profile.nsys import CudaProfilerRange, nsys_command, parse_range
 
@@ -68,7 +68,7 @@ def test_nsys_command_of_a_profiled_run_keeps_its_levers(tmp_path):
 
 
 def test_library_profile_writes_the_nsys_command_with_every_lever(tmp_path):
-    from perflab.profile.capture import profile_run
+    from perflab.pipeline import profile_run
     cfg = resolve_config(RunConfig(workload="mlp", device="cpu", batch_size=8, steps=4, trials=1, warmup=1,
                                    optimizer_impl="foreach", workers=1), None)
     profile_run("mlp", cfg, tmp_path, CaptureOptions(wait=0, warmup=1, active=1))

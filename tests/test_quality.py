@@ -10,7 +10,7 @@ from torch.utils.data import TensorDataset
 from perflab import RunConfig, Workload
 from perflab.cli import main
 from perflab.errors import PerflabError
-from perflab.harness.runner import resolve_config
+from perflab.pipeline import resolve_config
 from perflab.levers import optimizer as optimizer_levers
 from perflab.levers import precision as precision_levers
 from perflab.quality import with_noise_floor, run_quality_gate, top1_flips

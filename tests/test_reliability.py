@@ -1,6 +1,7 @@
 """Nothing lost, nothing stale, nothing silently wrong: interrupts, --out, diverged models, busy machines."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -198,15 +199,15 @@ def test_compare_declines_to_judge_contaminated_runs_unless_told(tmp_path):
     cfg = RunConfig(workload="mlp", device="cpu", batch_size=8, steps=3, trials=3, warmup=1,
                     workload_options={"hidden": "16", "in_features": "8"})
     base = perflab.run("mlp", cfg)
-    base.metrics["interference"]["busy"] = False  # whatever this test machine was doing
+    base.metrics.interference.busy = False  # whatever this test machine was doing
     for trial, throughput in zip(base.trials, (1000.0, 1010.0, 990.0)):
         trial.throughput_samples_per_s = throughput
-    base.metrics["throughput_samples_per_s"]["median"] = 1000.0
+    base.metrics.throughput_samples_per_s.median = 1000.0
     cand = Result.from_dict(base.to_dict())
     for trial in cand.trials:
         trial.throughput_samples_per_s *= 3  # a large, consistent change
-    cand.metrics["throughput_samples_per_s"]["median"] *= 3
-    cand.metrics["interference"] = dict(cand.metrics["interference"], busy=True, other_cpu_cores_max=1.0)
+    cand.metrics.throughput_samples_per_s.median *= 3
+    cand.metrics.interference = dataclasses.replace(cand.metrics.interference, busy=True, other_cpu_cores_max=1.0)
     judged = compare_results(base, cand)
     assert judged.decision == "no significant change" and "busy machine" in judged.reasons[0]
     assert compare_results(base, cand, accept_noisy=True).decision == "accept"
@@ -262,7 +263,7 @@ def test_a_cpu_without_fast_bf16_records_it_as_not_supported_and_mfu_is_not_fake
     result = perflab.run("mlp", RunConfig(workload="mlp", device="cpu", batch_size=8, steps=2, trials=1, warmup=1,
                                           precision="bf16", check_quality=False,
                                           workload_options={"hidden": "16", "in_features": "8"}))
-    assert result.metrics["flops"]["mfu_pct"] is None
+    assert result.metrics.flops.mfu_pct is None
 
 
 def test_mfu_is_not_shown_against_a_peak_the_run_exceeds():
@@ -271,4 +272,4 @@ def test_mfu_is_not_shown_against_a_peak_the_run_exceeds():
     from unittest import mock
     with mock.patch("perflab.harness.runner.peak_tflops", return_value=(0.001, "calibrated")):
         flops = _flops(1e9, 1e6, torch.device("cpu"), RunConfig(precision="bf16"))
-    assert flops["mfu_pct"] is None and "exceeds" in flops["note"]
+    assert flops.mfu_pct is None and "exceeds" in flops.note

@@ -10,7 +10,7 @@ from perflab.checkpoint import load_checkpoint, save_checkpoint
 from perflab.cli import main
 from perflab.errors import PerflabError
 from perflab.harness.plan import build_plan
-from perflab.harness.runner import resolve_config, resolve_device
+from perflab.pipeline import resolve_config, resolve_device
 from perflab.results import Result
 from perflab.workloads import load_workload
 
@@ -64,7 +64,7 @@ def test_checkpoint_every_n_steps_is_timed_as_its_own_phase_and_resumable(tmp_pa
     first = tmp_path / "first"
     assert main(["run", *TINY, "--checkpoint-every", "2", "--out", str(first)]) == 0
     result = Result.load(first)
-    assert result.metrics["phases_ms"]["checkpoint"] > 0
+    assert result.metrics.phases_ms["checkpoint"] > 0
     assert result.timing["checkpoint"]["saves"] == 4  # 2 trials x 4 steps, every 2
     assert (first / "checkpoint.pt").is_file()
     assert not [p for p in first.iterdir() if p.name.startswith(".checkpoint.pt")], "no temp files left"

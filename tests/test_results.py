@@ -4,6 +4,7 @@ import os
 import pytest
 
 from perflab.errors import PerflabError
+from perflab.results.metrics import Memory
 from perflab.results import SCHEMA_VERSION, Result, Trial, write_json_atomic
 
 
@@ -70,10 +71,10 @@ def test_loading_a_missing_path_explains_what_to_pass(tmp_path):
 
 def test_peak_memory_is_the_gpu_peak_when_measured_and_the_host_rss_otherwise():
     result = make_result()
-    result.metrics["memory"] = {"host_peak_rss_mb": 700.0}
+    result.metrics.memory = Memory(host_peak_rss_mb=700.0)
     assert (result.peak_memory.mb, result.peak_memory.on_gpu) == (700.0, False)
     assert "host peak RSS" in result.peak_memory.label
-    result.metrics["memory"] = {"peak_allocated_mb": 1200.0, "peak_reserved_mb": 1500.0}
+    result.metrics.memory = Memory(peak_allocated_mb=1200.0, peak_reserved_mb=1500.0)
     assert (result.peak_memory.mb, result.peak_memory.on_gpu) == (1200.0, True)
     assert result.peak_memory.label == "GPU peak allocated"
 

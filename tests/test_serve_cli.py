@@ -17,7 +17,7 @@ from perflab.results import Result
 from perflab.serve import ServeConfig, serve
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["serve", "--workload", "mlp", "--device", "cpu", "--warmup", "1", "--max-batch", "8"]
+TINY = ["serve", "--workload", "mlp", "--device", "cpu", "--warmup", "1", "--batcher-max-batch", "8"]
 CPU_MLP = RunConfig(workload="mlp", device="cpu", warmup=1)
 
 
@@ -26,16 +26,16 @@ def test_server_points_are_saved_with_every_setting_and_printed(tmp_path, capsys
     assert main(TINY + ["--qps", "100,200", "--duration", "0.5", "--min-queries", "40", "--schedule-seed", "7",
                         "--gpu-cost-per-hour", "2.5", "--out", str(out)]) == 0
     result = Result.load(out)
-    record = result.metrics["serve"]
-    assert record["complete"] and record["scenario"] == "server" and record["schedule_seed"] == 7
+    record = result.metrics.serve
+    assert record.complete and record.scenario == "server" and record.schedule_seed == 7
     assert result.config["serve"]["qps"] == "100,200" and result.config["gpu_cost_per_hour"] == 2.5
-    assert [point["offered_qps"] for point in record["points"]] == [100.0, 200.0]
-    for point in record["points"]:
+    assert [point["offered_qps"] for point in record.points] == [100.0, 200.0]
+    for point in record.points:
         assert set(point["latency_ms"]) >= {"p50", "p90", "p95", "p99", "p99.9"}
         assert point["cost_per_million_queries"] == pytest.approx(2.5 / 3600 / point["achieved_qps"] * 1e6)
-    assert record["capacity"]["batcher_qps_at_max_batch"] > 1000
-    assert record["capacity"]["dispatch_delay_p99_ms"] >= 0 and "harness_late_ms" in record["settings"]
-    assert all(point["dispatch_delay_ms"]["p99_ms"] >= 0 and "harness_late" in point for point in record["points"])
+    assert record.capacity["batcher_qps_at_max_batch"] > 1000
+    assert record.capacity["dispatch_delay_p99_ms"] >= 0 and record.settings.harness_late_ms is not None
+    assert all(point["dispatch_delay_ms"]["p99_ms"] >= 0 and "harness_late" in point for point in record.points)
     assert result.diagnosis is not None
     printed = capsys.readouterr().out
     assert "perflab serve" in printed and "where the p99 tail goes" in printed and "harness capacity" in printed
@@ -44,11 +44,11 @@ def test_server_points_are_saved_with_every_setting_and_printed(tmp_path, capsys
 def test_offline_takes_full_batches_and_single_stream_one_query_at_a_time(tmp_path):
     offline = serve(CPU_MLP, ServeConfig(scenario="offline", duration_s=0.3, min_queries=64, max_batch=8),
                     tmp_path / "offline")
-    point = offline.metrics["serve"]["points"][0]
+    point = offline.metrics.serve.points[0]
     assert point["queries"] >= 64 and point["batch_histogram"].get(8, 0) >= point["batches"] - 1
     single = serve(CPU_MLP, ServeConfig(scenario="single-stream", duration_s=0.3, min_queries=30, max_batch=8),
                    tmp_path / "single")
-    point = single.metrics["serve"]["points"][0]
+    point = single.metrics.serve.points[0]
     assert point["queries"] >= 30 and set(point["batch_histogram"]) == {1}
     assert point["time_ms"]["mean"]["queue_wait"] < 0.5, "one query at a time never queues"
 
@@ -67,7 +67,7 @@ def test_diagnose_reads_a_serve_result_without_a_trace(tmp_path):
     out = tmp_path / "serve"
     serve(CPU_MLP, ServeConfig(qps="100", duration_s=0.4, min_queries=40, max_batch=8), out)
     diagnosis, result = diagnose_path(out)
-    assert result.metrics["serve"] and diagnosis.source["trace"] is None
+    assert result.metrics.serve and diagnosis.source["trace"] is None
     assert main(["diagnose", str(out), "--no-save"]) == 0
 
 
@@ -87,7 +87,7 @@ def write_training_only(tmp_path: Path) -> Path:
     (["--qps", "100,-5"], "--qps must be positive"),
     (["--p99-ms", "0"], "--p99-ms must be a positive number"),
     (["--p99-ms", "-3"], "--p99-ms must be a positive number"),
-    (["--max-batch", "0"], "--max-batch must be a positive integer"),
+    (["--batcher-max-batch", "0"], "--batcher-max-batch must be a positive integer"),
     (["--mode", "train"], "--mode train cannot be served"),
     (["--qps", "10", "--duration", "1", "--min-queries", "100"], "fewer than --min-queries 100"),
     (["--scenario", "offline", "--qps", "100"], "apply to --scenario server"),
@@ -129,9 +129,9 @@ def test_interrupted_serve_keeps_its_finished_points(tmp_path):
     assert process.returncode == 130, err
     assert "finished point(s) are kept" in err
     result = Result.load(out)
-    record = result.metrics["serve"]
-    assert 2 <= len(record["points"]) < 7 and not record["complete"] and result.status == "interrupted"
-    assert all(point["completed"] == point["queries"] for point in record["points"])
+    record = result.metrics.serve
+    assert 2 <= len(record.points) < 7 and not record.complete and result.status == "interrupted"
+    assert all(point["completed"] == point["queries"] for point in record.points)
 
 
 @pytest.mark.cuda
@@ -139,9 +139,9 @@ def test_gpu_instances_copy_on_their_streams_and_replay_captured_graphs(tmp_path
     cfg = RunConfig(workload="resnet50", device="cuda", warmup=2, precision="bf16", channels_last=True,
                     cuda_graphs=True, workload_options={"image_res": "64"})
     result = serve(cfg, ServeConfig(qps="200", duration_s=1.0, min_queries=100, max_batch=8, instances=2), tmp_path)
-    record = result.metrics["serve"]
-    point = record["points"][0]
-    assert record["settings"]["buckets"] == [1, 2, 4, 8]
+    record = result.metrics.serve
+    point = record.points[0]
+    assert record.settings.buckets == [1, 2, 4, 8]
     assert point["completed"] == point["queries"] and point["gpu"] is not None
     assert point["time_ms"]["mean"]["copy_in"] > 0 and point["time_ms"]["mean"]["copy_out"] > 0
     assert sum(point["time_ms"]["mean"].values()) == pytest.approx(point["latency_ms"]["mean"], rel=1e-6)

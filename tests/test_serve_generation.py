@@ -18,7 +18,7 @@ from perflab.workloads import load_workload
 
 MAX_BATCH = 4
 TINY = ["serve", "--workload", "generate", "--option", "size=tiny", "--option", "output_len=8", "--device", "cpu",
-        "--warmup", "1", "--max-batch", str(MAX_BATCH)]
+        "--warmup", "1", "--batcher-max-batch", str(MAX_BATCH)]
 
 
 def tiny_engine(**levers):
@@ -105,7 +105,7 @@ def test_serve_generate_reports_ttft_tpot_tokens_and_goodput_per_point(tmp_path,
     assert main(TINY + ["--qps", "30", "--duration", "0.6", "--min-queries", "16", "--slo", "ttft:500,tpot:100",
                         "--out", str(out)]) == 0
     result = Result.load(out)
-    point = result.metrics["serve"]["points"][0]
+    point = result.metrics.serve.points[0]
     gen = point["generation"]
     assert gen["requests"] == point["completed"] == point["queries"]
     assert gen["output_tokens"] == 8 * gen["requests"]

@@ -58,7 +58,7 @@ def test_ratio_interval_of_a_clear_speedup_brackets_the_true_ratio_and_is_reprod
 
 
 def test_compare_uses_the_one_ratio_bootstrap():
-    import perflab.compare
+    import perflab.compare.decision
     import perflab.harness.stats
 
-    assert perflab.compare.bootstrap_ratio_ci is perflab.harness.stats.bootstrap_ratio_ci
+    assert perflab.compare.decision.bootstrap_ratio_ci is perflab.harness.stats.bootstrap_ratio_ci

@@ -5,6 +5,7 @@ from __future__ import annotations
 import perflab
 from perflab.config import RunConfig
 from perflab.harness.steady import steps_for_time
+from perflab.results.metrics import Metrics, Throughput, Trend
 
 TINY = {"hidden": "16", "in_features": "8"}
 
@@ -49,8 +50,8 @@ def test_trials_of_whole_cycles_take_the_same_time_wherever_they_start():
 def test_a_run_with_workers_uses_up_the_loaders_queue_before_timing():
     result = perflab.run("mlp", RunConfig(workload="mlp", device="cpu", batch_size=8, steps=3, trials=2, warmup=1,
                                           workers=1, workload_options=TINY))
-    steady = result.metrics["steady_state"]
-    assert steady["steps"] >= 8 and len(steady["window_step_ms"]) >= 2  # windows of at least 4 steps, compared
+    steady = result.metrics.steady_state
+    assert steady.steps >= 8 and len(steady.window_step_ms) >= 2  # windows of at least 4 steps, compared
     assert any("untimed steps used up the DataLoader's prefilled queue" in note for note in result.notes)
     assert all(trial.steps == 3 for trial in result.trials)  # on a CPU run trials keep --steps
 
@@ -58,14 +59,14 @@ def test_a_run_with_workers_uses_up_the_loaders_queue_before_timing():
 def test_a_run_without_a_loader_is_timed_at_once():
     result = perflab.run("mlp", RunConfig(workload="mlp", device="cpu", batch_size=8, steps=3, trials=2, warmup=1,
                                           data="device", workload_options=TINY))
-    assert result.metrics["steady_state"] is None
+    assert result.metrics.steady_state is None
 
 
 def test_unsteady_trials_are_reported(monkeypatch):
     from perflab.harness import runner
-    metrics = {"throughput_samples_per_s": {"range_pct": 40.0}, "steady": False}
+    metrics = Metrics.from_dict({"throughput_samples_per_s": {"range_pct": 40.0}, "steady": False})
     assert "not steady" in runner.unsteady_note(metrics)
-    assert runner.unsteady_note({"throughput_samples_per_s": {"range_pct": 2.0}, "steady": True}) is None
+    assert runner.unsteady_note(Metrics(throughput_samples_per_s=Throughput(range_pct=2.0), steady=True)) is None
 
 
 def test_the_phase_that_moved_between_trials_is_named():
@@ -82,9 +83,9 @@ def test_the_phase_that_moved_between_trials_is_named():
 
 def test_unsteady_note_says_the_input_pipeline_drifts_when_the_data_wait_moved():
     from perflab.harness import runner
-    metrics = {"throughput_samples_per_s": {"range_pct": 24.0}, "steady": False,
-               "unsteady_phase": {"phase": "data_wait", "low_ms": 2.5, "high_ms": 4.4,
-                                  "other_phases_range_ms": {"forward": 0.2}}}
+    metrics = Metrics.from_dict({"throughput_samples_per_s": {"range_pct": 24.0}, "steady": False,
+                                 "unsteady_phase": {"phase": "data_wait", "low_ms": 2.5, "high_ms": 4.4,
+                                                    "other_phases_range_ms": {"forward": 0.2}}})
     note = runner.unsteady_note(metrics)
     assert "data_wait phase moved between 2.50 and 4.40 ms" in note and "input pipeline" in note
 
@@ -98,6 +99,7 @@ def test_trials_that_fall_one_after_another_are_a_drift_not_noise():
     assert trend([4026, 2312, 4693, 4999, 4006]) is None  # swings, not a drift
     assert trend([100, 99, 98, 97.5]) is None  # falls, but by less than half the unsteady range
     assert trend([100, 80, 60]) is None  # too few trials to call a direction
-    metrics = {"throughput_samples_per_s": {"range_pct": 12.6}, "steady": False, "throughput_trend": drift}
+    metrics = Metrics(throughput_samples_per_s=Throughput(range_pct=12.6), steady=False,
+                      throughput_trend=Trend.from_dict(drift))
     note = unsteady_note(metrics)
     assert "falls trial after trial (227 -> 207, -9%)" in note and "more trials do not average out" in note

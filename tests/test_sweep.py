@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import perflab
-import perflab.harness.runner
+import perflab.pipeline
 from perflab.cli import main
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
@@ -20,7 +20,7 @@ TINY = ["--workload", "mlp", "--steps", "3", "--trials", "2", "--warmup", "1", "
 def counting_run(monkeypatch, fail=None, throughput=None):
     """Wrap perflab.run: record each point's batch size, raise `fail(cfg)` when it returns an error, and
     optionally overwrite the measured throughput with `throughput(cfg)`."""
-    real_run = perflab.harness.runner.run
+    real_run = perflab.pipeline.run
     calls = []
 
     def fake(workload, config, **kwargs):
@@ -30,7 +30,7 @@ def counting_run(monkeypatch, fail=None, throughput=None):
             raise error
         result = real_run(workload, config, **kwargs)
         if throughput is not None:
-            result.metrics["throughput_samples_per_s"]["median"] = throughput(config)
+            result.metrics.throughput_samples_per_s.median = throughput(config)
         return result
 
     monkeypatch.setattr(perflab, "run", fake)

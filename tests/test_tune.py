@@ -10,12 +10,13 @@ from perflab.config import RunConfig
 from perflab.diagnose.verdict import Diagnosis
 from perflab.errors import PerflabError
 from perflab.levers import all_levers
+from perflab.results.metrics import Interference
 from perflab.results import Result, Trial
 from perflab.tune import candidates as search
 from perflab.tune import tune
 from perflab.tune.decision import judge
 from perflab.tune.settings import TuneConfig, parse_duration, strict_tolerances
-from perflab.tune.trial import OK, OOM, REFUSED, TrialOutcome, classify, profile_schedule
+from perflab.tune.trial import OK, OOM, REFUSED, TrialOutcome, classify, profile_capture
 from perflab.workloads import load_workload
 
 START = RunConfig(workload="mlp", mode="train", batch_size=8, steps=4, warmup=1, trials=3, device="cpu")
@@ -174,8 +175,8 @@ def test_trial_exit_codes_are_classified(tmp_path):
     assert classify(1, "RuntimeError: CUDA out of memory. Tried", tmp_path, 1.0).status == OOM
     assert classify(1, "Traceback\nValueError: boom", tmp_path, 1.0).reason == "ValueError: boom"
     for steps in (1, 2, 4, 30):  # the profile's schedule fits in the trial's timed steps
-        schedule = [int(value) for value in profile_schedule(steps)[1::2]]
-        assert sum(schedule) <= steps and schedule[-1] >= 1
+        schedule = profile_capture(steps)
+        assert schedule.steps_needed <= steps and schedule.active >= 1
 
 
 # ---------------------------------------------------------------------------------------------- the loop
@@ -335,7 +336,7 @@ def test_noisy_trials_are_not_judged_and_their_lever_is_not_lost(tmp_path):
     class Busy(FakeTrials):
         def __call__(self, cfg, kind, out):
             outcome = super().__call__(cfg, kind, out)
-            outcome.result.metrics["interference"] = {"busy": True, "other_cpu_cores_max": 1.5}
+            outcome.result.metrics.interference = Interference(busy=True, other_cpu_cores_max=1.5)
             return outcome
 
     diagnosis = diagnosis_of(("input pipeline", 0.9, ["workers"]))

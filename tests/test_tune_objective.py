@@ -5,20 +5,23 @@ from pathlib import Path
 
 import pytest
 
+from perflab import options
 from perflab.cli import main
 from perflab.config import RunConfig
 from perflab.diagnose.verdict import Diagnosis
+from perflab.results.metrics import ServeSettings
 from perflab.results import Result
 from perflab.serve import ServeConfig, serve
 from perflab.tune import tune
 from perflab.tune.objective import judge_max_qps
+from perflab.tune.recipe import recipe
 from perflab.tune.settings import TuneConfig
 from perflab.tune.trial import OK, QUALITY_FAIL, TrialOutcome, trial_command
 
-START = RunConfig(workload="mlp", mode="infer", steps=4, warmup=1, device="cpu")
+START = RunConfig(workload="mlp", mode="infer", warmup=1, device="cpu")
 SERVE = ServeConfig(p99_ms=50.0, duration_s=0.2, min_queries=16, max_batch=8)
 TOLERANCE = 0.05  # the serve search's resolution: 5%
-TINY_TUNE = ["tune", "--workload", "mlp", "--device", "cpu", "--warmup", "1", "--steps", "4", "--quality-steps", "2"]
+TINY_TUNE = ["tune", "--workload", "mlp", "--device", "cpu", "--warmup", "1", "--quality-steps", "2"]
 
 
 def serve_result(cfg: RunConfig, max_qps, quality: str = "pass") -> Result:
@@ -135,9 +138,9 @@ class QueueBoundServeTrials(FakeServeTrials):
                    "completed": 500, "harness_late": False, "meets_bound": False, "passed": False,
                    "latency_ms": {"p99": 60.0}, "time_ms": {"mean": tail, "tail": tail}, "batch_fill_pct": 60.0,
                    "batch_mean": 4.8, "instance_busy_pct": 95.0, "gpu": {"util_mean_pct": 40.0}}
-        result.metrics["serve"]["points"].append(failing)
-        result.metrics["serve"]["settings"] = {"max_batch": 8, "batch_timeout_ms": 2.0, "p99_ms": 50.0,
-                                               "instances": serve.instances, "buckets": None, "bucket_step": 16}
+        result.metrics.serve.points.append(failing)
+        result.metrics.serve.settings = ServeSettings(max_batch=8, batch_timeout_ms=2.0, p99_ms=50.0,
+                                                      instances=serve.instances, buckets=None, bucket_step=16)
         result.save(out)
         return TrialOutcome(OK, 1.0, result=Result.load(out))
 
@@ -182,7 +185,7 @@ def test_a_serve_trial_runs_perflab_serve_with_the_serve_options_and_settings(tm
     command = trial_command(cfg, "serve", tmp_path / "t", ServeConfig(p99_ms=20.0, max_batch=4, find_max_qps=True))
     line = " ".join(command)
     assert command[2:4] == ["perflab", "serve"] and "--precision bf16 " in line and "--check-quality" in line
-    assert "--find-max-qps --p99-ms 20.0" in line and "--max-batch 4" in line
+    assert "--find-max-qps --p99-ms 20.0" in line and "--batcher-max-batch 4" in line
     assert "--steps" not in line  # not a serve option
 
 
@@ -190,7 +193,7 @@ def test_a_serve_trial_runs_perflab_serve_with_the_serve_options_and_settings(tm
 
 def test_tune_max_qps_on_mlp_serves_every_measured_trial_and_records_qps(tmp_path, capsys):
     out = tmp_path / "tune"
-    assert main([*TINY_TUNE, "--mode", "infer", "--objective", "max-qps", "--p99-ms", "50", "--max-batch", "8",
+    assert main([*TINY_TUNE, "--mode", "infer", "--objective", "max-qps", "--p99-ms", "50", "--batcher-max-batch", "8",
                  "--duration", "0.2", "--min-queries", "16", "--exclude", "compile", "--max-trials", "3",
                  "--budget", "60s", "--out", str(out)]) == 0
     meta = json.loads((out / "tune.json").read_text())
@@ -243,7 +246,7 @@ def test_serve_records_a_quality_verdict_for_a_numerics_changing_lever(tmp_path)
 
 def test_serve_exits_1_and_keeps_the_result_when_its_quality_gate_fails(tmp_path, capsys):
     out = tmp_path / "s"
-    assert main(["serve", "--workload", "mlp", "--device", "cpu", "--warmup", "1", "--max-batch", "8",
+    assert main(["serve", "--workload", "mlp", "--device", "cpu", "--warmup", "1", "--batcher-max-batch", "8",
                  "--scenario", "offline", "--duration", "0.1", "--min-queries", "16", "--precision", "bf16",
                  "--check-quality", "--quality-steps", "2", "--quality-rtol", "1e-9", "--out", str(out)]) == 1
     assert Result.load(out).quality["verdict"] == "fail"
@@ -254,7 +257,7 @@ def test_serve_exits_1_and_keeps_the_result_when_its_quality_gate_fails(tmp_path
 def test_tune_max_qps_on_cuda_serves_each_candidate_and_skips_what_serve_cannot_take(tmp_path):
     out = tmp_path / "tune"
     assert main(["tune", "--workload", "mlp", "--device", "cuda", "--mode", "infer", "--warmup", "2",
-                 "--quality-steps", "2", "--objective", "max-qps", "--p99-ms", "10", "--max-batch", "64",
+                 "--quality-steps", "2", "--objective", "max-qps", "--p99-ms", "10", "--batcher-max-batch", "64",
                  "--duration", "0.5", "--min-queries", "128", "--exclude", "compile", "--budget", "90s",
                  "--out", str(out)]) == 0
     meta = json.loads((out / "tune.json").read_text())
@@ -279,3 +282,78 @@ def test_resume_reuses_serve_trials_only_under_the_same_serve_settings(tmp_path)
     tune(START, config, tmp_path / "tune", runner=other_bound, check_workload=False, cpu_count=8, report=False,
          diagnoser=lambda trace, result, lost: compute_bound("bf16"))
     assert [kind for kind, _, _ in other_bound.calls if kind == "serve"]  # another bound: measured again
+
+
+# ---------------------------------------------------------------------------------------------- every run option
+
+class StartCaptured(Exception):
+    """Raised by the stand-in for tune(): the CLI accepted the options and built the start and settings."""
+
+
+# Free-text options have no choices to pick from; every other option's value is derived from its declaration.
+TEXT_VALUES = {"workload": "mlp", "draft": "drafts.py:build_draft", "slo": "ttft:200,tpot:50",
+               "rdzv_endpoint": "localhost:29500"}
+COMPANIONS = {"draft": ["--speculative", "2"]}  # a requirement the option table cannot state (RunConfig.validate)
+
+
+def given_words(declared) -> list[str]:
+    """How a user gives `declared` a valid value other than its default, for a max-qps tune (inference)."""
+    if declared.name == "mode":
+        return ["--mode", "infer"]  # the one mode serve measures
+    if declared.key_value:
+        return [declared.flag, "hidden=16"]
+    if declared.switch:
+        return ["--no-" + declared.flag[2:]] if declared.default is True else [declared.flag]
+    if declared.choices:
+        return [declared.flag, next(choice for choice in declared.choices if choice != declared.default)]
+    if declared.type is int:
+        return [declared.flag, str(max(declared.default or 0, int(declared.minimum or 0)) + 1)]
+    if declared.type is float:
+        return [declared.flag, str((declared.default or 0) + 1.5)]
+    if declared.name not in TEXT_VALUES:
+        pytest.fail(f"{declared.flag}: give this free-text option an example value in TEXT_VALUES")
+    return [declared.flag, TEXT_VALUES[declared.name]]
+
+
+def contains(argv: list[str], words: list[str]) -> bool:
+    return any(argv[i:i + len(words)] == words for i in range(len(argv)))
+
+
+def start_of_tune(argv: list[str], monkeypatch) -> tuple[RunConfig, TuneConfig]:
+    """The start and settings `perflab tune` builds from `argv` (the search itself is not run)."""
+    def captured(start, settings, out, **_):
+        raise StartCaptured(start, settings)
+    monkeypatch.setattr("perflab.cli.tune.tune", captured)
+    with pytest.raises(StartCaptured) as captured_info:
+        main(argv)
+    return captured_info.value.args
+
+
+MAX_QPS_TUNE = ["tune", "--workload", "mlp", "--mode", "infer", "--objective", "max-qps"]
+
+
+@pytest.mark.parametrize("declared", [o for o in options.options_of(RunConfig) if "tune" in o.commands],
+                         ids=lambda o: o.name)
+def test_tune_max_qps_carries_each_run_option_into_its_serve_trials_or_refuses_it(declared, tmp_path, capsys,
+                                                                                    monkeypatch):
+    words = given_words(declared)
+    argv = [*MAX_QPS_TUNE, "--p99-ms", "20", "--out", str(tmp_path / "t"), *COMPANIONS.get(declared.name, []), *words]
+    if "serve" not in declared.commands:  # the option table says perflab serve does not take it
+        assert main(argv) == 2, declared.flag
+        err = capsys.readouterr().err.strip()
+        assert declared.flag in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert not (tmp_path / "t").exists()
+        return
+    start, settings = start_of_tune(argv, monkeypatch)
+    assert contains(trial_command(start, "serve", tmp_path / "trial", settings.serve), words)
+    assert contains(recipe(start, start, settings.serve)["argv"], words)
+
+
+@pytest.mark.parametrize("declared", [o for o in options.options_of(ServeConfig) if "tune" in o.commands],
+                         ids=lambda o: o.name)
+def test_tune_max_qps_passes_each_serve_setting_to_its_serve_trials(declared, tmp_path, monkeypatch):
+    words = given_words(declared)
+    p99 = [] if declared.name == "p99_ms" else ["--p99-ms", "20"]
+    start, settings = start_of_tune([*MAX_QPS_TUNE, *p99, *words], monkeypatch)
+    assert contains(trial_command(start, "serve", tmp_path / "trial", settings.serve), words)
+    assert contains(recipe(start, start, settings.serve)["argv"], words)

@@ -97,7 +97,7 @@ def test_plugin_run_folder_is_named_after_the_plugin_not_its_build_function(tmp_
 @pytest.mark.parametrize("spec, name", [("mlp", "mlp"), ("models/bert.py:build", "bert"), ("models/bert.py", "bert"),
                                         ("mypkg.vision:make", "mypkg.vision")])
 def test_default_run_folder_names(spec, name):
-    from perflab.rundir import default_run_dir
+    from perflab.results.rundir import default_run_dir
 
     assert default_run_dir(spec).name.split("-", 2)[-1] == name
 

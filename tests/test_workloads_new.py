@@ -45,7 +45,7 @@ def test_workload_runs_end_to_end_on_cpu(name, levers, mode):
     assert result.workload["name"] == name
     if levers.get("augment") == "gpu":
         assert "augment-gpu" in result.levers
-        assert result.metrics["phases_ms"]["augment"] > 0
+        assert result.metrics.phases_ms["augment"] > 0
 
 
 def test_augment_cpu_pipeline_runs_in_dataloader_workers():

@@ -8,19 +8,19 @@ from typing import Optional
 
 from rich.markup import escape
 
+from perflab import options
 from perflab.cli import console, err_console
 from perflab.errors import PerflabError
 from perflab.profile.capture import CaptureOptions
 from perflab.report.diagnosis import print_diagnosis
 from perflab.report.terminal import print_result
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 from perflab.script import parse_command, run_script
 from perflab.script.command import check_command
 
 DEFAULT_WARMUP = 5  # as `perflab run`: the script's first steps (allocator growth, autotuning) are not timed
 SCRIPT_OPTIONS = {"--out", "--warmup", "--overwrite"}
-PROFILER_OPTIONS = {"--wait", "--warmup-steps", "--active", "--record-shapes", "--no-record-shapes", "--with-stack",
-                    "--profile-memory", "--gzip-trace"}
+PROFILER_OPTIONS = options.flags_of(CaptureOptions, "profile")  # every spelling of `perflab profile`'s own options
 EPILOG = ("A script of your own, unchanged: `%(prog)s [--out DIR] [--warmup N] -- python train.py ARGS` "
           "(or `-- python -m package.module ARGS`). Steps are found at each optimizer step (or each call of the "
           "outermost model, or each `perflab.mark(\"step\")`); see docs/scripts.md.")

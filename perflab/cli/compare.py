@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import argparse
 
+from perflab import options
 from perflab.cli import console
-from perflab.compare import MIN_EFFECT_PCT, compare_paths, regression_exceeds
+from perflab.compare import compare_paths, regression_exceeds
+from perflab.config import JudgeConfig
 from perflab.errors import writing
 from perflab.report.compare_table import print_comparison
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 
 
 def register(subparsers) -> None:
@@ -22,18 +24,17 @@ def register(subparsers) -> None:
                         help="where compare.json goes (default: runs/<timestamp>-compare)")
     parser.add_argument("--fail-on-regression", type=float, default=None, metavar="PCT",
                         help="exit 1 when throughput is significantly lower by more than PCT percent (CI gate)")
-    parser.add_argument("--min-effect", type=float, default=MIN_EFFECT_PCT, metavar="PCT",
-                        help=f"smallest throughput change that counts as a win or a loss (default: {MIN_EFFECT_PCT:g})")
     parser.add_argument("--report", action="store_true", help="also write report.md and report.html in --out")
     parser.add_argument("--overwrite", action="store_true", help="reuse an --out directory that already holds a "
                         "comparison: empty it first")
-    parser.add_argument("--accept-noisy", action="store_true",
-                        help="judge the speed even when a run was taken on a busy machine or did not finish cleanly")
+    options.add_arguments(parser, JudgeConfig, "compare")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    comparison = compare_paths(args.base, args.candidate, args.min_effect, args.accept_noisy)
+    judging = JudgeConfig(**options.changes_from_args(JudgeConfig, args, "compare"))
+    options.validate(judging)
+    comparison = compare_paths(args.base, args.candidate, judging.min_effect_pct, judging.accept_noisy)
     with run_dir(args.out, "compare", args.overwrite) as out, writing(out, "the comparison"):
         path = comparison.save(out)
         files = []

@@ -10,7 +10,7 @@ from perflab.calibrate import calibrate, cached_ceilings, datasheet_ceilings
 from perflab.cli import console
 from perflab.environment import collect_environment
 from perflab.errors import PerflabError
-from perflab.harness.runner import resolve_device
+from perflab.pipeline import resolve_device
 from perflab.levers import all_levers
 from perflab.report.levers_table import print_levers
 from perflab.workloads import builtin_descriptions, builtin_settings

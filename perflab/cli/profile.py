@@ -6,15 +6,16 @@ import shlex
 
 from rich.markup import escape
 
+from perflab import options as option_table
 from perflab.cli import console, err_console
 from perflab.cli._options import add_rank_mode, add_run_options, config_from_args
 from perflab.cli._outcome import finish_run
 from perflab.cli._script import EPILOG, handle_script
 from perflab.cli.run import launcher_or_rich_reporter, rank_reporter
-from perflab.harness.runner import resolve_config
-from perflab.profile.capture import CaptureOptions, profile_run
+from perflab.pipeline import profile_run, resolve_config
+from perflab.profile.capture import CaptureOptions
 from perflab.report.diagnosis import print_diagnosis
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 
 
 def register(subparsers) -> None:
@@ -24,26 +25,13 @@ def register(subparsers) -> None:
                     "runs/<id>/ with result.json, trace.json (open in Perfetto) and diagnosis.json; print the "
                     "diagnosis and the Nsight Systems command for the same run.", epilog=EPILOG)
     add_run_options(parser, "profile")
-    group = parser.add_argument_group("profiler")
-    group.add_argument("--wait", type=int, default=1, metavar="N", help="timed steps skipped first (default: 1)")
-    group.add_argument("--warmup-steps", type=int, default=2, metavar="N",
-                       help="profiler warm-up steps, recorded then discarded (default: 2)")
-    group.add_argument("--active", type=int, default=3, metavar="N",
-                       help="steps in the trace (default: 3; with DataLoader workers, rounded up to whole cycles "
-                            "of them)")
-    group.add_argument("--record-shapes", action=argparse.BooleanOptionalAction, default=True,
-                       help="input shapes on ops: FLOPs and bytes for the roofline (default: on)")
-    group.add_argument("--with-stack", action="store_true", help="Python stacks on ops (bigger trace)")
-    group.add_argument("--profile-memory", action="store_true", help="allocations and frees (bigger trace)")
-    group.add_argument("--gzip-trace", action="store_true", help="write trace.json.gz instead of trace.json")
+    option_table.add_arguments(parser, CaptureOptions, "profile")
     add_rank_mode(parser)
     parser.set_defaults(handler=handle, runs_scripts=True)
 
 
 def handle(args: argparse.Namespace) -> int:
-    options = CaptureOptions(wait=args.wait, warmup=args.warmup_steps, active=args.active,
-                             record_shapes=args.record_shapes, with_stack=args.with_stack,
-                             profile_memory=args.profile_memory, gzip=args.gzip_trace)
+    options = capture_options_from_args(args)
     if args.script_command is not None:
         return handle_script(args, capture=options.check(options.steps_needed))
     if args.rank_mode:
@@ -68,9 +56,16 @@ def handle(args: argparse.Namespace) -> int:
     return code
 
 
+def capture_options_from_args(args: argparse.Namespace) -> CaptureOptions:
+    """The profiler options given on the command line; the others keep CaptureOptions' defaults."""
+    capture = CaptureOptions(**option_table.changes_from_args(CaptureOptions, args, "profile"))
+    option_table.validate(capture)
+    return capture
+
+
 def profile_rank(cfg, options: CaptureOptions, args: argparse.Namespace) -> int:
     """One rank of `perflab profile --nproc N`: each rank writes its trace; rank 0 diagnoses and saves."""
-    from perflab.distributed import is_primary
+    from perflab.ranks import is_primary
     from perflab.distributed.rank import run_as_rank
 
     def body() -> None:

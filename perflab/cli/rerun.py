@@ -7,10 +7,10 @@ from perflab.cli import console
 from perflab.compare import compare_results, load_result
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
-from perflab.harness.runner import run
+from perflab.pipeline import run
 from perflab.report.progress import RichReporter
 from perflab.report.terminal import print_result
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 
 
 def register(subparsers) -> None:

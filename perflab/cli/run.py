@@ -9,9 +9,9 @@ from perflab.cli._options import add_rank_mode, add_run_options, config_from_arg
 from perflab.cli._outcome import finish_run
 from perflab.cli._script import EPILOG, handle_script
 from perflab.harness.progress import Reporter
-from perflab.harness.runner import resolve_config, run
+from perflab.pipeline import resolve_config, run
 from perflab.report.progress import RichReporter
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 
 
 def register(subparsers) -> None:
@@ -45,7 +45,7 @@ def run_rank(cfg, args: argparse.Namespace) -> int:
     """One rank of `perflab run --nproc N`: measure, and on rank 0 save the gathered result (the launcher prints).
     The launcher passes a resolved --device, so the process group can pick this rank's GPU before anything
     touches CUDA."""
-    from perflab.distributed import is_primary
+    from perflab.ranks import is_primary
     from perflab.distributed.rank import run_as_rank
 
     def body() -> None:
@@ -64,5 +64,5 @@ def rank_reporter(primary: bool):
 
 def launcher_or_rich_reporter(cfg):
     """A progress bar, unless this process only launches ranks (rank 0 draws theirs on the same terminal)."""
-    from perflab.distributed import needs_launch
+    from perflab.ranks import needs_launch
     return contextlib.nullcontext(Reporter()) if needs_launch(cfg) else RichReporter(console)

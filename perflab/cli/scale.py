@@ -10,7 +10,7 @@ from rich.table import Table
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, grid_from_args
 from perflab.cli.sweep import RichSweepProgress
-from perflab.distributed.scale import ScaleSummary, at_rank_counts, run_scale
+from perflab.sweep.scale import ScaleSummary, at_rank_counts, run_scale
 from perflab.errors import PerflabError
 from perflab.report.terminal import fmt
 from perflab.sweep import read_rows

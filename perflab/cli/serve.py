@@ -12,7 +12,7 @@ from perflab.cli._outcome import finish_run
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.report.serve_table import point_row, print_serve
-from perflab.rundir import run_dir
+from perflab.results.rundir import run_dir
 from perflab.serve import ServeConfig, serve, serve_run_config
 from perflab.workloads.plugin import is_plugin_spec, plugin_name
 
@@ -22,8 +22,8 @@ def register(subparsers) -> None:
         "serve", help="load a model as MLPerf LoadGen does: Poisson arrivals, a dynamic batcher, p99, max QPS",
         description="Serve a workload (inference, with its levers) under a LoadGen scenario: server (seeded Poisson "
                     "arrivals at --qps, or --find-max-qps under --p99-ms), offline (every query at once) or "
-                    "single-stream (one at a time). A dynamic batcher (--max-batch, --batch-timeout-ms) reads the "
-                    "arrivals off the seeded schedule (no thread issues queries) and feeds --instances model "
+                    "single-stream (one at a time). A dynamic batcher (--batcher-max-batch, --batch-timeout-ms) reads "
+                    "the arrivals off the seeded schedule (no thread issues queries) and feeds --instances model "
                     "copies. Each point is saved to <out>/result.json as it finishes; Ctrl-C keeps finished points. "
                     "Levers that change numerics get the quality gate after the points (as in "
                     "perflab run); a failed gate saves the result and exits 1. See docs/serve.md.")

@@ -8,12 +8,13 @@ from typing import Any, Optional
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from perflab import options
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, gave_run_options, grid_from_args
 from perflab.errors import PerflabError, writing
 from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
-from perflab.rundir import default_run_dir
+from perflab.results.rundir import default_run_dir
 from perflab.sweep import SWEEP_JSON, SweepObserver, SweepSummary, read_rows, run_auto_batch, run_sweep
 
 
@@ -33,7 +34,10 @@ def register(subparsers) -> None:
                             "throughput grows by less than --growth-pct")
     group.add_argument("--growth-pct", type=float, default=5.0, metavar="PCT",
                        help="auto-batch stops when doubling gains less than this (default: 5)")
-    group.add_argument("--max-batch", type=int, default=4096, metavar="N", help="auto-batch upper bound")
+    group.add_argument("--max-auto-batch", dest="max_auto_batch", type=int, default=4096, metavar="N",
+                       help="auto-batch upper bound: the batch is not doubled past N (default: 4096; formerly "
+                            "--max-batch)")
+    options.deprecated_flag(group, "--max-batch", "--max-auto-batch", dest="max_auto_batch", type=int)
     group.add_argument("--max-p95-ms", type=float, default=None, metavar="MS",
                        help="also name the fastest point whose p95 step latency is at most MS")
     group.add_argument("--resume", action="store_true",
@@ -112,7 +116,7 @@ def handle(args: argparse.Namespace) -> int:
             if args.auto_batch:
                 if "batch_size" in axes:
                     raise PerflabError("--auto-batch doubles the batch itself; give at most one --batch (the start)")
-                summary = run_auto_batch(configs, out, args.growth_pct, args.max_batch, axes=axes,
+                summary = run_auto_batch(configs, out, args.growth_pct, args.max_auto_batch, axes=axes,
                                          observer=progress, **common)
             else:
                 summary = run_sweep(configs, out, axes=axes, observer=progress, **common)

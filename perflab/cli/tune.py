@@ -15,7 +15,7 @@ from perflab import options
 from perflab.cli import console, err_console
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
-from perflab.rundir import default_run_dir
+from perflab.results.rundir import default_run_dir
 from perflab.serve.config import ServeConfig
 from perflab.tune import TuneConfig, tune
 from perflab.tune.output import TUNE_JSON, objective_figure
@@ -95,9 +95,11 @@ def handle(args: argparse.Namespace) -> int:
         if not settings.out:
             raise PerflabError("--resume needs --out DIR: the directory of the tune to continue")
         start = _recorded_start(Path(settings.out))
+        settings.check_start(start)
     else:
-        start = RunConfig(**run_changes).validate()
-    settings.check_start(start)
+        start = RunConfig(**run_changes)
+        settings.check_start(start, given=run_changes)  # before validation: a refusal names what serve cannot take
+        start.validate()
     out = Path(settings.out) if settings.out else _default_out(start.workload)
     command = ["perflab"] + args.argv
     from perflab.report.tune_live import LiveTuneTable

@@ -1,4 +1,4 @@
-"""Collectives: communication the step waits for. From each rank's trace (perflab/distributed/collectives.py),
+"""Collectives: communication the step waits for. From each rank's trace (perflab/diagnose/communication.py),
 the NCCL time not overlapped by compute; the worst rank counts, since every rank waits for it. The rule
 fires on its own evidence whatever other rules say: exposed communication above THRESHOLD_PCT of the step.
 """
@@ -6,18 +6,17 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from perflab.diagnose.findings import COLLECTIVES, Context, Finding, clamp, gain, rounded
+from perflab.bottlenecks import COLLECTIVES, DDP, FSDP
+from perflab.diagnose.communication import communication_profile
+from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
+from perflab.levers import levers_for
 
 THRESHOLD_PCT = 10.0  # exposed (non-overlapped) communication, share of the step time
-DDP_LEVERS = ["ddp-bucket-size", "gradient-as-bucket-view", "static-graph", "grad-accum", "bf16-comm-hook"]
-FSDP_LEVERS = ["fsdp-no-reshard", "grad-accum"]
 
 
 def communication(ctx: Context) -> Optional[dict[str, Any]]:
     """The worst rank's figures from the gathered result, else this trace's own."""
-    from perflab.distributed.collectives import communication_profile
-
-    gathered = ctx.metrics.get("collectives")
+    gathered = ctx.metrics.collectives
     if gathered:
         return gathered
     profile = communication_profile(ctx.trace)
@@ -30,7 +29,7 @@ def collectives(ctx: Context) -> Optional[Finding]:
     if not comm or comm["exposed_share_pct"] < THRESHOLD_PCT:
         return None
     share = comm["exposed_share_pct"]
-    levers = FSDP_LEVERS if ctx.config("parallel") == "fsdp" else DDP_LEVERS
+    levers = levers_for(COLLECTIVES, {FSDP if ctx.config("parallel") == "fsdp" else DDP})
     evidence = {"exposed_communication_pct_of_step": share, "exposed_ms_per_step": comm["exposed_ms_per_step"],
                 "communication_ms_per_step": comm["communication_ms_per_step"], "overlap_pct": comm["overlap_pct"]}
     if "worst_rank" in comm:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import (COMPUTE_BOUND, CPU_MAX_CONFIDENCE, Context, Finding, clamp, dominance, gain,
-                                      rounded)
+from perflab.bottlenecks import ATTENTION, COMPUTE_BOUND, CONVOLUTIONS, FULL_PRECISION
+from perflab.diagnose.findings import CPU_MAX_CONFIDENCE, Context, Finding, clamp, dominance, gain, rounded
+from perflab.levers import levers_for
 
 BUSY_THRESHOLD_PCT = 50.0
 SHARE_THRESHOLD_PCT = 50.0  # matmul/conv share of kernel time (GPU) or compute-phase time (CPU)
@@ -41,18 +42,17 @@ def compute_bound(ctx: Context) -> Optional[Finding]:
         if best["pct_of_roof"] >= GOOD_ROOF_PCT:
             advice.append(f"the heaviest op already reaches {best['pct_of_roof']:.0f}% of its roofline: this is "
                           "already good; only lower precision or less work helps")
-    mfu = (ctx.metrics.get("flops") or {}).get("mfu_pct")
+    mfu = ctx.metrics.flops.mfu_pct if ctx.metrics.flops else None
     if mfu is not None:
         evidence["mfu_pct"] = mfu
-    levers = []
+    situations = set()
     if ctx.config("precision", "fp32") in ("fp32", "tf32"):
-        levers += ["bf16", "tf32", "fp16"]
+        situations.add(FULL_PRECISION)
     if any("conv" in name for name in ctx.trace.cpu_ops.names):
-        levers.append("channels-last")
-        levers.append("cudnn-benchmark")
+        situations.add(CONVOLUTIONS)
     if any("attention" in name or "fmha" in name for name in ctx.trace.kernels.names + ctx.trace.cpu_ops.names):
-        levers.append("sdpa-flash")
-    levers.append("compile")
+        situations.add(ATTENTION)
+    levers = levers_for(COMPUTE_BOUND, situations)
     advice.append("better kernels: torch.compile(mode='max-autotune'), SDPA/flash attention where attention runs")
     return Finding(cls=COMPUTE_BOUND, confidence=confidence, summary=summary, evidence=rounded(evidence),
                    levers=levers, advice=advice, expected_gain_pct=gain(expected), gain_basis=basis)

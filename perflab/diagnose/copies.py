@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import H2D_COPIES, Context, Finding, clamp, gain, rounded
+from perflab.bottlenecks import H2D_COPIES, PAGEABLE_COPIES
+from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
+from perflab.levers import levers_for
 
 THRESHOLD_PCT = 10.0  # GPU idle (no kernel) while host-to-device copies are prepared or in flight
 PINNED_OVER_PAGEABLE = 4.0  # pinned vs pageable H2D rate without a calibration (H100: 55 vs 9.7 GB/s)
@@ -48,7 +50,7 @@ def host_to_device_copies(ctx: Context) -> Optional[Finding]:
                 "overlap_with_compute_pct": overlap, "data_wait_ms_per_step":
                 ctx.profile.host.phase_ms_per_step.get("data", 0.0), "expected_gain_by_lever_pct": gains}
     mostly_pageable = pageable_ms > 0.5 * copy_ms
-    levers = (["pin-memory"] if mostly_pageable else []) + ["prefetcher-stream", "augment-gpu"]
+    levers = levers_for(H2D_COPIES, {PAGEABLE_COPIES} if mostly_pageable else set())
     confidence = 0.35 + idle / 60 + (0.05 if mostly_pageable else 0.0)
     if copy_bound(ctx):
         confidence += 0.1  # the loader keeps up: nothing else explains the wait

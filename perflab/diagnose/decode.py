@@ -18,8 +18,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from perflab.diagnose.findings import (COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH, Context, Finding, clamp,
-                                      rounded)
+from perflab.bottlenecks import (COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND, DECODE_COMPUTE_BOUND, DECODE_KERNEL_EFFICIENCY,
+                                 DECODE_LAUNCH_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH)
+from perflab.diagnose.findings import Context, Finding, clamp, rounded
+from perflab.levers import levers_for
+from perflab.results.metrics import BandwidthBoundSummary, DecodeCompile, Generation, Gpu
 
 NEAR_BOUND_PCT = 60.0  # at or above: bandwidth-bound
 FAR_FROM_BOUND_PCT = 35.0  # below, eager and small batch: launch-bound
@@ -29,56 +32,57 @@ DEVICE_WAIT_SHARE = 0.25  # the device idles at least this share of a step betwe
 
 
 def decode_regime(ctx: Context) -> Optional[Finding]:
-    """The diagnose rule: reads result.metrics['generation'] of a generation run."""
-    generation = ctx.metrics.get("generation") if ctx.result is not None else None
-    if not generation:
+    """The diagnose rule: reads result.metrics.generation of a generation run."""
+    generation = ctx.metrics.generation if ctx.result is not None else None
+    if generation is None:
         return None
     busy = ctx.profile.gpu.busy_pct if ctx.on_gpu else None
-    finding = classify_decode(generation, ctx.result.config, ctx.metrics.get("gpu"), ctx.result.levers, busy)
+    finding = classify_decode(generation, ctx.result.config, ctx.metrics.gpu, ctx.result.levers, busy)
     if finding is not None:
         finding.levers = ctx.rank_levers(finding.levers)
     return finding
 
 
-def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Optional[dict[str, Any]],
+def classify_decode(generation: Generation, config: dict[str, Any], gpu: Optional[Gpu],
                     active: list[str] = (), gpu_busy_pct: Optional[float] = None) -> Optional[Finding]:
     """The decode regime of a generation run from its metrics, with the bound as evidence; None without a bound."""
-    bound = generation.get("bandwidth_bound") or {}
-    pct = bound.get("pct_of_bound")
+    bound = generation.bandwidth_bound
+    pct = bound.pct_of_bound if bound is not None else None
     if pct is None:
         return None
     batch = config.get("batch_size") or 1
     compiled = bool(config.get("compile"))
     evidence: dict[str, Any] = {
-        "pct_of_bandwidth_bound": pct, "measured_ms_per_token": bound["measured_ms_per_token"],
-        "bound_ms_per_token": bound["bound_ms_per_token"], "measured_over_bound": bound["measured_over_bound"],
-        "memory_gbps": bound["memory_gbps"], "memory_gbps_source": bound["memory_gbps_source"],
+        "pct_of_bandwidth_bound": pct, "measured_ms_per_token": bound.measured_ms_per_token,
+        "bound_ms_per_token": bound.bound_ms_per_token, "measured_over_bound": bound.measured_over_bound,
+        "memory_gbps": bound.memory_gbps, "memory_gbps_source": bound.memory_gbps_source,
         "decode_batch": batch, "compiled_decode": compiled,
     }
-    host_ms = bound.get("host_issue_ms_per_token")
+    host_ms = bound.host_issue_ms_per_token
     if host_ms is not None:
         evidence["host_issue_ms_per_token"] = host_ms
-    wait_ms = bound.get("device_wait_ms_per_token")
+    wait_ms = bound.device_wait_ms_per_token
     if wait_ms is not None:
         evidence["device_wait_ms_per_token"] = wait_ms
-    if gpu and gpu.get("util_mean_pct") is not None:
-        evidence["nvml_util_mean_pct"] = gpu["util_mean_pct"]
+    if gpu is not None and gpu.util_mean_pct is not None:
+        evidence["nvml_util_mean_pct"] = gpu.util_mean_pct
     if gpu_busy_pct is not None:
         evidence["gpu_busy_pct"] = gpu_busy_pct
-    step = (f"a decode step takes {bound['measured_ms_per_token']:.3g} ms per token, "
-            f"{bound['measured_over_bound']:.2g}x the {bound['bound_ms_per_token']:.3g} ms it takes to read the "
-            f"weights and KV cache once at {bound['memory_gbps']:.0f} GB/s ({pct:.0f}% of the bound)")
-    compute_ms = bound.get("compute_ms_per_token")
-    if compute_ms and compute_ms > bound["bound_ms_per_token"]:
+    step = (f"a decode step takes {bound.measured_ms_per_token:.3g} ms per token, "
+            f"{bound.measured_over_bound:.2g}x the {bound.bound_ms_per_token:.3g} ms it takes to read the "
+            f"weights and KV cache once at {bound.memory_gbps:.0f} GB/s ({pct:.0f}% of the bound)")
+    compute_ms = bound.compute_ms_per_token
+    if compute_ms and compute_ms > bound.bound_ms_per_token:
         evidence["compute_ms_per_token_at_peak"] = compute_ms
-        return _finding(COMPUTE_BOUND, clamp(0.5 + 0.4 * min(1.0, compute_ms / bound["measured_ms_per_token"])),
+        return _finding(COMPUTE_BOUND, clamp(0.5 + 0.4 * min(1.0, compute_ms / bound.measured_ms_per_token)),
                         f"{step}; at batch {batch} the matmuls need {compute_ms:.3g} ms at peak FLOP/s, more "
-                        "than the reads: compute-bound", evidence, ["bf16", "fp8"], active,
+                        "than the reads: compute-bound", evidence,
+                        _regime_levers(COMPUTE_BOUND, DECODE_COMPUTE_BOUND), active,
                         ["a smaller decode batch lowers latency; a larger one only adds throughput now"])
     host_wait = _host_wait(bound) if compiled and config.get("device") == "cuda" and pct < NEAR_BOUND_PCT else None
     if host_wait is not None:
         waited_ms, waited = host_wait
-        return _finding(LAUNCH_OVERHEAD, clamp(0.5 + waited_ms / bound["measured_ms_per_token"] / 4),
+        return _finding(LAUNCH_OVERHEAD, clamp(0.5 + waited_ms / bound.measured_ms_per_token / 4),
                         f"{step}; {waited}: host-bound", evidence,
                         [], active,
                         ["with --option decode_graphs=inductor, check generation.decode_compile.cudagraph_skips "
@@ -88,16 +92,16 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
                          "cost most): TORCH_LOGS=guards lists them"])
     if pct >= NEAR_BOUND_PCT:
         return _finding(MEMORY_BANDWIDTH, clamp(0.5 + (pct - NEAR_BOUND_PCT) / 80), f"{step}: bandwidth-bound",
-                        evidence, ["int8-weight", "int4-weight", "fp8", "speculative"], active,
+                        evidence, _regime_levers(MEMORY_BANDWIDTH, DECODE_BANDWIDTH_BOUND), active,
                         ["read fewer bytes per token (quantized weights) or make more tokens per read "
                          "(speculative decoding, a larger decode batch)"])
     if _replays_as_one_graph(generation):
-        achieved = bound.get("achieved_gbps")
+        achieved = bound.achieved_gbps
         reads = f" (its reads run at {achieved:.0f} GB/s)" if achieved else ""
         return _finding(MEMORY_BANDWIDTH, clamp(0.5 + (NEAR_BOUND_PCT - pct) / 200),
                         f"{step}: the step replays as one CUDA graph, so launching is not the cost; its kernels "
                         f"read below the bandwidth{reads}: kernel efficiency", evidence,
-                        ["int8-weight", "speculative"], active,
+                        _regime_levers(MEMORY_BANDWIDTH, DECODE_KERNEL_EFFICIENCY), active,
                         ["`perflab profile` of the same run lists the decode step's kernels: small ones (norms, "
                          "rotary embeddings, one-query attention) each run far below the bandwidth",
                          "--compile max-autotune tunes the matrix-vector kernels further (minutes of compiling)"])
@@ -106,20 +110,31 @@ def classify_decode(generation: dict[str, Any], config: dict[str, Any], gpu: Opt
     if pct < FAR_FROM_BOUND_PCT or eager_small:
         return _finding(LAUNCH_OVERHEAD, confidence,
                         f"{step}: {_waiting(config)} (launch-bound)", evidence,
-                        ["kv-cache-static", "compile"], active,
+                        _regime_levers(LAUNCH_OVERHEAD, DECODE_LAUNCH_BOUND), active,
                         ["--kv-cache static --compile reduce-overhead captures the decode step as CUDA graphs",
                          "a larger decode batch reads the same weights for more tokens"])
     return _finding(MEMORY_BANDWIDTH, 0.4, f"{step}: between launch-bound and bandwidth-bound", evidence,
-                    ["kv-cache-static", "compile", "int8-weight"], active, [])
+                    _between_levers(), active, [])
 
 
-def _host_wait(bound: dict[str, Any]) -> Optional[tuple[float, str]]:
+def _regime_levers(cls: str, regime: str) -> list[str]:
+    """The levers that declare they answer this decode regime (perflab/levers), best first."""
+    return levers_for(cls, {regime}, always=False)
+
+
+def _between_levers() -> list[str]:
+    """Between launch-bound and bandwidth-bound: the launch-bound levers, then the first bandwidth-bound one."""
+    return (_regime_levers(LAUNCH_OVERHEAD, DECODE_LAUNCH_BOUND)
+            + _regime_levers(MEMORY_BANDWIDTH, DECODE_BANDWIDTH_BOUND)[:1])
+
+
+def _host_wait(bound: BandwidthBoundSummary) -> Optional[tuple[float, str]]:
     """How long each step waits for the host, and in which words; None when the host keeps up. The device idling
     between steps (device_wait_ms_per_token: what the loop does between steps) comes first; else the host's own
     issue time filling the step (what happens inside the step's call, e.g. Dynamo's guards, which the device's
     clock sees as part of the step)."""
-    step_ms = bound["measured_ms_per_token"]
-    wait_ms, host_ms = bound.get("device_wait_ms_per_token"), bound.get("host_issue_ms_per_token")
+    step_ms = bound.measured_ms_per_token
+    wait_ms, host_ms = bound.device_wait_ms_per_token, bound.host_issue_ms_per_token
     if wait_ms is not None and wait_ms >= DEVICE_WAIT_SHARE * step_ms:
         return wait_ms, f"the device waits {wait_ms:.3g} ms per token for the host to issue the next step"
     if host_ms is not None and host_ms >= HOST_BOUND_SHARE * step_ms:
@@ -127,11 +142,11 @@ def _host_wait(bound: dict[str, Any]) -> Optional[tuple[float, str]]:
     return None
 
 
-def _replays_as_one_graph(generation: dict[str, Any]) -> bool:
+def _replays_as_one_graph(generation: Generation) -> bool:
     """The compiled decode step ran as CUDA graphs: captured by perflab, or by Inductor with no skipped graph."""
-    compiled = generation.get("decode_compile") or {}
-    return (compiled.get("graphs") == "perflab" and bool(compiled.get("captured_lengths"))) or (
-        compiled.get("graphs") == "inductor" and compiled.get("cudagraph_skips") == 0)
+    compiled = generation.decode_compile or DecodeCompile()
+    return (compiled.graphs == "perflab" and bool(compiled.captured_lengths)) or (
+        compiled.graphs == "inductor" and compiled.cudagraph_skips == 0)
 
 
 def _waiting(config: dict[str, Any]) -> str:

@@ -1,29 +1,17 @@
-"""Findings: what one rule concludes, the class names of the bottleneck map, and the rules' shared inputs."""
+"""Findings: what one rule concludes (in a class of the bottleneck map, perflab.bottlenecks), and the rules' shared
+inputs."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Union
 
+# The class names are declared once, in perflab.bottlenecks; rules import them from here or from there.
+from perflab.bottlenecks import (ACTIVATION_MEMORY, CLASS_SLUGS, COLLECTIVES, COMPUTE_BOUND, H2D_COPIES,  # noqa: F401
+                                 HOST_DEVICE_SYNC, INFERENCE_QUEUE, INPUT_PIPELINE, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH,
+                                 NO_CLEAR_BOTTLENECK)
 from perflab.diagnose.summary import TraceProfile
 from perflab.diagnose.trace import ParsedTrace
-
-INPUT_PIPELINE = "input pipeline"
-H2D_COPIES = "host-to-device copies"
-LAUNCH_OVERHEAD = "launch / framework overhead"
-HOST_DEVICE_SYNC = "host-device sync"
-MEMORY_BANDWIDTH = "memory bandwidth"
-COMPUTE_BOUND = "compute bound"
-ACTIVATION_MEMORY = "activation memory"
-COLLECTIVES = "collectives"
-INFERENCE_QUEUE = "inference queue"
-NO_CLEAR_BOTTLENECK = "no clear bottleneck"
-
-# Short names for file names and the command line (fixtures are named <slug>__<what>.json.gz).
-CLASS_SLUGS = {
-    "input_pipeline": INPUT_PIPELINE, "h2d": H2D_COPIES, "launch": LAUNCH_OVERHEAD, "sync": HOST_DEVICE_SYNC,
-    "memory_bandwidth": MEMORY_BANDWIDTH, "compute": COMPUTE_BOUND, "activation_memory": ACTIVATION_MEMORY,
-    "collectives": COLLECTIVES, "queue": INFERENCE_QUEUE, "none": NO_CLEAR_BOTTLENECK,
-}
+from perflab.results.metrics import Metrics
 # On a CPU trace the op-mix rules (compute, memory bandwidth) read time shares only, with no device timeline
 # or roofline behind them, so they claim less than rules with a direct signal (data wait, syncs).
 CPU_MAX_CONFIDENCE = 0.85
@@ -74,8 +62,8 @@ class Context:
         return self.profile.gpu is not None
 
     @property
-    def metrics(self) -> dict[str, Any]:
-        return self.result.metrics if self.result is not None else {}
+    def metrics(self) -> Metrics:
+        return self.result.metrics if self.result is not None else Metrics()
 
     def rank_levers(self, names: list[str]) -> list[str]:
         """Drop levers already on in this run, levers tried and lost, and CUDA-only levers on a CPU run; keep

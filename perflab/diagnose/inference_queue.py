@@ -6,19 +6,21 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from perflab.diagnose.findings import INFERENCE_QUEUE, Context, Finding, clamp, rounded
+from perflab.levers import levers_for
+from perflab.results.metrics import Serve
 
 DOMINANT_SHARE_PCT = 50.0  # a part of the tail latency this large "dominates" it
 UNDERFILLED_PCT = 50.0  # mean batch fill below this is under-filled
 BUSY_PCT = 70.0  # an instance busier than this has little room left
-FULL_PCT = 90.0  # batches this full are limited by --max-batch
+FULL_PCT = 90.0  # batches this full are limited by --batcher-max-batch
 OVERLOADED = 0.95  # achieved below this share of offered: the server does not keep up
 PADDED_PCT = 15.0  # padding past this share of the samples computed is worth fewer, finer buckets
 
 
-def _focus_point(serve: dict[str, Any]) -> Optional[dict[str, Any]]:
+def _focus_point(serve: Serve) -> Optional[dict[str, Any]]:
     """The server point to explain: the lowest offered load that misses the bound, else the highest load (points
     where the harness dispatched late measured the batcher, not the model's queue: they are left out)."""
-    points = [p for p in serve.get("points", []) if p.get("scenario") == "server" and p.get("completed")
+    points = [p for p in serve.points if p.get("scenario") == "server" and p.get("completed")
               and not p.get("harness_late")]
     if not points:
         return None
@@ -35,26 +37,26 @@ def _shares(point: dict[str, Any]) -> dict[str, float]:
 
 
 def inference_queue(ctx: Context) -> Optional[Finding]:
-    serve = ctx.metrics.get("serve")
-    if not serve:
+    serve = ctx.metrics.serve
+    if serve is None:
         return None
     point = _focus_point(serve)
     if point is None:
         return None
-    settings = serve["settings"]
+    settings = serve.settings
     shares = _shares(point)
     queue_share = shares.get("queue_wait", 0.0)
     formation_share = shares.get("batch_formation", 0.0)
     fill, busy = point["batch_fill_pct"], point["instance_busy_pct"]
     offered, achieved = point["offered_qps"], point["achieved_qps"]
-    ceiling = serve.get("estimated_samples_per_s") or 0.0
-    p99, bound = point["latency_ms"]["p99"], settings["p99_ms"]
+    ceiling = serve.estimated_samples_per_s or 0.0
+    p99, bound = point["latency_ms"]["p99"], settings.p99_ms
     evidence = {"offered_qps": offered, "achieved_qps": achieved, "p99_ms": p99, "p99_bound_ms": bound,
                 "tail_queue_wait_ms": point["time_ms"]["tail"].get("queue_wait"), "tail_queue_wait_pct": queue_share,
                 "tail_batch_formation_pct": formation_share,
                 "tail_dispatch_delay_ms": point["time_ms"]["tail"].get("dispatch_delay"), "batch_fill_pct": fill,
-                "mean_batch": point["batch_mean"], "max_batch": settings["max_batch"], "instance_busy_pct": busy,
-                "full_batch_samples_per_s": ceiling, "max_qps": serve.get("max_qps")}
+                "mean_batch": point["batch_mean"], "max_batch": settings.max_batch, "instance_busy_pct": busy,
+                "full_batch_samples_per_s": ceiling, "max_qps": serve.max_qps}
     gpu_util = (point.get("gpu") or {}).get("util_mean_pct")
     if gpu_util is not None:
         evidence["gpu_util_pct"] = gpu_util
@@ -66,20 +68,20 @@ def inference_queue(ctx: Context) -> Optional[Finding]:
                    f"{fill:.0f}% full and the instances {busy:.0f}% busy")
         confidence = clamp(0.35 + queue_share / 100 * 0.6)
     elif fill < UNDERFILLED_PCT and busy >= BUSY_PCT and ceiling > offered and p99 > bound:
-        summary = (f"batches are under-filled ({point['batch_mean']:.1f} of {settings['max_batch']}, {fill:.0f}%) "
+        summary = (f"batches are under-filled ({point['batch_mean']:.1f} of {settings.max_batch}, {fill:.0f}%) "
                    f"while the instances are {busy:.0f}% busy: at {offered:,.0f} queries/s each small batch pays the "
                    f"full per-batch cost, though full batches run {ceiling:,.0f} samples/s")
         confidence = clamp(0.4 + (UNDERFILLED_PCT - fill) / 100 + (busy - BUSY_PCT) / 100)
         gain = (queue_share + formation_share, "share of the p99 tail latency spent queueing and forming batches")
     elif formation_share >= DOMINANT_SHARE_PCT and p99 > bound:
         summary = (f"batch formation is {formation_share:.0f}% of the tail: queries wait up to --batch-timeout-ms "
-                   f"{settings['batch_timeout_ms']:g} for batches to fill, past the p99 bound of {bound:g} ms")
+                   f"{settings.batch_timeout_ms:g} for batches to fill, past the p99 bound of {bound:g} ms")
         confidence = clamp(0.3 + formation_share / 100 * 0.6)
         gain = (formation_share, "share of the p99 tail latency spent forming batches")
     else:
         return None
     return Finding(cls=INFERENCE_QUEUE, confidence=confidence, summary=summary, evidence=rounded(evidence),
-                   levers=ctx.rank_levers(["compile", "cuda-graphs"]) if busy >= BUSY_PCT else [], advice=advice,
+                   levers=ctx.rank_levers(levers_for(INFERENCE_QUEUE)) if busy >= BUSY_PCT else [], advice=advice,
                    expected_gain_pct=gain[0], gain_basis=gain[1])
 
 
@@ -93,20 +95,20 @@ class SettingChange:
     why: str
 
 
-def setting_changes(serve: dict[str, Any]) -> list[SettingChange]:
+def setting_changes(serve: Serve) -> list[SettingChange]:
     """The batching policy, instance count and bucket step the serve record's focus point calls for."""
     point = _focus_point(serve)
     if point is None:
         return []
-    return _setting_changes(point, serve["settings"], (point.get("gpu") or {}).get("util_mean_pct"))
+    return _setting_changes(point, serve.settings, (point.get("gpu") or {}).get("util_mean_pct"))
 
 
 def _setting_changes(point, settings, gpu_util) -> list[SettingChange]:
     changes = []
     fill, busy, offered = point["batch_fill_pct"], point["instance_busy_pct"], point["offered_qps"]
-    max_batch, timeout_ms, bound = settings["max_batch"], settings["batch_timeout_ms"], settings["p99_ms"]
+    max_batch, timeout_ms, bound = settings.max_batch, settings.batch_timeout_ms, settings.p99_ms
     if fill >= FULL_PCT:
-        changes.append(SettingChange("max_batch", 2 * max_batch, f"batches are {fill:.0f}% full: raise --max-batch "
+        changes.append(SettingChange("max_batch", 2 * max_batch, f"batches are {fill:.0f}% full: raise --batcher-max-batch "
                                      f"above {max_batch} (e.g. {2 * max_batch})"))
     elif fill < UNDERFILLED_PCT and busy >= BUSY_PCT:
         # Long enough to gather half a batch at this rate, but well inside the latency bound.
@@ -121,16 +123,16 @@ def _setting_changes(point, settings, gpu_util) -> list[SettingChange]:
                                      "p99 bound"))
     if busy >= BUSY_PCT and (gpu_util is None or gpu_util < 80.0):
         util = "" if gpu_util is None else f" while the GPU is {gpu_util:.0f}% utilised"
-        changes.append(SettingChange("instances", settings["instances"] + 1, f"--instances {settings['instances'] + 1}"
+        changes.append(SettingChange("instances", settings.instances + 1, f"--instances {settings.instances + 1}"
                                      f": the instances are {busy:.0f}% busy{util}; another instance overlaps copies "
                                      "and launches with compute"))
     padded, served = point.get("padded_samples") or 0, point.get("completed") or 0
-    step = settings.get("bucket_step")
-    if padded and 100 * padded / (padded + served) >= PADDED_PCT and settings.get("buckets"):
+    step = settings.bucket_step
+    if padded and 100 * padded / (padded + served) >= PADDED_PCT and settings.buckets:
         now = f" (now {step})" if step else ""
         changes.append(SettingChange("bucket_step", max(1, (step or 2) // 2),
                                      f"{100 * padded / (padded + served):.0f}% of the samples computed were padding "
-                                     f"(batches run at the next of {settings['buckets']}): a lower --bucket-step{now} "
+                                     f"(batches run at the next of {settings.buckets}): a lower --bucket-step{now} "
                                      "pads less, at the cost of more shapes to compile or capture in warm-up"))
     return changes
 
@@ -140,7 +142,7 @@ def _advice(point, settings, serve, gpu_util, offered, achieved, ceiling) -> lis
     that calls for it."""
     advice = [change.why for change in _setting_changes(point, settings, gpu_util)]
     if offered and achieved < OVERLOADED * offered:
-        cap = serve.get("max_qps")
+        cap = serve.max_qps
         limit = f" (admit at most {cap:,.0f} queries/s, the max QPS that met the bound)" if cap else ""
         advice.append(f"admission control: {offered:,.0f} queries/s were offered but only {achieved:,.0f}/s were "
                       f"served; reject or shed queries past the sustainable rate{limit} instead of queueing them")

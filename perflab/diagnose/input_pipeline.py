@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+from perflab.bottlenecks import CPU_AUGMENTATION, INPUT_PIPELINE, NO_WORKERS, WITH_WORKERS
 from perflab.diagnose.copies import copy_bound
-from perflab.diagnose.findings import INPUT_PIPELINE, Context, Finding, clamp, gain, rounded
+from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
+from perflab.levers import levers_for
 
 THRESHOLD_PCT = 10.0  # GPU idle waiting for data (or, on the CPU, data-wait share of the step)
 COPY_BOUND_PENALTY = 0.2  # confidence given up when pageable copies, not the loader, hold the step
@@ -14,7 +16,7 @@ def input_pipeline(ctx: Context) -> Optional[Finding]:
     host = ctx.profile.host
     data_share = host.phase_share_pct.get("data")
     if data_share is None:
-        data_share = ctx.metrics.get("phase_share_pct", {}).get("data_wait", 0.0)
+        data_share = ctx.metrics.phase_share_pct.get("data_wait", 0.0)
     evidence = {"data_wait_ms_per_step": host.phase_ms_per_step.get("data", 0.0), "data_wait_share_pct": data_share,
                 "workers": ctx.config("workers", "unknown")}
     signal, basis = data_share, "data-wait share of the step"
@@ -24,13 +26,10 @@ def input_pipeline(ctx: Context) -> Optional[Finding]:
     if signal < THRESHOLD_PCT:
         return None
     workers = ctx.config("workers", 0)
-    if workers == 0:
-        levers = ["workers", "persistent-workers", "prefetch-factor"]
-    else:
-        levers = ["prefetch-factor", "persistent-workers", "workers"]
-    levers += ["prefetcher-stream"]
+    situations = {NO_WORKERS if workers == 0 else WITH_WORKERS}
     if ctx.config("augment") == "cpu":
-        levers += ["augment-gpu", "augment-gpu-stream"]
+        situations.add(CPU_AUGMENTATION)
+    levers = levers_for(INPUT_PIPELINE, situations)
     advice = ["cache decoded/pre-processed items, or move per-item transforms to the GPU in batches",
               f"more DataLoader workers (this run: {workers})"]
     syncs = ctx.profile.syncs

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import LAUNCH_OVERHEAD, Context, Finding, clamp, gain, rounded
+from perflab.bottlenecks import LAUNCH_OVERHEAD, NO_HOST_SYNCS, TRAINING
+from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
+from perflab.levers import levers_for
 
 GPU_IDLE_THRESHOLD_PCT = 15.0  # GPU idle while the host launches (no data/copy/sync wait)
 CPU_OVERHEAD_THRESHOLD_PCT = 50.0  # share of compute phases in small ops and Python between ops
@@ -13,9 +15,10 @@ CPU_OPS_PER_STEP = 100.0
 def launch_overhead(ctx: Context) -> Optional[Finding]:
     syncs = ctx.profile.syncs.in_compute_per_step
     # A CUDA graph cannot capture a step that waits for the device, so graphs are not proposed while it syncs.
-    levers = ["compile"] if syncs else ["cuda-graphs", "compile"]
+    situations = set() if syncs else {NO_HOST_SYNCS}
     if ctx.config("mode") == "train" or ctx.profile.host.phase_ms_per_step.get("optimizer"):
-        levers += ["fused-optimizer", "foreach-optimizer"]
+        situations.add(TRAINING)
+    levers = levers_for(LAUNCH_OVERHEAD, situations)
     advice = ["a larger batch amortises the per-op cost"]
     if syncs:
         advice.append(f"CUDA graphs cannot capture this step: it syncs with the host {syncs:g} times per step "

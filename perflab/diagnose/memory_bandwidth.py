@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import (CPU_MAX_CONFIDENCE, MEMORY_BANDWIDTH, Context, Finding, clamp, dominance,
-                                      gain, rounded)
+from perflab.bottlenecks import CONVOLUTIONS, FULL_PRECISION, MEMORY_BANDWIDTH
+from perflab.diagnose.findings import CPU_MAX_CONFIDENCE, Context, Finding, clamp, dominance, gain, rounded
+from perflab.levers import levers_for
 
 BUSY_THRESHOLD_PCT = 50.0
 SHARE_THRESHOLD_PCT = 50.0  # of kernel time (GPU) or compute-phase time (CPU)
@@ -34,11 +35,12 @@ def memory_bandwidth(ctx: Context) -> Optional[Finding]:
     memory_bound_rows = [row for row in ctx.profile.roofline if row.get("bound") == "memory"]
     if memory_bound_rows:
         evidence["memory_bound_matmul_conv_achieved_gbps"] = memory_bound_rows[0]["achieved_gbps"]
-    levers = ["compile"]
+    situations = set()
     if _has_convolutions(ctx):
-        levers += ["channels-last", "cudnn-benchmark"]
+        situations.add(CONVOLUTIONS)
     if ctx.config("precision", "fp32") in ("fp32", "tf32"):
-        levers += ["bf16", "fp16"]
+        situations.add(FULL_PRECISION)
+    levers = levers_for(MEMORY_BANDWIDTH, situations)
     return Finding(cls=MEMORY_BANDWIDTH, confidence=confidence, summary=summary, evidence=rounded(evidence),
                    levers=levers,
                    advice=["fuse elementwise chains (torch.compile) so each tensor is read and written once",

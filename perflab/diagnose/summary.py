@@ -11,7 +11,7 @@ import numpy as np
 from perflab.diagnose.intervals import Intervals, intervals_of
 from perflab.diagnose.phases import COMPUTE_PHASES, PHASES, loader_intervals, phase_intervals
 from perflab.diagnose.sync_sites import SyncProfile, SyncSite, find_sync_sites, sync_profile, sync_shadow
-from perflab.distributed.collectives import is_nccl_kernel
+from perflab.diagnose.communication import is_nccl_kernel
 from perflab.diagnose.trace import EventTable, ParsedTrace
 
 SHORT_KERNEL_US = 10.0

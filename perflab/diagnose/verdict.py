@@ -77,7 +77,7 @@ def decide(ctx: Context, findings: list[Finding]) -> Diagnosis:
         evidence = dict(top.evidence)
         if busy is not None:
             evidence.setdefault("gpu_busy_pct", round(busy, 1))
-        util = (ctx.metrics.get("gpu") or {}).get("util_mean_pct")
+        util = ctx.metrics.gpu.util_mean_pct if ctx.metrics.gpu else None
         if util is not None:
             evidence.setdefault("nvml_util_mean_pct", round(util, 1))
         return Diagnosis(bottleneck=top.cls, confidence=round(top.confidence, 2), headline=top.summary,

@@ -1,19 +1,19 @@
-"""Token generation: KV caches, greedy and speculative decoding, request metrics and the bandwidth bound.
+"""Token generation, measured: greedy and speculative decoding, request metrics and the bandwidth bound.
 
-    decoder.py      the built-in GPT-style Decoder and its sizes
-    kv_cache.py     dynamic and static (pre-allocated) KV caches
-    session.py      prefill / extend / truncate over the Decoder or a transformers-convention causal LM
-    decode.py       greedy decoding, timed per token
-    speculative.py  speculative decoding (draft proposes K, target verifies in one forward)
-    metrics.py      TTFT, TPOT, ITL, goodput; bytes per decode step and the bandwidth bound
-    requests.py     prompts and length distributions
-    corpus.py       the synthetic language and the trained target/draft pair (cached)
-    quantize.py     torchao weight quantization (optional extra)
-    plan.py         how generation plugs into the harness (settings, step, hook)
-    quality.py      the generation quality gate
-    workload.py     causal_lm_workload(): your own causal LM as a workload
+    session.py          prefill / extend / truncate over perflab's Decoder or a transformers-convention causal LM
+    compiled_decode.py  the decode step compiled with named Inductor settings
+    decode_graph.py     the compiled decode step captured in a CUDA graph
+    decode.py           greedy decoding, timed per token
+    speculative.py      speculative decoding (draft proposes K, target verifies in one forward)
+    metrics.py          TTFT, TPOT, ITL, goodput; bytes per decode step and the bandwidth bound
+    quantize.py         torchao weight quantization (optional extra)
+    plan.py             how generation plugs into the harness (settings, step, hook)
+
+The model side lives with the models and workloads: the Decoder, its KV caches and the synthetic language in
+perflab/models/; what a generating workload declares (GenerationSpec), its requests and causal_lm_workload()
+in perflab/workloads/.
 """
-from perflab.generation.plan import GenerationSpec
-from perflab.generation.workload import causal_lm_workload
+from perflab.workloads.causal_lm import causal_lm_workload
+from perflab.workloads.generation import GenerationSpec
 
 __all__ = ["GenerationSpec", "causal_lm_workload"]

@@ -9,7 +9,7 @@ achieve peak bandwidth with coordinate descent tuning"). gpt-fast sets these glo
 else in the process changes. gpt-fast also traces decode under the math SDPA backend so that Inductor generates
 the attention itself (one query token: two small matrix-vector products), done here when --sdpa is auto.
 
-Named settings (DECODE_TUNINGS, `--option decode_tuning=NAME`): gpt-fast's; `autotune`, gpt-fast's plus
+Named settings (DECODE_TUNINGS in perflab/workloads/generation.py, `--option decode_tuning=NAME`): gpt-fast's; `autotune`, gpt-fast's plus
 Inductor's wider reduction search; `off`, the mode's settings alone (cuBLAS multiplies the matrices). A still wider
 coordinate descent (search radius 2, every direction checked) did not finish compiling the 1b step within 6 minutes
 on the H100, so it is not offered.
@@ -34,26 +34,7 @@ from typing import Any, Callable, ContextManager, Optional
 
 import torch
 
-# gpt-fast's generate.py settings. unique_kernel_names: profiler traces name each kernel after the ops it fuses;
-# fx_graph_cache: a second process (the quality gate, a rerun) loads the compiled graph instead of compiling again.
-GPT_FAST_OPTIONS = {"coordinate_descent_tuning": True, "triton.unique_kernel_names": True, "fx_graph_cache": True}
-# The decode step's Inductor settings by name (--option decode_tuning).
-DECODE_TUNINGS: dict[str, dict[str, Any]] = {
-    "gpt-fast": GPT_FAST_OPTIONS,
-    "autotune": {**GPT_FAST_OPTIONS, "max_autotune_pointwise": True},
-    "off": {},
-}
-# The defaults: plain weights by cuBLAS (as fast as the tuned kernels in the median on the H100, the same time in
-# every compile, a third of the compile time); quantized weights by Inductor's generated products, the only ones
-# that fuse the dequantisation (otherwise the int8 weights are widened to bf16 in memory before every product).
-DEFAULT_DECODE_TUNING = "off"
-QUANTIZED_DECODE_TUNING = "gpt-fast"
-
-
-def default_decode_tuning(quantized: bool) -> str:
-    """The decode tuning a run gets when it names none: QUANTIZED_DECODE_TUNING for quantized weights."""
-    return QUANTIZED_DECODE_TUNING if quantized else DEFAULT_DECODE_TUNING
-
+from perflab.workloads.generation import DECODE_TUNINGS
 
 def wants_graphs(mode: Optional[str]) -> bool:
     """Whether a torch.compile mode captures CUDA graphs (reduce-overhead, max-autotune)."""

@@ -5,7 +5,7 @@ GenerationSettings that the levers fill in (static cache, compile mode, quantiza
 lever has spoken, `prepare_generation` builds the step in one fixed order: weights to their stored dtype,
 quantization, caches (and the draft), compiled decode. The step (GenerationStep) runs one request batch per
 timed-loop step: the prefill and every decode step, timed per token by a TokenClock; a StepHook turns the
-clock's records into result.metrics["generation"].
+clock's records into result.metrics.generation.
 """
 from __future__ import annotations
 
@@ -16,28 +16,15 @@ import torch
 from torch import nn
 
 from perflab.errors import PerflabError
-from perflab.generation.compiled_decode import DEFAULT_DECODE_TUNING
 from perflab.generation.decode import generate_greedy
 from perflab.generation.metrics import BandwidthBound, TokenClock, parse_slo, summarize_requests, weight_bytes_per_step
-from perflab.generation.requests import request_shape
-from perflab.generation.session import open_session, output_field
+from perflab.workloads.generation import request_shape
+from perflab.generation.session import open_session
 from perflab.generation.speculative import SpeculativeStats, generate_speculative
-from perflab.harness.hooks import StepHook
-
-
-@dataclass
-class GenerationSpec:
-    """What a generation workload declares: vocabulary, request lengths, the model's context, the built-in draft."""
-
-    vocab: int
-    prompt_lengths: tuple[int, int]
-    output_lengths: tuple[int, int]
-    eval_sequences: torch.Tensor  # fixed synthetic token sequences: the quality gate's perplexity set
-    context_limit: Optional[int] = None  # positions the model supports, when known
-    builtin_draft: Optional[Callable[[], nn.Module]] = None  # the draft trained with the target, if any
-    builtin_decoder: bool = False  # the model is perflab's Decoder (static cache and compiled decode apply)
-    decode_tuning: str = DEFAULT_DECODE_TUNING  # the decode step's Inductor settings by name (DECODE_TUNINGS)
-    decode_graphs: str = "perflab"  # who captures a compile mode's CUDA graphs: perflab (decode_graph.py) or inductor
+from perflab.hooks import StepHook
+from perflab.models.outputs import output_field
+from perflab.workloads.generation import GenerationSpec
+from perflab.results.metrics import DecodeCompile, Generation, Speculative
 
 
 @dataclass
@@ -143,7 +130,7 @@ def probe_vocab(model: nn.Module, device: torch.device) -> int:
     """The vocabulary size a causal LM predicts over (the last dimension of its logits for one token)."""
     tokens = torch.zeros(1, 1, dtype=torch.long, device=device)
     with torch.inference_mode():
-        from perflab.generation.decoder import Decoder
+        from perflab.models.decoder import Decoder
         if isinstance(model, Decoder):
             return model(tokens).shape[-1]
         output = model(input_ids=tokens, attention_mask=torch.ones_like(tokens), use_cache=False)
@@ -164,8 +151,8 @@ def bandwidth_bound(model: nn.Module, spec: GenerationSpec, plan, dtype: torch.d
 
 def kv_bytes_per_position(model: nn.Module, batch: int, dtype: torch.dtype) -> Optional[int]:
     """Keys + values of one position for the batch, all layers; None when only a first request can tell."""
-    from perflab.generation.decoder import Decoder
-    from perflab.generation.kv_cache import kv_cache_bytes
+    from perflab.models.decoder import Decoder
+    from perflab.models.kv_cache import kv_cache_bytes
     if isinstance(model, Decoder):
         size = model.size
         return kv_cache_bytes(size.layers, batch, size.heads, size.head_dim, 1, dtype)
@@ -186,7 +173,7 @@ def tensor_bytes(value: Any, depth: int = 0) -> int:
 
 
 class GenerationHook(StepHook):
-    """Clears the clock before the timed trials; turns its records into result.metrics['generation'] at the end."""
+    """Clears the clock before the timed trials; turns its records into result.metrics.generation at the end."""
 
     def __init__(self, step: GenerationStep, bound: BandwidthBound, slo: dict[str, float], cfg):
         from perflab.generation.compiled_decode import cudagraph_skips
@@ -207,22 +194,21 @@ class GenerationHook(StepHook):
         from perflab.diagnose.decode import classify_decode
         requests = self.step.clock.timings()
         trial_walls = [(trial.steps, trial.wall_s) for trial in result.trials]
-        metrics = summarize_requests(requests, trial_walls, self.bound, self.slo)
-        metrics["levers"] = {"kv_cache": self.cfg.kv_cache, "compile": self.cfg.compile,
+        generation = Generation.from_dict(summarize_requests(requests, trial_walls, self.bound, self.slo))
+        generation.levers = {"kv_cache": self.cfg.kv_cache, "compile": self.cfg.compile,
                              "quantize": self.cfg.quantize, "speculative": self.cfg.speculative}
-        metrics["decode_compile"] = self.decode_compile(result)
+        generation.decode_compile = DecodeCompile.from_dict(self.decode_compile(result))
         if self.step.k:
-            metrics["speculative"] = self.step.stats.summary(self.step.k)
+            generation.speculative = Speculative.from_dict(self.step.stats.summary(self.step.k))
             gate = (result.quality or {}).get("metrics", {})
             if gate.get("speculative_speedup") is not None:
-                metrics["speculative"].update(
-                    speedup_vs_plain=gate["speculative_speedup"],
-                    speedup_method=f"quality gate: plain greedy vs speculative with the same target and levers on "
-                                   f"its {result.quality['batches']} request batches (wall clock, after one "
-                                   "untimed request each)")
-        finding = classify_decode(metrics, result.config, result.metrics.get("gpu"), active=result.levers)
-        metrics["decode_regime"] = finding.to_dict() if finding is not None else None
-        result.metrics["generation"] = metrics
+                generation.speculative.speedup_vs_plain = gate["speculative_speedup"]
+                generation.speculative.speedup_method = (
+                    f"quality gate: plain greedy vs speculative with the same target and levers on its "
+                    f"{result.quality['batches']} request batches (wall clock, after one untimed request each)")
+        finding = classify_decode(generation, result.config, result.metrics.gpu, active=result.levers)
+        generation.decode_regime = finding.to_dict() if finding is not None else None
+        result.metrics.generation = generation
 
     def decode_compile(self, result) -> Optional[dict[str, Any]]:
         """How the decode step was compiled (mode, Inductor options, SDPA backend, who captured its CUDA graphs)

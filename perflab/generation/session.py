@@ -17,9 +17,11 @@ import torch
 from torch import nn
 
 from perflab.errors import PerflabError
-from perflab.generation.compiled_decode import DEFAULT_DECODE_TUNING, compile_decode, decode_attention, wants_graphs
+from perflab.generation.compiled_decode import compile_decode, decode_attention, wants_graphs
+from perflab.models.outputs import output_field
+from perflab.workloads.generation import DEFAULT_DECODE_TUNING
 from perflab.generation.decode_graph import CapturedDecode
-from perflab.generation.decoder import Decoder
+from perflab.models.decoder import Decoder
 
 
 class DecoderSession:
@@ -28,7 +30,7 @@ class DecoderSession:
     def __init__(self, model: Decoder, batch: int, max_seq: int, static: bool, device: torch.device,
                  dtype: torch.dtype, compile_mode: Optional[str] = None, largest_compiled: int = 1,
                  tuning: str = DEFAULT_DECODE_TUNING, sdpa: str = "auto", graphs: str = "perflab"):
-        """`tuning`: the decode step's Inductor settings by name (compiled_decode.DECODE_TUNINGS). `graphs`: who
+        """`tuning`: the decode step's Inductor settings by name (perflab.workloads.generation.DECODE_TUNINGS). `graphs`: who
         captures the CUDA graphs a compile mode asks for: perflab (decode_graph.py) or inductor."""
         if max_seq > model.size.max_seq:
             raise PerflabError(f"requests need {max_seq} positions but the decoder has {model.size.max_seq}: use "
@@ -173,21 +175,6 @@ class CausalLMSession:
 
     def close(self) -> None:
         self.past = None
-
-
-def output_field(output: Any, name: str, index: int) -> Any:
-    """`name` of a ModelOutput / dataclass, a dict, or position `index` of a tuple."""
-    if isinstance(output, dict) or hasattr(output, "keys"):
-        if name in output:
-            return output[name]
-    if hasattr(output, name):
-        return getattr(output, name)
-    if isinstance(output, (tuple, list)) and len(output) > index:
-        return output[index]
-    if name == "logits" and isinstance(output, torch.Tensor):
-        return output
-    raise PerflabError(f"the causal LM returned {type(output).__name__} without {name!r}: return "
-                       "logits and past_key_values (a dict, a ModelOutput, or a (logits, past) tuple)")
 
 
 def crop_past(past: Any, length: int) -> Any:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
+
+from perflab.results.metrics import Interference
 
 BUSY_CORES = 0.5  # other processes' CPU use, in cores, above which a trial counts as contaminated
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -109,31 +111,31 @@ class LoadProbe:
         return TrialLoad(other, load, gpu_neighbours(self.device_index))
 
 
-def summarize_load(loads: list[TrialLoad]) -> dict[str, Any]:
+def summarize_load(loads: list[TrialLoad]) -> Interference:
     """The run's interference record for result.json: per trial, and whether any trial was busy."""
     busy = [i for i, load in enumerate(loads) if load.busy]
     others = [load.other_cpu_cores for load in loads if load.other_cpu_cores is not None]
-    return {
-        "busy": bool(busy),
-        "busy_trials": busy,
-        "other_cpu_cores_max": max(others) if others else None,
-        "load_per_core_max": max((load.load_per_core for load in loads), default=None),
-        "gpu_neighbours": sorted({pid for load in loads for pid in load.gpu_neighbours}),
-        "threshold_cores": BUSY_CORES,
-        "method": "CPU time of other processes during each trial (/proc/stat minus this process and its "
-                  "children), 1-minute load average per core, other processes on the GPU (NVML)",
-    }
+    return Interference(
+        busy=bool(busy),
+        busy_trials=busy,
+        other_cpu_cores_max=max(others) if others else None,
+        load_per_core_max=max((load.load_per_core for load in loads), default=None),
+        gpu_neighbours=sorted({pid for load in loads for pid in load.gpu_neighbours}),
+        threshold_cores=BUSY_CORES,
+        method="CPU time of other processes during each trial (/proc/stat minus this process and its "
+               "children), 1-minute load average per core, other processes on the GPU (NVML)",
+    )
 
 
-def busy_note(record: dict[str, Any]) -> Optional[str]:
+def busy_note(record: Optional[Interference]) -> Optional[str]:
     """One line for the run's notes when the machine was busy, else None."""
-    if not record.get("busy"):
+    if record is None or not record.busy:
         return None
     parts = []
-    if record.get("other_cpu_cores_max") is not None and record["other_cpu_cores_max"] > BUSY_CORES:
-        parts.append(f"other processes used up to {record['other_cpu_cores_max']:.1f} CPU cores")
-    if record.get("gpu_neighbours"):
-        parts.append(f"other processes on the GPU: pids {', '.join(map(str, record['gpu_neighbours']))}")
-    trials = ", ".join(str(i + 1) for i in record["busy_trials"])
+    if record.other_cpu_cores_max is not None and record.other_cpu_cores_max > BUSY_CORES:
+        parts.append(f"other processes used up to {record.other_cpu_cores_max:.1f} CPU cores")
+    if record.gpu_neighbours:
+        parts.append(f"other processes on the GPU: pids {', '.join(map(str, record.gpu_neighbours))}")
+    trials = ", ".join(str(i + 1) for i in record.busy_trials)
     return (f"the machine was busy during trial(s) {trials} ({'; '.join(parts)}): these timings are not clean; "
             "compare declines to call changes significant on such runs unless --accept-noisy")

@@ -128,7 +128,7 @@ class StepPlan:
 def build_plan(workload: Workload, cfg, device: torch.device, levers=None) -> StepPlan:
     """Move the workload to the device and let every active lever edit the step. Refusals raise first."""
     from perflab.levers import apply_levers, check_levers
-    from perflab.levers.precision import set_tf32
+    from perflab.backends import set_tf32
 
     levers = check_levers(cfg, workload, device) if levers is None else levers
     train = cfg.mode == "train"

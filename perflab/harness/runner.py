@@ -1,14 +1,11 @@
-"""run(): warm up, time several trials, aggregate them into a Result. The top of the measurement core."""
+"""measure(): warm up, time several trials, aggregate them: the measurement stage of the pipeline (perflab/pipeline.py)."""
 from __future__ import annotations
 
-import copy
-import dataclasses
-import random
 import resource
-import sys
 import time
 from contextlib import ExitStack
-from typing import Any, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -16,174 +13,25 @@ import torch
 from perflab.calibrate import peak_tflops
 from perflab.config import RunConfig
 from perflab.cost import cost_per_million
-from perflab.distributed import agree_any, agree_max, in_rank, needs_launch
-from perflab.environment import collect_environment
-from perflab.errors import PerflabError
+from perflab.ranks import agree_any, agree_max
 from perflab.harness.calls import floating_tensors
 from perflab.harness.data import map_tensors
 from perflab.harness.flops import count_flops_per_sample
-from perflab.harness.hooks import StepHook
+from perflab.hooks import StepHook
 from perflab.harness.interference import LoadProbe, TrialLoad, busy_note, summarize_load
 from perflab.harness.loop import run_steps
 from perflab.harness.nvml import NvmlSampler
-from perflab.harness.plan import StepPlan, build_plan
+from perflab.harness.plan import StepPlan
 from perflab.harness.progress import Reporter
 from perflab.harness.stats import percentiles, summarize
 from perflab.harness.steady import (UNSTEADY_RANGE_PCT, moving_phase, reach_steady_state, steady_notes,
                                     steps_for_time, trend, unsteady_note)
 from perflab.harness.timers import NullTimer, make_timer
-from perflab.levers import check_levers
-from perflab.results import Result, Trial
-from perflab.version import __version__
-from perflab.workloads import Workload, default_batch, load_workload
+from perflab.results.metrics import Flops, Gpu, Latency, Memory, Metrics, SteadyState, Throughput, Trend, UnsteadyPhase
+from perflab.results import Trial
 
 PEAK_SLACK = 1.1  # achieved FLOP/s beyond 110% of the peak: the peak is not this run's ceiling
 THROUGHPUT_METHOD = "samples over wall-clock time of the timed steps, device synchronised at both ends"
-
-
-def resolve_device(requested: str) -> torch.device:
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise PerflabError("--device cuda: no CUDA GPU is visible to torch here; use --device cpu or auto")
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def resolve_config(config: RunConfig, workload: Union[Workload, str, None]) -> RunConfig:
-    """Validated config with the device and batch size made concrete, as recorded in result.json."""
-    cfg = config.validate()
-    if needs_launch(cfg):
-        from perflab.distributed.launch import check_visible_gpus
-        check_visible_gpus(cfg.nproc, cfg.device)
-    device = resolve_device(cfg.device)
-    spec = workload.name if isinstance(workload, Workload) else (workload or cfg.workload)
-    return cfg.replace(workload=spec, device=device.type,
-                       batch_size=cfg.batch_size or default_batch(spec, device.type))
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig] = None,
-        reporter: Optional[Reporter] = None, command: Optional[list[str]] = None,
-        hooks: Sequence[StepHook] = ()) -> Result:
-    """Measure a workload (a Workload, a workload spec, or config.workload) and return its Result.
-
-    With --nproc N the ranks are started here (perflab/distributed/) and the result gathered over all of
-    them is returned (None on a node other than node 0 of a multi-node run)."""
-    if isinstance(workload, Workload) and not workload.name:  # a plugin's gets its file's name when loaded
-        workload = dataclasses.replace(workload, name=type(workload.model).__name__)
-    cfg = resolve_config(config or RunConfig(), workload)
-    if needs_launch(cfg):
-        return _launch(workload, cfg, command)
-    device = resolve_device(cfg.device)
-    reporter = reporter or Reporter()
-    seed_everything(cfg.seed)
-    if not isinstance(workload, Workload):
-        workload = load_workload(cfg.workload, cfg)
-    levers = check_levers(cfg, workload, device)
-    hooks = [*hooks, *config_hooks(cfg)]
-    gate = quality_gate_enabled(cfg, levers)
-    # The gate runs after the timed run (so compilation is timed where a user pays for it, in warm-up),
-    # from a copy of the weights taken before anything trained them. The dataset is shared, not copied.
-    pristine = copy.deepcopy(workload, memo={id(workload.dataset): workload.dataset}) if gate else None
-    plan = build_plan(workload, cfg, device, levers)
-    hooks += plan.hooks
-    try:
-        for hook in hooks:
-            hook.start(plan)
-        measured = measure(plan, cfg, reporter, hooks)
-    finally:
-        plan.cleanup()
-    quality = None
-    interrupted = measured.pop("interrupted")
-    if gate and not interrupted:
-        from perflab.quality import run_quality_gate
-        reporter.note("quality gate: baseline vs candidate from the same weights and inputs")
-        quality = run_quality_gate(pristine, cfg, device)
-    trials = measured.pop("trials")
-    flops_per_sample = measured.pop("flops_per_sample")
-    timing = measured.pop("timing")
-    notes = list(plan.notes) + measured.pop("notes")
-    status, reason = _status(interrupted, measured.pop("non_finite"), cfg)
-    result = Result(
-        config=cfg.to_dict(),
-        environment=collect_environment(device),
-        workload=describe_workload(workload, flops_per_sample),
-        trials=trials,
-        metrics=measured,
-        timing=timing,
-        levers=list(plan.levers),
-        notes=notes,
-        command=list(command if command is not None else sys.argv),
-        created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        quality=quality,
-        perflab_version=__version__,
-        status=status,
-        status_reason=reason,
-    )
-    for hook in hooks:
-        hook.finish(result)
-    if in_rank():
-        from perflab.distributed.gather import gather_result
-        result = gather_result(result)
-    return result
-
-
-def _status(interrupted: Optional[str], non_finite: Optional[str], cfg: RunConfig) -> tuple[str, str]:
-    """complete | interrupted | invalid, and why."""
-    if interrupted:
-        return "interrupted", interrupted
-    if non_finite:
-        return "invalid", non_finite
-    return "complete", ""
-
-
-def _launch(workload: Union[Workload, str, None], cfg: RunConfig, command: Optional[list[str]]) -> Optional[Result]:
-    """Start cfg.nproc ranks of `perflab run` writing to cfg.out (a temporary directory when unset)."""
-    import tempfile
-    from pathlib import Path
-
-    from perflab.distributed.launch import launch
-
-    if isinstance(workload, Workload):
-        raise PerflabError(f"--nproc {cfg.nproc}: each rank builds the workload itself, so give a spec (a built-in "
-                           "name, path/file.py:build or package.module:build), not a Workload object")
-    if cfg.out:
-        return launch(cfg, "run", Path(cfg.out), recorded_command=command)
-    with tempfile.TemporaryDirectory(prefix="perflab-ranks-") as out:
-        return launch(cfg, "run", Path(out), recorded_command=command)
-
-
-def config_hooks(cfg: RunConfig) -> list[StepHook]:
-    """The hooks the config itself asks for: checkpoints (--checkpoint-every, --resume-from) and --nsys."""
-    from perflab.checkpoint import checkpoint_hooks
-    from perflab.profile.nsys import nsys_hooks
-
-    if cfg.checkpoint_every and not cfg.out:
-        raise PerflabError("checkpoint_every needs a directory for checkpoint.pt: set RunConfig.out (--out)")
-    return [*checkpoint_hooks(cfg, cfg.out or "."), *nsys_hooks(cfg.nsys)]
-
-
-def quality_gate_enabled(cfg: RunConfig, levers) -> bool:
-    if cfg.check_quality is not None:
-        return cfg.check_quality
-    return any(lever.changes_numerics for lever in levers)
-
-
-def describe_workload(workload: Workload, flops_per_sample: Optional[float]) -> dict[str, Any]:
-    model = workload.model
-    return {
-        "name": workload.name,
-        "description": workload.description,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "flops_per_sample": flops_per_sample,
-        "info": workload.info,
-    }
 
 
 def _synchronize(device: torch.device) -> None:
@@ -203,7 +51,20 @@ def _loader_queue_depth(plan: StepPlan) -> int:
     return plan.workers * (plan.prefetch_factor or 2)  # 2: DataLoader's default prefetch factor
 
 
-def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
+@dataclass
+class Measurement:
+    """What measure() found: the aggregate metrics, the trials they come from, and how they were taken."""
+
+    metrics: Metrics
+    trials: list[Trial]
+    notes: list[str]
+    timing: dict[str, Any]
+    flops_per_sample: Optional[float]
+    interrupted: Optional[str] = None  # why the trials stopped early (Ctrl-C), if they did
+    non_finite: Optional[str] = None  # why the run is invalid (NaN/inf in the last step), if it is
+
+
+def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[StepHook] = ()) -> Measurement:
     """Warm-up then `cfg.trials` timed trials; returns aggregate metrics, trials and timing notes."""
     device = plan.device
     notes: list[str] = []
@@ -218,7 +79,7 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
                          f"{plan.batch_size}: items repeat within each batch (Workload.repeat_items)")
         flops_per_sample = count_flops_per_sample(plan, first_batch)
         stack.enter_context(plan.stepping())
-        warmup = _warm_up(plan, batches, cfg.warmup, reporter)
+        warmup_s, first_step_s = _warm_up(plan, batches, cfg.warmup, reporter)
         steps_per_trial, steady = cfg.steps, None
         if plan.data_source == "loader" and (plan.workers or device.type == "cuda"):
             # A loader's prefilled queue and its bursts make short trials disagree (measured on the H100: 45%
@@ -242,43 +103,40 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
                                                                  hooks)
         non_finite = _non_finite_reason(plan) if trials else None
     if not trials:
-        return {"trials": [], "flops_per_sample": flops_per_sample, "notes": notes, "interrupted": interrupted,
-                "non_finite": None, "timing": {"data_source": plan.data_source}, **warmup}
+        return Measurement(metrics=Metrics(warmup_s=warmup_s, first_step_s=first_step_s), trials=[], notes=notes,
+                           timing={"data_source": plan.data_source}, flops_per_sample=flops_per_sample,
+                           interrupted=interrupted)
     metrics = aggregate(trials, plan.batch_size)
-    metrics.update(warmup)
-    metrics["memory"] = memory_metrics(device)
+    metrics.warmup_s, metrics.first_step_s = warmup_s, first_step_s
+    metrics.memory = memory_metrics(device)
     if warmup_peak_mb is not None:
-        metrics["memory"]["peak_allocated_incl_warmup_mb"] = max(warmup_peak_mb, metrics["memory"]["peak_allocated_mb"])
+        metrics.memory.peak_allocated_incl_warmup_mb = max(warmup_peak_mb, metrics.memory.peak_allocated_mb)
         if plan.step_fn is not None or cfg.compile == "reduce-overhead":
             notes.append("CUDA graphs keep their memory in private pools allocated at capture (in warm-up): "
                          "see peak_reserved_mb and peak_allocated_incl_warmup_mb, not only peak_allocated_mb")
-    metrics["gpu"] = sampler.summary()
-    metrics["cost_per_million_samples"] = cost_per_million(cfg.gpu_cost_per_hour,
-                                                           metrics["throughput_samples_per_s"]["median"])
-    metrics["flops"] = _flops(flops_per_sample, metrics["throughput_samples_per_s"]["median"], device, cfg)
+    metrics.gpu = Gpu.from_dict(sampler.summary())
+    metrics.cost_per_million_samples = cost_per_million(cfg.gpu_cost_per_hour, metrics.throughput)
+    metrics.flops = _flops(flops_per_sample, metrics.throughput, device, cfg)
     if plan.generation is not None:
-        metrics["flops"]["note"] = "generation: decode is bound by memory bandwidth, see metrics.generation"
-    metrics["compile_s"] = warmup["first_step_s"] if cfg.compile or cfg.cuda_graphs else None
-    metrics["interference"] = summarize_load(loads)
-    metrics["steady_state"] = steady
-    metrics["steady"] = metrics["throughput_samples_per_s"]["range_pct"] <= UNSTEADY_RANGE_PCT
-    metrics["unsteady_phase"] = None if metrics["steady"] else moving_phase([t.phase_ms for t in trials])
-    metrics["throughput_trend"] = None if metrics["steady"] else trend([t.throughput_samples_per_s for t in trials])
-    notes += [note for note in (busy_note(metrics["interference"]), unsteady_note(metrics)) if note]
+        metrics.flops.note = "generation: decode is bound by memory bandwidth, see metrics.generation"
+    metrics.compile_s = first_step_s if cfg.compile or cfg.cuda_graphs else None
+    metrics.interference = summarize_load(loads)
+    metrics.steady_state = SteadyState.from_dict(steady)
+    metrics.steady = metrics.throughput_samples_per_s.range_pct <= UNSTEADY_RANGE_PCT
+    if not metrics.steady:
+        metrics.unsteady_phase = UnsteadyPhase.from_dict(moving_phase([t.phase_ms for t in trials]))
+        metrics.throughput_trend = Trend.from_dict(trend([t.throughput_samples_per_s for t in trials]))
+    notes += [note for note in (busy_note(metrics.interference), unsteady_note(metrics)) if note]
     if interrupted:
         notes.append(interrupted)
-    metrics["trials"] = trials
-    metrics["flops_per_sample"] = flops_per_sample
-    metrics["notes"] = notes
-    metrics["interrupted"] = interrupted
-    metrics["non_finite"] = non_finite
-    metrics["timing"] = {
+    timing = {
         "throughput": THROUGHPUT_METHOD,
         "latency": "per step, from the phase timer's step starts: " + timer_method,
         "phases": timer_method,
         "data_source": plan.data_source,
     }
-    return metrics
+    return Measurement(metrics=metrics, trials=trials, notes=notes, timing=timing, flops_per_sample=flops_per_sample,
+                       interrupted=interrupted, non_finite=non_finite)
 
 
 def _non_finite_reason(plan: StepPlan) -> Optional[str]:
@@ -292,9 +150,10 @@ def _non_finite_reason(plan: StepPlan) -> Optional[str]:
             "model are not meaningful (check the learning rate, the loss and the inputs; fp16 overflows at 65504)")
 
 
-def _warm_up(plan: StepPlan, batches, steps: int, reporter: Reporter) -> dict[str, Optional[float]]:
+def _warm_up(plan: StepPlan, batches, steps: int, reporter: Reporter) -> tuple[float, Optional[float]]:
+    """Seconds of the whole warm-up and of its first step (compilation, autotuning): (0.0, None) without one."""
     if steps == 0:
-        return {"warmup_s": 0.0, "first_step_s": None}
+        return 0.0, None
     reporter.start("warm-up", steps)
     began = time.perf_counter()
     run_steps(plan, batches, 1, NullTimer(), reporter.advance)
@@ -303,7 +162,7 @@ def _warm_up(plan: StepPlan, batches, steps: int, reporter: Reporter) -> dict[st
     run_steps(plan, batches, steps - 1, NullTimer(), reporter.advance)
     _synchronize(plan.device)
     reporter.finish()
-    return {"warmup_s": time.perf_counter() - began, "first_step_s": first_step_s}
+    return time.perf_counter() - began, first_step_s
 
 
 def _timed_trials(plan: StepPlan, batches, cfg: RunConfig, steps: int, reporter: Reporter,
@@ -351,7 +210,7 @@ def _trial(wall_s: float, steps: int, batch_size: int, timer) -> Trial:
                  step_ms=[float(ms) for ms in timer.step_ms()], phase_ms=phase_means)
 
 
-def aggregate(trials: list[Trial], batch_size: int) -> dict[str, Any]:
+def aggregate(trials: list[Trial], batch_size: int) -> Metrics:
     """Median and spread of throughput over trials; latency percentiles over all steps; phase medians."""
     all_steps = [ms for trial in trials for ms in trial.step_ms]
     latency = percentiles(all_steps)
@@ -360,36 +219,35 @@ def aggregate(trials: list[Trial], batch_size: int) -> dict[str, Any]:
     phases = {name: float(np.median([trial.phase_ms.get(name, 0.0) for trial in trials])) for name in names}
     step_mean = latency["mean"]
     phases["unattributed"] = max(0.0, step_mean - sum(phases.values()))
-    return {
-        "throughput_samples_per_s": summarize([trial.throughput_samples_per_s for trial in trials]),
-        "latency_ms": latency,
-        "phases_ms": phases,
-        "phase_share_pct": {name: 100 * value / step_mean for name, value in phases.items()} if step_mean else {},
-        "batch_size": batch_size,
-    }
+    return Metrics(
+        throughput_samples_per_s=Throughput.from_dict(summarize([trial.throughput_samples_per_s for trial in trials])),
+        latency_ms=Latency.from_dict(latency),
+        phases_ms=phases,
+        phase_share_pct={name: 100 * value / step_mean for name, value in phases.items()} if step_mean else {},
+        batch_size=batch_size,
+    )
 
 
-def memory_metrics(device: torch.device) -> dict[str, float]:
+def memory_metrics(device: torch.device) -> Memory:
     """Peak allocated and reserved device memory (CUDA), or the host process's peak RSS (CPU)."""
     if device.type == "cuda":
-        return {
-            "peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
-            "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20,
-            "device_total_mb": torch.cuda.get_device_properties(device).total_memory / 2**20,
-        }
-    return {"host_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        return Memory(peak_allocated_mb=torch.cuda.max_memory_allocated(device) / 2**20,
+                      peak_reserved_mb=torch.cuda.max_memory_reserved(device) / 2**20,
+                      device_total_mb=torch.cuda.get_device_properties(device).total_memory / 2**20)
+    return Memory(host_peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def _flops(per_sample: Optional[float], throughput: float, device: torch.device, cfg: RunConfig) -> dict:
+def _flops(per_sample: Optional[float], throughput: float, device: torch.device, cfg: RunConfig) -> Flops:
     if per_sample is None:
-        return {"per_sample": None, "note": "torch.utils.flop_counter could not trace this model"}
+        return Flops(note="torch.utils.flop_counter could not trace this model")
     achieved = per_sample * throughput / 1e12
     peak, source = peak_tflops(device, cfg.precision)
-    flops = {"per_sample": per_sample, "achieved_tflops": achieved, "peak_tflops": peak, "peak_source": source,
-             "mfu_pct": 100 * achieved / peak if peak else None}
+    flops = Flops(per_sample=per_sample, achieved_tflops=achieved, peak_tflops=peak, peak_source=source,
+                  mfu_pct=100 * achieved / peak if peak else None)
     if peak and achieved > PEAK_SLACK * peak:
         # More than the measured ceiling: that ceiling does not describe the kernels this run used (on a CPU,
         # bf16 autocast runs many ops in fp32), so a percentage of it would mean nothing.
-        flops.update(mfu_pct=None, note=f"achieved {achieved:.3g} TFLOP/s exceeds the {cfg.precision} peak "
-                     f"({peak:.3g}): that peak does not describe this run's kernels, so MFU is not shown")
+        flops.mfu_pct = None
+        flops.note = (f"achieved {achieved:.3g} TFLOP/s exceeds the {cfg.precision} peak ({peak:.3g}): that peak "
+                      "does not describe this run's kernels, so MFU is not shown")
     return flops

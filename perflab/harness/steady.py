@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from perflab.harness.loop import run_steps
 from perflab.harness.timers import NullTimer
+from perflab.results.metrics import Metrics
 
 SETTLED_TOLERANCE = 0.10  # consecutive windows within 10% per step: steady
 MAX_WINDOWS = 8
@@ -115,22 +116,22 @@ def steady_notes(steady: dict[str, Any], steps_per_trial: int, cfg) -> list[str]
     return notes
 
 
-def unsteady_note(metrics: dict[str, Any]) -> Optional[str]:
+def unsteady_note(metrics: Metrics) -> Optional[str]:
     """One line for a run whose trials disagree (naming the phase that moved, when one did); None if steady."""
-    spread = metrics["throughput_samples_per_s"]["range_pct"]
-    if metrics["steady"]:
+    if metrics.steady:
         return None
+    spread = metrics.throughput_samples_per_s.range_pct
     note = (f"trials disagree by {spread:.0f}% (more than {UNSTEADY_RANGE_PCT:g}%): this run is not steady; use "
             "more --trials, longer trials (--steps, --min-trial-s) or a quieter machine before trusting a change")
-    drift = metrics.get("throughput_trend")
+    drift = metrics.throughput_trend
     if drift is not None:
-        note += (f". Throughput {drift['direction']} trial after trial ({drift['first']:.4g} -> {drift['last']:.4g}, "
-                 f"{drift['change_pct']:+.0f}%): a drift, which more trials do not average out (a host that slows "
+        note += (f". Throughput {drift.direction} trial after trial ({drift.first:.4g} -> {drift.last:.4g}, "
+                 f"{drift.change_pct:+.0f}%): a drift, which more trials do not average out (a host that slows "
                  "under sustained load, or state that grows over the run)")
-    moved = metrics.get("unsteady_phase")
+    moved = metrics.unsteady_phase
     if moved is None:
         return note
     where = ("the input pipeline's rate drifts between trials (DataLoader workers and the host CPU), not the model"
-             if moved["phase"] == "data_wait" else f"the {moved['phase']} phase is what varies")
-    return (f"{note}. The {moved['phase']} phase moved between {moved['low_ms']:.2f} and {moved['high_ms']:.2f} ms "
+             if moved.phase == "data_wait" else f"the {moved.phase} phase is what varies")
+    return (f"{note}. The {moved.phase} phase moved between {moved.low_ms:.2f} and {moved.high_ms:.2f} ms "
             f"per step while the other phases moved less: {where}")

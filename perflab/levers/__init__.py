@@ -1,15 +1,18 @@
 """Levers: named, composable optimisations. Each module defines LEVERS, a list of Lever objects.
 
 A lever is one value of one run option; the option's declaration in RunConfig says when it is on, its
-flag, whether it needs CUDA or a mode and what it conflicts with. The lever adds what only it knows: what
-it needs of the workload, which bottleneck classes it addresses, and how it edits the StepPlan.
-`check_levers` checks every active lever before any of them runs, so a refused lever stops the run before
-anything is measured.
+flag, whether it needs CUDA or a mode and what it conflicts with. The lever adds what only it knows, each
+fact declared once, here and nowhere else: what it needs of the workload, which bottleneck classes it
+addresses (and where each class's rule ranks it), how it edits the StepPlan, the change a script's author
+makes in code instead, what is left to do when it loses, and how tune orders its trial. Diagnosis rules,
+tune, the script advice and `perflab levers` read these declarations; tests/test_lever_facts.py checks that
+every lever declares every fact. `check_levers` checks every active lever before any of them runs, so a
+refused lever stops the run before anything is measured.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 import torch
 
@@ -19,21 +22,72 @@ from perflab.errors import PerflabError
 
 Refusal = Callable[..., Optional[str]]
 
+# How much one trial of a lever costs tune (TuneHints.cost)
+ONE_TRIAL = "one plain trial"
+COMPILES = "a trial that compiles the model (tens of seconds to minutes)"
+# Where a data-path lever acts (TuneHints.data_path): tune moves per-item work off the host before it tunes the
+# loader's queue, since while the loader is the limit a deeper queue, pinning or a copy stream change nothing.
+DEVICE_WORK = "moves the per-item work from the host to the device"
+LOADER_QUEUE = "tunes the loader's queue or its copies"
+
+
+@dataclass(frozen=True)
+class Address:
+    """A bottleneck class a lever addresses. `rank`: where the class's rule names the lever (lower first), or
+    None: the rule does not name it, and tune tries it after the named levers. `when`: a situation
+    (perflab.bottlenecks) the rule must report for it to name the lever; a lever may hold two addresses of one
+    class with different situations (and ranks)."""
+
+    cls: str
+    rank: Optional[int] = None
+    when: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class TuneHints:
+    """What tune's ordering reads (perflab/tune/ordering.py): the cost of a trial, the lever tried at once when
+    this one is kept (its partner: one win measured in two trials), where on the data path it acts, and how far
+    it reduces the arithmetic among its option's values (a value is tried only above the current one's)."""
+
+    cost: str  # ONE_TRIAL or COMPILES
+    partner: Optional[str] = None  # a lever name
+    data_path: Optional[str] = None  # DEVICE_WORK, LOADER_QUEUE or None
+    tier: Optional[int] = None  # --precision: tf32 1, bf16 and fp16 2 (fp32, which is no lever, 0)
+
 
 @dataclass(frozen=True)
 class Lever:
     """A lever is one value of one run option (RunConfig field `option`); the option's declaration says its
-    flag, whether it needs CUDA or a mode, what it conflicts with and whether it changes numerics."""
+    flag, whether it needs CUDA or a mode, what it conflicts with and whether it changes numerics. The rest of
+    its facts are declared here (see the module docstring)."""
 
     name: str  # the name diagnosis uses to propose it, e.g. "channels-last"
     option: str  # the RunConfig field that switches it on
     value: Any  # the option's value that is this lever; None: any value that sets the option
     summary: str
     needs: str  # human text: what it requires
-    addresses: tuple[str, ...]  # bottleneck classes, as the diagnosis names them (docs/diagnose.md)
+    addresses: tuple[Address, ...]  # bottleneck classes, as the diagnosis names them (docs/diagnose.md)
     order: int  # application order: data path < precision < layout < optimizer < compile < graphs
     apply: Callable  # (plan, cfg) -> None
+    in_code: str  # the same change made in a script's own code (`perflab run -- python script.py` advice)
+    when_lost: str  # what its loss teaches: the cost it left in place, and what acts on that
+    tune: TuneHints
     checks: Refusal = field(default=lambda *_: None)  # what the option table cannot know (the workload, ...)
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The bottleneck classes it addresses, each once, in declaration order."""
+        return tuple(dict.fromkeys(address.cls for address in self.addresses))
+
+    def rank_for(self, cls: str, situations: Collection[str], always: bool = True) -> Optional[int]:
+        """Where the rule for `cls` names this lever when `situations` hold, or None when it does not name it.
+        always=False: only an address that asks for one of `situations` counts (not one that asks for none)."""
+        for address in self.addresses:
+            if address.cls != cls or address.rank is None:
+                continue
+            if address.when in situations or (always and address.when is None):
+                return address.rank
+        return None
 
     @property
     def declared(self) -> options.Option:
@@ -84,6 +138,15 @@ def _optional_modules() -> list:
             if err.name != f"perflab.levers.{name}":
                 raise
     return found
+
+
+def levers_for(cls: str, situations: Collection[str] = (), always: bool = True) -> list[str]:
+    """The names of the levers the rule for `cls` names when `situations` hold, best first (by declared rank;
+    equal ranks in application order). always=False: only the levers whose address asks for one of
+    `situations` (the decode rule names the levers of its regime, not every lever of the class)."""
+    ranked = [(lever.rank_for(cls, situations, always), index, lever.name)
+              for index, lever in enumerate(all_levers())]
+    return [name for rank, _, name in sorted(entry for entry in ranked if entry[0] is not None)]
 
 
 def lever_names() -> list[str]:

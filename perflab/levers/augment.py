@@ -20,11 +20,10 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from perflab.harness.data import in_memory_format
-from perflab.levers import Lever, first_refusal
+from perflab.bottlenecks import CPU_AUGMENTATION, H2D_COPIES, INPUT_PIPELINE
+from perflab.levers import DEVICE_WORK, ONE_TRIAL, Address, Lever, TuneHints, first_refusal
 from perflab.levers.data_path import _needs_loader
 from perflab.levers.prefetcher import StreamPrefetcher
-
-INPUT = ("input pipeline", "host-to-device copies")
 
 
 def _needs_augment_support(cfg, workload, device) -> Optional[str]:
@@ -82,13 +81,24 @@ def _apply_gpu_stream(plan, cfg) -> None:
 
 LEVERS = [
     Lever("augment-cpu", "augment", "cpu", "per-sample augmentation on the CPU, in the dataset / DataLoader workers",
-          "a workload that declares augmentations", ("input pipeline",), 16, _apply_cpu, _needs_augment_support),
+          "a workload that declares augmentations", (Address(INPUT_PIPELINE),), 16, _apply_cpu,
+          in_code="augment per item in the Dataset's __getitem__, with DataLoader(..., num_workers=N) running it",
+          when_lost="per-item augmentation on the CPU lost: the device path is cheaper here; augment on the GPU "
+                    "in batches, or precompute the augmented data",
+          tune=TuneHints(ONE_TRIAL), checks=_needs_augment_support),
     Lever("augment-gpu", "augment", "gpu",
           "batched, vectorised augmentation on the device (per-sample randomness); uint8 host batches",
           "a workload with a batched gpu_augment (on a CPU run: the same batched transform on the CPU)",
-          INPUT, 16, _apply_gpu, _needs_augment_support),
+          (Address(INPUT_PIPELINE, 5, CPU_AUGMENTATION), Address(H2D_COPIES, 3)), 16, _apply_gpu,
+          in_code="run the per-batch augmentation on the GPU after the copy, not per item in the Dataset",
+          when_lost="GPU augmentation lost: precompute the augmented data, or lighten the transforms",
+          tune=TuneHints(ONE_TRIAL, data_path=DEVICE_WORK), checks=_needs_augment_support),
     Lever("augment-gpu-stream", "augment", "gpu-stream",
           "batched device augmentation of the next batch on a side CUDA stream, overlapped with the step",
-          "CUDA, a DataLoader data source, a workload with a batched gpu_augment", INPUT, 16, _apply_gpu_stream,
-          first_refusal(_needs_augment_support, _needs_loader("--augment gpu-stream"))),
+          "CUDA, a DataLoader data source, a workload with a batched gpu_augment",
+          (Address(INPUT_PIPELINE, 6, CPU_AUGMENTATION), Address(H2D_COPIES)), 16, _apply_gpu_stream,
+          in_code="run the per-batch augmentation on the GPU, on a side stream one batch ahead",
+          when_lost="GPU augmentation on a side stream lost: run it on the default stream, or precompute it",
+          tune=TuneHints(ONE_TRIAL),
+          checks=first_refusal(_needs_augment_support, _needs_loader("--augment gpu-stream"))),
 ]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.levers import Lever
+from perflab.bottlenecks import ACTIVATION_MEMORY
+from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints
 
 
 def _needs_support(cfg, workload, device) -> Optional[str]:
@@ -27,5 +28,8 @@ def _apply(plan, cfg) -> None:
 LEVERS = [
     Lever("activation-checkpointing", "activation_checkpointing", True,
           "recompute block activations in backward: less activation memory for more compute",
-          "--mode train, a workload with checkpointable blocks", ("activation memory",), 45, _apply, _needs_support),
+          "--mode train, a workload with checkpointable blocks", (Address(ACTIVATION_MEMORY, 1),), 45, _apply,
+          in_code="torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) around blocks",
+          when_lost="checkpointing lost: a smaller batch with gradient accumulation, or lower precision",
+          tune=TuneHints(ONE_TRIAL), checks=_needs_support),
 ]

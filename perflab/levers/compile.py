@@ -5,7 +5,9 @@ from typing import Optional
 
 import torch
 
-from perflab.levers import Lever
+from perflab.bottlenecks import (COMPUTE_BOUND, DECODE_LAUNCH_BOUND, INFERENCE_QUEUE, LAUNCH_OVERHEAD,
+                                 MEMORY_BANDWIDTH)
+from perflab.levers import COMPILES, Address, Lever, TuneHints
 
 
 def _refuse(cfg, workload, device) -> Optional[str]:
@@ -28,5 +30,9 @@ def _apply(plan, cfg) -> None:
 LEVERS = [
     Lever("compile", "compile", None, "torch.compile: fused kernels (Inductor); reduce-overhead adds CUDA graphs",
           "torch 2.x and a C++ compiler (CPU) or Triton (CUDA)",
-          ("launch / framework overhead", "memory bandwidth"), 60, _apply, _refuse),
+          (Address(LAUNCH_OVERHEAD, 2), Address(MEMORY_BANDWIDTH, 1), Address(COMPUTE_BOUND, 7),
+           Address(INFERENCE_QUEUE, 1), Address(LAUNCH_OVERHEAD, 2, DECODE_LAUNCH_BOUND)), 60, _apply,
+          in_code="model = torch.compile(model)",
+          when_lost="torch.compile lost: fuse by hand (fewer, larger tensor ops), or a larger batch",
+          tune=TuneHints(COMPILES), checks=_refuse),
 ]

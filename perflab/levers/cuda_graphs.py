@@ -9,7 +9,8 @@ import torch
 from perflab.harness.calls import call_loss, call_model
 from perflab.harness.data import map_tensors
 from perflab.harness.graph_capture import capture_graph
-from perflab.levers import Lever
+from perflab.bottlenecks import INFERENCE_QUEUE, LAUNCH_OVERHEAD, NO_HOST_SYNCS
+from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints
 
 
 def copy_into(static: Any, batch: Any) -> None:
@@ -110,6 +111,12 @@ def _apply(plan, cfg) -> None:
 
 
 LEVERS = [
+    # A CUDA graph cannot capture a step that waits for the device: the launch rule names it only without syncs.
     Lever("cuda-graphs", "cuda_graphs", True, "capture the step as a CUDA graph and replay it",
-          "CUDA, static shapes, no host syncs in the step", ("launch / framework overhead",), 70, _apply, _refuse),
+          "CUDA, static shapes, no host syncs in the step",
+          (Address(LAUNCH_OVERHEAD, 1, NO_HOST_SYNCS), Address(INFERENCE_QUEUE, 2)), 70, _apply,
+          in_code="model = torch.compile(model, mode='reduce-overhead')",
+          when_lost="CUDA graphs lost: a larger batch amortises the per-op cost; fuse the small ops (torch.compile "
+                    "default mode) or write them as fewer, larger tensor ops",
+          tune=TuneHints(ONE_TRIAL), checks=_refuse),
 ]

@@ -12,9 +12,10 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from perflab.levers import Lever
+from perflab.bottlenecks import COMPUTE_BOUND, CONVOLUTIONS, MEMORY_BANDWIDTH
+from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints
 
-CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+CONVOLUTION_MODULES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
 def set_cudnn_benchmark(enabled: bool) -> Callable[[], None]:
@@ -28,7 +29,7 @@ def set_cudnn_benchmark(enabled: bool) -> Callable[[], None]:
 
 
 def _refuse_without_convs(cfg, workload, device) -> Optional[str]:
-    if not any(isinstance(module, CONVOLUTIONS) for module in workload.model.modules()):
+    if not any(isinstance(module, CONVOLUTION_MODULES) for module in workload.model.modules()):
         return f"{workload.name} has no convolutions, so there is no cuDNN algorithm to choose"
     return None
 
@@ -39,7 +40,10 @@ def _apply(plan, cfg) -> None:
 
 LEVERS = [
     Lever("cudnn-benchmark", "cudnn_benchmark", True, "cuDNN times each convolution's algorithms once and keeps "
-          "the fastest", "CUDA and a model with convolutions (fixed input shapes)", ("compute bound",
-                                                                                     "memory bandwidth"),
-          31, _apply, _refuse_without_convs),
+          "the fastest", "CUDA and a model with convolutions (fixed input shapes)",
+          (Address(COMPUTE_BOUND, 5, CONVOLUTIONS), Address(MEMORY_BANDWIDTH, 3, CONVOLUTIONS)), 31, _apply,
+          in_code="torch.backends.cudnn.benchmark = True before the first step (input shapes fixed)",
+          when_lost="cuDNN's timed algorithms lost: its heuristic choice is already the fastest here, or the "
+                    "input shapes change between steps",
+          tune=TuneHints(ONE_TRIAL), checks=_refuse_without_convs),
 ]

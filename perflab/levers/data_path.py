@@ -3,10 +3,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.levers import Lever, first_refusal
-
-INPUT = ("input pipeline",)
-COPIES = ("host-to-device copies",)
+from perflab.bottlenecks import H2D_COPIES, INPUT_PIPELINE, NO_WORKERS, PAGEABLE_COPIES, WITH_WORKERS
+from perflab.levers import LOADER_QUEUE, ONE_TRIAL, Address, Lever, TuneHints, first_refusal
 
 
 def _needs_loader(what: str):
@@ -45,14 +43,34 @@ def _set_pin_memory(plan, cfg) -> None:
 
 LEVERS = [
     Lever("workers", "workers", None, "load and transform batches in N DataLoader worker processes",
-          "a DataLoader data source", INPUT, 10, _set_workers, _needs_loader("--workers")),
+          "a DataLoader data source",
+          # with no workers, more of them comes first; with some, the queue levers come before more of them
+          (Address(INPUT_PIPELINE, 1, NO_WORKERS), Address(INPUT_PIPELINE, 3, WITH_WORKERS)), 10, _set_workers,
+          in_code="DataLoader(..., num_workers=N)",
+          when_lost="more DataLoader workers lost: the per-item work itself is the cost: cache decoded/pre-processed "
+                    "items, or move the augmentation to the GPU in batches",
+          tune=TuneHints(ONE_TRIAL), checks=_needs_loader("--workers")),
     Lever("persistent-workers", "persistent_workers", True, "keep DataLoader workers alive between epochs",
-          "--workers N", INPUT, 11, _set_persistent,
-          first_refusal(_needs_loader("--persistent-workers"), _needs_workers("--persistent-workers"))),
+          "--workers N", (Address(INPUT_PIPELINE, 2),), 11, _set_persistent,
+          in_code="DataLoader(..., num_workers=N, persistent_workers=True)",
+          when_lost="persistent workers lost: worker start-up is not the cost; the per-item work is: cache "
+                    "decoded items or augment on the GPU",
+          tune=TuneHints(ONE_TRIAL, data_path=LOADER_QUEUE),
+          checks=first_refusal(_needs_loader("--persistent-workers"), _needs_workers("--persistent-workers"))),
     Lever("prefetch-factor", "prefetch_factor", None, "batches each worker loads ahead",
-          "--workers N", INPUT, 12, _set_prefetch_factor,
-          first_refusal(_needs_loader("--prefetch-factor"), _needs_workers("--prefetch-factor"))),
+          "--workers N", (Address(INPUT_PIPELINE, 3, NO_WORKERS), Address(INPUT_PIPELINE, 1, WITH_WORKERS)), 12,
+          _set_prefetch_factor,
+          in_code="DataLoader(..., num_workers=N, prefetch_factor=4)",
+          when_lost="a deeper prefetch queue lost: the loader is slower than the step on average, not just "
+                    "bursty: make each item cheaper (cache, GPU augmentation)",
+          tune=TuneHints(ONE_TRIAL, data_path=LOADER_QUEUE),
+          checks=first_refusal(_needs_loader("--prefetch-factor"), _needs_workers("--prefetch-factor"))),
     Lever("pin-memory", "pin_memory", True, "page-locked host batches: faster, asynchronous copies to the GPU "
           "(on by default on CUDA; --no-pin-memory turns it off)",
-          "CUDA", COPIES, 13, _set_pin_memory, _needs_loader("--pin-memory")),
+          "CUDA", (Address(H2D_COPIES, 1, PAGEABLE_COPIES),), 13, _set_pin_memory,
+          in_code="DataLoader(..., pin_memory=True) and batch.to(device, non_blocking=True)",
+          when_lost="pinning lost (pinning in the main process costs what the pageable copy cost): the copy itself "
+                    "is the cost: copy uint8 (or the smallest dtype that holds the data) and convert on the GPU, or "
+                    "copy less per step",
+          tune=TuneHints(ONE_TRIAL, data_path=LOADER_QUEUE), checks=_needs_loader("--pin-memory")),
 ]

@@ -11,9 +11,8 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from perflab.levers import Lever
-
-COLLECTIVES = ("collectives",)
+from perflab.bottlenecks import COLLECTIVES, COMPUTE_BOUND, DDP, FSDP
+from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints
 
 
 def _in_a_rank(cfg, workload, device) -> Optional[str]:
@@ -51,25 +50,64 @@ def _apply_comm_hook(plan, cfg) -> None:
     register_compression_hook(plan, cfg.ddp_comm_hook)
 
 
+# The collectives rule names the DDP settings under DDP and the FSDP one under FSDP; grad-accum under both.
+MORE_COMPUTE_PER_ALL_REDUCE = "more compute per all-reduce (a larger per-GPU batch, --grad-accum N)"
+
 LEVERS = [
     Lever("grad-accum", "grad_accum", None, "accumulate gradients over N steps; with --nproc the first N-1 skip "
-          "the all-reduce (no_sync)", "--mode train", COLLECTIVES, 44, _apply_grad_accum),
+          "the all-reduce (no_sync)", "--mode train", (Address(COLLECTIVES, 4),), 44, _apply_grad_accum,
+          in_code="optimizer.step() every N micro-batches, the first N-1 backwards inside ddp_model.no_sync()",
+          when_lost="gradient accumulation lost: the number of all-reduces is not the cost; overlap them (bucket "
+                    "size) or send fewer bytes (bf16 compression hook)",
+          tune=TuneHints(ONE_TRIAL)),
     Lever("ddp-bucket-size", "ddp_bucket_mb", None, "DDP gradient bucket size: when all-reduces start in backward "
-          "and how many there are", "--nproc 2+, --parallel ddp, --mode train", COLLECTIVES, 44,
-          _set("bucket_cap_mb", "ddp_bucket_mb")),
+          "and how many there are", "--nproc 2+, --parallel ddp, --mode train", (Address(COLLECTIVES, 1, DDP),), 44,
+          _set("bucket_cap_mb", "ddp_bucket_mb"),
+          in_code="DistributedDataParallel(model, bucket_cap_mb=N)",
+          when_lost="another bucket size lost: the all-reduces overlap backward as well as they can; send fewer "
+                    f"bytes (bf16 compression hook) or {MORE_COMPUTE_PER_ALL_REDUCE}",
+          tune=TuneHints(ONE_TRIAL)),
     Lever("gradient-as-bucket-view", "gradient_as_bucket_view", True, "gradients live in DDP's buckets: no copy, "
-          "less memory", "--nproc 2+, --parallel ddp, --mode train", COLLECTIVES, 44,
-          _set("gradient_as_bucket_view", "gradient_as_bucket_view")),
+          "less memory", "--nproc 2+, --parallel ddp, --mode train", (Address(COLLECTIVES, 2, DDP),), 44,
+          _set("gradient_as_bucket_view", "gradient_as_bucket_view"),
+          in_code="DistributedDataParallel(model, gradient_as_bucket_view=True)",
+          when_lost="gradients as bucket views lost: the copy into the buckets is not the cost; the all-reduce "
+                    f"is: {MORE_COMPUTE_PER_ALL_REDUCE}",
+          tune=TuneHints(ONE_TRIAL)),
     Lever("static-graph", "static_graph", True, "DDP knows the graph is fixed: bucket order from the first step, "
-          "no unused-parameter search", "--nproc 2+, --parallel ddp, --mode train", COLLECTIVES, 44,
-          _set("static_graph", "static_graph")),
+          "no unused-parameter search", "--nproc 2+, --parallel ddp, --mode train", (Address(COLLECTIVES, 3, DDP),),
+          44, _set("static_graph", "static_graph"),
+          in_code="DistributedDataParallel(model, static_graph=True)",
+          when_lost="a static graph lost: the bucket order is not the cost; the all-reduce is: "
+                    f"{MORE_COMPUTE_PER_ALL_REDUCE}",
+          tune=TuneHints(ONE_TRIAL)),
     Lever("fsdp-no-reshard", "reshard_after_forward", False, "FSDP keeps the gathered parameters from forward "
-          "to backward: one all-gather less per step, more memory", "--nproc 2+, --parallel fsdp", COLLECTIVES,
-          44, _set("reshard_after_forward", "reshard_after_forward")),
+          "to backward: one all-gather less per step, more memory", "--nproc 2+, --parallel fsdp",
+          (Address(COLLECTIVES, 1, FSDP),), 44, _set("reshard_after_forward", "reshard_after_forward"),
+          in_code="fully_shard(module, reshard_after_forward=False)",
+          when_lost="keeping the gathered parameters lost: the backward all-gathers were hidden already; "
+                    f"{MORE_COMPUTE_PER_ALL_REDUCE}",
+          tune=TuneHints(ONE_TRIAL)),
+    # Not named by any rule (--nproc is the user's choice of hardware); tune expands no value for it.
     Lever("data-parallel", "nproc", None, "DDP or FSDP2 over --nproc ranks, each on its shard of the data",
-          "ranks started by perflab (--nproc)", (), 46, _apply_data_parallel, _in_a_rank),
+          "ranks started by perflab (--nproc)", (Address(COMPUTE_BOUND),), 46, _apply_data_parallel,
+          in_code="torchrun --nproc-per-node N script.py, with DistributedDataParallel(model) (or fully_shard) "
+                  "and a DistributedSampler",
+          when_lost="more ranks lost: communication costs what the split compute saved; the collectives levers, "
+                    f"or {MORE_COMPUTE_PER_ALL_REDUCE}",
+          tune=TuneHints(ONE_TRIAL), checks=_in_a_rank),
     Lever("bf16-comm-hook", "ddp_comm_hook", "bf16", "all-reduce gradients in bf16: half the bytes",
-          "CUDA, --nproc 2+, --parallel ddp, --mode train", COLLECTIVES, 47, _apply_comm_hook),
+          "CUDA, --nproc 2+, --parallel ddp, --mode train", (Address(COLLECTIVES, 5, DDP),), 47, _apply_comm_hook,
+          in_code="ddp_model.register_comm_hook(None, default_hooks.bf16_compress_hook) "
+                  "(torch.distributed.algorithms.ddp_comm_hooks)",
+          when_lost="bf16 gradient compression lost: the bytes are not the limit, the exposed latency is: larger "
+                    f"buckets, or {MORE_COMPUTE_PER_ALL_REDUCE}",
+          tune=TuneHints(ONE_TRIAL)),
     Lever("fp16-comm-hook", "ddp_comm_hook", "fp16", "all-reduce gradients in fp16: half the bytes",
-          "CUDA, --nproc 2+, --parallel ddp, --mode train", COLLECTIVES, 47, _apply_comm_hook),
+          "CUDA, --nproc 2+, --parallel ddp, --mode train", (Address(COLLECTIVES),), 47, _apply_comm_hook,
+          in_code="ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook) "
+                  "(torch.distributed.algorithms.ddp_comm_hooks)",
+          when_lost="fp16 gradient compression lost: the bytes are not the limit, the exposed latency is: larger "
+                    f"buckets, or {MORE_COMPUTE_PER_ALL_REDUCE}",
+          tune=TuneHints(ONE_TRIAL)),
 ]

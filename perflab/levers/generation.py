@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.levers import Lever, first_refusal
-
-BANDWIDTH = "memory bandwidth"
+from perflab.bottlenecks import (COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND, DECODE_COMPUTE_BOUND, DECODE_KERNEL_EFFICIENCY,
+                                 DECODE_LAUNCH_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH)
+from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints, first_refusal
 
 
 def needs_generation(cfg, workload, device) -> Optional[str]:
@@ -37,23 +37,49 @@ def _set(name: str, value_of):
     return apply
 
 
-def _quantize_lever(scheme: str, summary: str, needs: str) -> Lever:
-    return Lever(scheme, "quantize", scheme, summary, needs, (BANDWIDTH,), 50,
-                 _set("quantize", lambda cfg: cfg.quantize), first_refusal(needs_generation, _quantize_checks))
+# The decode rule (perflab/diagnose/decode.py) names these by the decode step's regime (each address's `when`);
+# the trace rules do not name them.
+FEWER_BYTES_LOST = ("the weights' bytes are not what limits this decode step; a larger decode batch, or --kv-cache "
+                    "static --compile reduce-overhead when it waits on launches")
+
+
+def _quantize_lever(scheme: str, summary: str, needs: str, addresses: tuple[Address, ...], in_code: str) -> Lever:
+    return Lever(scheme, "quantize", scheme, summary, needs, addresses, 50,
+                 _set("quantize", lambda cfg: cfg.quantize),
+                 in_code=in_code, when_lost=f"{scheme} weights lost: {FEWER_BYTES_LOST}",
+                 tune=TuneHints(ONE_TRIAL), checks=first_refusal(needs_generation, _quantize_checks))
 
 
 LEVERS = [
     Lever("kv-cache-static", "kv_cache", "static", "pre-allocated KV cache: fixed shapes, so --compile "
           "reduce-overhead can capture the decode step", "a generation workload with the built-in decoder",
-          ("launch / framework overhead",), 55, _set("static_cache", lambda cfg: True),
-          first_refusal(needs_generation, _needs_builtin_decoder)),
+          (Address(LAUNCH_OVERHEAD, 1, DECODE_LAUNCH_BOUND),), 55, _set("static_cache", lambda cfg: True),
+          in_code="a pre-allocated KV cache (transformers: generate(..., cache_implementation='static')), "
+                  "with the decode step compiled (mode='reduce-overhead')",
+          when_lost="the static KV cache lost: launching is not what limits this decode step; read fewer bytes per "
+                    "token (quantized weights) or make more tokens per read (speculative decoding)",
+          tune=TuneHints(ONE_TRIAL), checks=first_refusal(needs_generation, _needs_builtin_decoder)),
     _quantize_lever("int8-weight", "int8 weight-only quantization (torchao): half the bytes of bf16 per decode step",
-                    "torchao (pip install 'perflab[quant]'), a generation workload"),
+                    "torchao (pip install 'perflab[quant]'), a generation workload",
+                    (Address(MEMORY_BANDWIDTH, 1, DECODE_BANDWIDTH_BOUND),
+                     Address(MEMORY_BANDWIDTH, 1, DECODE_KERNEL_EFFICIENCY)),
+                    "torchao.quantization.quantize_(model, int8_weight_only())"),
     _quantize_lever("fp8", "fp8 weight-only quantization (torchao)",
-                    "torchao, CUDA with compute capability 8.9+ (Ada, Hopper), a generation workload"),
+                    "torchao, CUDA with compute capability 8.9+ (Ada, Hopper), a generation workload",
+                    (Address(MEMORY_BANDWIDTH, 3, DECODE_BANDWIDTH_BOUND),
+                     Address(COMPUTE_BOUND, 2, DECODE_COMPUTE_BOUND)),
+                    "torchao.quantization.quantize_(model, float8_weight_only())"),
     _quantize_lever("int4-weight", "int4 weight-only quantization, group size 128 (torchao tinygemm)",
-                    "torchao, CUDA, --precision bf16, a generation workload"),
+                    "torchao, CUDA, --precision bf16, a generation workload",
+                    (Address(MEMORY_BANDWIDTH, 2, DECODE_BANDWIDTH_BOUND),),
+                    "torchao.quantization.quantize_(model, int4_weight_only(group_size=128)) on a bf16 CUDA model"),
     Lever("speculative", "speculative", None, "speculative decoding: a draft proposes K tokens, the target "
           "verifies them in one forward", "a generation workload; a draft (built-in or --draft)",
-          (BANDWIDTH,), 56, _set("speculative_k", lambda cfg: cfg.speculative), needs_generation),
+          (Address(MEMORY_BANDWIDTH, 4, DECODE_BANDWIDTH_BOUND),
+           Address(MEMORY_BANDWIDTH, 2, DECODE_KERNEL_EFFICIENCY)),
+          56, _set("speculative_k", lambda cfg: cfg.speculative),
+          in_code="model.generate(..., assistant_model=draft) (transformers assisted generation)",
+          when_lost="speculative decoding lost: the target rejects too many of the draft's tokens, or the draft "
+                    "costs too much: a smaller draft, or fewer tokens per guess (a smaller K)",
+          tune=TuneHints(ONE_TRIAL), checks=needs_generation),
 ]

@@ -6,7 +6,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from perflab.levers import Lever
+from perflab.bottlenecks import COMPUTE_BOUND, CONVOLUTIONS, MEMORY_BANDWIDTH
+from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints
 
 
 def _refuse_without_convs(cfg, workload, device) -> Optional[str]:
@@ -22,5 +23,9 @@ def _apply(plan, cfg) -> None:
 
 LEVERS = [
     Lever("channels-last", "channels_last", True, "NHWC memory layout for convolutions (tensor-core friendly)",
-          "a model with Conv2d layers", ("memory bandwidth", "compute bound"), 30, _apply, _refuse_without_convs),
+          "a model with Conv2d layers",
+          (Address(MEMORY_BANDWIDTH, 2, CONVOLUTIONS), Address(COMPUTE_BOUND, 4, CONVOLUTIONS)), 30, _apply,
+          in_code="model.to(memory_format=torch.channels_last), and the same for the image inputs",
+          when_lost="channels-last lost: these convolutions are fastest in NCHW; keep it",
+          tune=TuneHints(ONE_TRIAL), checks=_refuse_without_convs),
 ]

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from perflab.errors import PerflabError
-from perflab.levers import Lever
+from perflab.bottlenecks import LAUNCH_OVERHEAD, TRAINING
+from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints
 
 
 def rebuild_optimizer(optimizer, impl: str):
@@ -32,7 +33,14 @@ def _apply(plan, cfg) -> None:
 
 LEVERS = [
     Lever("foreach-optimizer", "optimizer_impl", "foreach", "multi-tensor (foreach) optimizer step",
-          "--mode train", ("launch / framework overhead",), 40, _apply),
+          "--mode train", (Address(LAUNCH_OVERHEAD, 4, TRAINING),), 40, _apply,
+          in_code="the optimizer with foreach=True",
+          when_lost="the foreach optimizer lost: the optimizer step is not the cost",
+          tune=TuneHints(ONE_TRIAL)),
     Lever("fused-optimizer", "optimizer_impl", "fused", "one fused kernel per optimizer step",
-          "--mode train; an optimizer with a fused implementation", ("launch / framework overhead",), 40, _apply),
+          "--mode train; an optimizer with a fused implementation", (Address(LAUNCH_OVERHEAD, 3, TRAINING),), 40,
+          _apply,
+          in_code="the optimizer with fused=True (Adam, AdamW, SGD on CUDA)",
+          when_lost="the fused optimizer lost: the optimizer step is not the cost",
+          tune=TuneHints(ONE_TRIAL)),
 ]

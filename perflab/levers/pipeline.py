@@ -16,7 +16,8 @@ from torch import nn
 
 from perflab.harness.calls import call_model, inputs_from_call
 from perflab.harness.data import map_tensors, to_device
-from perflab.levers import Lever, first_refusal
+from perflab.bottlenecks import COMPUTE_BOUND, LAUNCH_OVERHEAD
+from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints, first_refusal
 from perflab.levers.data_path import _needs_loader
 
 
@@ -130,6 +131,10 @@ LEVERS = [
     Lever("pipeline-streams", "pipeline", "streams",
           "run the frozen front stage of batch N+1 on its own CUDA stream while batch N trains",
           "CUDA, --mode train, a workload with frozen_stage/trainable_stage, a DataLoader data source",
-          ("launch / framework overhead", "compute bound"), 65, _apply,
-          first_refusal(_needs_stages, _needs_loader("--pipeline streams"))),
+          (Address(LAUNCH_OVERHEAD), Address(COMPUTE_BOUND)), 65, _apply,
+          in_code="run the frozen front of the model one batch ahead on its own CUDA stream",
+          when_lost="overlapping the frozen stage lost: the device was already busy during it; make the frozen "
+                    "stage cheaper (lower precision, torch.compile) or cache its features",
+          tune=TuneHints(ONE_TRIAL),
+          checks=first_refusal(_needs_stages, _needs_loader("--pipeline streams"))),
 ]

@@ -1,27 +1,13 @@
 """Precision levers: tf32 matmuls/convolutions, bf16 autocast, fp16 autocast with a gradient scaler."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-from perflab.levers import Lever
-
-NUMERIC = ("compute bound", "memory bandwidth", "activation memory")
-
-
-def set_tf32(enabled: bool) -> Callable[[], None]:
-    """Switch TF32 for matmuls and cuDNN convolutions; returns a function that restores the old state."""
-    old_matmul = torch.get_float32_matmul_precision()
-    old_cudnn = torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("high" if enabled else "highest")
-    torch.backends.cudnn.allow_tf32 = enabled
-
-    def restore() -> None:
-        torch.set_float32_matmul_precision(old_matmul)
-        torch.backends.cudnn.allow_tf32 = old_cudnn
-    return restore
-
+from perflab.backends import set_tf32
+from perflab.bottlenecks import ACTIVATION_MEMORY, COMPUTE_BOUND, DECODE_COMPUTE_BOUND, FULL_PRECISION, MEMORY_BANDWIDTH
+from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints
 
 def _refuse_bf16(cfg, workload, device) -> Optional[str]:
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -43,11 +29,30 @@ def _apply_fp16(plan, cfg) -> None:
         plan.scaler = torch.amp.GradScaler("cuda")
 
 
+# Reduced precision is named by the compute, memory-bandwidth and activation-memory rules while the run is at
+# full precision; a reduced float format pairs with channels-last (cuDNN's tensor-core convolutions want NHWC
+# in bf16/fp16; in NCHW a bf16 network spends its time in layout transposes).
 LEVERS = [
     Lever("tf32", "precision", "tf32", "TF32 tensor cores for fp32 matmuls and convolutions",
-          "CUDA (Ampere or newer)", NUMERIC, 20, _apply_tf32),
+          "CUDA (Ampere or newer)",
+          (Address(COMPUTE_BOUND, 2, FULL_PRECISION), Address(MEMORY_BANDWIDTH), Address(ACTIVATION_MEMORY)), 20,
+          _apply_tf32,
+          in_code="torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True",
+          when_lost="TF32 lost: the fp32 matmuls are not the limit; a larger batch or less work is",
+          tune=TuneHints(ONE_TRIAL, tier=1)),
     Lever("bf16", "precision", "bf16", "bf16 autocast for forward and loss",
-          "a device with bf16 (CPU or Ampere+ GPU)", NUMERIC, 20, _apply_bf16, _refuse_bf16),
+          "a device with bf16 (CPU or Ampere+ GPU)",
+          (Address(COMPUTE_BOUND, 1, FULL_PRECISION), Address(MEMORY_BANDWIDTH, 4, FULL_PRECISION),
+           Address(ACTIVATION_MEMORY, 2, FULL_PRECISION), Address(COMPUTE_BOUND, 1, DECODE_COMPUTE_BOUND)), 20,
+          _apply_bf16,
+          in_code="with torch.autocast('cuda', dtype=torch.bfloat16): around the forward and the loss",
+          when_lost="bf16 lost: the matmuls are not the limit at this size; a larger batch or less work is",
+          tune=TuneHints(ONE_TRIAL, partner="channels-last", tier=2), checks=_refuse_bf16),
     Lever("fp16", "precision", "fp16", "fp16 autocast; training adds a dynamic gradient scaler",
-          "CUDA", NUMERIC, 20, _apply_fp16),
+          "CUDA",
+          (Address(COMPUTE_BOUND, 3, FULL_PRECISION), Address(MEMORY_BANDWIDTH, 5, FULL_PRECISION),
+           Address(ACTIVATION_MEMORY, 3, FULL_PRECISION)), 20, _apply_fp16,
+          in_code="torch.autocast('cuda', dtype=torch.float16) with a torch.amp.GradScaler",
+          when_lost="fp16 lost: the matmuls are not the limit at this size; a larger batch or less work is",
+          tune=TuneHints(ONE_TRIAL, partner="channels-last", tier=2)),
 ]

@@ -6,7 +6,8 @@ from typing import Any, Iterator, Optional
 import torch
 
 from perflab.harness.data import map_tensors, to_device
-from perflab.levers import Lever
+from perflab.bottlenecks import H2D_COPIES, INPUT_PIPELINE
+from perflab.levers import LOADER_QUEUE, ONE_TRIAL, Address, Lever, TuneHints
 from perflab.levers.data_path import _needs_loader
 
 
@@ -52,6 +53,10 @@ def _apply(plan, cfg) -> None:
 LEVERS = [
     Lever("prefetcher-stream", "prefetcher", "stream",
           "copy the next batch on a side CUDA stream while the current one computes",
-          "CUDA, a DataLoader data source, pinned memory", ("host-to-device copies", "input pipeline"), 15,
-          _apply, _needs_loader("--prefetcher stream")),
+          "CUDA, a DataLoader data source, pinned memory", (Address(H2D_COPIES, 2), Address(INPUT_PIPELINE, 4)), 15,
+          _apply,
+          in_code="copy the next batch on a side torch.cuda.Stream while the current one computes",
+          when_lost="overlapping the copy with compute lost: the copy bandwidth is the limit: copy fewer bytes "
+                    "(uint8, crops, decoded once on the GPU)",
+          tune=TuneHints(ONE_TRIAL, data_path=LOADER_QUEUE), checks=_needs_loader("--prefetcher stream")),
 ]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Callable, ContextManager, Optional
 
-from perflab.levers import Lever, first_refusal
+from perflab.bottlenecks import ACTIVATION_MEMORY, ATTENTION, COMPUTE_BOUND, MEMORY_BANDWIDTH
+from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints, first_refusal
 
 BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
 
@@ -47,10 +48,19 @@ def _apply(plan, cfg) -> None:
 LEVERS = [
     Lever("sdpa-flash", "sdpa", "flash", "FlashAttention kernel for scaled_dot_product_attention",
           "CUDA, --precision bf16/fp16, an attention workload",
-          ("compute bound", "memory bandwidth", "activation memory"), 35, _apply,
-          first_refusal(_needs_attention, _needs_half, _takes_no_mask)),
+          (Address(COMPUTE_BOUND, 6, ATTENTION), Address(MEMORY_BANDWIDTH), Address(ACTIVATION_MEMORY)), 35, _apply,
+          in_code="with torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION): around attention",
+          when_lost="flash attention lost: try the efficient backend, or a longer sequence per call",
+          tune=TuneHints(ONE_TRIAL), checks=first_refusal(_needs_attention, _needs_half, _takes_no_mask)),
     Lever("sdpa-efficient", "sdpa", "efficient", "memory-efficient attention kernel for scaled_dot_product_attention",
-          "CUDA, an attention workload", ("memory bandwidth", "activation memory"), 35, _apply, _needs_attention),
+          "CUDA, an attention workload", (Address(MEMORY_BANDWIDTH), Address(ACTIVATION_MEMORY)), 35, _apply,
+          in_code="with torch.nn.attention.sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION): around attention",
+          when_lost="memory-efficient attention lost: try flash attention (bf16/fp16), or leave the choice to "
+                    "PyTorch (--sdpa auto)",
+          tune=TuneHints(ONE_TRIAL), checks=_needs_attention),
     Lever("sdpa-math", "sdpa", "math", "the reference (math) attention: materialises the score matrix",
-          "an attention workload", ("compute bound",), 35, _apply, _needs_attention),
+          "an attention workload", (Address(COMPUTE_BOUND),), 35, _apply,
+          in_code="with torch.nn.attention.sdpa_kernel(SDPBackend.MATH): around attention",
+          when_lost="the math attention lost: a fused kernel is faster here: flash (bf16/fp16) or efficient",
+          tune=TuneHints(ONE_TRIAL), checks=_needs_attention),
 ]

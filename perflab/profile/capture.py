@@ -16,24 +16,39 @@ from typing import Optional, Union
 import torch
 from torch.profiler import ProfilerActivity
 
+from perflab import options as option_table
 from perflab.errors import PerflabError
-from perflab.harness.hooks import StepHook
+from perflab.hooks import StepHook
+from perflab.options import option
 
 TRACE_FILE = "trace.json"
 
 
+PROFILE = ("profile",)
+PROFILER = "profiler"
+
+
 @dataclass
 class CaptureOptions:
-    """The profiler schedule (in timed steps) and what to record besides op and kernel times."""
+    """The profiler schedule (in timed steps) and what to record besides op and kernel times; each field is
+    `perflab profile`'s option of that name (perflab/options.py derives the flags, the argv of the ranks and of
+    tune's profile trials, and the flags a profiled script accepts)."""
 
-    wait: int = 1
-    warmup: int = 2
-    active: int = 3
-    record_shapes: bool = True  # input shapes on aten ops: FLOPs and bytes for the roofline
-    with_stack: bool = False
-    with_modules: bool = True  # a `module: <path>` range around each submodule's forward (eager models only)
-    profile_memory: bool = False
-    gzip: bool = False  # write trace.json.gz instead of trace.json
+    wait: int = option("--wait", int, "timed steps skipped first (default: 1)", PROFILER, 1, minimum=0, metavar="N",
+                       commands=PROFILE)
+    # dest: the run options already have a `warmup` (untimed steps before the trials)
+    warmup: int = option("--warmup-steps", int, "profiler warm-up steps, recorded then discarded (default: 2)",
+                         PROFILER, 2, minimum=0, metavar="N", commands=PROFILE, dest="warmup_steps")
+    active: int = option("--active", int, "steps in the trace (default: 3; with DataLoader workers, rounded up to "
+                         "whole cycles of them)", PROFILER, 3, minimum=1, metavar="N", commands=PROFILE)
+    record_shapes: bool = option("--record-shapes", bool, "input shapes on ops: FLOPs and bytes for the roofline "
+                                 "(default: on)", PROFILER, True, negatable=True, commands=PROFILE)
+    with_stack: bool = option("--with-stack", bool, "Python stacks on ops (bigger trace)", PROFILER, False,
+                              commands=PROFILE)
+    profile_memory: bool = option("--profile-memory", bool, "allocations and frees (bigger trace)", PROFILER, False,
+                                  commands=PROFILE)
+    gzip: bool = option("--gzip-trace", bool, "write trace.json.gz instead of trace.json", PROFILER, False,
+                        commands=PROFILE)
 
     @property
     def steps_needed(self) -> int:
@@ -80,7 +95,8 @@ class ProfilerCapture(StepHook):
     trials never appears in the trace as if the step had caused it.
     """
 
-    def __init__(self, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None, rank: int = 0):
+    def __init__(self, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None, rank: int = 0,
+                 with_modules: bool = True):
         self.out_dir = Path(out_dir)
         self.options = options or CaptureOptions()
         self.trace_path = self.out_dir / rank_trace_name(self.options.trace_name, rank)
@@ -89,13 +105,16 @@ class ProfilerCapture(StepHook):
         self.distributed = False
         self.written = False
         self.marks = None
+        # a `module: <path>` range around each submodule's forward (eager models only): the operator view's modules
+        self.with_modules = with_modules
 
     def start(self, plan) -> None:
         self.cuda = plan.device.type == "cuda"
         self.distributed = plan.data_shard[1] > 1
-        if self.options.with_modules and plan.model is plan.eager_model:
+        eager = getattr(plan, "eager_model", None)  # a profiled script's plan has no model of perflab's
+        if self.with_modules and eager is not None and getattr(plan, "model", None) is eager:
             from perflab.profile.module_marks import module_marks
-            self.marks = module_marks(plan.eager_model, getattr(plan, "loss_fn", None))
+            self.marks = module_marks(eager, getattr(plan, "loss_fn", None))
 
     def __enter__(self) -> "ProfilerCapture":
         opts = self.options
@@ -139,13 +158,13 @@ class ProfilerCapture(StepHook):
             result.notes.append("profiler: the schedule never completed, so no trace was written")
             return
         result.artifacts["trace"] = self.trace_path.name
-        result.metrics["profile"] = {**asdict(self.options), "activities": "cpu+cuda" if self.cuda else "cpu"}
+        result.metrics.profile = {**asdict(self.options), "activities": "cpu+cuda" if self.cuda else "cpu"}
         if self.distributed and self.cuda:
             # each rank reads its own trace (it may be on another node); rank 0 gathers the figures
             from perflab.diagnose.trace import load_trace
-            from perflab.distributed.collectives import communication_profile
+            from perflab.diagnose.communication import communication_profile
             profile = communication_profile(load_trace(self.trace_path))
-            result.metrics["collectives"] = profile.to_dict() if profile is not None else None
+            result.metrics.collectives = profile.to_dict() if profile is not None else None
         result.notes.append(f"profiled: steps {self.options.wait + self.options.warmup + 1}-"
                             f"{self.options.steps_needed} of the first trial are in {self.trace_path.name}; "
                             "the profiler slows those steps, so compare timings with `perflab run`")
@@ -158,11 +177,7 @@ def rank_trace_name(name: str, rank: int) -> str:
 
 def capture_argv(options: CaptureOptions) -> list[str]:
     """`perflab profile`'s own options that reproduce `options` (for the ranks of a distributed profile)."""
-    argv = ["--wait", str(options.wait), "--warmup-steps", str(options.warmup), "--active", str(options.active)]
-    argv.append("--record-shapes" if options.record_shapes else "--no-record-shapes")
-    argv += [flag for flag, on in (("--with-stack", options.with_stack), ("--profile-memory", options.profile_memory),
-                                   ("--gzip-trace", options.gzip)) if on]
-    return argv
+    return option_table.to_argv(options, "profile")
 
 
 # Kineto's log levels run VERBOSE 0 … ERROR 4, USDT 5; above the last, it prints nothing.
@@ -179,54 +194,3 @@ def _quiet_profiler_warnings(cuda: bool) -> None:
         # start/stop lines on stderr; none concern a CPU trace. Kineto reads this once, when it first starts;
         # a level the user set is kept.
         os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_SILENT)
-
-
-def profile_run(workload, cfg, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None,
-                reporter=None, command: Optional[list[str]] = None):
-    """Run with a profiler capture, save result.json, trace, diagnosis.json and nsys_command.txt in `out_dir`.
-
-    `workload` is a Workload or a spec; every field of `cfg` applies (checkpoints, --nsys included), and the
-    nsys command reproduces it. `command` is what is recorded as the run's command line.
-    Returns (result, diagnosis or None, nsys command as a list).
-    """
-    from perflab.diagnose import DIAGNOSIS_FILE, diagnose
-    from perflab.harness.runner import run
-    from perflab.profile.nsys import nsys_command, save_nsys_command
-    from perflab.diagnose.verdict import Diagnosis
-    from perflab.distributed import in_rank, is_primary, needs_launch
-    from perflab.results import write_json_atomic
-
-    options, cycle_note = whole_loader_cycles(options or CaptureOptions(), cfg.workers)
-    if cycle_note is not None:
-        if reporter is not None:
-            reporter.note(cycle_note)
-        cfg = cfg.replace(steps=max(cfg.steps, options.steps_needed))
-    options = options.check(cfg.steps)
-    out_dir = Path(out_dir)
-    cfg = cfg.replace(out=str(out_dir))
-    if command is None:
-        command = ["perflab", "profile", *cfg.to_argv("profile"), "--out", str(out_dir)]
-    nsys = nsys_command(out_dir, cfg, options.wait + options.warmup, options.active)
-    if needs_launch(cfg):  # the ranks profile themselves; rank 0 diagnoses and saves
-        from perflab.distributed.launch import launch
-        result = launch(cfg, "profile", out_dir, capture_argv(options), recorded_command=command)
-        if result is not None and cycle_note is not None:
-            result.notes.append(cycle_note)
-            result.save(out_dir)
-        diagnosis = Diagnosis.from_dict(result.diagnosis) if result and result.diagnosis else None
-        return result, diagnosis, nsys
-    import torch.distributed as dist
-    capture = ProfilerCapture(out_dir, options, rank=dist.get_rank() if in_rank() else 0)
-    result = run(workload, cfg, reporter=reporter, command=command, hooks=[capture])
-    if not is_primary():
-        return result, None, nsys
-    if cycle_note is not None:
-        result.notes.append(cycle_note)
-    result.artifacts["nsys_command"] = save_nsys_command(out_dir, nsys).name
-    diagnosis = diagnose(capture.trace_path, result) if capture.written and result.trials else None
-    if diagnosis is not None:
-        result.diagnosis = diagnosis.to_dict()
-        write_json_atomic(out_dir / DIAGNOSIS_FILE, result.diagnosis)
-        result.artifacts["diagnosis"] = DIAGNOSIS_FILE
-    result.save(out_dir)
-    return result, diagnosis, nsys

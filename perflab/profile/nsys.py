@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from perflab.errors import PerflabError
-from perflab.harness.hooks import StepHook
+from perflab.hooks import StepHook
 
 COMMAND_FILE = "nsys_command.txt"
 DEFAULT_RANGE = "2:3"

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from perflab.errors import PerflabError
+from perflab.results.metrics import Metrics
 from perflab.report.html import markdown_to_html
 from perflab.report.markdown import compare_markdown, run_markdown, sweep_markdown
 from perflab.report.operators import top_ops_plot
@@ -39,7 +40,7 @@ def _run_report(directory: Path, out: Path) -> str:
     result = Result.load(directory)
     label = f"batch {result.config.get('batch_size')}"
     images = _names({
-        "breakdown": phase_breakdown_plot({label: result.metrics.get("phases_ms") or {}}, out / "step_breakdown.png"),
+        "breakdown": phase_breakdown_plot({label: result.metrics.phases_ms}, out / "step_breakdown.png"),
         "latency": latency_histogram({label: [ms for t in result.trials for ms in t.step_ms]}, out / "latency_hist.png"),
         "top_ops": top_ops_plot((result.diagnosis or {}).get("operators") or {}, out / "top_ops.png"),
     }, out)
@@ -66,8 +67,8 @@ def _compare_report(directory: Path, out: Path) -> str:
     comparison = load_comparison(directory)
     base, cand = comparison.base, comparison.candidate
     images = _names({
-        "breakdown": phase_breakdown_plot({"baseline": base["metrics"].get("phases_ms") or {},
-                                           "candidate": cand["metrics"].get("phases_ms") or {}},
+        "breakdown": phase_breakdown_plot({"baseline": Metrics.from_dict(base["metrics"]).phases_ms,
+                                           "candidate": Metrics.from_dict(cand["metrics"]).phases_ms},
                                           out / "step_breakdown.png", "step-time breakdown: baseline vs candidate"),
         "latency": latency_histogram({"baseline": base.get("step_ms") or [], "candidate": cand.get("step_ms") or []},
                                      out / "latency_hist.png"),
@@ -80,7 +81,7 @@ def _serve_report(directory: Path, out: Path) -> str:
     from perflab.report.serve_plots import serve_plots
 
     result = Result.load(directory)
-    return serve_markdown(result, _names(serve_plots(result.metrics["serve"], out), out), str(directory))
+    return serve_markdown(result, _names(serve_plots(result.metrics.serve, out), out), str(directory))
 
 
 def _tune_report(directory: Path, out: Path) -> str:

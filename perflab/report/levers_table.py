@@ -29,7 +29,7 @@ def levers_table(levers: Iterable, width: int) -> Table:
     for lever in levers:
         # escape: "[default|reduce-overhead|...]" in a flag would otherwise read as rich markup and vanish
         cells = [f"[bold]{escape(lever.name)}[/]\n{escape(lever.flag)}", escape(lever.summary), escape(lever.needs)]
-        table.add_row(*cells, *([", ".join(lever.addresses)] if addresses else []))
+        table.add_row(*cells, *([", ".join(lever.classes)] if addresses else []))
     return table
 
 

@@ -5,6 +5,7 @@ import json
 from typing import Any, Optional, Sequence
 
 from perflab.harness.phases import phase_sort_key
+from perflab.results.metrics import Metrics
 from perflab.report.terminal import fmt as num
 from perflab.report.terminal import memory_row, run_title
 from perflab.results import Result
@@ -69,39 +70,39 @@ def diagnosis_text(diagnosis: Optional[dict[str, Any]], run_dir: Optional[str] =
     return diagnosis_markdown(diagnosis)
 
 
-def _phase_rows(metrics: dict[str, Any]) -> list[list[str]]:
-    phases, shares = metrics.get("phases_ms") or {}, metrics.get("phase_share_pct") or {}
+def _phase_rows(metrics: Metrics) -> list[list[str]]:
+    phases, shares = metrics.phases_ms, metrics.phase_share_pct
     names = sorted(phases, key=phase_sort_key)
     return [[name, num(phases[name], 3), num(shares.get(name), 1, "%")] for name in names]
 
 
 def run_summary_rows(result: Result) -> list[list[str]]:
     m = result.metrics
-    tp = m["throughput_samples_per_s"]
-    lat = m["latency_ms"]
-    rows = [["throughput", f"{num(tp['median'])} samples/s (95% CI {num(tp.get('ci95_low'))}–"
-                           f"{num(tp.get('ci95_high'))}; spread {num(tp.get('range_pct'))}% over {tp.get('n')} trials)"],
-            ["step latency", f"p50 {num(lat['p50'], 2)} ms · p95 {num(lat['p95'], 2)} ms · p99 {num(lat.get('p99'), 2)} ms"]]
-    flops = m.get("flops") or {}
-    if flops.get("per_sample"):
-        mfu = f"{num(flops.get('mfu_pct'))}% of {num(flops.get('peak_tflops'))} TFLOP/s ({flops.get('peak_source')})" \
-            if flops.get("mfu_pct") is not None else f"n/a ({flops.get('peak_source')})"
-        rows.append(["compute", f"{num(flops['per_sample'] / 1e9, 3)} GFLOP/sample · "
-                                f"{num(flops.get('achieved_tflops'), 3)} TFLOP/s achieved · MFU {mfu}"])
+    tp = m.throughput_samples_per_s
+    lat = m.latency_ms
+    rows = [["throughput", f"{num(tp.median)} samples/s (95% CI {num(tp.ci95_low)}–"
+                           f"{num(tp.ci95_high)}; spread {num(tp.range_pct)}% over {tp.n} trials)"],
+            ["step latency", f"p50 {num(lat.p50, 2)} ms · p95 {num(lat.p95, 2)} ms · p99 {num(lat.p99, 2)} ms"]]
+    flops = m.flops
+    if flops is not None and flops.per_sample:
+        mfu = f"{num(flops.mfu_pct)}% of {num(flops.peak_tflops)} TFLOP/s ({flops.peak_source})" \
+            if flops.mfu_pct is not None else f"n/a ({flops.peak_source})"
+        rows.append(["compute", f"{num(flops.per_sample / 1e9, 3)} GFLOP/sample · "
+                                f"{num(flops.achieved_tflops, 3)} TFLOP/s achieved · MFU {mfu}"])
     memory = memory_row(m)
     if memory:
         rows.append(list(memory))
-    gpu = m.get("gpu") or {}
-    if gpu.get("samples"):
-        rows.append(["GPU (NVML)", f"utilisation mean {num(gpu.get('util_mean_pct'))}% (min "
-                                   f"{num(gpu.get('util_min_pct'), 0)}%) · SM clock {num(gpu.get('sm_clock_median_mhz'), 0)} MHz"])
-    if m.get("cost_per_million_samples") is not None:
-        rows.append(["cost", f"{num(m['cost_per_million_samples'], 3)} per million samples at "
+    gpu = m.gpu
+    if gpu is not None and gpu.samples:
+        rows.append(["GPU (NVML)", f"utilisation mean {num(gpu.util_mean_pct)}% (min "
+                                   f"{num(gpu.util_min_pct, 0)}%) · SM clock {num(gpu.sm_clock_median_mhz, 0)} MHz"])
+    if m.cost_per_million_samples is not None:
+        rows.append(["cost", f"{num(m.cost_per_million_samples, 3)} per million samples at "
                              f"{result.config.get('gpu_cost_per_hour'):g} per hour (--gpu-cost-per-hour)"])
     rows.append(["levers", ", ".join(result.levers) or "none (baseline)"])
-    warm = f"{num(m.get('warmup_s'), 2)} s"
-    if m.get("compile_s") is not None:
-        warm += f" (compile/capture, first step: {num(m['compile_s'], 2)} s)"
+    warm = f"{num(m.warmup_s, 2)} s"
+    if m.compile_s is not None:
+        warm += f" (compile/capture, first step: {num(m.compile_s, 2)} s)"
     rows.append(["warm-up", warm])
     if result.quality:
         rows.append(["quality gate", f"**{result.quality.get('verdict')}**: {result.quality.get('reason', '')}"])

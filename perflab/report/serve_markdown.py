@@ -11,8 +11,8 @@ from perflab.serve.metrics import COMPONENTS
 
 
 def serve_markdown(result: Result, images: dict[str, str], run_dir: Optional[str] = None) -> str:
-    cfg, serve = result.config, result.metrics["serve"]
-    settings = serve["settings"]
+    cfg, serve = result.config, result.metrics.serve
+    settings = serve.settings
     device = describe_device(result.environment, cfg["device"])
     rows = [[str(p["index"]), p["scenario"], num(p["offered_qps"], 0), num(p["achieved_qps"], 1),
              num(p["latency_ms"]["p50"], 2), num(p["latency_ms"]["p90"], 2), num(p["latency_ms"]["p99"], 2),
@@ -20,31 +20,31 @@ def serve_markdown(result: Result, images: dict[str, str], run_dir: Optional[str
              num(p["instance_busy_pct"], 0), num((p.get("gpu") or {}).get("util_mean_pct"), 0),
              num(p.get("cost_per_million_queries"), 3),
              "pass" if p["passed"] else ("harness late" if p.get("harness_late") else "fail")]
-            for p in serve["points"]]
+            for p in serve.points]
     tail_rows = [[str(p["index"])] + [num(p["time_ms"]["tail"].get(part), 2) for part in COMPONENTS]
-                 + [num((p.get("dispatch_delay_ms") or {}).get("p99_ms"), 2)] for p in serve["points"]]
-    summary = [f"- **scenario**: {serve['scenario']}; schedule seed {serve['schedule_seed']}, sample seed "
-               f"{serve['sample_seed']}",
-               f"- **batcher**: max batch {settings['max_batch']}, timeout {settings['batch_timeout_ms']:g} ms, "
-               f"{settings['instances']} instance(s); levers: {', '.join(result.levers) or 'none'}",
-               f"- **bound**: p99 ≤ {settings['p99_ms']:g} ms; each point ≥ {settings['duration_s']:g} s and ≥ "
-               f"{settings['min_queries']} queries"]
-    if serve.get("search"):
-        summary.append(f"- **max QPS** with p99 ≤ {settings['p99_ms']:g} ms: "
-                       f"{num(serve['max_qps'], 1) if serve['max_qps'] else 'none (the lowest rate failed)'} "
-                       f"({len(serve['search']['tried'])} points, widen then bisect to "
-                       f"{100 * serve['search']['tolerance']:g}%)")
-    capacity = serve.get("capacity")
+                 + [num((p.get("dispatch_delay_ms") or {}).get("p99_ms"), 2)] for p in serve.points]
+    summary = [f"- **scenario**: {serve.scenario}; schedule seed {serve.schedule_seed}, sample seed "
+               f"{serve.sample_seed}",
+               f"- **batcher**: max batch {settings.max_batch}, timeout {settings.batch_timeout_ms:g} ms, "
+               f"{settings.instances} instance(s); levers: {', '.join(result.levers) or 'none'}",
+               f"- **bound**: p99 ≤ {settings.p99_ms:g} ms; each point ≥ {settings.duration_s:g} s and ≥ "
+               f"{settings.min_queries} queries"]
+    if serve.search:
+        summary.append(f"- **max QPS** with p99 ≤ {settings.p99_ms:g} ms: "
+                       f"{num(serve.max_qps, 1) if serve.max_qps else 'none (the lowest rate failed)'} "
+                       f"({len(serve.search['tried'])} points, widen then bisect to "
+                       f"{100 * serve.search['tolerance']:g}%)")
+    capacity = serve.capacity
     if capacity:
         summary.append(f"- **harness capacity** (no-op model): {capacity_text(capacity)}")
-    late = [str(p["index"]) for p in serve["points"] if p.get("harness_late")]
+    late = [str(p["index"]) for p in serve.points if p.get("harness_late")]
     if late:
         summary.append(f"- **harness late** on point(s) {', '.join(late)}: the batcher's dispatch delay p99 exceeded "
-                       f"{settings['harness_late_ms']:g} ms; those points are not valid and do not pass the search")
-    if not serve.get("complete"):
+                       f"{settings.harness_late_ms:g} ms; those points are not valid and do not pass the search")
+    if not serve.complete:
         summary.append("- **interrupted**: only the finished points are here")
     parts = [
-        f"# perflab serve: {cfg['workload']} · {serve['scenario']} · max batch {settings['max_batch']} · "
+        f"# perflab serve: {cfg['workload']} · {serve.scenario} · max batch {settings.max_batch} · "
         f"{cfg['precision']} · {device}",
         f"Measured {result.created_utc or 'n/a'} with perflab {result.perflab_version}. Command: "
         f"`{' '.join(result.command)}`",

@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 from matplotlib.figure import Figure
 
+from perflab.results.metrics import Serve
 from perflab.report.plots import DPI
 from perflab.serve.metrics import COMPONENTS
 
@@ -20,9 +21,9 @@ def _label(point: dict[str, Any]) -> str:
     return f"{point['offered_qps']:,.0f} q/s"
 
 
-def latency_vs_load(serve: dict[str, Any], path: Path, title: str = "") -> Optional[Path]:
+def latency_vs_load(serve: Serve, path: Path, title: str = "") -> Optional[Path]:
     """p50/p90/p99/p99.9 against the offered rate of the server points, with the bound and the max QPS."""
-    points = sorted((p for p in serve["points"] if p["scenario"] == "server"), key=lambda p: p["offered_qps"])
+    points = sorted((p for p in serve.points if p["scenario"] == "server"), key=lambda p: p["offered_qps"])
     if not points:
         return None
     fig = Figure(figsize=(7, 4.2), dpi=DPI)
@@ -30,11 +31,11 @@ def latency_vs_load(serve: dict[str, Any], path: Path, title: str = "") -> Optio
     rates = [p["offered_qps"] for p in points]
     for key, style in PERCENTILE_STYLES:
         ax.plot(rates, [p["latency_ms"][key] for p in points], style, marker="o", markersize=3, label=key)
-    bound = serve["settings"]["p99_ms"]
+    bound = serve.settings.p99_ms
     ax.axhline(bound, color="black", linewidth=0.8, label=f"p99 bound {bound:g} ms")
-    if serve.get("max_qps"):
-        ax.axvline(serve["max_qps"], color="green", linewidth=0.8, linestyle="--",
-                   label=f"max QPS {serve['max_qps']:,.0f}")
+    if serve.max_qps:
+        ax.axvline(serve.max_qps, color="green", linewidth=0.8, linestyle="--",
+                   label=f"max QPS {serve.max_qps:,.0f}")
     for label, marker, color, chosen in (
             ("p99 over the bound", "x", "red", [p for p in points if not p["meets_bound"]]),
             ("harness late (invalid)", "^", "orange", [p for p in points if p.get("harness_late")])):
@@ -52,9 +53,9 @@ def latency_vs_load(serve: dict[str, Any], path: Path, title: str = "") -> Optio
     return path
 
 
-def batch_fill(serve: dict[str, Any], path: Path) -> Optional[Path]:
+def batch_fill(serve: Serve, path: Path) -> Optional[Path]:
     """Share of batches of each size, one line per point."""
-    points = serve["points"]
+    points = serve.points
     if not points:
         return None
     fig = Figure(figsize=(7, 3.6), dpi=DPI)
@@ -65,7 +66,7 @@ def batch_fill(serve: dict[str, Any], path: Path) -> Optional[Path]:
         sizes = sorted(histogram)
         ax.plot(sizes, [100 * histogram[s] / total for s in sizes], marker="o", markersize=3,
                 label=f"{_label(point)} (fill {point['batch_fill_pct']:.0f}%)")
-    ax.set_xlabel(f"batch size (max {serve['settings']['max_batch']})")
+    ax.set_xlabel(f"batch size (max {serve.settings.max_batch})")
     ax.set_ylabel("% of batches")
     ax.set_title("batch fill")
     ax.grid(True, alpha=0.3)
@@ -75,9 +76,9 @@ def batch_fill(serve: dict[str, Any], path: Path) -> Optional[Path]:
     return path
 
 
-def time_breakdown(serve: dict[str, Any], path: Path) -> Optional[Path]:
+def time_breakdown(serve: Serve, path: Path) -> Optional[Path]:
     """Stacked bars per point: a query's mean time in each part, on average and in the p99 tail."""
-    points = sorted(serve["points"], key=lambda p: (p["offered_qps"] is not None, p["offered_qps"] or 0))
+    points = sorted(serve.points, key=lambda p: (p["offered_qps"] is not None, p["offered_qps"] or 0))
     if not points:
         return None
     fig = Figure(figsize=(7, 1.6 + 0.5 * len(points)), dpi=DPI)
@@ -99,7 +100,7 @@ def time_breakdown(serve: dict[str, Any], path: Path) -> Optional[Path]:
     return path
 
 
-def serve_plots(serve: dict[str, Any], out: Path, title: str = "") -> dict[str, Optional[Path]]:
+def serve_plots(serve: Serve, out: Path, title: str = "") -> dict[str, Optional[Path]]:
     out = Path(out)
     return {"latency": latency_vs_load(serve, out / "serve_latency_vs_load.png", title),
             "fill": batch_fill(serve, out / "serve_batch_fill.png"),

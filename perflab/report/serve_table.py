@@ -33,16 +33,16 @@ POINT_COLUMNS = ("#", "offered q/s", "achieved q/s", "p50 ms", "p90 ms", "p99 ms
 
 
 def serve_table(result: Result) -> Table:
-    serve, cfg = result.metrics["serve"], result.config
-    settings = serve["settings"]
+    serve, cfg = result.metrics.serve, result.config
+    settings = serve.settings
     levers = ", ".join(result.levers) or "none"
-    table = Table(title=f"perflab serve · {cfg['workload']} · {serve['scenario']} · max batch {settings['max_batch']} "
-                        f"· timeout {settings['batch_timeout_ms']:g} ms · {settings['instances']} instance(s) · "
+    table = Table(title=f"perflab serve · {cfg['workload']} · {serve.scenario} · max batch {settings.max_batch} "
+                        f"· timeout {settings.batch_timeout_ms:g} ms · {settings.instances} instance(s) · "
                         f"{cfg['precision']} · levers: {levers} · {describe_device(result.environment, cfg['device'])}"
-                        f" · verdict: p99 ≤ {settings['p99_ms']:g} ms", title_justify="left")
+                        f" · verdict: p99 ≤ {settings.p99_ms:g} ms", title_justify="left")
     for name in POINT_COLUMNS:
         table.add_column(name, justify="right")
-    for point in serve["points"]:
+    for point in serve.points:
         table.add_row(*point_row(point))
     return table
 
@@ -52,7 +52,7 @@ def tail_table(result: Result) -> Table:
     table = Table(title="where the p99 tail goes (mean ms per query at or past p99)", title_justify="left")
     for name in ("#",) + tuple(part.replace("_", " ") for part in COMPONENTS) + ("dispatch delay p99 (batches)",):
         table.add_column(name, justify="right")
-    for point in result.metrics["serve"]["points"]:
+    for point in result.metrics.serve.points:
         tail = point["time_ms"]["tail"]
         table.add_row(str(point["index"]), *[fmt(tail.get(part), 2) for part in COMPONENTS],
                       fmt((point.get("dispatch_delay_ms") or {}).get("p99_ms"), 2))
@@ -66,7 +66,7 @@ def generation_table(result: Result) -> Table:
     for name in ("#", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "ITL p99 ms", "output tok/s",
                  "requests/s", "goodput req/s (SLO met)"):
         table.add_column(name, justify="right")
-    for point in result.metrics["serve"]["points"]:
+    for point in result.metrics.serve.points:
         gen = point.get("generation")
         if not gen:
             continue
@@ -93,27 +93,27 @@ def capacity_text(capacity: dict[str, Any]) -> str:
 
 def print_serve(console: Console, result: Result) -> None:
     """The points table, the max QPS, the capacity of the harness, the diagnosis headline and notes."""
-    serve = result.metrics["serve"]
+    serve = result.metrics.serve
     console.print(serve_table(result))
     console.print(tail_table(result))
-    if any(point.get("generation") for point in serve["points"]):
+    if any(point.get("generation") for point in serve.points):
         console.print(generation_table(result))
-    if serve.get("search"):
-        found = serve["max_qps"]
-        console.print(f"max QPS with p99 ≤ {serve['settings']['p99_ms']:g} ms: "
+    if serve.search:
+        found = serve.max_qps
+        console.print(f"max QPS with p99 ≤ {serve.settings.p99_ms:g} ms: "
                       + (f"[bold]{fmt(found, 1)}[/] queries/s" if found else "[red]none: even the lowest rate failed[/]")
-                      + f" ({len(serve['search']['tried'])} points, bracket to "
-                      f"{fmt(serve['search']['lowest_failing_qps'], 1)})", highlight=False)
-    offline = [p for p in serve["points"] if p["scenario"] == "offline"]
+                      + f" ({len(serve.search['tried'])} points, bracket to "
+                      f"{fmt(serve.search['lowest_failing_qps'], 1)})", highlight=False)
+    offline = [p for p in serve.points if p["scenario"] == "offline"]
     if offline:
         console.print(f"offline: [bold]{fmt(offline[0]['achieved_qps'], 1)}[/] samples/s", highlight=False)
-    capacity = serve.get("capacity")
+    capacity = serve.capacity
     if capacity:
         console.print(f"harness capacity (no-op model): {capacity_text(capacity)}", highlight=False)
-    late = [str(p["index"]) for p in serve["points"] if p.get("harness_late")]
+    late = [str(p["index"]) for p in serve.points if p.get("harness_late")]
     if late:
         console.print(f"[yellow]note:[/] the batcher dispatched late on point(s) {', '.join(late)} (dispatch delay "
-                      f"p99 > {serve['settings']['harness_late_ms']:g} ms): they measured the harness as much as the "
+                      f"p99 > {serve.settings.harness_late_ms:g} ms): they measured the harness as much as the "
                       "model, are not valid and do not pass the search")
     diagnosis = result.diagnosis
     if diagnosis:

@@ -1,14 +1,15 @@
 """The human summary of a result, as rich tables."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from rich.console import Console
 from rich.table import Table
 
 from perflab.environment import describe_device
 from perflab.harness.phases import phase_sort_key
-from perflab.results import Result, peak_memory
+from perflab.results.metrics import Generation, Latency, Metrics
+from perflab.results import Result
 
 
 def fmt(value: Optional[float], digits: int = 1, unit: str = "") -> str:
@@ -17,18 +18,18 @@ def fmt(value: Optional[float], digits: int = 1, unit: str = "") -> str:
     return f"{value:,.{digits}f}{unit}"
 
 
-def memory_row(metrics: dict[str, Any]) -> Optional[tuple[str, str]]:
+def memory_row(metrics: Metrics) -> Optional[tuple[str, str]]:
     """(name, text) of the peak-memory line of a run summary; None when nothing was measured."""
-    memory = metrics.get("memory") or {}
-    if not memory:
+    memory = metrics.memory
+    if memory is None or memory.peak.mb is None:
         return None
-    peak = peak_memory(metrics)
+    peak = memory.peak
     if not peak.on_gpu:
         return "host memory", f"peak RSS {fmt(peak.mb, 0)} MiB (whole process)"
-    warm = memory.get("peak_allocated_incl_warmup_mb")
+    warm = memory.peak_allocated_incl_warmup_mb
     warm_text = f" (with warm-up {fmt(warm, 0)} MiB)" if warm and peak.mb and warm > 1.05 * peak.mb else ""
     return "GPU memory", (f"peak allocated {fmt(peak.mb, 0)} MiB{warm_text} · reserved "
-                          f"{fmt(memory.get('peak_reserved_mb'), 0)} MiB of {fmt(memory.get('device_total_mb'), 0)} MiB")
+                          f"{fmt(memory.peak_reserved_mb, 0)} MiB of {fmt(memory.device_total_mb, 0)} MiB")
 
 
 def run_title(result: Result) -> str:
@@ -42,51 +43,51 @@ def run_title(result: Result) -> str:
 
 def run_kind(result: Result) -> str:
     """"profile" for a run recorded by `perflab profile` (its metrics say how it was profiled), else "run"."""
-    return "profile" if result.metrics.get("profile") else "run"
+    return "profile" if result.metrics.profile else "run"
 
 
 def result_table(result: Result) -> Table:
     m = result.metrics
-    throughput = m["throughput_samples_per_s"]
+    throughput = m.throughput_samples_per_s
     levers = ", ".join(result.levers) or "none (baseline)"
     table = Table(title=run_title(result), title_justify="left", show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value")
-    table.add_row("throughput", f"{fmt(throughput['median'])} samples/s  (95% CI {fmt(throughput['ci95_low'])}"
-                  f"–{fmt(throughput['ci95_high'])}, spread {fmt(throughput['range_pct'])}% over "
-                  f"{throughput['n']} trials)")
-    if "steps_per_s" in m:  # a script run: steps found in the script, the first --warmup of them not timed
-        table.add_row("steps", f"{fmt(m['steps_per_s'], 2)} steps/s · {result.trials[0].steps} "
-                      f"timed of {m['steps_seen']} (warm-up {result.config.get('warmup')}) · "
+    table.add_row("throughput", f"{fmt(throughput.median)} samples/s  (95% CI {fmt(throughput.ci95_low)}"
+                  f"–{fmt(throughput.ci95_high)}, spread {fmt(throughput.range_pct)}% over "
+                  f"{throughput.n} trials)")
+    if m.steps_per_s is not None:  # a script run: steps found in the script, the first --warmup of them not timed
+        table.add_row("steps", f"{fmt(m.steps_per_s, 2)} steps/s · {result.trials[0].steps} "
+                      f"timed of {m.steps_seen} (warm-up {result.config.get('warmup')}) · "
                       f"{result.timing.get('steps', '')}")
-    lat = m["latency_ms"]
-    table.add_row("step latency", f"p50 {fmt(lat['p50'], 2)} ms · p95 {fmt(lat['p95'], 2)} ms · "
-                  f"p99 {fmt(lat['p99'], 2)} ms")
+    lat = m.latency_ms
+    table.add_row("step latency", f"p50 {fmt(lat.p50, 2)} ms · p95 {fmt(lat.p95, 2)} ms · "
+                  f"p99 {fmt(lat.p99, 2)} ms")
     table.add_row("levers", levers)
     for name, text in distributed_rows(m):
         table.add_row(name, text)
-    flops = m.get("flops") or {}
-    if flops.get("per_sample"):
-        mfu = f"MFU {fmt(flops['mfu_pct'])}% of {fmt(flops['peak_tflops'])} TFLOP/s ({flops['peak_source']})" \
-            if flops.get("mfu_pct") is not None else f"MFU n/a: {flops['peak_source']}"
-        table.add_row("compute", f"{fmt(flops['per_sample'] / 1e9, 3)} GFLOP/sample · "
-                      f"{fmt(flops['achieved_tflops'], 3)} TFLOP/s achieved · {mfu}")
+    flops = m.flops
+    if flops is not None and flops.per_sample:
+        mfu = f"MFU {fmt(flops.mfu_pct)}% of {fmt(flops.peak_tflops)} TFLOP/s ({flops.peak_source})" \
+            if flops.mfu_pct is not None else f"MFU n/a: {flops.peak_source}"
+        table.add_row("compute", f"{fmt(flops.per_sample / 1e9, 3)} GFLOP/sample · "
+                      f"{fmt(flops.achieved_tflops, 3)} TFLOP/s achieved · {mfu}")
     memory = memory_row(m)
     if memory:
         table.add_row(*memory)
-    gpu = m.get("gpu")
-    if gpu and gpu.get("samples"):
-        reasons = ", ".join(gpu["clock_event_reasons"]) or "none"
-        table.add_row("GPU (NVML)", f"util mean {fmt(gpu['util_mean_pct'])}% (min {fmt(gpu['util_min_pct'], 0)}"
-                      f"%) · SM clock median {fmt(gpu['sm_clock_median_mhz'], 0)} MHz · clock limits seen: {reasons}")
-    if m.get("cost_per_million_samples") is not None:
-        table.add_row("cost", f"{fmt(m['cost_per_million_samples'], 3)} per million samples at "
+    gpu = m.gpu
+    if gpu is not None and gpu.samples:
+        reasons = ", ".join(gpu.clock_event_reasons or []) or "none"
+        table.add_row("GPU (NVML)", f"util mean {fmt(gpu.util_mean_pct)}% (min {fmt(gpu.util_min_pct, 0)}"
+                      f"%) · SM clock median {fmt(gpu.sm_clock_median_mhz, 0)} MHz · clock limits seen: {reasons}")
+    if m.cost_per_million_samples is not None:
+        table.add_row("cost", f"{fmt(m.cost_per_million_samples, 3)} per million samples at "
                       f"{result.config.get('gpu_cost_per_hour'):g} per hour")
-    if m.get("generation"):
-        add_generation_rows(table, m["generation"])
-    warm = f"warm-up {fmt(m.get('warmup_s'), 2)} s"
-    if m.get("compile_s") is not None:
-        warm += f" · compile/capture (first step) {fmt(m['compile_s'], 2)} s"
+    if m.generation is not None:
+        add_generation_rows(table, m.generation)
+    warm = f"warm-up {fmt(m.warmup_s, 2)} s"
+    if m.compile_s is not None:
+        warm += f" · compile/capture (first step) {fmt(m.compile_s, 2)} s"
     table.add_row("warm-up", warm)
     if result.quality:
         q = result.quality
@@ -94,56 +95,56 @@ def result_table(result: Result) -> Table:
     return table
 
 
-def add_generation_rows(table: Table, generation: dict) -> None:
+def add_generation_rows(table: Table, generation: Generation) -> None:
     """TTFT, TPOT, ITL, tokens/s, the share of the bandwidth bound, speculative and goodput figures."""
-    ttft, tpot, itl = generation["ttft_ms"] or {}, generation["tpot_ms"] or {}, generation["itl_ms"] or {}
-    table.add_row("generation", f"TTFT p50 {fmt(ttft.get('p50'), 2)} ms · TPOT p50 {fmt(tpot.get('p50'), 3)} ms · "
-                  f"ITL p99 {fmt(itl.get('p99'), 3)} ms · {fmt(generation['output_tokens_per_s'])} tokens/s · "
-                  f"{fmt(generation['requests_per_s'], 2)} requests/s")
-    bound = generation.get("bandwidth_bound") or {}
-    if bound.get("pct_of_bound") is not None:
-        table.add_row("bandwidth bound", f"{fmt(bound['pct_of_bound'])}% of the bound: {fmt(bound['measured_ms_per_token'], 3)}"
-                      f" ms per decode step vs {fmt(bound['bound_ms_per_token'], 3)} ms to read "
-                      f"{fmt(bound['weight_bytes'] / 1e6, 1)} MB of weights + KV cache at {fmt(bound['memory_gbps'], 0)} "
-                      f"GB/s ({bound['memory_gbps_source']})")
-    elif bound:
-        table.add_row("bandwidth bound", f"n/a: {bound.get('memory_gbps_source')}")
-    compiled = generation.get("decode_compile")
-    if compiled:
-        skips = compiled.get("cudagraph_skips")
-        graphs = compiled.get("graphs")
-        table.add_row("decode step", f"compiled {compiled['mode']}, decode tuning {compiled['decode_tuning']}, SDPA "
-                      f"{compiled['decode_sdpa'].split(' ')[0]}" +
+    ttft, tpot, itl = (figure or Latency() for figure in (generation.ttft_ms, generation.tpot_ms, generation.itl_ms))
+    table.add_row("generation", f"TTFT p50 {fmt(ttft.p50, 2)} ms · TPOT p50 {fmt(tpot.p50, 3)} ms · "
+                  f"ITL p99 {fmt(itl.p99, 3)} ms · {fmt(generation.output_tokens_per_s)} tokens/s · "
+                  f"{fmt(generation.requests_per_s, 2)} requests/s")
+    bound = generation.bandwidth_bound
+    if bound is not None and bound.pct_of_bound is not None:
+        table.add_row("bandwidth bound", f"{fmt(bound.pct_of_bound)}% of the bound: {fmt(bound.measured_ms_per_token, 3)}"
+                      f" ms per decode step vs {fmt(bound.bound_ms_per_token, 3)} ms to read "
+                      f"{fmt(bound.weight_bytes / 1e6, 1)} MB of weights + KV cache at {fmt(bound.memory_gbps, 0)} "
+                      f"GB/s ({bound.memory_gbps_source})")
+    elif bound is not None:
+        table.add_row("bandwidth bound", f"n/a: {bound.memory_gbps_source}")
+    compiled = generation.decode_compile
+    if compiled is not None:
+        skips, graphs = compiled.cudagraph_skips, compiled.graphs
+        waits = bound.device_wait_ms_per_token if bound is not None else None
+        table.add_row("decode step", f"compiled {compiled.mode}, decode tuning {compiled.decode_tuning}, SDPA "
+                      f"{(compiled.decode_sdpa or '').split(' ')[0]}" +
                       (f" · CUDA graphs by {graphs}" if graphs else "") +
                       (f" · CUDA-graph skips {skips}" if skips is not None else "") +
-                      (f" · device waits {fmt(bound['device_wait_ms_per_token'], 3)} ms per token for the host"
-                       if bound.get("device_wait_ms_per_token") is not None else ""))
-    speculative = generation.get("speculative")
-    if speculative and speculative.get("acceptance_rate") is not None:
-        table.add_row("speculative", f"K={speculative['k']} · acceptance {fmt(100 * speculative['acceptance_rate'])}% · "
-                      f"{fmt(speculative['tokens_per_target_forward'], 2)} tokens per target forward" +
-                      (f" · {fmt(speculative['speedup_vs_plain'], 2)}x vs plain decoding (quality gate)"
-                       if speculative.get("speedup_vs_plain") is not None else ""))
-    goodput = generation.get("goodput")
-    if goodput:
-        slo = ", ".join(f"{key} ≤ {value:g} ms" for key, value in goodput["slo_ms"].items())
-        table.add_row("goodput", f"{fmt(goodput['goodput_requests_per_s'], 2)} requests/s "
-                      f"({fmt(goodput['requests_meeting_slo_pct'])}% meet {slo})")
-    regime = generation.get("decode_regime")
+                      (f" · device waits {fmt(waits, 3)} ms per token for the host" if waits is not None else ""))
+    speculative = generation.speculative
+    if speculative is not None and speculative.acceptance_rate is not None:
+        table.add_row("speculative", f"K={speculative.k} · acceptance {fmt(100 * speculative.acceptance_rate)}% · "
+                      f"{fmt(speculative.tokens_per_target_forward, 2)} tokens per target forward" +
+                      (f" · {fmt(speculative.speedup_vs_plain, 2)}x vs plain decoding (quality gate)"
+                       if speculative.speedup_vs_plain is not None else ""))
+    goodput = generation.goodput
+    if goodput is not None:
+        slo = ", ".join(f"{key} ≤ {value:g} ms" for key, value in goodput.slo_ms.items())
+        table.add_row("goodput", f"{fmt(goodput.goodput_requests_per_s, 2)} requests/s "
+                      f"({fmt(goodput.requests_meeting_slo_pct)}% meet {slo})")
+    regime = generation.decode_regime
     if regime:
         table.add_row("decode", f"{regime['cls']}: {regime['summary']}")
-def distributed_rows(metrics: dict) -> list[tuple[str, str]]:
+
+
+def distributed_rows(metrics: Metrics) -> list[tuple[str, str]]:
     """The ranks (throughput per rank, straggler spread, memory by rank) and the exposed communication."""
-    dist = metrics.get("distributed")
-    if not dist:
+    dist = metrics.distributed
+    if dist is None:
         return []
-    memory = [rank["memory"].get("peak_allocated_mb", rank["memory"].get("host_peak_rss_mb"))
-              for rank in dist["per_rank"]]
-    rows = [("ranks", f"{dist['world_size']} ({dist['parallel']}, {dist['backend']}) · global batch "
-                      f"{dist['global_batch_size']} · {fmt(dist['throughput_per_rank_samples_per_s'])} samples/s per "
-                      f"rank · straggler spread {fmt(dist['straggler_spread_pct'])}% (slowest: rank "
-                      f"{dist['slowest_rank']}) · peak MiB by rank {', '.join(fmt(mb, 0) for mb in memory)}")]
-    comm = metrics.get("collectives")
+    memory = [rank.memory.peak.mb for rank in dist.per_rank]
+    rows = [("ranks", f"{dist.world_size} ({dist.parallel}, {dist.backend}) · global batch "
+                      f"{dist.global_batch_size} · {fmt(dist.throughput_per_rank_samples_per_s)} samples/s per "
+                      f"rank · straggler spread {fmt(dist.straggler_spread_pct)}% (slowest: rank "
+                      f"{dist.slowest_rank}) · peak MiB by rank {', '.join(fmt(mb, 0) for mb in memory)}")]
+    comm = metrics.collectives
     if comm:
         rows.append(("communication", f"{fmt(comm['communication_ms_per_step'], 2)} ms NCCL per step, "
                                       f"{fmt(comm['overlap_pct'])}% overlapped with compute · exposed "
@@ -159,9 +160,9 @@ def phase_table(result: Result) -> Table:
     table.add_column("phase")
     table.add_column("ms", justify="right")
     table.add_column("share", justify="right")
-    phases = m["phases_ms"]
+    phases = m.phases_ms
     for name in sorted(phases, key=phase_sort_key):
-        table.add_row(name, fmt(phases[name], 3), fmt(m["phase_share_pct"].get(name), 1, "%"))
+        table.add_row(name, fmt(phases[name], 3), fmt(m.phase_share_pct.get(name), 1, "%"))
     table.caption = result.timing.get("phases", "")
     return table
 

@@ -49,9 +49,9 @@ def tune_images(directory: Path, meta: dict[str, Any], out: Path) -> dict[str, s
         images["waterfall"] = "tune_waterfall.png"
     before, after = _load(directory, meta.get("start")), _load(directory, meta.get("best"))
     # a serve trial has no per-phase step times (its profiles do; the chain's diagnoses read those)
-    if before is not None and after is not None and before.metrics.get("phases_ms") and after.metrics.get("phases_ms"):
-        phase_breakdown_plot({"start": before.metrics.get("phases_ms") or {},
-                              "tuned": after.metrics.get("phases_ms") or {}}, out / "tune_breakdown.png",
+    if before is not None and after is not None and before.metrics.phases_ms and after.metrics.phases_ms:
+        phase_breakdown_plot({"start": before.metrics.phases_ms, "tuned": after.metrics.phases_ms},
+                             out / "tune_breakdown.png",
                              "step-time breakdown: start vs tuned")
         images["breakdown"] = "tune_breakdown.png"
     return images

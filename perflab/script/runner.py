@@ -18,9 +18,10 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from perflab.environment import collect_environment
 from perflab.harness.nvml import NvmlSampler
 from perflab.harness.runner import aggregate, memory_metrics
+from perflab.results.metrics import Gpu
+from perflab.pipeline import new_result
 from perflab.profile.capture import CaptureOptions, ProfilerCapture
 from perflab.results import Result, Trial, write_json_atomic
 from perflab.script.attach import ScriptProbe
@@ -28,7 +29,6 @@ from perflab.script.command import ScriptCommand, check_command, execute, script
 from perflab.script.levers import levers_in_code
 from perflab.script.steps import StepDetector
 from perflab.script.timeline import StepTimeline
-from perflab.version import __version__
 
 THROUGHPUT_METHOD = ("steps after the warm-up over their summed duration, from step boundary to step boundary "
                      "(CUDA events on the stream on a GPU: idle time included; host clock on the CPU)")
@@ -152,13 +152,13 @@ def _result(command: ScriptCommand, timeline: StepTimeline, detector: StepDetect
                   throughput_samples_per_s=len(timed_ms) * batch_size / wall_s, step_ms=[float(ms) for ms in timed_ms],
                   phase_ms={name: float(np.mean([step.get(name, 0.0) for step in timed_phases])) for name in names})
     metrics = aggregate([trial], batch_size)
-    metrics["steps_per_s"] = len(timed_ms) / wall_s
-    metrics["steps_seen"] = timeline.boundaries
-    metrics["warmup_s"] = float(np.sum(step_ms[:warmup])) / 1e3
-    metrics["first_step_s"] = step_ms[0] / 1e3
-    metrics["script_s"] = elapsed_s
-    metrics["memory"] = memory_metrics(device)
-    metrics["gpu"] = sampler.summary()
+    metrics.steps_per_s = len(timed_ms) / wall_s
+    metrics.steps_seen = timeline.boundaries
+    metrics.warmup_s = float(np.sum(step_ms[:warmup])) / 1e3
+    metrics.first_step_s = step_ms[0] / 1e3
+    metrics.script_s = elapsed_s
+    metrics.memory = memory_metrics(device)
+    metrics.gpu = Gpu.from_dict(sampler.summary())
     notes = [f"steps: {detector.describe()}"]
     if probe.batch_size is None:
         notes.append("no batch size was found (no DataLoader batch or model input tensor): samples/s counts steps")
@@ -173,12 +173,11 @@ def _result(command: ScriptCommand, timeline: StepTimeline, detector: StepDetect
                 "parameters": sum(p.numel() for p in model.parameters()) if model is not None else None,
                 "flops_per_sample": None, "info": {"steps_found_by": detector.describe(), "step_source": detector.source,
                                                    "optimizer_steps": probe.optimizer_steps, "batches": probe.batches}}
-    return Result(
-        config=config, environment=collect_environment(device), workload=workload, trials=[trial], metrics=metrics,
+    return new_result(
+        config, device, workload, ["perflab", *(perflab_argv or []), "--", *command.shown()], trials=[trial],
+        metrics=metrics, notes=notes,
         timing={"throughput": THROUGHPUT_METHOD, "latency": "per step, between consecutive step boundaries",
-                "phases": _timer_method(timeline), "phase_sources": PHASE_SOURCES, "steps": detector.describe()},
-        notes=notes, command=["perflab", *(perflab_argv or []), "--", *command.shown()],
-        created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), perflab_version=__version__)
+                "phases": _timer_method(timeline), "phase_sources": PHASE_SOURCES, "steps": detector.describe()})
 
 
 def _timer_method(timeline: StepTimeline) -> str:

@@ -1,4 +1,4 @@
-"""The dynamic batcher: a free instance takes a batch when --max-batch queries wait, or when the oldest waiting query
+"""The dynamic batcher: a free instance takes a batch when --batcher-max-batch queries wait, or when the oldest waiting query
 has waited --batch-timeout-ms (Triton's max_queue_delay). One instance forms a batch at a time.
 
 Two batchers share that policy and one interface (`next_batch()`, `clock`):
@@ -70,7 +70,7 @@ class ScheduledBatcher:
 
     def next_batch(self) -> Optional[FormedBatch]:
         """Sleep until the next query arrives, then until its batch is due; take the queries that have arrived by
-        then (at most --max-batch, at least that first one)."""
+        then (at most --batcher-max-batch, at least that first one)."""
         with self._forming:
             first, count = self._taken, len(self.arrivals_s)
             if first >= count or self._stopped.is_set():

@@ -34,7 +34,7 @@ class FixedTimeEngine:
 
 
 def measure_capacity(max_batch: int, timeout_s: float, instances: int, queries: int = PROBE_QUERIES) -> dict[str, Any]:
-    """With a no-op model: queries/s the batcher and instances move at --max-batch (every query arrived at once),
+    """With a no-op model: queries/s the batcher and instances move at --batcher-max-batch (every query arrived at once),
     batches/s at one query per batch, and the batcher's dispatch delay on a Poisson schedule at PROBE_RATE_QPS."""
     server = Server([FixedTimeEngine() for _ in range(instances)])
     samples = np.zeros(queries, dtype=int)

@@ -43,16 +43,16 @@ class ServeConfig:
                                 metavar="N", commands=SERVE)
     sample_seed: int = option("--sample-seed", int, "seed of the order samples are drawn in (default: 0)", LOAD, 0,
                               metavar="N", commands=SERVE)
-    max_batch: Optional[int] = option("--max-batch", int, "largest batch the batcher forms (default: the "
-                                      "workload's batch size on this device)", BATCHER, minimum=1, metavar="N",
-                                      commands=SERVE_AND_TUNE)
+    max_batch: Optional[int] = option("--batcher-max-batch", int, "largest batch the batcher forms (default: the "
+                                      "workload's batch size on this device; formerly --max-batch)", BATCHER,
+                                      minimum=1, metavar="N", commands=SERVE_AND_TUNE, deprecated=("--max-batch",))
     batch_timeout_ms: float = option("--batch-timeout-ms", float, "how long the oldest waiting query may wait for "
                                      "a batch to fill (default: 2)", BATCHER, 2.0, minimum=0, metavar="MS",
                                      commands=SERVE_AND_TUNE)
     bucket_step: int = option("--bucket-step", int, "with --compile or --cuda-graphs a batch is padded up to a size "
                               "compiled or captured in warm-up: powers of two up to N, then every multiple of N up "
-                              "to --max-batch (default: 16; a batch of 33 then runs at 48, not 64)", BATCHER, 16,
-                              minimum=1, metavar="N", commands=SERVE_AND_TUNE)
+                              "to --batcher-max-batch (default: 16; a batch of 33 then runs at 48, not 64)", BATCHER,
+                              16, minimum=1, metavar="N", commands=SERVE_AND_TUNE)
     instances: int = option("--instances", int, "model instances, each on its own CUDA stream with its own pinned "
                             "buffers (default: 1)", BATCHER, 1, minimum=1, metavar="N", commands=SERVE_AND_TUNE)
 

@@ -3,9 +3,7 @@ scenario's points (fixed rates, or the max-QPS search), saving result.json after
 lever changes numerics (or --check-quality asks), the quality gate at the max batch, as `perflab run` runs it."""
 from __future__ import annotations
 
-import copy
 import os
-import sys
 import time
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
@@ -15,12 +13,11 @@ import numpy as np
 import torch
 
 from perflab.config import RunConfig
-from perflab.environment import collect_environment
 from perflab.errors import PerflabError
 from perflab.harness.data import make_loader
-from perflab.harness.runner import (describe_workload, quality_gate_enabled, resolve_config, resolve_device,
-                                    seed_everything)
-from perflab.levers import check_levers
+from perflab.harness.progress import Reporter
+from perflab.results.metrics import Serve, ServeSettings
+from perflab.pipeline import describe_workload, load, new_result, prepared, quality_stage, resolve_config, resolve_device
 from perflab.results import Result
 from perflab.serve.capacity import measure_capacity
 from perflab.serve.config import ServeConfig
@@ -29,8 +26,7 @@ from perflab.serve.generation import GenerationEngine, check_generation_serving,
 from perflab.serve.pool import stage_pool
 from perflab.serve.session import Session, late_threshold_ms, run_scenario
 from perflab.serve.server import Engine, Server
-from perflab.version import __version__
-from perflab.workloads import Workload, load_workload
+from perflab.workloads import Workload
 
 POOL_SAMPLES = 128  # samples loaded into host memory before the load starts (LoadGen's performance sample set)
 ESTIMATE_BATCHES = 3
@@ -77,9 +73,7 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
     serve_cfg.validate()
     cfg = serve_run_config(run_cfg, serve_cfg, workload)
     device = resolve_device(cfg.device)
-    seed_everything(cfg.seed)
-    if not isinstance(workload, Workload):
-        workload = load_workload(cfg.workload, cfg)
+    workload = load(workload, cfg)
     if not workload.supports_inference:
         raise PerflabError(f"{workload.name} is a training-only workload: it has no inference mode to serve; "
                            "choose another --workload")
@@ -93,59 +87,58 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
-    plan = pristine = None
-    if engines is None:
-        from perflab.harness.plan import build_plan
-        levers = check_levers(cfg, workload, device)
-        if quality_gate_enabled(cfg, levers):  # the gate starts from weights nothing has touched (as run's)
-            pristine = copy.deepcopy(workload, memo={id(workload.dataset): workload.dataset})
-        plan = build_plan(workload, cfg, device, levers)
-        if generates:
-            engines = [GenerationEngine(plan, requests, cfg.batch_size)]
-            notes.append("generation is served with static batching: a batch of requests is prefilled together and "
-                         "decoded to completion (no continuous batching)")
-        else:
-            graphs = cfg.cuda_graphs and device.type == "cuda"
-            sizes = (batch_shapes(serve_cfg.scenario, cfg.batch_size, serve_cfg.bucket_step)
-                     if graphs or cfg.compile else None)
-            # staged once (memory format, pinned) and shared: instances copy samples straight out of it
-            staged = stage_pool(pool, samples, device, plan.memory_format)
-            engines = [ModelEngine(plan, staged, cfg.batch_size, sizes, graphs) for _ in range(serve_cfg.instances)]
-        if engines[0].sizes is not None:
-            notes.append(f"batches are padded up to {engines[0].sizes} so that only those shapes are "
-                         "compiled/captured (in warm-up); padded_samples counts the padding")
-    result = Result(config={**cfg.to_dict(), "serve": serve_cfg.to_dict()}, environment=collect_environment(device),
-                    workload=describe_workload(workload, None), trials=[], metrics={}, levers=[],
-                    notes=notes, command=list(command if command is not None else sys.argv),
-                    created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), perflab_version=__version__,
-                    status="interrupted", status_reason="the session stopped before its last point; the finished "
-                    "points are kept")
     with ExitStack() as stack:
+        prep = stack.enter_context(prepared(workload, cfg, device)) if engines is None else None
+        plan = prep.plan if prep is not None else None
+        if plan is not None:
+            engines = _model_engines(plan, serve_cfg, cfg, generates, requests if generates else None,
+                                     None if generates else (pool, samples), notes)
+        result = new_result({**cfg.to_dict(), "serve": serve_cfg.to_dict()}, device, describe_workload(workload, None),
+                            command, notes=notes, status="interrupted",
+                            status_reason="the session stopped before its last point; the finished points are kept")
         stack.enter_context(cpu_threads_for(serve_cfg.instances, device.type))
         if plan is not None:
-            stack.callback(plan.cleanup)
             result.levers = list(plan.levers)
         server = Server(engines, plan.stepping if plan is not None else nullcontext)
         stack.callback(server.close)
         server.warm_up(cfg.warmup)
         estimate = _estimate_in_thread(server, cfg.batch_size, samples)
-        result.metrics["serve"] = _record_head(serve_cfg, cfg, engines, estimate)
-        result.metrics["serve"]["single_query_ms"] = _single_query_in_thread(server)
+        result.metrics.serve = _record_head(serve_cfg, cfg, engines, estimate)
+        result.metrics.serve.single_query_ms = _single_query_in_thread(server)
         session = Session(server, cfg, serve_cfg, result, Path(out) if out else None, samples,
                           device.index if device.type == "cuda" else None, on_point)
-        session.record["capacity"] = measure_capacity(cfg.batch_size, serve_cfg.batch_timeout_ms / 1000,
+        session.record.capacity = measure_capacity(cfg.batch_size, serve_cfg.batch_timeout_ms / 1000,
                                                       serve_cfg.instances)
         session.save()
         run_scenario(session, estimate)
-        session.record["complete"] = True
+        session.record.complete = True
         result.status, result.status_reason = "complete", ""
         _diagnose(result)
         session.save()
-    if pristine is not None:  # after the model is released: the gate builds its own baseline and candidate
-        from perflab.quality import run_quality_gate
-        result.quality = run_quality_gate(pristine, cfg, device)
+    if prep is not None and prep.pristine is not None:  # after the model is released: the gate builds its own
+        result.quality = quality_stage(prep, Reporter())        # baseline and candidate
         session.save()
     return result
+
+
+def _model_engines(plan, serve_cfg: ServeConfig, cfg: RunConfig, generates: bool, requests, pool, notes: list[str]
+                   ) -> list[Engine]:
+    """The engines that serve the prepared model: one generation engine, or `instances` model engines sharing one
+    staged pool of samples."""
+    if generates:
+        notes.append("generation is served with static batching: a batch of requests is prefilled together and "
+                     "decoded to completion (no continuous batching)")
+        return [GenerationEngine(plan, requests, cfg.batch_size)]
+    inputs, samples = pool
+    graphs = cfg.cuda_graphs and plan.device.type == "cuda"
+    sizes = batch_shapes(serve_cfg.scenario, cfg.batch_size, serve_cfg.bucket_step) if graphs or cfg.compile else None
+    # staged once (memory format, pinned) and shared: instances copy samples straight out of it
+    staged = stage_pool(inputs, samples, plan.device, plan.memory_format)
+    engines = [ModelEngine(plan, staged, cfg.batch_size, sizes, graphs) for _ in range(serve_cfg.instances)]
+    if engines[0].sizes is not None:
+        notes.append(f"batches are padded up to {engines[0].sizes} so that only those shapes are "
+                     "compiled/captured (in warm-up); padded_samples counts the padding")
+    return engines
 
 
 @contextmanager
@@ -178,23 +171,13 @@ def _single_query_in_thread(server: Server) -> float:
     return found[0]
 
 
-def _record_head(serve_cfg: ServeConfig, cfg: RunConfig, engines: list, estimate: float) -> dict[str, Any]:
-    return {
-        "scenario": serve_cfg.scenario,
-        "schedule_seed": serve_cfg.schedule_seed,
-        "sample_seed": serve_cfg.sample_seed,
-        "settings": {"max_batch": cfg.batch_size, "batch_timeout_ms": serve_cfg.batch_timeout_ms,
-                     "instances": serve_cfg.instances, "p99_ms": serve_cfg.p99_ms,
-                     "duration_s": serve_cfg.duration_s, "min_queries": serve_cfg.min_queries,
-                     "buckets": getattr(engines[0], "sizes", None), "bucket_step": serve_cfg.bucket_step,
-                     "harness_late_ms": late_threshold_ms(serve_cfg)},
-        "estimated_samples_per_s": estimate,
-        "points": [],
-        "max_qps": None,
-        "search": None,
-        "capacity": None,
-        "complete": False,
-    }
+def _record_head(serve_cfg: ServeConfig, cfg: RunConfig, engines: list, estimate: float) -> Serve:
+    settings = ServeSettings(max_batch=cfg.batch_size, batch_timeout_ms=serve_cfg.batch_timeout_ms,
+                             instances=serve_cfg.instances, p99_ms=serve_cfg.p99_ms, duration_s=serve_cfg.duration_s,
+                             min_queries=serve_cfg.min_queries, buckets=getattr(engines[0], "sizes", None),
+                             bucket_step=serve_cfg.bucket_step, harness_late_ms=late_threshold_ms(serve_cfg))
+    return Serve(scenario=serve_cfg.scenario, schedule_seed=serve_cfg.schedule_seed,
+                 sample_seed=serve_cfg.sample_seed, settings=settings, estimated_samples_per_s=estimate)
 
 
 def _diagnose(result: Result) -> None:

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 from perflab.config import RunConfig
 from perflab.harness.nvml import NvmlSampler
+from perflab.results.metrics import Serve
 from perflab.results import Result
 from perflab.serve import loadgen, schedule
 from perflab.serve.config import ServeConfig
@@ -41,8 +42,8 @@ class Session:
         self.on_point = on_point
 
     @property
-    def record(self) -> dict[str, Any]:
-        return self.result.metrics["serve"]
+    def record(self) -> Serve:
+        return self.result.metrics.serve
 
     def save(self) -> None:
         if self.out is not None:
@@ -53,7 +54,7 @@ class Session:
         """Run one point, add it to the result, save."""
         sc, max_batch = self.serve_cfg, self.cfg.batch_size
         timeout_s = sc.batch_timeout_ms / 1000
-        index = len(self.record["points"])
+        index = len(self.record.points)
         seed = sc.sample_seed + index
         with NvmlSampler(self.device_index) as sampler:
             if scenario == "server":
@@ -80,7 +81,7 @@ class Session:
         point["padded_samples"] = sum(engine.padded_samples for engine in padding)
         for engine in padding:
             engine.padded_samples = 0
-        self.record["points"].append(point)
+        self.record.points.append(point)
         self.save()
         self.on_point(point)
         return point
@@ -108,11 +109,11 @@ def search(session: Session, estimate: float) -> None:
     """The max-QPS search from half the full-batch throughput; `max_qps` and the bracket go into the record."""
     sc = session.serve_cfg
     tolerance = sc.search_tolerance_pct / 100
-    single_ms = session.record["single_query_ms"]
+    single_ms = session.record.single_query_ms
     if single_ms > sc.p99_ms:
         reason = f"one query alone takes {single_ms:.2f} ms, more than the p99 bound of {sc.p99_ms:g} ms: no rate " \
                  "can meet it"
-        session.record["search"] = {"skipped": reason, "tried": [], "lowest_failing_qps": None,
+        session.record.search = {"skipped": reason, "tried": [], "lowest_failing_qps": None,
                                     "tolerance": tolerance, "start_qps": None}
         session.result.notes.append(reason)
         return
@@ -122,8 +123,8 @@ def search(session: Session, estimate: float) -> None:
     # A point lasts at most LONGEST_POINT x --duration: halving stops where --min-queries would take longer.
     lowest = sc.min_queries / (LONGEST_POINT * sc.duration_s)
     outcome = find_max_qps(passes, max(_rate(estimate / 2), lowest), tolerance, lowest_qps=lowest)
-    session.record["max_qps"] = outcome.max_qps
-    session.record["search"] = {"lowest_failing_qps": outcome.lowest_failing_qps, "tolerance": tolerance,
+    session.record.max_qps = outcome.max_qps
+    session.record.search = {"lowest_failing_qps": outcome.lowest_failing_qps, "tolerance": tolerance,
                                 "tried": [{"qps": rate, "passed": passed} for rate, passed in outcome.tried],
                                 "start_qps": outcome.tried[0][0]}
 

@@ -15,10 +15,9 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from perflab import options
+from perflab.bottlenecks import LAUNCH_OVERHEAD, NO_CLEAR_BOTTLENECK
 from perflab.config import RunConfig
 
-NO_CLEAR_BOTTLENECK = "no clear bottleneck"
-LAUNCH_OVERHEAD = "launch / framework overhead"
 UNSURE_BELOW = 0.7  # a verdict less confident than this: try the next most likely levers too
 BATCH_LEVER = "batch-size"  # not a lever of perflab.levers: searched only with --tune-batch
 TORCH_PREFETCH_DEFAULT = 2  # DataLoader's prefetch_factor when none is given
@@ -109,7 +108,7 @@ def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: floa
             add(name, finding, named=True)
     for finding in considered:  # then the other levers for the same bottleneck classes
         for lever in levers_by_name.values():
-            if _field(finding, "cls") in lever.addresses:
+            if _field(finding, "cls") in lever.classes:
                 add(lever.name, finding)
     if not findings or _field(diagnosis, "bottleneck") == NO_CLEAR_BOTTLENECK:
         for lever in levers_by_name.values():  # nothing named: every lever, in application order

@@ -37,15 +37,14 @@ class Decision:
 
 
 def peak_memory_gb(result: Result) -> Optional[float]:
-    memory = result.metrics.get("memory") or {}
-    megabytes = memory.get("peak_allocated_mb", memory.get("host_peak_rss_mb"))
+    megabytes = result.peak_memory.mb
     return None if megabytes is None else megabytes / 1024
 
 
 def constraint_violations(result: Result, max_p99_ms: Optional[float], max_memory_gb: Optional[float]) -> list[str]:
     """The constraints this result breaks, each as a sentence with its numbers."""
     broken = []
-    p99 = result.metrics["latency_ms"].get("p99")
+    p99 = result.metrics.latency_ms.p99 if result.metrics.latency_ms else None
     if max_p99_ms is not None and p99 is not None and p99 > max_p99_ms:
         broken.append(f"p99 step latency {p99:.2f} ms is over --max-p99-ms {max_p99_ms:g}")
     memory = peak_memory_gb(result)

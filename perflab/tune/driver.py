@@ -205,7 +205,7 @@ class Tuner:
         arranged = ordering.arrange(search.proposals(self.diagnosis, self.levers), self.best_cfg)
         for proposal in arranged:
             if self._search_lever(proposal):
-                partner = ordering.PARTNERS.get(proposal.lever)
+                partner = ordering.partner_of(proposal.lever)
                 for other in arranged:  # its partner before re-profiling: the two are one win in two trials
                     if other.lever == partner:
                         self._search_lever(other)
@@ -466,5 +466,5 @@ class Tuner:
         if self.diagnosis is None or self.best is None:
             return False
         busy = ((self.diagnosis.profile or {}).get("gpu") or {}).get("busy_pct")
-        mfu = (self.best.metrics.get("flops") or {}).get("mfu_pct")
+        mfu = self.best.metrics.flops.mfu_pct if self.best.metrics.flops else None
         return busy is not None and mfu is not None and busy >= NEAR_PEAK_BUSY_PCT and mfu >= NEAR_PEAK_MFU_PCT

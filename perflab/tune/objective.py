@@ -7,10 +7,11 @@ change numerics; tune turns it on for every candidate) did not fail.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from perflab import options
 from perflab.config import RunConfig
+from perflab.results.metrics import Serve
 from perflab.results import Result
 from perflab.serve.config import ServeConfig
 from perflab.tune.decision import Decision
@@ -18,18 +19,18 @@ from perflab.tune.decision import Decision
 SERVE = "serve"  # the trial kind (and the perflab command) of a max-qps measurement
 
 
-def serve_record(result: Result) -> dict[str, Any]:
-    return result.metrics.get("serve") or {}
+def serve_record(result: Result) -> Serve:
+    return result.metrics.serve or Serve()
 
 
 def max_qps_of(result: Result) -> Optional[float]:
     """The highest rate whose p99 met the bound (None: no rate did)."""
-    return serve_record(result).get("max_qps")
+    return serve_record(result).max_qps
 
 
 def resolution_pct(result: Result, serve_cfg: Optional[ServeConfig] = None) -> float:
     """The search's resolution in percent: its bisection tolerance as recorded (or as configured)."""
-    tolerance = (serve_record(result).get("search") or {}).get("tolerance")
+    tolerance = (serve_record(result).search or {}).get("tolerance")
     if tolerance is not None:
         return 100 * tolerance
     return (serve_cfg or ServeConfig()).search_tolerance_pct
@@ -39,15 +40,15 @@ def serve_figures(result: Result) -> dict[str, Any]:
     """What tune.jsonl records of a serve trial: the max QPS, the p99, batch fill and the batcher's dispatch delay
     there, the resolution, and how many points the harness dispatched late (not valid: they never pass)."""
     record = serve_record(result)
-    peak = record.get("max_qps")
-    at_peak = next((point for point in reversed(record.get("points") or [])
+    peak = record.max_qps
+    at_peak = next((point for point in reversed(record.points)
                     if point.get("passed") and point.get("offered_qps") == peak), None) or {}
     return {"max_qps": peak, "resolution_pct": resolution_pct(result),
             "p99_ms": (at_peak.get("latency_ms") or {}).get("p99"), "achieved_qps": at_peak.get("achieved_qps"),
-            "batch_fill_pct": at_peak.get("batch_fill_pct"), "single_query_ms": record.get("single_query_ms"),
+            "batch_fill_pct": at_peak.get("batch_fill_pct"), "single_query_ms": record.single_query_ms,
             "dispatch_delay_p99_ms": (at_peak.get("dispatch_delay_ms") or {}).get("p99_ms"),
-            "harness_late_points": sum(bool(point.get("harness_late")) for point in record.get("points") or []),
-            "search_skipped": (record.get("search") or {}).get("skipped"),
+            "harness_late_points": sum(bool(point.get("harness_late")) for point in record.points),
+            "search_skipped": (record.search or {}).get("skipped"),
             "quality": (result.quality or {}).get("verdict")}
 
 
@@ -64,7 +65,7 @@ def judge_max_qps(best: Result, candidate: Result, min_effect_pct: float) -> Dec
         why = f"the candidate failed the quality gate: {(candidate.quality or {}).get('reason', 'no reason recorded')}"
         return Decision(False, "reject", why, reasons=[why], **figures)
     if after is None:
-        skipped = (serve_record(candidate).get("search") or {}).get("skipped")
+        skipped = (serve_record(candidate).search or {}).get("skipped")
         why = f"no rate met the p99 bound{': ' + skipped if skipped else ''}"
         return Decision(False, "reject", why, reasons=[why], **figures)
     threshold = max(resolution, min_effect_pct)
@@ -88,6 +89,13 @@ def serve_refusal(option_name: str) -> Optional[str]:
         return None
     return (f"{declared.flag} is not an option of perflab serve (its queries come from a staged sample pool through "
             "the dynamic batcher); the max-qps objective cannot measure it")
+
+
+def unserved_options(cfg: RunConfig, given: Iterable[str] = ()) -> list[options.Option]:
+    """The run options set in `cfg` (or `given` by name on the command line, even at their defaults) that a serve
+    trial cannot carry: perflab serve does not take them (the option table's `commands`)."""
+    return [declared for declared in options.options_of(RunConfig) if SERVE not in declared.commands
+            and (declared.name in given or options.is_set(declared, getattr(cfg, declared.name)))]
 
 
 def serve_argv(cfg: RunConfig, serve_cfg: ServeConfig) -> list[str]:

@@ -1,19 +1,21 @@
 """TuneConfig: the driver's own settings (objective, budget, constraints, exclusions), declared once as options.
 
-The max-qps objective's serve settings (--p99-ms, --max-batch, --duration, ...) are ServeConfig's own options,
-which the tune command takes too (perflab/serve/config.py): TuneConfig.serve holds them."""
+The max-qps objective's serve settings (--p99-ms, --batcher-max-batch, --duration, ...) are ServeConfig's own
+options, which the tune command takes too (perflab/serve/config.py): TuneConfig.serve holds them. How a trial is
+judged (--min-effect-pct, --accept-noisy) is JudgeConfig's (perflab/config.py), shared with `perflab compare`."""
 from __future__ import annotations
 
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from perflab import options
-from perflab.config import RunConfig
+from perflab.config import JudgeConfig, RunConfig
 from perflab.errors import PerflabError
 from perflab.options import Conflict, option
 from perflab.serve.config import ServeConfig
+from perflab.tune.objective import unserved_options
 
 TUNE = ("tune",)
 SEARCH = "tune: search"
@@ -39,14 +41,17 @@ def parse_duration(text: str) -> float:
 
 
 @dataclass
-class TuneConfig:
-    """How `perflab tune` searches: its budget, the constraints a kept lever must meet, what it may touch."""
+class TuneConfig(JudgeConfig):
+    """How `perflab tune` searches: its budget, the constraints a kept lever must meet, what it may touch; how a
+    trial is judged (--min-effect-pct, --accept-noisy) is JudgeConfig's, shared with `perflab compare`."""
 
     objective: str = option("--objective", str, "what a kept lever must raise. throughput: samples/s of `perflab "
                             "run` (default); max-qps: the highest rate `perflab serve --find-max-qps` holds with p99 "
-                            "under --p99-ms MS (required with it; needs --mode infer; serve settings --max-batch, "
-                            "--batch-timeout-ms, --instances, --duration, --min-queries, --search-tolerance-pct "
-                            "pass through; docs/tune.md)", SEARCH, THROUGHPUT, choices=OBJECTIVES, commands=TUNE)
+                            "under --p99-ms MS (required with it; needs --mode infer; serve settings "
+                            "--batcher-max-batch, --batch-timeout-ms, --instances, --duration, --min-queries, "
+                            "--search-tolerance-pct pass through; run options perflab serve does not take are "
+                            "refused; docs/tune.md)", SEARCH, THROUGHPUT,
+                            choices=OBJECTIVES, commands=TUNE)
     budget: str = option("--budget", str, "time for the whole search, e.g. 90s, 20m, 1h; every trial's full "
                          "wall time counts, compilation included (default: 20m)", SEARCH, "20m", commands=TUNE,
                          metavar="TIME")
@@ -55,15 +60,10 @@ class TuneConfig:
     tune_batch: bool = option("--tune-batch", bool, "also search the batch size (grow until OOM or no gain, then "
                               "bisect); in training a different batch changes the optimisation", SEARCH, False,
                               commands=TUNE, conflicts=(Conflict("objective", "a serve session's batch is "
-                                                                 "--max-batch; give it instead of --tune-batch",
-                                                                 value=MAX_QPS),))
+                                                                 "--batcher-max-batch; give it instead of "
+                                                                 "--tune-batch", value=MAX_QPS),))
     exclude: list = option("--exclude", str, "never try this lever (repeatable; names from `perflab levers`)",
                            SEARCH, [], repeatable=True, metavar="LEVER", commands=TUNE)
-    min_effect_pct: float = option("--min-effect-pct", float, "a lever is kept only for a significant gain larger "
-                                   "than this (default: 2)", SEARCH, 2.0, above=0, metavar="PCT", commands=TUNE)
-    accept_noisy: bool = option("--accept-noisy", bool, "judge candidates even when a trial ran beside other busy "
-                                "processes (compare's --accept-noisy); otherwise such a trial is not judged and its "
-                                "lever is not counted as lost", SEARCH, False, commands=TUNE)
     max_p99_ms: Optional[float] = option("--max-p99-ms", float, "reject a lever whose p99 step latency passes this",
                                          CONSTRAINTS, above=0, metavar="MS", commands=TUNE, conflicts=(
                                              Conflict("objective", "with --objective max-qps the latency bound is "
@@ -96,16 +96,24 @@ class TuneConfig:
             self.serve = dataclasses.replace(self.serve, find_max_qps=True).validate()
         return self
 
-    def check_start(self, start: RunConfig) -> None:
-        """The starting run options this objective can measure: max-qps serves inference at --max-batch."""
+    def check_start(self, start: RunConfig, given: Iterable[str] = ()) -> None:
+        """The starting run options this objective can measure: max-qps serves inference at --batcher-max-batch,
+        and refuses every run option (set in `start`, or `given` by name) that perflab serve does not take, rather
+        than leave it out of its trials and its recipe."""
         if self.objective != MAX_QPS:
             return
         if start.mode != "infer":
             raise PerflabError(f"--objective max-qps serves the model and perflab serve measures inference only; "
                                f"--mode {start.mode} cannot be served: add --mode infer")
         if start.batch_size is not None:
-            raise PerflabError("--objective max-qps: a serve session's batch is --max-batch; give it instead of "
-                               "--batch")
+            raise PerflabError("--objective max-qps: a serve session's batch is --batcher-max-batch; give it "
+                               "instead of --batch")
+        unserved = unserved_options(start, given)
+        if unserved:
+            flags = ", ".join(declared.flag for declared in unserved)
+            it = "it" if len(unserved) == 1 else "them"
+            raise PerflabError(f"--objective max-qps measures every trial with perflab serve, which does not take "
+                               f"{flags}; drop {it} (or tune --objective throughput)")
 
     @property
     def budget_s(self) -> float:

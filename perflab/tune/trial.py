@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from perflab.config import RunConfig
+from perflab.profile.capture import CaptureOptions, capture_argv
 from perflab.results import RESULT_FILE, Result
 from perflab.serve.config import ServeConfig
 from perflab.tune.objective import serve_argv, serve_figures
@@ -48,12 +49,13 @@ class TrialOutcome:
         return self.result is not None
 
 
-def profile_schedule(steps: int) -> list[str]:
-    """`perflab profile` schedule options that fit inside `steps` timed steps."""
+def profile_capture(steps: int) -> CaptureOptions:
+    """The profiler schedule of a tune's profile trial, fitted inside `steps` timed steps."""
     active = max(1, min(PROFILE_ACTIVE, steps - PROFILE_WAIT - PROFILE_WARMUP))
     wait = min(PROFILE_WAIT, max(0, steps - active - PROFILE_WARMUP))
     warmup = max(0, min(PROFILE_WARMUP, steps - active - wait))
-    return ["--wait", str(wait), "--warmup-steps", str(warmup), "--active", str(active)]
+    return CaptureOptions(wait=wait, warmup=warmup, active=active)
+
 
 
 def trial_command(cfg: RunConfig, kind: str, out: Path, serve: Optional[ServeConfig] = None) -> list[str]:
@@ -63,7 +65,7 @@ def trial_command(cfg: RunConfig, kind: str, out: Path, serve: Optional[ServeCon
         return [sys.executable, "-m", "perflab", kind, *serve_argv(cfg, serve or ServeConfig()), "--out", str(out)]
     argv = [sys.executable, "-m", "perflab", kind, *cfg.to_argv(kind)]
     if kind == "profile":
-        argv += profile_schedule(cfg.steps)
+        argv += capture_argv(profile_capture(cfg.steps))
     return argv + ["--out", str(out)]
 
 
@@ -133,14 +135,12 @@ def trial_figures(outcome: TrialOutcome) -> dict[str, Any]:
     if outcome.result is None:
         return {}
     metrics = outcome.result.metrics
-    if "serve" in metrics:
+    if metrics.serve is not None:
         return serve_figures(outcome.result)
-    throughput = metrics["throughput_samples_per_s"]
-    memory = metrics.get("memory") or {}
-    return {"throughput": throughput["median"], "throughput_ci95": [throughput.get("ci95_low"),
-                                                                   throughput.get("ci95_high")],
-            "p50_ms": metrics["latency_ms"]["p50"], "p99_ms": metrics["latency_ms"].get("p99"),
-            "peak_memory_mb": memory.get("peak_allocated_mb", memory.get("host_peak_rss_mb")),
-            "warmup_s": metrics.get("warmup_s"), "compile_s": metrics.get("compile_s"),
-            "mfu_pct": (metrics.get("flops") or {}).get("mfu_pct"),
+    throughput, latency = metrics.throughput_samples_per_s, metrics.latency_ms
+    return {"throughput": throughput.median, "throughput_ci95": [throughput.ci95_low, throughput.ci95_high],
+            "p50_ms": latency.p50, "p99_ms": latency.p99,
+            "peak_memory_mb": metrics.peak_memory.mb,
+            "warmup_s": metrics.warmup_s, "compile_s": metrics.compile_s,
+            "mfu_pct": metrics.flops.mfu_pct if metrics.flops else None,
             "quality": (outcome.result.quality or {}).get("verdict")}

@@ -14,11 +14,10 @@ cudagraph trees do). docs/generate.md has the levers and the metrics.
 from __future__ import annotations
 
 from perflab.errors import PerflabError
-from perflab.generation.compiled_decode import DECODE_TUNINGS, default_decode_tuning
-from perflab.generation.corpus import SyntheticLanguage, trained_decoder
-from perflab.generation.decoder import DRAFT_SIZES, SIZES, Decoder
-from perflab.generation.plan import GenerationSpec
-from perflab.generation.requests import Requests, collate_requests, parse_lengths
+from perflab.models.language import SyntheticLanguage, trained_decoder
+from perflab.models.decoder import DRAFT_SIZES, SIZES, Decoder
+from perflab.workloads.generation import DECODE_TUNINGS, GenerationSpec, default_decode_tuning
+from perflab.workloads.generation import Requests, collate_requests, parse_lengths
 from perflab.workloads.base import Workload
 
 DESCRIPTION = ("GPT-style decoder generating tokens with a KV cache: TTFT, TPOT, % of the memory-bandwidth bound; "

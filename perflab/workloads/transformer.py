@@ -1,8 +1,8 @@
 """transformer: a small GPT-style decoder for attention kernels, activation checkpointing and sequence length.
 
-Causal self-attention goes through F.scaled_dot_product_attention, so `--sdpa flash|efficient|math` picks
-its kernel. Each block can be checkpointed (`--activation-checkpointing`: recompute its activations in
-backward instead of storing them). Options: seq_len, layers, dim, heads, vocab.
+Its blocks are the GPT block generation uses too (perflab/models/gpt.py): causal self-attention goes through
+F.scaled_dot_product_attention, so `--sdpa flash|efficient|math` picks its kernel. Each block can be
+checkpointed (`--activation-checkpointing`: recompute its activations in backward instead of storing them). Options: seq_len, layers, dim, heads, vocab.
 """
 from __future__ import annotations
 
@@ -13,41 +13,12 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import Dataset
 
 from perflab.errors import PerflabError
+from perflab.models.gpt import Block
 from perflab.workloads.base import Workload
 from perflab.workloads.settings import ByDevice, resolve_settings, setting
 
 DESCRIPTION = "GPT-style decoder, causal SDPA attention, checkpointable blocks; option seq_len"
 DEFAULT_BATCH = {"cpu": 4, "cuda": 16}
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, dim = x.shape
-        q, k, v = self.qkv(x).split(dim, dim=2)
-        q, k, v = (t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(attended.transpose(1, 2).reshape(batch, length, dim))
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block: x + attention(norm(x)), then x + mlp(norm(x))."""
-
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attention = CausalSelfAttention(dim, heads)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
 
 
 class GPT(nn.Module):

@@ -21,21 +21,24 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from perflab.config import numerics_fields
+from perflab.config import MIN_EFFECT_PCT, numerics_fields
 from perflab.cost import cost_per_million
 from perflab.errors import PerflabError
 from perflab.harness.stats import RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
+from perflab.results.metrics import Flops, Gpu
 from perflab.results import Result, resolve_result_path, write_json_atomic
 
 COMPARE_FILE = "compare.json"
 CONFIDENCE = 0.95
 RESAMPLES = RATIO_BOOTSTRAP_RESAMPLES
-MIN_EFFECT_PCT = 2.0
 METHOD = (f"{int(CONFIDENCE * 100)}% percentile-bootstrap confidence interval ({RESAMPLES} resamples, seeded) "
           "of the candidate/base ratio: throughput from per-trial values (median), latency from per-step "
           "values pooled over trials (p50, p95); significant when the interval excludes no change")
 # Config fields that say where or how a run was stored, not what was measured.
 IGNORED_CONFIG = {"out", "resume_from", "checkpoint_every", "nsys"}
+# The metrics a comparison keeps of each side, so compare.json stands alone when the runs move.
+SUMMARY_METRICS = ("throughput_samples_per_s", "latency_ms", "phases_ms", "memory", "gpu", "flops",
+                   "cost_per_million_samples")
 
 
 @dataclass
@@ -107,16 +110,16 @@ def load_comparison(path: Union[str, Path]) -> Comparison:
 def load_result(path: Union[str, Path]) -> Result:
     """Result.load, with a one-line error for files that parse but do not hold a usable result."""
     result = Result.load(path)
-    if "serve" in result.metrics:
+    if result.metrics.serve is not None:
         raise PerflabError(f"{resolve_result_path(path)} is a `perflab serve` result; compare and rerun take `perflab "
                            f"run` results (repeat it with: {' '.join(result.command) or 'perflab serve ...'})")
     try:
         trials = result.trials
         if not trials or not all(trial.step_ms is not None for trial in trials):
             raise ValueError("no trials")
-        result.metrics["throughput_samples_per_s"]["median"]
-        result.metrics["latency_ms"]["p50"]
-    except (KeyError, TypeError, ValueError, AttributeError):
+        if result.metrics.throughput is None or result.metrics.latency_ms.p50 is None:
+            raise ValueError("no metrics")
+    except (TypeError, ValueError, AttributeError):
         raise PerflabError(f"{resolve_result_path(path)} is not a complete perflab result (missing trials or "
                            "metrics); re-run it") from None
     return result
@@ -153,40 +156,40 @@ def metric_changes(base: Result, cand: Result) -> list[MetricChange]:
     base_steps = [ms for trial in base.trials for ms in trial.step_ms]
     cand_steps = [ms for trial in cand.trials for ms in trial.step_ms]
     base_memory, cand_memory = base.peak_memory, cand.peak_memory
-    gpu_base, gpu_cand = (base.metrics.get("gpu") or {}), (cand.metrics.get("gpu") or {})
-    flops_base, flops_cand = (base.metrics.get("flops") or {}), (cand.metrics.get("flops") or {})
+    gpu_base, gpu_cand = base.metrics.gpu or Gpu(), cand.metrics.gpu or Gpu()
     return [
         _change("throughput", "samples/s", "higher", base.throughput, cand.throughput,
                 ([t.throughput_samples_per_s for t in base.trials], [t.throughput_samples_per_s for t in cand.trials],
                  np.median)),
-        _change("p50 latency", "ms/step", "lower", base.metrics["latency_ms"]["p50"], cand.metrics["latency_ms"]["p50"],
+        _change("p50 latency", "ms/step", "lower", base.metrics.latency_ms.p50, cand.metrics.latency_ms.p50,
                 (base_steps, cand_steps, _p50)),
-        _change("p95 latency", "ms/step", "lower", base.metrics["latency_ms"]["p95"], cand.metrics["latency_ms"]["p95"],
+        _change("p95 latency", "ms/step", "lower", base.metrics.latency_ms.p95, cand.metrics.latency_ms.p95,
                 (base_steps, cand_steps, _p95)),
-        _change("GPU utilisation", "%", "higher", gpu_base.get("util_mean_pct"), gpu_cand.get("util_mean_pct"),
+        _change("GPU utilisation", "%", "higher", gpu_base.util_mean_pct, gpu_cand.util_mean_pct,
                 note="NVML mean over the trials; one value per run"),
         _change("peak memory", "MiB", "lower", base_memory.mb, cand_memory.mb, note=base_memory.label),
-        mfu_change(flops_base, flops_cand, base.config.get("precision"), cand.config.get("precision")),
+        mfu_change(base.metrics.flops, cand.metrics.flops, base.config.get("precision"), cand.config.get("precision")),
         *_cost_change(base, cand),
     ]
 
 
-def mfu_change(base: dict[str, Any], cand: dict[str, Any], base_precision: Optional[str] = None,
+def mfu_change(base: Optional[Flops], cand: Optional[Flops], base_precision: Optional[str] = None,
                cand_precision: Optional[str] = None) -> MetricChange:
     """MFU = throughput × FLOPs per sample ÷ peak, so its change follows throughput only when both runs share
     the FLOPs and the peak; against different peaks the change is not shown, and the note says why."""
-    row = _change("MFU", "%", "higher", base.get("mfu_pct"), cand.get("mfu_pct"),
+    base, cand = base or Flops(), cand or Flops()
+    row = _change("MFU", "%", "higher", base.mfu_pct, cand.mfu_pct,
                   note="follows throughput: FLOPs per sample and the peak are the same")
     if row.change_pct is None:
         return row
-    peak_base, peak_cand = base.get("peak_tflops"), cand.get("peak_tflops")
+    peak_base, peak_cand = base.peak_tflops, cand.peak_tflops
     if not math.isclose(peak_base or 0.0, peak_cand or 0.0, rel_tol=1e-6):
         row.change_pct = None
         row.note = (f"change not shown: measured against different peaks ({_peak_text(peak_base, base_precision)} vs "
                     f"{_peak_text(peak_cand, cand_precision)}); MFU = throughput × FLOPs/sample ÷ peak, so a "
                     "different peak moves MFU without any change in speed")
         return row
-    flops_base, flops_cand = base.get("per_sample") or 0.0, cand.get("per_sample") or 0.0
+    flops_base, flops_cand = base.per_sample or 0.0, cand.per_sample or 0.0
     if not math.isclose(flops_base, flops_cand, rel_tol=0.005):
         row.note = (f"FLOPs per sample differ ({flops_base / 1e9:.3g} vs {flops_cand / 1e9:.3g} GFLOP): MFU moves "
                     "with throughput × FLOPs, not with throughput alone")
@@ -204,8 +207,8 @@ def _cost_change(base: Result, cand: Result) -> list[MetricChange]:
         return []
     per_trial = [[cost_per_million(price, t.throughput_samples_per_s) for t in result.trials]
                  for price, result in zip(prices, (base, cand))]
-    return [_change("cost per million samples", "per 1M", "lower", base.metrics.get("cost_per_million_samples"),
-                    cand.metrics.get("cost_per_million_samples"), (per_trial[0], per_trial[1], np.median),
+    return [_change("cost per million samples", "per 1M", "lower", base.metrics.cost_per_million_samples,
+                    cand.metrics.cost_per_million_samples, (per_trial[0], per_trial[1], np.median),
                     note=f"at {prices[0]:g} and {prices[1]:g} per hour")]
 
 
@@ -239,8 +242,8 @@ def comparability_warnings(base: Result, cand: Result) -> list[str]:
 
 def phase_changes(base: Result, cand: Result) -> list[dict[str, Any]]:
     """Mean ms per step of every phase, base vs candidate, largest absolute change first."""
-    base_phases, cand_phases = base.metrics.get("phases_ms") or {}, cand.metrics.get("phases_ms") or {}
-    total = cand.metrics["latency_ms"].get("mean", 0.0) - base.metrics["latency_ms"].get("mean", 0.0)
+    base_phases, cand_phases = base.metrics.phases_ms, cand.metrics.phases_ms
+    total = (cand.metrics.latency_ms.mean or 0.0) - (base.metrics.latency_ms.mean or 0.0)
     rows = []
     for name in set(base_phases) | set(cand_phases):
         b, c = base_phases.get(name, 0.0), cand_phases.get(name, 0.0)
@@ -322,9 +325,7 @@ def _summary(result: Result) -> dict[str, Any]:
     cfg = result.config
     return {"path": result.path, "label": describe_config(cfg, result.levers), "config": cfg,
             "environment": result.environment, "levers": result.levers, "quality": result.quality,
-            "metrics": {key: result.metrics.get(key) for key in ("throughput_samples_per_s", "latency_ms",
-                                                                  "phases_ms", "memory", "gpu", "flops",
-                                                                  "cost_per_million_samples")},
+            "metrics": {key: value for key, value in result.metrics.to_dict().items() if key in SUMMARY_METRICS},
             "step_ms": [ms for trial in result.trials for ms in trial.step_ms], "created_utc": result.created_utc}
 
 
@@ -337,11 +338,11 @@ def contamination(base: Result, cand: Result) -> list[str]:
     """Why either run's timings are not clean: the machine was busy, or it did not finish cleanly."""
     found = []
     for side, result in (("base", base), ("candidate", cand)):
-        record = result.metrics.get("interference") or {}
-        if record.get("busy"):
+        record = result.metrics.interference
+        if record is not None and record.busy:
             found.append(f"the {side} ran on a busy machine (other processes: up to "
-                         f"{record.get('other_cpu_cores_max') or 0:.1f} CPU cores"
-                         f"{', GPU pids ' + str(record['gpu_neighbours']) if record.get('gpu_neighbours') else ''})")
+                         f"{record.other_cpu_cores_max or 0:.1f} CPU cores"
+                         f"{', GPU pids ' + str(record.gpu_neighbours) if record.gpu_neighbours else ''})")
         if result.status != "complete":
             found.append(f"the {side} is marked {result.status}: {result.status_reason}")
     return found

@@ -19,7 +19,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from perflab.generation.decoder import Decoder, DecoderSize
+from perflab.models.decoder import Decoder, DecoderSize
+from perflab.models.outputs import output_field
 
 ACTIVE = 256  # token ids the language uses (at most the vocabulary)
 LIKELY = 0.9  # probability of the likely successor; otherwise a uniformly random active token
@@ -54,18 +55,17 @@ class SyntheticLanguage:
 
 def perplexity(model, sequences: torch.Tensor, batch: int = 4) -> float:
     """exp(mean next-token cross-entropy) of `model` (full forward, logits) over `sequences`."""
-    from perflab.generation.session import output_field
     total, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(sequences), batch):
             chunk = sequences[start:start + batch]
-            logits = _logits(model, chunk[:, :-1], output_field)
+            logits = _logits(model, chunk[:, :-1])
             loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
             total, count = total + float(loss), count + chunk[:, 1:].numel()
     return math.exp(total / count)
 
 
-def _logits(model, tokens: torch.Tensor, output_field) -> torch.Tensor:
+def _logits(model, tokens: torch.Tensor) -> torch.Tensor:
     if isinstance(model, Decoder):
         return model(tokens)
     return output_field(model(input_ids=tokens, attention_mask=torch.ones_like(tokens), use_cache=False),

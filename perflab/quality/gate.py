@@ -55,14 +55,8 @@ def precision_tolerance(cfg) -> dict[str, Any]:
     return {"rtol": table[cfg.precision], "source": f"{cfg.precision} default"}
 
 
-def run_quality_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
-    """Compare the candidate (cfg's levers) with the fp32 eager baseline; returns the verdict and figures."""
-    if workload.generation is not None:
-        from perflab.generation.quality import run_generation_gate
-        return run_generation_gate(workload, cfg, device)
-    if cfg.mode == "train" and _world_size() > 1:
-        from perflab.distributed.quality import run_distributed_quality_gate
-        return run_distributed_quality_gate(workload, cfg, device)
+def run_model_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
+    """One process's gate: the candidate's outputs (infer) or loss trajectory (train) against fp32 eager."""
     began = time.perf_counter()
     tolerance = precision_tolerance(cfg)
     devices = [device] if device.type == "cuda" else []
@@ -83,11 +77,6 @@ def run_quality_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
                    tolerances=tolerance, seconds=round(time.perf_counter() - began, 3))
     verdict["batches" if cfg.mode == "infer" else "steps"] = cfg.quality_steps
     return verdict
-
-
-def _world_size() -> int:
-    import torch.distributed as dist
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def run_candidate(workload, cfg, device: torch.device) -> tuple[list[str], list[Any], list[Any]]:
@@ -287,29 +276,29 @@ def judge_outputs(baseline: list[Observed], candidate: list[Observed], rtol: flo
                   is_classifier: bool) -> dict[str, Any]:
     """Inference verdict: NaN/inf fails; then max per-batch relative error, then decisive top-1 flips."""
     errors = [_relative_error(out.tensors, ref.tensors) for out, ref in zip(candidate, baseline)]
-    metrics: dict[str, Any] = {"rel_error": max(errors), "rel_error_per_batch": errors,
+    gate_figures: dict[str, Any] = {"rel_error": max(errors), "rel_error_per_batch": errors,
                                "non_finite_candidate": sum(_non_finite(out.tensors) for out in candidate),
                                "non_finite_baseline": sum(_non_finite(ref.tensors) for ref in baseline)}
     top1 = _top1(baseline, candidate, rtol) if is_classifier else None
     if top1:
-        metrics.update(top1)
+        gate_figures.update(top1)
     limit = f"{rtol:.1e} ({source})"
-    if metrics["non_finite_baseline"]:
-        return _verdict("fail", f"the fp32 eager baseline itself produced {metrics['non_finite_baseline']} "
-                        "NaN/inf values: the workload is unstable, not the lever", metrics)
-    if metrics["non_finite_candidate"]:
-        return _verdict("fail", f"candidate outputs contain {metrics['non_finite_candidate']} NaN/inf values "
-                        "(overflow? fp16 tops out at 65504)", metrics)
-    if metrics["rel_error"] > rtol:
-        return _verdict("fail", f"relative output error {metrics['rel_error']:.2e} > {limit} tolerance",
-                        metrics)
+    if gate_figures["non_finite_baseline"]:
+        return _verdict("fail", f"the fp32 eager baseline itself produced {gate_figures['non_finite_baseline']} "
+                        "NaN/inf values: the workload is unstable, not the lever", gate_figures)
+    if gate_figures["non_finite_candidate"]:
+        return _verdict("fail", f"candidate outputs contain {gate_figures['non_finite_candidate']} NaN/inf values "
+                        "(overflow? fp16 tops out at 65504)", gate_figures)
+    if gate_figures["rel_error"] > rtol:
+        return _verdict("fail", f"relative output error {gate_figures['rel_error']:.2e} > {limit} tolerance",
+                        gate_figures)
     if top1 and top1["top1_decisive_flips"]:
         return _verdict("fail", f"top-1 class changed on {top1['top1_decisive_flips']} of {top1['top1_samples']}"
-                        " samples where the baseline was not a near-tie", metrics)
-    reason = f"relative output error {metrics['rel_error']:.2e} <= {limit}"
+                        " samples where the baseline was not a near-tie", gate_figures)
+    reason = f"relative output error {gate_figures['rel_error']:.2e} <= {limit}"
     if top1:
         reason += f"; top-1 agreement {100 * top1['top1_agreement']:.1f}% over {top1['top1_samples']} samples"
-    return _verdict("pass", reason, metrics)
+    return _verdict("pass", reason, gate_figures)
 
 
 def _top1(baseline: list[Observed], candidate: list[Observed], rtol: float) -> Optional[dict[str, Any]]:
@@ -327,23 +316,23 @@ def _top1(baseline: list[Observed], candidate: list[Observed], rtol: float) -> O
 def judge_losses(baseline: list[float], candidate: list[float], rtol: float, source: str) -> dict[str, Any]:
     """Training verdict: any NaN/inf loss fails; then the relative delta of the final loss."""
     deltas = [abs(c - b) / abs(b) if b else abs(c - b) for b, c in zip(baseline, candidate)]
-    metrics: dict[str, Any] = {
+    gate_figures: dict[str, Any] = {
         "baseline_losses": baseline, "candidate_losses": candidate,
         "final_loss_baseline": baseline[-1], "final_loss_candidate": candidate[-1],
         "final_loss_rel_delta": deltas[-1], "max_loss_rel_delta": max(deltas),
     }
     if not all(math.isfinite(loss) for loss in baseline):
         return _verdict("fail", "the fp32 eager baseline's loss itself went NaN/inf: the workload is unstable, "
-                        "not the lever", metrics)
+                        "not the lever", gate_figures)
     bad = [step for step, loss in enumerate(candidate) if not math.isfinite(loss)]
     if bad:
-        return _verdict("fail", f"candidate loss is NaN/inf from step {bad[0]} of {len(candidate)}", metrics)
+        return _verdict("fail", f"candidate loss is NaN/inf from step {bad[0]} of {len(candidate)}", gate_figures)
     summary = (f"final loss {candidate[-1]:.5g} vs baseline {baseline[-1]:.5g} after {len(candidate)} steps: "
                f"relative delta {deltas[-1]:.2e}")
     if deltas[-1] > rtol:
-        return _verdict("fail", f"{summary} > {rtol:.1e} ({source}) tolerance", metrics)
-    return _verdict("pass", f"{summary} <= {rtol:.1e} ({source})", metrics)
+        return _verdict("fail", f"{summary} > {rtol:.1e} ({source}) tolerance", gate_figures)
+    return _verdict("pass", f"{summary} <= {rtol:.1e} ({source})", gate_figures)
 
 
-def _verdict(verdict: str, reason: str, metrics: dict[str, Any]) -> dict[str, Any]:
-    return {"verdict": verdict, "reason": reason, "metrics": metrics}
+def _verdict(verdict: str, reason: str, gate_figures: dict[str, Any]) -> dict[str, Any]:
+    return {"verdict": verdict, "reason": reason, "metrics": gate_figures}

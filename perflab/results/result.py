@@ -1,17 +1,19 @@
 """Result: the data model of one run, its versioned JSON schema, and atomic save/load."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 from perflab.errors import PerflabError
+from perflab.results.metrics import Metrics, PeakMemory, migrate_v1
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: metrics is a typed tree (perflab/metrics.py); 1 is read through metrics.migrate_v1
 RESULT_FILE = "result.json"
 REQUIRED_KEYS = ("schema_version", "config", "environment", "trials", "metrics")
 
@@ -28,36 +30,15 @@ class Trial:
     phase_ms: dict[str, float]  # mean per step
 
 
-@dataclass(frozen=True)
-class PeakMemory:
-    """One peak-memory figure and what it measures (GPU allocations or the whole host process)."""
-
-    mb: Optional[float]
-    on_gpu: bool
-    label: str  # e.g. "GPU peak allocated": names the figure in tables, notes and plot titles
-
-
-GPU_PEAK_LABEL = "GPU peak allocated"
-HOST_PEAK_LABEL = "host peak RSS (whole process)"
-
-
-def peak_memory(metrics: dict[str, Any]) -> PeakMemory:
-    """Peak memory from a result's metrics (or a comparison's copy of them): GPU if measured, else host RSS."""
-    memory = metrics.get("memory") or {}
-    if "peak_allocated_mb" in memory:
-        return PeakMemory(memory["peak_allocated_mb"], True, GPU_PEAK_LABEL)
-    return PeakMemory(memory.get("host_peak_rss_mb"), False, HOST_PEAK_LABEL)
-
-
 @dataclass
 class Result:
-    """Everything a run measured. `metrics` holds aggregates over trials (see README: result.json)."""
+    """Everything a run measured. `metrics` holds aggregates over trials (perflab/metrics.py; README: result.json)."""
 
     config: dict[str, Any]
     environment: dict[str, Any]
     workload: dict[str, Any]
     trials: list[Trial]
-    metrics: dict[str, Any]
+    metrics: Metrics
     timing: dict[str, Any] = field(default_factory=dict)
     levers: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -73,20 +54,26 @@ class Result:
     world_size: int = 1  # ranks that measured together (perflab run --nproc); figures are over all of them
     path: Optional[str] = field(default=None, compare=False)
 
-    @property
-    def throughput(self) -> float:
-        """Median samples/s over trials."""
-        return self.metrics["throughput_samples_per_s"]["median"]
+    def __post_init__(self) -> None:
+        if not isinstance(self.metrics, Metrics):  # a JSON-shaped dict, e.g. from a plugin or a test
+            self.metrics = Metrics.from_dict(self.metrics or {})
 
     @property
-    def peak_memory(self) -> "PeakMemory":
+    def throughput(self) -> Optional[float]:
+        """Median samples/s over trials."""
+        return self.metrics.throughput
+
+    @property
+    def peak_memory(self) -> PeakMemory:
         """The run's peak memory: GPU peak allocated when on CUDA, else the host process's peak RSS."""
-        return peak_memory(self.metrics)
+        return self.metrics.peak_memory
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("path")
-        return data
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("path", "metrics", "trials")}
+        data = copy.deepcopy(data)
+        data["trials"] = [asdict(trial) for trial in self.trials]
+        data["metrics"] = self.metrics.to_dict()
+        return {f.name: data[f.name] for f in fields(self) if f.name != "path"}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "result") -> "Result":
@@ -96,13 +83,19 @@ class Result:
         if data["schema_version"] > SCHEMA_VERSION:
             raise PerflabError(f"{source} has schema version {data['schema_version']}, newer than this perflab "
                                f"understands ({SCHEMA_VERSION}); upgrade perflab")
-        known = set(cls.__dataclass_fields__) - {"path", "trials"}
-        fields = {key: value for key, value in data.items() if key in known}
+        known = set(cls.__dataclass_fields__) - {"path", "trials", "metrics"}
+        found = {key: value for key, value in data.items() if key in known}
+        metrics = data["metrics"] or {}
+        if not isinstance(metrics, dict):
+            raise PerflabError(f"{source} has malformed metrics (not a JSON object); re-run to regenerate it")
+        if data["schema_version"] < 2:
+            metrics = migrate_v1(metrics)
+        found["schema_version"] = SCHEMA_VERSION  # read into this schema; saved again, it is written as such
         try:
             trials = [Trial(**trial) for trial in data["trials"]]
         except TypeError as err:
             raise PerflabError(f"{source} has malformed trials ({err}); re-run to regenerate it") from None
-        return cls(trials=trials, **fields)
+        return cls(trials=trials, metrics=Metrics.from_dict(metrics), **found)
 
     def save(self, directory: Union[str, Path]) -> Path:
         """Write `result.json` into `directory` (created if missing) atomically; returns its path."""

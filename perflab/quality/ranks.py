@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from perflab.harness.data import DeviceBatches, first_batches, make_loader, to_device
-from perflab.quality import (gate_plan, judge_losses, observe, precision_tolerance, run_candidate,
+from perflab.quality.gate import (gate_plan, judge_losses, observe, precision_tolerance, run_candidate,
                              with_noise_floor)
 
 BASELINE = "one process, fp32 eager, no levers but --grad-accum, on the global batch (N x --batch), same seed and weights"

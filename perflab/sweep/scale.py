@@ -17,7 +17,7 @@ from perflab import options
 from perflab.config import DISTRIBUTED, RunConfig
 from perflab.harness.progress import Reporter
 from perflab.results import atomic_file, write_json_atomic
-from perflab.sweep import SweepObserver, SweepSummary, run_sweep, swept_axes
+from perflab.sweep.points import SweepObserver, SweepSummary, run_sweep, swept_axes
 
 SCALE_JSON = "scale.json"
 SCALE_CSV = "scaling.csv"

@@ -1,4 +1,5 @@
-"""The built-in GPT-style decoder for generation: causal SDPA attention with a pluggable KV cache.
+"""The built-in GPT-style decoder for generation: the shared GPT block (perflab/models/gpt.py) with a pluggable KV
+cache.
 
 `Decoder(tokens)` is the full forward (every position, no cache). `Decoder(tokens, positions, mask)` with caches
 attached (`attach_caches`) runs only the new tokens and attends to everything cached. Sizes: SIZES, and the
@@ -10,10 +11,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from perflab.generation.kv_cache import DynamicKVCache, StaticKVCache
+from perflab.models.kv_cache import DynamicKVCache, StaticKVCache
+from perflab.models.gpt import Block
 
 
 @dataclass(frozen=True)
@@ -47,42 +48,6 @@ DRAFT_SIZES = {
 }
 
 
-class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
-        self.proj = nn.Linear(dim, dim, bias=False)
-        self.cache = None  # DynamicKVCache or StaticKVCache while generating
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],
-                use_cache: bool) -> torch.Tensor:
-        batch, length, dim = x.shape
-        q, k, v = self.qkv(x).split(dim, dim=2)
-        q, k, v = (t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
-        if use_cache and self.cache is not None:
-            k, v = self.cache.update(positions, k, v)
-        if mask is None:  # the new tokens attend causally among themselves and to every cached one
-            attended = F.scaled_dot_product_attention(q, k, v, is_causal=length > 1)
-        else:
-            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.proj(attended.transpose(1, 2).reshape(batch, length, dim))
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attention = Attention(dim, heads)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim, bias=False), nn.GELU(), nn.Linear(4 * dim, dim, bias=False))
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],
-                use_cache: bool) -> torch.Tensor:
-        x = x + self.attention(self.norm1(x), positions, mask, use_cache)
-        return x + self.mlp(self.norm2(x))
-
-
 class Decoder(nn.Module):
     """Token + position embeddings, pre-norm blocks, final norm, output projection tied to the token embedding."""
 
@@ -91,7 +56,7 @@ class Decoder(nn.Module):
         self.size = size
         self.token_embedding = nn.Embedding(size.vocab, size.dim)
         self.position_embedding = nn.Embedding(size.max_seq, size.dim)
-        self.blocks = nn.ModuleList(Block(size.dim, size.heads) for _ in range(size.layers))
+        self.blocks = nn.ModuleList(Block(size.dim, size.heads, bias=False) for _ in range(size.layers))
         self.norm = nn.LayerNorm(size.dim)
         self.head = nn.Linear(size.dim, size.vocab, bias=False)
         self.head.weight = self.token_embedding.weight
@@ -106,12 +71,12 @@ class Decoder(nn.Module):
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits (batch, T, vocab) for `tokens` at `positions` through the attached caches; without positions,
         the full forward over positions 0..T-1 (caches untouched)."""
-        use_cache = positions is not None
+        cache_positions = positions  # the blocks use their caches only when given the new tokens' positions
         if positions is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         for block in self.blocks:
-            x = block(x, positions, mask, use_cache)
+            x = block(x, cache_positions, mask)
         return self.head(self.norm(x))
 
     def attach_caches(self, static: bool, batch: int = 0, max_seq: int = 0, dtype: Optional[torch.dtype] = None,

@@ -31,7 +31,7 @@ import perflab
 from perflab.config import RunConfig
 from perflab.errors import PerflabError, is_out_of_memory
 from perflab.harness.progress import Reporter
-from perflab.harness.runner import resolve_config
+from perflab.pipeline import resolve_config
 from perflab.results import Result, atomic_file, write_json_atomic
 
 SWEEP_JSON = "sweep.json"
@@ -111,20 +111,18 @@ def _dir_name(label: str, key: str) -> str:
 def result_row(result: Result) -> dict[str, Any]:
     """The flat summary of one point's result that sweep.jsonl and sweep.csv hold."""
     m = result.metrics
-    throughput = m["throughput_samples_per_s"]
-    gpu = m.get("gpu") or {}
-    flops = m.get("flops") or {}
+    throughput, latency = m.throughput_samples_per_s, m.latency_ms
     return {
-        "throughput": throughput["median"],
-        "throughput_ci_low": throughput.get("ci95_low"),
-        "throughput_ci_high": throughput.get("ci95_high"),
-        "p50_ms": m["latency_ms"]["p50"],
-        "p95_ms": m["latency_ms"]["p95"],
-        "p99_ms": m["latency_ms"].get("p99"),
+        "throughput": throughput.median,
+        "throughput_ci_low": throughput.ci95_low,
+        "throughput_ci_high": throughput.ci95_high,
+        "p50_ms": latency.p50,
+        "p95_ms": latency.p95,
+        "p99_ms": latency.p99,
         "peak_memory_mb": result.peak_memory.mb,
         "memory_kind": result.peak_memory.label,
-        "gpu_util_pct": gpu.get("util_mean_pct"),
-        "mfu_pct": flops.get("mfu_pct"),
+        "gpu_util_pct": m.gpu.util_mean_pct if m.gpu else None,
+        "mfu_pct": m.flops.mfu_pct if m.flops else None,
         "quality": (result.quality or {}).get("verdict"),
         "world_size": result.world_size,
     }

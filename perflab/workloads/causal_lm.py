@@ -10,9 +10,9 @@ from typing import Callable, Optional
 
 from torch import nn
 
-from perflab.generation.corpus import SyntheticLanguage
-from perflab.generation.plan import GenerationSpec
-from perflab.generation.requests import Requests, collate_requests, parse_lengths
+from perflab.models.language import SyntheticLanguage
+from perflab.workloads.generation import GenerationSpec
+from perflab.workloads.generation import Requests, collate_requests, parse_lengths
 from perflab.workloads.base import Workload
 
 

@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
-from perflab.generation.corpus import perplexity
+from perflab.models.language import perplexity
 from perflab.generation.decode import generate_greedy, teacher_forced_logits
-from perflab.generation.requests import request_shape
+from perflab.workloads.generation import request_shape
 from perflab.harness.plan import StepPlan, build_plan
+from perflab.quality.gate import top1_flips
 
 # Relative error of next-token logits allowed, by precision, then by quantization scheme (the larger applies).
 LOGITS_RTOL = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 3e-2, "fp16": 1e-2}
@@ -129,7 +130,6 @@ def _synchronize(device: torch.device) -> None:
 
 def judge(figures: dict[str, Any], tolerance: dict[str, Any], speculative: bool) -> dict[str, Any]:
     """The verdict: NaN/inf fails; speculative output must be identical; then logits, agreement, perplexity."""
-    from perflab.quality import top1_flips
     rtol = tolerance["rtol"]
     errors, flips, decisive, samples, non_finite = [], 0, 0, 0, 0
     for cand, base in zip(figures["candidate_logits"], figures["baseline_logits"]):
@@ -140,37 +140,38 @@ def judge(figures: dict[str, Any], tolerance: dict[str, Any], speculative: bool)
         samples, flips, decisive = samples + count, flips + flipped, decisive + decisive_flips
     base_ppl, cand_ppl = figures["perplexity_baseline"], figures["perplexity_candidate"]
     ppl_delta = (cand_ppl - base_ppl) / base_ppl
-    metrics = {"rel_error": max(errors), "rel_error_per_batch": errors, "non_finite_candidate": non_finite,
+    gate_figures = {"rel_error": max(errors), "rel_error_per_batch": errors, "non_finite_candidate": non_finite,
                "greedy_agreement": 1 - flips / samples, "tokens_compared": samples, "greedy_flips": flips,
                "greedy_decisive_flips": decisive, "perplexity_baseline": base_ppl,
                "perplexity_candidate": cand_ppl, "perplexity_rel_delta": ppl_delta}
     if speculative:
-        metrics.update(speculative_identical=figures["speculative_identical"],
+        gate_figures.update(speculative_identical=figures["speculative_identical"],
                        first_difference=figures["first_difference"],
                        speculative_speedup=figures["speculative_speedup"], plain_s=figures["plain_s"],
                        speculative_s=figures["speculative_s"])
     if non_finite or not math.isfinite(cand_ppl):
-        return _verdict("fail", f"candidate logits contain {non_finite} NaN/inf values", metrics)
+        return _verdict("fail", f"candidate logits contain {non_finite} NaN/inf values", gate_figures)
     if speculative and not figures["speculative_identical"]:
         where = figures["first_difference"]
         return _verdict("fail", f"speculative decoding's output differs from plain greedy decoding (request batch "
-                        f"{where['request_batch']}, token {where['token']})", metrics)
+                        f"{where['request_batch']}, token {where['token']})", gate_figures)
     limit = f"{rtol:.1e} ({tolerance['source']})"
-    if metrics["rel_error"] > rtol:
-        return _verdict("fail", f"relative next-token logits error {metrics['rel_error']:.2e} > {limit}", metrics)
+    if gate_figures["rel_error"] > rtol:
+        return _verdict("fail", f"relative next-token logits error {gate_figures['rel_error']:.2e} > {limit}",
+                        gate_figures)
     if decisive:
         return _verdict("fail", f"greedy next token changed at {decisive} of {samples} positions where the baseline "
-                        "was not a near-tie", metrics)
+                        "was not a near-tie", gate_figures)
     if ppl_delta > tolerance["perplexity_rtol"]:
         return _verdict("fail", f"perplexity {cand_ppl:.4g} vs baseline {base_ppl:.4g}: +{100 * ppl_delta:.2f}% > "
-                        f"{100 * tolerance['perplexity_rtol']:.2g}%", metrics)
-    reason = (f"relative next-token logits error {metrics['rel_error']:.2e} <= {limit}; greedy agreement "
-              f"{100 * metrics['greedy_agreement']:.1f}% over {samples} tokens (no decisive flips); perplexity "
+                        f"{100 * tolerance['perplexity_rtol']:.2g}%", gate_figures)
+    reason = (f"relative next-token logits error {gate_figures['rel_error']:.2e} <= {limit}; greedy agreement "
+              f"{100 * gate_figures['greedy_agreement']:.1f}% over {samples} tokens (no decisive flips); perplexity "
               f"{100 * ppl_delta:+.3f}%")
     if speculative:
         reason = "speculative output identical to plain greedy decoding; " + reason
-    return _verdict("pass", reason, metrics)
+    return _verdict("pass", reason, gate_figures)
 
 
-def _verdict(verdict: str, reason: str, metrics: dict[str, Any]) -> dict[str, Any]:
-    return {"verdict": verdict, "reason": reason, "metrics": metrics}
+def _verdict(verdict: str, reason: str, gate_figures: dict[str, Any]) -> dict[str, Any]:
+    return {"verdict": verdict, "reason": reason, "metrics": gate_figures}

@@ -1,0 +1,258 @@
+"""The pipeline: workload -> levers -> measurement -> Result, one direction, and the one place that conducts it.
+
+    cfg = resolve_config(config, workload)          # validated; device and batch made concrete
+    workload = load(workload, cfg)                   # seeded, built (a built-in, a plugin, or the caller's)
+    with prepared(workload, cfg, device) as prep:    # levers checked and applied to a StepPlan, cleaned up after
+        measured = measure(prep.plan, ...)           # the harness stage (serve swaps in its load generator)
+    quality = quality_stage(prep, ...)               # the gate, from weights nothing trained
+    result = new_result(cfg, device, ...)            # the one constructor of a measured Result
+
+Everything optional is worn around that as a hook (perflab.hooks.StepHook): checkpoints, nsys, the
+profiler capture, generation's per-token clock. `run` and `profile_run` are the whole pipeline; sweep points,
+tune trials (as `perflab run` processes), scale, rerun and the ranks of a multi-process run go through `run`;
+serve reuses `load`, `prepared`, `new_result` and `quality_stage` around its own measurement stage.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from perflab.checkpoint import checkpoint_hooks
+from perflab.config import RunConfig
+from perflab.ranks import in_rank, is_primary, needs_launch
+from perflab.environment import collect_environment
+from perflab.errors import PerflabError
+from perflab.hooks import StepHook
+from perflab.harness.plan import StepPlan, build_plan
+from perflab.harness.progress import Reporter
+from perflab.harness.runner import measure
+from perflab.levers import Lever, check_levers
+from perflab.results.metrics import Metrics
+from perflab.profile.capture import CaptureOptions, ProfilerCapture, capture_argv, whole_loader_cycles
+from perflab.profile.nsys import nsys_command, nsys_hooks, save_nsys_command
+from perflab.quality import run_quality_gate
+from perflab.results import Result, write_json_atomic
+from perflab.version import __version__
+from perflab.workloads import Workload, default_batch, load_workload
+
+
+def resolve_device(requested: str) -> torch.device:
+    """The torch device of --device auto|cuda|cpu (auto: CUDA when torch sees a GPU)."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise PerflabError("--device cuda: no CUDA GPU is visible to torch here; use --device cpu or auto")
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def resolve_config(config: RunConfig, workload: Union[Workload, str, None]) -> RunConfig:
+    """Validated config with the device and batch size made concrete, as recorded in result.json."""
+    cfg = config.validate()
+    if needs_launch(cfg):
+        from perflab.distributed.launch import check_visible_gpus  # the launcher's module starts torchrun
+        check_visible_gpus(cfg.nproc, cfg.device)
+    device = resolve_device(cfg.device)
+    spec = workload.name if isinstance(workload, Workload) else (workload or cfg.workload)
+    return cfg.replace(workload=spec, device=device.type,
+                       batch_size=cfg.batch_size or default_batch(spec, device.type))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load(workload: Union[Workload, str, None], cfg: RunConfig) -> Workload:
+    """The workload of a run, seeded first: the caller's Workload as it is, or the one cfg.workload names."""
+    seed_everything(cfg.seed)
+    if isinstance(workload, Workload):
+        return workload
+    return load_workload(cfg.workload, cfg)
+
+
+@dataclass
+class Prepared:
+    """A workload with its levers applied: what a measurement stage runs, and what the quality gate starts from."""
+
+    cfg: RunConfig
+    device: torch.device
+    workload: Workload
+    levers: list[Lever]
+    plan: StepPlan
+    pristine: Optional[Workload]  # the weights before anything trained them, when the quality gate will run
+
+
+def quality_gate_enabled(cfg: RunConfig, levers: Sequence[Lever]) -> bool:
+    """--check-quality when given; otherwise on exactly when an active lever changes numerics."""
+    if cfg.check_quality is not None:
+        return cfg.check_quality
+    return any(lever.changes_numerics for lever in levers)
+
+
+@contextmanager
+def prepared(workload: Workload, cfg: RunConfig, device: torch.device) -> Iterator[Prepared]:
+    """Check the levers (refusals raise before anything moves), keep a pristine copy for the gate, build the
+    StepPlan; the plan's clean-ups (hooks, side streams, captured graphs) run on the way out."""
+    levers = check_levers(cfg, workload, device)
+    # The gate runs after the timed run (so compilation is timed where a user pays for it, in warm-up), from a
+    # copy of the weights taken before anything trained them. The dataset is shared, not copied.
+    pristine = (copy.deepcopy(workload, memo={id(workload.dataset): workload.dataset})
+                if quality_gate_enabled(cfg, levers) else None)
+    plan = build_plan(workload, cfg, device, levers)
+    try:
+        yield Prepared(cfg, device, workload, levers, plan, pristine)
+    finally:
+        plan.cleanup()
+
+
+def quality_stage(prep: Prepared, reporter: Reporter) -> Optional[dict[str, Any]]:
+    """The quality gate of a prepared run (None when it is off): baseline vs candidate from the pristine weights."""
+    if prep.pristine is None:
+        return None
+    reporter.note("quality gate: baseline vs candidate from the same weights and inputs")
+    return run_quality_gate(prep.pristine, prep.cfg, prep.device)
+
+
+def describe_workload(workload: Workload, flops_per_sample: Optional[float]) -> dict[str, Any]:
+    model = workload.model
+    return {
+        "name": workload.name,
+        "description": workload.description,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "flops_per_sample": flops_per_sample,
+        "info": workload.info,
+    }
+
+
+def new_result(config: dict[str, Any], device: torch.device, workload: dict[str, Any],
+               command: Optional[Sequence[str]], **fields: Any) -> Result:
+    """A Result stamped with this machine's environment, the time, perflab's version and the command line."""
+    return Result(config=config, environment=collect_environment(device), workload=workload,
+                  command=list(command if command is not None else sys.argv),
+                  created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), perflab_version=__version__,
+                  **{"trials": [], "metrics": Metrics(), **fields})
+
+
+def config_hooks(cfg: RunConfig) -> list[StepHook]:
+    """The hooks the config itself asks for: checkpoints (--checkpoint-every, --resume-from) and --nsys."""
+    if cfg.checkpoint_every and not cfg.out:
+        raise PerflabError("checkpoint_every needs a directory for checkpoint.pt: set RunConfig.out (--out)")
+    return [*checkpoint_hooks(cfg, cfg.out or "."), *nsys_hooks(cfg.nsys)]
+
+
+def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig] = None,
+        reporter: Optional[Reporter] = None, command: Optional[list[str]] = None,
+        hooks: Sequence[StepHook] = ()) -> Optional[Result]:
+    """Measure a workload (a Workload, a workload spec, or config.workload) and return its Result.
+
+    With --nproc N the ranks are started here (perflab/distributed/) and the result gathered over all of
+    them is returned (None on a node other than node 0 of a multi-node run)."""
+    if isinstance(workload, Workload) and not workload.name:  # a plugin's gets its file's name when loaded
+        workload = dataclasses.replace(workload, name=type(workload.model).__name__)
+    cfg = resolve_config(config or RunConfig(), workload)
+    if needs_launch(cfg):
+        return _launch(workload, cfg, "run", command)
+    device = resolve_device(cfg.device)
+    reporter = reporter or Reporter()
+    workload = load(workload, cfg)
+    hooks = [*hooks, *config_hooks(cfg)]
+    with prepared(workload, cfg, device) as prep:
+        hooks += prep.plan.hooks
+        for hook in hooks:
+            hook.start(prep.plan)
+        measured = measure(prep.plan, cfg, reporter, hooks)
+        levers, plan_notes = list(prep.plan.levers), list(prep.plan.notes)
+    quality = None if measured.interrupted else quality_stage(prep, reporter)
+    status, reason = _status(measured.interrupted, measured.non_finite)
+    result = new_result(cfg.to_dict(), device, describe_workload(workload, measured.flops_per_sample), command,
+                        trials=measured.trials, metrics=measured.metrics, timing=measured.timing, levers=levers,
+                        notes=plan_notes + measured.notes, quality=quality, status=status, status_reason=reason)
+    for hook in hooks:
+        hook.finish(result)
+    if in_rank():
+        from perflab.distributed.gather import gather_result  # collectives: only inside a rank
+        result = gather_result(result)
+    return result
+
+
+def _status(interrupted: Optional[str], non_finite: Optional[str]) -> tuple[str, str]:
+    """complete | interrupted | invalid, and why."""
+    if interrupted:
+        return "interrupted", interrupted
+    if non_finite:
+        return "invalid", non_finite
+    return "complete", ""
+
+
+def _launch(workload: Union[Workload, str, None], cfg: RunConfig, command_name: str,
+            recorded: Optional[list[str]], extra_argv: Sequence[str] = ()) -> Optional[Result]:
+    """Start cfg.nproc ranks of `perflab <command_name>` writing to cfg.out (a temporary directory when unset)."""
+    import tempfile
+
+    from perflab.distributed.launch import launch  # torchrun's launcher, only for a multi-process run
+
+    if isinstance(workload, Workload):
+        raise PerflabError(f"--nproc {cfg.nproc}: each rank builds the workload itself, so give a spec (a built-in "
+                           "name, path/file.py:build or package.module:build), not a Workload object")
+    if cfg.out:
+        return launch(cfg, command_name, Path(cfg.out), extra_argv, recorded_command=recorded)
+    with tempfile.TemporaryDirectory(prefix="perflab-ranks-") as out:
+        return launch(cfg, command_name, Path(out), extra_argv, recorded_command=recorded)
+
+
+def profile_run(workload, cfg: RunConfig, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None,
+                reporter: Optional[Reporter] = None, command: Optional[list[str]] = None):
+    """Run with a profiler capture, save result.json, trace, diagnosis.json and nsys_command.txt in `out_dir`.
+
+    `workload` is a Workload or a spec; every field of `cfg` applies (checkpoints, --nsys included), and the
+    nsys command reproduces it. `command` is what is recorded as the run's command line.
+    Returns (result, diagnosis or None, nsys command as a list).
+    """
+    from perflab.diagnose import DIAGNOSIS_FILE, diagnose
+    from perflab.diagnose.verdict import Diagnosis
+
+    options, cycle_note = whole_loader_cycles(options or CaptureOptions(), cfg.workers)
+    if cycle_note is not None:
+        if reporter is not None:
+            reporter.note(cycle_note)
+        cfg = cfg.replace(steps=max(cfg.steps, options.steps_needed))
+    options = options.check(cfg.steps)
+    out_dir = Path(out_dir)
+    cfg = cfg.replace(out=str(out_dir))
+    if command is None:
+        command = ["perflab", "profile", *cfg.to_argv("profile"), "--out", str(out_dir)]
+    nsys = nsys_command(out_dir, cfg, options.wait + options.warmup, options.active)
+    if needs_launch(cfg):  # the ranks profile themselves; rank 0 diagnoses and saves
+        result = _launch(workload, cfg, "profile", command, capture_argv(options))
+        if result is not None and cycle_note is not None:
+            result.notes.append(cycle_note)
+            result.save(out_dir)
+        diagnosis = Diagnosis.from_dict(result.diagnosis) if result and result.diagnosis else None
+        return result, diagnosis, nsys
+    import torch.distributed as dist
+    capture = ProfilerCapture(out_dir, options, rank=dist.get_rank() if in_rank() else 0)
+    result = run(workload, cfg, reporter=reporter, command=command, hooks=[capture])
+    if not is_primary():
+        return result, None, nsys
+    if cycle_note is not None:
+        result.notes.append(cycle_note)
+    result.artifacts["nsys_command"] = save_nsys_command(out_dir, nsys).name
+    diagnosis = diagnose(capture.trace_path, result) if capture.written and result.trials else None
+    if diagnosis is not None:
+        result.diagnosis = diagnosis.to_dict()
+        write_json_atomic(out_dir / DIAGNOSIS_FILE, result.diagnosis)
+        result.artifacts["diagnosis"] = DIAGNOSIS_FILE
+    result.save(out_dir)
+    return result, diagnosis, nsys

@@ -1,0 +1,24 @@
+"""The quality gate: a candidate against its baseline on identical inputs and weights.
+
+    gate.py        inference outputs and training loss trajectories, tolerances by precision
+    generation.py  generated tokens and perplexity (generation workloads)
+    ranks.py       the N-rank loss trajectory against one process on the same global batch
+"""
+
+from perflab.quality.gate import (  # noqa: F401
+    INFER_RTOL, TRAIN_LOSS_RTOL, ROUNDING_NOISE, NOISE_FACTOR, BASELINE, precision_tolerance,
+    run_model_gate, run_candidate, with_noise_floor, gate_plan, Observed, observe_output, observe,
+    top1_flips, judge_outputs, judge_losses
+)
+from perflab.quality.generation import run_generation_gate
+from perflab.quality.ranks import run_distributed_quality_gate
+from perflab.ranks import world_size
+
+
+def run_quality_gate(workload, cfg, device) -> dict:
+    """Compare the candidate (cfg's levers) with the fp32 eager baseline; returns the verdict and figures."""
+    if workload.generation is not None:
+        return run_generation_gate(workload, cfg, device)
+    if cfg.mode == "train" and world_size() > 1:
+        return run_distributed_quality_gate(workload, cfg, device)
+    return run_model_gate(workload, cfg, device)

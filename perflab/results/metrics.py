@@ -1,0 +1,425 @@
+"""Metrics: the typed tree of a run's aggregate figures, the `metrics` object of result.json.
+
+One place to add a metric: a field on the section it belongs to. Attribute names are the JSON keys (units in the
+names), so result.json reads as before; a section a run does not have is None (and left out of the JSON).
+Keys this perflab does not know are kept in each section's `extra` and written back, so nothing read is lost.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+OMIT = {"omit_when_none": True}  # field metadata: a None value is left out of the JSON, as before typing
+
+
+def optional() -> Any:
+    """A field that is None when a run does not have it, and then absent from result.json."""
+    return field(default=None, metadata=OMIT)
+
+
+@dataclass
+class Section:
+    """Base of every metrics section: JSON in and out, keeping keys it does not know in `extra`."""
+
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Optional[dict[str, Any]]):
+        """The section from its JSON object (None stays None)."""
+        if data is None:
+            return None
+        if isinstance(data, cls):
+            return data
+        hints = _hints(cls)
+        known, extra = {}, {}
+        for key, value in data.items():
+            if key in hints and key != "extra":
+                known[key] = _decode(hints[key], value)
+            else:
+                extra[key] = value
+        return cls(extra=extra, **known)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object: every field (None-valued optional ones left out), then the unknown keys."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get("omit_when_none"):
+                continue
+            out[f.name] = _encode(value)
+        out.update(self.extra)
+        return out
+
+
+@functools.lru_cache(maxsize=None)  # a cache of type hints per class, filled once per section type
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _decode(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if typing.get_origin(hint) is typing.Union and len(args) == 1:
+        hint = args[0]
+        args = list(typing.get_args(hint))
+    if isinstance(hint, type) and issubclass(hint, Section) and isinstance(value, dict):
+        return hint.from_dict(value)
+    if typing.get_origin(hint) is list and args and isinstance(args[0], type) and issubclass(args[0], Section):
+        return [args[0].from_dict(item) for item in value]
+    return value
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Section):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_encode(item) for item in value]
+    return value
+
+
+# --- the harness's figures --------------------------------------------------------------------------------
+
+@dataclass
+class Throughput(Section):
+    """Samples/s over trials: median, spread and a bootstrap CI (harness/stats.summarize)."""
+
+    median: Optional[float] = None
+    mean: Optional[float] = None
+    min: Optional[float] = None
+    max: Optional[float] = None
+    stdev: Optional[float] = None
+    range_pct: Optional[float] = None  # (max - min) / median: how much the trials disagree
+    ci95_low: Optional[float] = None
+    ci95_high: Optional[float] = None
+    n: Optional[int] = None
+
+
+@dataclass
+class Latency(Section):
+    """Per-step (or per-request) milliseconds over all timed steps."""
+
+    p50: Optional[float] = None
+    p95: Optional[float] = None
+    p99: Optional[float] = None
+    mean: Optional[float] = None
+    min: Optional[float] = None
+    max: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """One peak-memory figure and what it measures (GPU allocations or the whole host process)."""
+
+    mb: Optional[float]
+    on_gpu: bool
+    label: str  # e.g. "GPU peak allocated": names the figure in tables, notes and plot titles
+
+
+GPU_PEAK_LABEL = "GPU peak allocated"
+HOST_PEAK_LABEL = "host peak RSS (whole process)"
+
+
+@dataclass
+class Memory(Section):
+    """Peak device memory (CUDA) or the host process's peak RSS (CPU)."""
+
+    peak_allocated_mb: Optional[float] = optional()
+    peak_reserved_mb: Optional[float] = optional()
+    device_total_mb: Optional[float] = optional()
+    peak_allocated_incl_warmup_mb: Optional[float] = optional()  # CUDA graphs' pools are allocated in warm-up
+    host_peak_rss_mb: Optional[float] = optional()
+
+    @property
+    def peak(self) -> PeakMemory:
+        """The one peak figure to show: GPU peak allocated when measured, else the host's peak RSS."""
+        if self.peak_allocated_mb is not None:
+            return PeakMemory(self.peak_allocated_mb, True, GPU_PEAK_LABEL)
+        return PeakMemory(self.host_peak_rss_mb, False, HOST_PEAK_LABEL)
+
+
+@dataclass
+class Flops(Section):
+    """FLOPs per sample (torch.utils.flop_counter), achieved TFLOP/s and MFU against the calibrated peak."""
+
+    per_sample: Optional[float] = None
+    achieved_tflops: Optional[float] = None
+    peak_tflops: Optional[float] = None
+    peak_source: Optional[str] = None
+    mfu_pct: Optional[float] = None
+    note: Optional[str] = optional()
+    peak_note: Optional[str] = optional()  # distributed: MFU against world x one device's peak
+
+
+@dataclass
+class Gpu(Section):
+    """NVML samples over the timed trials (harness/nvml.py); only `error` when NVML could not sample."""
+
+    samples: Optional[int] = optional()
+    util_mean_pct: Optional[float] = optional()
+    util_min_pct: Optional[float] = optional()
+    util_max_pct: Optional[float] = optional()
+    memory_used_max_mb: Optional[float] = optional()
+    sm_clock_median_mhz: Optional[float] = optional()
+    sm_clock_min_mhz: Optional[float] = optional()
+    sm_clock_max_mhz: Optional[float] = optional()
+    clock_event_reasons: Optional[list[str]] = optional()
+    error: Optional[str] = None
+
+
+@dataclass
+class Interference(Section):
+    """Whether other processes used the machine during the trials (harness/interference.py)."""
+
+    busy: bool = False
+    busy_trials: list[int] = field(default_factory=list)
+    other_cpu_cores_max: Optional[float] = None
+    load_per_core_max: Optional[float] = None
+    gpu_neighbours: list[int] = field(default_factory=list)
+    threshold_cores: Optional[float] = None
+    method: str = ""
+
+
+@dataclass
+class SteadyState(Section):
+    """The untimed windows run until a loader's step time settled (harness/steady.reach_steady_state)."""
+
+    steps: Optional[int] = None
+    seconds: Optional[float] = None
+    step_s: Optional[float] = None
+    settled: Optional[bool] = None
+    window_step_ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class UnsteadyPhase(Section):
+    """The phase whose time moved most between trials of an unsteady run (harness/steady.moving_phase)."""
+
+    phase: Optional[str] = None
+    low_ms: Optional[float] = None
+    high_ms: Optional[float] = None
+    other_phases_range_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Trend(Section):
+    """Throughput drifting one way over the trials (harness/steady.trend)."""
+
+    direction: Optional[str] = None
+    first: Optional[float] = None
+    last: Optional[float] = None
+    change_pct: Optional[float] = None
+
+
+# --- the optional sections of generation, serve and distributed runs --------------------------------------
+
+@dataclass
+class BandwidthBoundSummary(Section):
+    """Decode against memory bandwidth: the fastest a step can read the weights and KV cache, and the measured step."""
+
+    weight_bytes: Optional[float] = None
+    kv_bytes_per_position: Optional[float] = None
+    memory_gbps: Optional[float] = None
+    memory_gbps_source: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+    bound_ms_per_token: Optional[float] = None
+    measured_ms_per_token: Optional[float] = None
+    measured_over_bound: Optional[float] = None
+    pct_of_bound: Optional[float] = None
+    host_issue_ms_per_token: Optional[float] = None
+    device_wait_ms_per_token: Optional[float] = None
+    compute_ms_per_token: Optional[float] = None
+    achieved_gbps: Optional[float] = optional()
+
+
+@dataclass
+class Goodput(Section):
+    """With --slo: the share of requests meeting every bound, and requests/s counting only those."""
+
+    slo_ms: dict[str, float] = field(default_factory=dict)
+    requests_meeting_slo_pct: Optional[float] = None
+    goodput_requests_per_s: Optional[float] = None
+
+
+@dataclass
+class Speculative(Section):
+    """Speculative decoding's rounds and acceptance; its speed-up over plain decoding from the quality gate."""
+
+    k: Optional[int] = None
+    rounds: Optional[int] = None
+    proposed_tokens: Optional[int] = None
+    accepted_tokens: Optional[int] = None
+    acceptance_rate: Optional[float] = None
+    tokens_per_target_forward: Optional[float] = None
+    speedup_vs_plain: Optional[float] = optional()
+    speedup_method: Optional[str] = optional()
+
+
+@dataclass
+class DecodeCompile(Section):
+    """How the decode step was compiled, and who captured its CUDA graphs (generation/plan.py)."""
+
+    mode: Optional[str] = None
+    decode_tuning: Optional[Any] = None
+    inductor_options: Optional[dict[str, Any]] = None
+    decode_sdpa: Optional[str] = None
+    graphs: Optional[str] = None  # "inductor" | "perflab" | None
+    cudagraph_skips: Optional[int] = None  # Inductor's graphs: compiled graphs that ran without one
+    captured_lengths: Optional[list[int]] = None  # perflab's graphs: the token counts captured
+
+
+@dataclass
+class Generation(Section):
+    """Per-request figures of a token-generating run (generation/metrics.summarize_requests)."""
+
+    requests: Optional[int] = None
+    request_batches: Optional[int] = None
+    output_tokens: Optional[int] = None
+    ttft_ms: Optional[Latency] = None
+    tpot_ms: Optional[Latency] = None
+    itl_ms: Optional[Latency] = None
+    e2e_latency_ms: Optional[Latency] = None
+    output_tokens_per_s: Optional[float] = None
+    requests_per_s: Optional[float] = None
+    prompt_len_mean: Optional[float] = None
+    output_len_mean: Optional[float] = None
+    bandwidth_bound: Optional[BandwidthBoundSummary] = None
+    goodput: Optional[Goodput] = optional()
+    levers: Optional[dict[str, Any]] = None  # the decode levers of the run, as configured
+    decode_compile: Optional[DecodeCompile] = None
+    speculative: Optional[Speculative] = optional()
+    decode_regime: Optional[dict[str, Any]] = None  # the decode finding (diagnose/decode.py), as a record
+
+
+@dataclass
+class ServeSettings(Section):
+    """The batcher and load settings a serve run used."""
+
+    max_batch: Optional[int] = None
+    batch_timeout_ms: Optional[float] = None
+    instances: Optional[int] = None
+    p99_ms: Optional[float] = None
+    duration_s: Optional[float] = None
+    min_queries: Optional[int] = None
+    buckets: Optional[list[int]] = None
+    bucket_step: Optional[int] = None
+    harness_late_ms: Optional[float] = None
+
+
+@dataclass
+class Serve(Section):
+    """A `perflab serve` run: its settings, one record per load point, the max-QPS search and capacity."""
+
+    scenario: Optional[str] = None
+    schedule_seed: Optional[int] = None
+    sample_seed: Optional[int] = None
+    settings: ServeSettings = field(default_factory=ServeSettings)
+    estimated_samples_per_s: Optional[float] = None
+    points: list[dict[str, Any]] = field(default_factory=list)  # one per load point (serve/session.py)
+    max_qps: Optional[float] = None
+    search: Optional[dict[str, Any]] = None
+    capacity: Optional[dict[str, Any]] = None
+    complete: bool = False
+    single_query_ms: Optional[float] = None
+
+
+@dataclass
+class RankFigures(Section):
+    """One rank's own figures in a distributed run."""
+
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    host: Optional[str] = None
+    throughput_samples_per_s: Optional[float] = None
+    step_ms_mean: Optional[float] = None
+    step_ms_p50: Optional[float] = None
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    memory: Memory = field(default_factory=lambda: Memory())
+    gpu: Optional[Gpu] = None
+    collectives: Optional[dict[str, Any]] = optional()  # only while gathering: becomes metrics.collectives
+
+
+@dataclass
+class Distributed(Section):
+    """A run over several ranks (distributed/gather.py): throughput per rank, stragglers, each rank's figures."""
+
+    world_size: Optional[int] = None
+    nproc_per_node: Optional[int] = None
+    nnodes: Optional[int] = None
+    parallel: Optional[str] = None
+    backend: Optional[str] = None
+    global_batch_size: Optional[int] = None
+    throughput_per_rank_samples_per_s: Optional[float] = None
+    straggler_spread_pct: Optional[float] = None
+    slowest_rank: Optional[int] = None
+    per_rank: list[RankFigures] = field(default_factory=list)
+
+
+# --- the tree -----------------------------------------------------------------------------------------------
+
+@dataclass
+class Metrics(Section):
+    """A run's aggregate figures. Every section is None where the run has none (a serve run has no
+    throughput_samples_per_s; a run stopped before its first trial has only warm-up figures)."""
+
+    throughput_samples_per_s: Optional[Throughput] = None
+    latency_ms: Optional[Latency] = None
+    phases_ms: dict[str, float] = field(default_factory=dict)  # median ms per step, by phase
+    phase_share_pct: dict[str, float] = field(default_factory=dict)  # share of the mean step, by phase
+    batch_size: Optional[int] = None
+    warmup_s: Optional[float] = None
+    first_step_s: Optional[float] = None
+    memory: Optional[Memory] = None
+    gpu: Optional[Gpu] = None
+    cost_per_million_samples: Optional[float] = None
+    flops: Optional[Flops] = None
+    compile_s: Optional[float] = None
+    interference: Optional[Interference] = None
+    steady_state: Optional[SteadyState] = None
+    steady: Optional[bool] = None
+    unsteady_phase: Optional[UnsteadyPhase] = None
+    throughput_trend: Optional[Trend] = None
+    # Optional sections: absent from result.json when a run has none.
+    generation: Optional[Generation] = optional()
+    serve: Optional[Serve] = optional()
+    distributed: Optional[Distributed] = optional()
+    global_batch_size: Optional[int] = optional()  # distributed: batch_size x ranks
+    collectives: Optional[dict[str, Any]] = optional()  # communication profile (distributed/collectives.py)
+    profile: Optional[dict[str, Any]] = optional()  # how `perflab profile` captured the trace
+    steps_per_s: Optional[float] = optional()  # script runs (perflab run -- python train.py)
+    steps_seen: Optional[int] = optional()
+    script_s: Optional[float] = optional()
+
+    @property
+    def throughput(self) -> Optional[float]:
+        """Median samples/s over trials (None for a run without trials, e.g. serve)."""
+        return self.throughput_samples_per_s.median if self.throughput_samples_per_s else None
+
+    @property
+    def peak_memory(self) -> PeakMemory:
+        """The run's peak memory: GPU peak allocated when on CUDA, else the host process's peak RSS."""
+        return (self.memory or Memory()).peak
+
+
+def migrate_v1(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A schema-1 `metrics` object as schema 2 reads it.
+
+    Schema 2 kept every key name of schema 1; what changed is that the object is a typed tree (sections absent or
+    null where a run has none) and that nothing else (trials, notes, timing) travels in it. Schema 1 wrote an empty
+    object for a section a run lacked in places (a CPU rank's "gpu": {} in distributed.per_rank); schema 2 reads
+    those as None, and writes them so."""
+    migrated = {key: (None if value == {} and key in _SECTION_KEYS else value) for key, value in metrics.items()}
+    distributed = migrated.get("distributed")
+    if isinstance(distributed, dict) and distributed.get("per_rank"):
+        migrated["distributed"] = {**distributed, "per_rank": [
+            {key: (None if value == {} and key == "gpu" else value) for key, value in rank.items()}
+            for rank in distributed["per_rank"]]}
+    return migrated
+
+
+_SECTION_KEYS = {f.name for f in dataclasses.fields(Metrics) if f.name not in ("extra", "phases_ms", "phase_share_pct")}

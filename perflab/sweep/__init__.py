@@ -1,0 +1,11 @@
+"""Sweeps: many configurations of one workload, one point at a time, resumable.
+
+    points.py  `perflab sweep`: the grid, one result per point, sweep.jsonl, auto batch search
+    scale.py   `perflab scale --nproc 1,2,...`: a sweep over rank counts and its scaling efficiency
+"""
+
+from perflab.sweep.points import (  # noqa: F401
+    SWEEP_JSON, SWEEP_JSONL, SWEEP_CSV, POINTS_DIR, DONE_STATUSES, CSV_METRICS, SweepObserver, SweepSummary,
+    free_memory, point_key, value_text, point_params, point_label, result_row, read_rows, trim_partial_line,
+    best_points, Sweep, swept_axes, run_sweep, run_auto_batch
+)
