@@ -87,7 +87,7 @@ def _calibrated_pinned_gbps(ctx: Context) -> Optional[float]:
     if not name:
         return None
     try:
-        from perflab.calibrate import load_cache
+        from perflab.calibrate import load_cache  # imports torch: only when a GPU trace's copies are named
         for key, entry in load_cache().items():
             if key.startswith(f"{name} |") and entry.get("h2d_pinned_gbps"):
                 return float(entry["h2d_pinned_gbps"])

@@ -15,7 +15,7 @@ import numpy as np
 
 from perflab.diagnose.trace import EventTable, ParsedTrace
 
-from perflab.profile.module_marks import MODULE_MARK  # noqa: E402  perflab's per-module ranges
+from perflab.profile.module_marks import MODULE_MARK  # perflab's per-module ranges
 PY_MODULE = "nn.Module: "
 BACKWARD_WRAPPER = "autograd::engine::evaluate_function: "
 
@@ -58,7 +58,7 @@ class OpGraph:
         self.top_of = self._top_of()
         in_window = (ops.start_us >= start) & (ops.start_us < end)
         self.device_us, self.kernel_count = self._device_time(in_window)
-        self.modules = _ModuleLookup(trace)
+        self.modules = ModuleLookup(trace)
         self.lines = _LineLookup(trace)
         self.calls = self._calls(np.flatnonzero(self.is_top & in_window))
 
@@ -246,7 +246,7 @@ class _Nesting:
         return rows[::-1]
 
 
-class _ModuleLookup:
+class ModuleLookup:
     """The nn.Module path around a time on a thread: perflab's module ranges, else the profiler's module frames."""
 
     def __init__(self, trace: ParsedTrace) -> None:
@@ -269,10 +269,16 @@ class _LineLookup:
     """The innermost user Python frame around a time on a thread (traces recorded with_stack)."""
 
     def __init__(self, trace: ParsedTrace) -> None:
-        from perflab.diagnose.sync_sites import _is_user_frame
         self.py = trace.python
-        self.user = _Nesting(self.py, self.py.mask(_is_user_frame) if len(self.py) else np.zeros(0, dtype=bool))
+        self.user = _Nesting(self.py, self.py.mask(is_user_frame) if len(self.py) else np.zeros(0, dtype=bool))
 
     def at(self, t: float, tid: int) -> Optional[str]:
         position = self.user.innermost(t, tid)
         return self.py.name(int(self.user.index[position])) if position >= 0 else None
+
+
+def is_user_frame(name: str) -> bool:
+    """Not torch's own code, the standard library or a built-in: the frame the user can change."""
+    if name.startswith(("<built-in", "nn.Module:", "torch/", "<frozen")):
+        return False
+    return not any(part in name for part in ("/torch/", "/lib/python", "threading.py", "contextlib.py"))

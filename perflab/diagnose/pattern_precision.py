@@ -6,6 +6,7 @@ from typing import Optional
 
 from perflab.diagnose.findings import COMPUTE_BOUND, Context, Finding, clamp, gain, rounded
 from perflab.diagnose.op_graph import OpCall
+from perflab.diagnose.roofline import ceilings
 from perflab.diagnose.pattern_context import (MIN_SHARE_PCT, MINOR_MAX_CONFIDENCE, REFINEMENT_MAX_CONFIDENCE, Match,
                                               PatternContext, pattern_context, place, where_of)
 
@@ -63,7 +64,6 @@ def fp32_matmuls(ctx: Context) -> Optional[Finding]:
 
 
 def _tf32_speedup(ctx: Context) -> float:
-    from perflab.diagnose.roofline import ceilings
     peaks = ceilings(ctx.trace).get("tflops") or {}
     fast, slow = peaks.get("tf32") or peaks.get("bf16"), peaks.get("fp32")
     # matmuls at their roof rarely reach the full ratio (memory-bound edges, epilogues): cap it

@@ -22,6 +22,7 @@ from perflab.diagnose.pattern_precision import fp32_matmuls, odd_16bit_dims
 from perflab.diagnose.op_graph import OpCall
 from perflab.diagnose.operators import call_bytes
 from perflab.diagnose.phases import phase_intervals
+from perflab.diagnose.torch_matcher import torch_matcher_finding
 
 
 # --- hand-written attention -----------------------------------------------------------------------------------
@@ -213,7 +214,6 @@ def _h2d_in_model(ctx: Context) -> int:
 
 
 def _torch_matcher(ctx: Context) -> Optional[Finding]:
-    from perflab.diagnose.torch_matcher import torch_matcher_finding
     return torch_matcher_finding(ctx)
 
 

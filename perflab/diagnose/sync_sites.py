@@ -20,6 +20,7 @@ from typing import Optional
 import numpy as np
 
 from perflab.diagnose.intervals import Intervals
+from perflab.diagnose.op_graph import ModuleLookup, is_user_frame
 from perflab.diagnose.phases import (MODEL_PHASES, PHASES, loader_intervals, phase_intervals,
                                      step_intervals)
 from perflab.diagnose.trace import EventTable, ParsedTrace
@@ -212,10 +213,9 @@ class _Context:
         self.loader = loader_intervals(trace)
         self.phases = {name: phase_intervals(trace, (name,)) for name in PHASES}
         python = trace.python
-        self.user_frame = python.mask(_is_user_frame)
+        self.user_frame = python.mask(is_user_frame)
         self.named_frame = python.mask(lambda n: not n.startswith(("<built-in", "nn.Module:")))
-        from perflab.diagnose.op_graph import _ModuleLookup
-        self.modules = _ModuleLookup(trace)
+        self.modules = ModuleLookup(trace)
 
     def source_op(self, start: float, end: float, tid: int) -> Optional[int]:
         """The outermost aten op around [start, end] on this thread, else the innermost op; None without one."""
@@ -246,10 +246,3 @@ class _Context:
             if len(index):
                 return py.name(int(index[np.argmax(py.start_us[index])]))
         return None
-
-
-def _is_user_frame(name: str) -> bool:
-    """Not torch's own code, the standard library or a built-in: the frame the user can change."""
-    if name.startswith(("<built-in", "nn.Module:", "torch/", "<frozen")):
-        return False
-    return not any(part in name for part in ("/torch/", "/lib/python", "threading.py", "contextlib.py"))

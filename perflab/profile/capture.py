@@ -113,7 +113,7 @@ class ProfilerCapture(StepHook):
         self.distributed = plan.data_shard[1] > 1
         eager = getattr(plan, "eager_model", None)  # a profiled script's plan has no model of perflab's
         if self.with_modules and eager is not None and getattr(plan, "model", None) is eager:
-            from perflab.profile.module_marks import module_marks
+            from perflab.profile.module_marks import module_marks  # only when a model is profiled
             self.marks = module_marks(eager, getattr(plan, "loss_fn", None))
 
     def __enter__(self) -> "ProfilerCapture":
@@ -150,7 +150,7 @@ class ProfilerCapture(StepHook):
         profiler.export_chrome_trace(str(self.trace_path))  # torch gzips when the name ends in .gz
         self.written = True
         if self.trace_path.name == self.options.trace_name:  # rank 0 only: torch's matcher where it exists
-            from perflab.diagnose.torch_matcher import save_torch_matches
+            from perflab.diagnose.torch_matcher import save_torch_matches  # diagnose imports profile: no cycle
             save_torch_matches(profiler, self.out_dir)
 
     def finish(self, result) -> None:

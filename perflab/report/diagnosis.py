@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from perflab.diagnose.verdict import Diagnosis
+from perflab.report.operators import operators_markdown, top_ops_lines
 
 
 def _as_dict(diag: Union[Diagnosis, dict]) -> dict[str, Any]:
@@ -86,7 +87,6 @@ def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
     for label, pct in _breakdown(profile):
         breakdown.add_row(label, f"{_num(pct)}%")
     console.print(breakdown)
-    from perflab.report.operators import top_ops_lines
     for line in top_ops_lines(d.get("operators") or {}):
         console.print(escape(line), highlight=False, soft_wrap=True)
     console.print(_top_table(profile))
@@ -168,7 +168,6 @@ def diagnosis_markdown(diag: Union[Diagnosis, dict]) -> str:
                   f"{_num(row['ms_per_step'], 3)} | {_num(row['mean_us'])} | {_num(row['share_pct'])}% |"
                   for row in gpu["kernel_table"][:5]]
         lines.append("")
-    from perflab.report.operators import operators_markdown
     operators = operators_markdown(d.get("operators") or {})
     if operators:
         lines += [operators, ""]
