@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from perflab.diagnose.findings import CLASS_SLUGS, Context, Finding
+from perflab.diagnose.op_graph import OpGraph
+from perflab.diagnose.operators import operator_view
 from perflab.diagnose.summary import summarize
 from perflab.diagnose.trace import ParsedTrace, load_trace
 from perflab.diagnose.verdict import Diagnosis, decide, run_rules
@@ -26,7 +28,11 @@ def diagnose(trace: Union[str, Path, ParsedTrace], result=None, tried_and_lost: 
     lost = _lever_names(tried_and_lost)
     parsed = trace if isinstance(trace, ParsedTrace) else load_trace(trace)
     precision = result.config.get("precision") if result is not None else None
-    ctx = Context(trace=parsed, profile=summarize(parsed, precision), result=result, tried_and_lost=lost)
+    profile = summarize(parsed, precision)
+    graph = OpGraph(parsed, profile.start_us, profile.end_us)
+    operators = operator_view(parsed, profile.start_us, profile.end_us, profile.steps, precision, graph)
+    ctx = Context(trace=parsed, profile=profile, result=result, tried_and_lost=lost, graph=graph,
+                  operators=operators)
     diagnosis = decide(ctx, run_rules(ctx))
     diagnosis.source = {"trace": parsed.path, "result": getattr(result, "path", None)}
     return diagnosis

@@ -46,6 +46,8 @@ class Context:
     profile: Optional[TraceProfile]
     result: Any = None  # perflab.Result or None
     tried_and_lost: frozenset[str] = frozenset()  # levers already measured on this run that did not win
+    graph: Any = None  # perflab.diagnose.op_graph.OpGraph of the window (the anti-pattern rules read it)
+    operators: Any = None  # perflab.diagnose.operators.OperatorView
 
     def config(self, key: str, default: Any = None) -> Any:
         if self.result is None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 from typing import Optional
 
 from perflab.bottlenecks import CPU_AUGMENTATION, INPUT_PIPELINE, NO_WORKERS, WITH_WORKERS
+from perflab.diagnose.copies import copy_bound
 from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
 from perflab.levers import levers_for
 
 THRESHOLD_PCT = 10.0  # GPU idle waiting for data (or, on the CPU, data-wait share of the step)
+COPY_BOUND_PENALTY = 0.2  # confidence given up when pageable copies, not the loader, hold the step
 
 
 def input_pipeline(ctx: Context) -> Optional[Finding]:
@@ -38,8 +40,13 @@ def input_pipeline(ctx: Context) -> Optional[Finding]:
         advice.append(f"the main process runs the per-item transforms inside the DataLoader ({ops} per step): "
                       "they run one after another with the step; workers take them off the main process")
     where = "the GPU sat idle waiting for data" if ctx.on_gpu else "the step waited for data"
+    confidence = clamp(0.35 + signal / 60)
+    if ctx.on_gpu and copy_bound(ctx):
+        # the loader keeps up: pageable copies take longer than the data wait, so the copies come first
+        confidence = clamp(confidence - COPY_BOUND_PENALTY)
+        advice.insert(0, "the host-to-device copies take longer than the data wait: fix them first (pin-memory)")
     return Finding(
-        cls=INPUT_PIPELINE, confidence=clamp(0.35 + signal / 60),
+        cls=INPUT_PIPELINE, confidence=confidence,
         summary=f"{where} {signal:.0f}% of the time ({evidence['data_wait_ms_per_step']:.2f} ms per step)",
         evidence=rounded(evidence), levers=levers, advice=advice,
         expected_gain_pct=gain(signal), gain_basis=basis)

@@ -16,6 +16,7 @@ from perflab.diagnose.trace import EventTable, ParsedTrace
 
 SHORT_KERNEL_US = 10.0
 LARGE_CPU_OP_US = 20.0
+LOCKSTEP_HOST_FRACTION = 0.8  # GPU work >= this x the host's unblocked time: the host would run ahead without syncs
 IDLE_CAUSES = ("waiting for data", "waiting on H2D copies", "host-device syncs", "launch / framework overhead",
                "other")
 
@@ -97,6 +98,8 @@ class TraceProfile:
     roofline: list[dict[str, Any]] = field(default_factory=list)
     gpu_name: Optional[str] = None
     notes: list[str] = field(default_factory=list)
+    start_us: float = 0.0  # the analysed window on the trace's clock (the operator view and the rules share it)
+    end_us: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,7 +133,8 @@ def summarize(trace: ParsedTrace, precision: Optional[str] = None) -> TraceProfi
     from perflab.diagnose.roofline import roofline_rows
     return TraceProfile(device="cuda" if trace.has_gpu else "cpu", steps=steps, window_ms=window_us / 1e3,
                         step_ms=window_us / 1e3 / steps, host=host, syncs=syncs, gpu=gpu,
-                        roofline=roofline_rows(trace, precision=precision), gpu_name=trace.gpu_name, notes=notes)
+                        roofline=roofline_rows(trace, precision=precision), gpu_name=trace.gpu_name, notes=notes,
+                        start_us=start, end_us=end)
 
 
 def _gpu_window(trace: ParsedTrace, start: float, end: float, notes: list[str]) -> tuple[float, float]:
@@ -241,11 +245,12 @@ def _gpu_profile(trace: ParsedTrace, start: float, end: float, steps: int, windo
     copies = intervals_of(mc).clip(start, end)
     any_busy = Intervals.of(kernel_busy, copies)
     gaps = kernel_busy.complement(start, end)
-    split_us = _idle_split(trace, gaps, sync_shadow(sites, k, end))
+    queue = _launch_queue_us(trace)
+    lockstep = _host_keeps_ahead_without_syncs(trace, kernel_busy, sites, window_us)
+    split_us = _idle_split(trace, gaps, sync_shadow(sites, k, end, queue if lockstep else None))
     kinds = [kernel_kind(name) for name in k.names]
     kind_of = np.array([kinds[i] for i in k.name_id]) if len(k) else np.array([])
     kernel_total = float(k.dur_us.sum()) or 1e-9
-    queue = _launch_queue_us(trace)
     queue_median = float(np.nanmedian(queue)) if queue is not None and np.isfinite(queue).any() else None
     d2h = mc.mask(lambda n: "DtoH" in n)
     return GpuProfile(
@@ -266,6 +271,18 @@ def _gpu_profile(trace: ParsedTrace, start: float, end: float, steps: int, windo
         sync_calls_per_step=dict(syncs.by_call_per_step),
         d2h_copies_per_step=float(d2h.sum()) / steps,
     )
+
+
+def _host_keeps_ahead_without_syncs(trace: ParsedTrace, kernel_busy: Intervals, sites: list[SyncSite],
+                                     window_us: float) -> bool:
+    """Would the host stay ahead of the GPU if the syncs went? Yes when the GPU's work takes at least as long as
+    the host's time not spent blocked in syncs: then the lockstep relaunch after each sync is the sync's cost,
+    not launch overhead (a host slower than the GPU would leave those gaps anyway)."""
+    blocked_us = Intervals.union(np.array([s.start_us for s in sites if not s.in_loader]),
+                                 np.array([s.return_us for s in sites if not s.in_loader])).total if sites else 0.0
+    if blocked_us <= 0:
+        return False
+    return kernel_busy.total >= LOCKSTEP_HOST_FRACTION * (window_us - blocked_us)
 
 
 def _idle_split(trace: ParsedTrace, gaps: Intervals, sync_shadow: Intervals) -> dict[str, float]:

@@ -103,13 +103,15 @@ def _counts(syncs: SyncProfile) -> dict:
         counts["syncs_by_runtime_call_per_step"] = syncs.by_call_per_step
     if syncs.by_python_per_step:
         counts["syncs_by_python_per_step"] = dict(list(syncs.by_python_per_step.items())[:5])
+    if syncs.by_module_per_step:
+        counts["syncs_by_module_per_step"] = dict(list(syncs.by_module_per_step.items())[:5])
     return counts
 
 
 def _top(syncs: SyncProfile, count: int = 3) -> str:
     """'12 aten::item, in model.py(20): forward' for the most frequent sources."""
     parts = [f"{n:g} {op}" for op, n in list(syncs.by_op_per_step.items())[:count]]
-    frames = list(syncs.by_python_per_step)
+    frames = list(syncs.by_python_per_step) or [f"module {m}" for m in syncs.by_module_per_step]
     if frames:
         parts.append(f"{'in' if len(frames) == 1 else 'most in'} {frames[0]}")
     return ", ".join(parts)

@@ -20,6 +20,7 @@ from typing import Optional
 import numpy as np
 
 from perflab.diagnose.intervals import Intervals
+from perflab.diagnose.op_graph import ModuleLookup, is_user_frame
 from perflab.diagnose.phases import (MODEL_PHASES, PHASES, loader_intervals, phase_intervals,
                                      step_intervals)
 from perflab.diagnose.trace import EventTable, ParsedTrace
@@ -35,6 +36,7 @@ SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten
             "aten::argwhere", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
             "aten::unique_dim", "aten::unique_consecutive", "aten::bincount"}
 EXPLICIT_SYNC = "explicit synchronize (no op)"  # the site's name when no op encloses the blocking call
+BUSY_AGAIN_QUEUE_US = 20.0  # a kernel that waited this long after its launch found the GPU busy: the host is ahead
 
 
 @dataclass
@@ -48,6 +50,7 @@ class SyncSite:
     python: Optional[str]  # "file.py(line): function" of the calling frame, when the trace has stacks
     phase: Optional[str]  # perflab phase around it (forward, backward, ...), None outside them
     in_loader: bool
+    module: Optional[str] = None  # the nn.Module path around it (perflab's module ranges or with_stack frames)
 
 
 @dataclass
@@ -59,6 +62,7 @@ class SyncProfile:
     by_op_per_step: dict[str, float] = field(default_factory=dict)
     by_call_per_step: dict[str, float] = field(default_factory=dict)
     by_python_per_step: dict[str, float] = field(default_factory=dict)
+    by_module_per_step: dict[str, float] = field(default_factory=dict)
     by_phase_per_step: dict[str, float] = field(default_factory=dict)
     in_model_per_step: float = 0.0  # in forward/backward
     in_compute_per_step: float = 0.0  # outside the data and h2d phases: what a CUDA graph of the step would hold
@@ -94,6 +98,7 @@ def sync_profile(sites: list[SyncSite], steps: int, on_gpu: bool) -> SyncProfile
         by_op_per_step=per_step(Counter(site.op for site in in_step)),
         by_call_per_step=per_step(Counter(call for site in in_step for call in site.calls)),
         by_python_per_step=per_step(Counter(site.python for site in in_step if site.python)),
+        by_module_per_step=per_step(Counter(site.module for site in in_step if site.module)),
         by_phase_per_step=per_step(Counter(site.phase or "outside phases" for site in in_step)),
         in_model_per_step=sum(site.phase in MODEL_PHASES for site in in_step) / steps,
         in_compute_per_step=sum(site.phase not in ("data", "h2d") for site in in_step) / steps,
@@ -103,17 +108,38 @@ def sync_profile(sites: list[SyncSite], steps: int, on_gpu: bool) -> SyncProfile
     )
 
 
-def sync_shadow(sites: list[SyncSite], kernels: EventTable, end: float) -> Intervals:
-    """Where the GPU's idle time is the syncs' fault: from each site's start until the first kernel that starts
-    after it returned. The host drained the queue, so the GPU waits for everything the host does next."""
+def sync_shadow(sites: list[SyncSite], kernels: EventTable, end: float,
+                queue_us: Optional[np.ndarray] = None) -> Intervals:
+    """Where the GPU's idle time is the syncs' fault: from each site's start until the GPU is busy again.
+
+    The host drained the queue, so the GPU waits for everything the host does next. Without `queue_us` that is
+    until the first kernel that starts after the sync returned. With it (per kernel, in start order: how long the
+    kernel waited between its launch and its start; pass it when the host would keep ahead of the GPU without the
+    syncs), the GPU is busy again only at the first kernel that waited in the queue: until then the host relaunches
+    the step from behind, in lockstep, and every gap of that relaunch is the sync's too.
+    """
     sites = [site for site in sites if not site.in_loader]
     if not sites:
         return Intervals(np.empty(0), np.empty(0))
     starts = np.array([site.start_us for site in sites])
     returns = np.array([site.return_us for site in sites])
-    kernel_starts = np.sort(kernels.start_us)
+    order = np.argsort(kernels.start_us, kind="stable")
+    kernel_starts = kernels.start_us[order]
     index = np.searchsorted(kernel_starts, returns, side="left")
-    following = np.where(index < len(kernel_starts), kernel_starts[np.clip(index, 0, len(kernel_starts) - 1)], end)
+    if queue_us is not None and len(kernel_starts):
+        queued = np.flatnonzero(np.nan_to_num(queue_us[order], nan=0.0) > BUSY_AGAIN_QUEUE_US)
+        # the first queued kernel at or after the first kernel after the sync; never past the next sync
+        later = np.searchsorted(queued, index, side="left")
+        busy_again = np.full(len(index), len(kernel_starts))
+        if len(queued):
+            busy_again = np.where(later < len(queued), queued[np.clip(later, 0, len(queued) - 1)], len(kernel_starts))
+        next_site = np.append(starts[1:], end)
+        following = np.where(busy_again < len(kernel_starts),
+                             kernel_starts[np.clip(busy_again, 0, len(kernel_starts) - 1)], end)
+        following = np.minimum(following, np.maximum(next_site, returns))
+    else:
+        following = np.where(index < len(kernel_starts), kernel_starts[np.clip(index, 0, len(kernel_starts) - 1)],
+                             end)
     return Intervals.union(starts, np.maximum(following, returns))
 
 
@@ -187,8 +213,9 @@ class _Context:
         self.loader = loader_intervals(trace)
         self.phases = {name: phase_intervals(trace, (name,)) for name in PHASES}
         python = trace.python
-        self.user_frame = python.mask(_is_user_frame)
+        self.user_frame = python.mask(is_user_frame)
         self.named_frame = python.mask(lambda n: not n.startswith(("<built-in", "nn.Module:")))
+        self.modules = ModuleLookup(trace)
 
     def source_op(self, start: float, end: float, tid: int) -> Optional[int]:
         """The outermost aten op around [start, end] on this thread, else the innermost op; None without one."""
@@ -205,6 +232,7 @@ class _Context:
         phase = next((name for name in ("forward", "backward", "optimizer", "augment", "h2d", "data", "step")
                       if self.phases[name].contains(point)[0]), None)
         return SyncSite(start_us=start, return_us=returned, op=op, calls=calls, python=self._frame(start, tid),
+                        module=self.modules.at(start, tid),
                         phase=phase, in_loader=bool(self.loader.contains(point)[0]))
 
     def _frame(self, t: float, tid: int) -> Optional[str]:
@@ -218,10 +246,3 @@ class _Context:
             if len(index):
                 return py.name(int(index[np.argmax(py.start_us[index])]))
         return None
-
-
-def _is_user_frame(name: str) -> bool:
-    """Not torch's own code, the standard library or a built-in: the frame the user can change."""
-    if name.startswith(("<built-in", "nn.Module:", "torch/", "<frozen")):
-        return False
-    return not any(part in name for part in ("/torch/", "/lib/python", "threading.py", "contextlib.py"))

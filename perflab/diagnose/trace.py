@@ -38,7 +38,8 @@ class EventTable:
     ext_id: np.ndarray  # the profiler's External id (links GPU work to the CPU op); -1 when absent
     correlation: np.ndarray  # links a runtime call to the kernel/copy it launched; -1 when absent
     tid: np.ndarray
-    extra: np.ndarray  # per-kind number: bytes for copies, stream for kernels, 0 otherwise
+    extra: np.ndarray  # per-kind number: bytes for copies, stream for kernels, Sequence number for CPU ops (-1
+    # when absent: it links a backward op to the forward op that made it), 0 otherwise
 
     @property
     def end_us(self) -> np.ndarray:
@@ -84,6 +85,8 @@ class ParsedTrace:
     devices: list[dict[str, Any]]  # deviceProperties (name, totalGlobalMem, ...)
     memory_peaks: dict[str, float]  # "allocated_mb"/"reserved_mb" from [memory] events on the GPU, if recorded
     distributed: Optional[dict[str, Any]] = None
+    # External id -> (Input Dims, Input type) of every CPU op that recorded shapes: the operator view's FLOPs/bytes
+    inputs: dict[int, tuple[list, list]] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -129,6 +132,7 @@ class _TraceReader:
         self.tables = {kind: _Collector() for kind in
                        ("kernels", "memcpys", "memsets", "runtime", "cpu_ops", "annotations", "python")}
         self.shapes: dict[int, OpShapes] = {}
+        self.inputs: dict[int, tuple[list, list]] = {}
         self.peak_allocated = 0.0
         self.peak_reserved = 0.0
         self.events = 0
@@ -170,10 +174,14 @@ class _TraceReader:
             extra = float(args.get("stream", 0) or 0)
         elif kind == "memcpys":
             extra = float(args.get("bytes", 0) or 0)
+        elif kind == "cpu_op":
+            extra = float(_int(args.get("Sequence number")))
         else:
             extra = 0.0
         if kind == "cpu_op":
             kind = "cpu_ops"
+            if "Input Dims" in args and ext >= 0:
+                self.inputs[ext] = (args["Input Dims"], args.get("Input type", []))
             if name in SHAPED_OPS and "Input Dims" in args and ext >= 0:
                 self.shapes[ext] = OpShapes(name, args["Input Dims"], args.get("Input type", []),
                                             args.get("Concrete Inputs", []), dur)
@@ -225,5 +233,5 @@ def load_trace(path: Union[str, Path]) -> ParsedTrace:
         peaks = {"allocated_mb": reader.peak_allocated / 2**20, "reserved_mb": reader.peak_reserved / 2**20}
     metadata = {key: top[key] for key in ("schemaVersion", "record_shapes", "displayTimeUnit") if key in top}
     metadata["events"] = reader.events
-    return ParsedTrace(path=str(path), shapes=reader.shapes, devices=devices, memory_peaks=peaks,
+    return ParsedTrace(path=str(path), shapes=reader.shapes, inputs=reader.inputs, devices=devices, memory_peaks=peaks,
                        distributed=top.get("distributedInfo"), metadata=metadata, **tables)

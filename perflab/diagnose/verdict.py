@@ -15,13 +15,14 @@ from perflab.diagnose.input_pipeline import input_pipeline
 from perflab.diagnose.launch_overhead import launch_overhead
 from perflab.diagnose.lost_levers import apply_tried_and_lost
 from perflab.diagnose.memory_bandwidth import memory_bandwidth
+from perflab.diagnose.patterns import PATTERN_RULES
 from perflab.diagnose.sync import host_device_sync
 
 # One function per rule family; each returns a Finding or None with its candidate levers, best first.
 # Order breaks ties of confidence and expected gain.
 RULES: list[Callable[[Context], Optional[Finding]]] = [
     input_pipeline, host_to_device_copies, host_device_sync, launch_overhead, activation_memory,
-    memory_bandwidth, compute_bound, collectives, inference_queue, decode_regime,
+    memory_bandwidth, compute_bound, collectives, inference_queue, decode_regime, *PATTERN_RULES,
 ]
 # The rules that read only the result's metrics (a serve result has no trace).
 RESULT_RULES: list[Callable[[Context], Optional[Finding]]] = [inference_queue]
@@ -44,6 +45,7 @@ class Diagnosis:
     source: dict[str, Optional[str]] = field(default_factory=dict)
     expected_gain_pct: Optional[float] = None  # the named finding's (see Finding); None when none is named
     tried_and_lost: list[str] = field(default_factory=list)  # levers left out because they lost on this run
+    operators: dict[str, Any] = field(default_factory=dict)  # the operator view (perflab.diagnose.operators)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +70,8 @@ def decide(ctx: Context, findings: list[Finding]) -> Diagnosis:
     profile = ctx.profile
     busy = profile.gpu.busy_pct if profile is not None and profile.gpu else None
     common = {"findings": [f.to_dict() for f in findings], "profile": profile.to_dict() if profile else {},
-              "tried_and_lost": sorted(ctx.tried_and_lost)}
+              "tried_and_lost": sorted(ctx.tried_and_lost),
+              "operators": ctx.operators.to_dict() if ctx.operators is not None else {}}
     if findings and findings[0].confidence >= MIN_CONFIDENCE:
         top = findings[0]
         evidence = dict(top.evidence)

@@ -95,7 +95,8 @@ class ProfilerCapture(StepHook):
     trials never appears in the trace as if the step had caused it.
     """
 
-    def __init__(self, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None, rank: int = 0):
+    def __init__(self, out_dir: Union[str, Path], options: Optional[CaptureOptions] = None, rank: int = 0,
+                 with_modules: bool = True):
         self.out_dir = Path(out_dir)
         self.options = options or CaptureOptions()
         self.trace_path = self.out_dir / rank_trace_name(self.options.trace_name, rank)
@@ -103,10 +104,17 @@ class ProfilerCapture(StepHook):
         self.cuda = False
         self.distributed = False
         self.written = False
+        self.marks = None
+        # a `module: <path>` range around each submodule's forward (eager models only): the operator view's modules
+        self.with_modules = with_modules
 
     def start(self, plan) -> None:
         self.cuda = plan.device.type == "cuda"
         self.distributed = plan.data_shard[1] > 1
+        eager = getattr(plan, "eager_model", None)  # a profiled script's plan has no model of perflab's
+        if self.with_modules and eager is not None and getattr(plan, "model", None) is eager:
+            from perflab.profile.module_marks import module_marks  # only when a model is profiled
+            self.marks = module_marks(eager, getattr(plan, "loss_fn", None))
 
     def __enter__(self) -> "ProfilerCapture":
         opts = self.options
@@ -121,6 +129,8 @@ class ProfilerCapture(StepHook):
         )
         _quiet_profiler_warnings(self.cuda)
         self.profiler.__enter__()
+        if self.marks is not None:
+            self.marks.__enter__()
         return self
 
     def after_step(self, plan, timer, step: int) -> None:
@@ -128,6 +138,9 @@ class ProfilerCapture(StepHook):
             self.profiler.step()
 
     def __exit__(self, *exc) -> None:
+        if self.marks is not None:
+            self.marks.__exit__(*exc)
+            self.marks = None
         if self.profiler is not None:
             self.profiler.__exit__(*exc)
             self.profiler = None
@@ -136,6 +149,9 @@ class ProfilerCapture(StepHook):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(self.trace_path))  # torch gzips when the name ends in .gz
         self.written = True
+        if self.trace_path.name == self.options.trace_name:  # rank 0 only: torch's matcher where it exists
+            from perflab.diagnose.torch_matcher import save_torch_matches  # diagnose imports profile: no cycle
+            save_torch_matches(profiler, self.out_dir)
 
     def finish(self, result) -> None:
         if not self.written:

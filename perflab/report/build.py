@@ -9,6 +9,7 @@ from perflab.errors import PerflabError
 from perflab.results.metrics import Metrics
 from perflab.report.html import markdown_to_html
 from perflab.report.markdown import compare_markdown, run_markdown, sweep_markdown
+from perflab.report.operators import top_ops_plot
 from perflab.report.plots import latency_histogram, phase_breakdown_plot, sweep_plots
 from perflab.results import RESULT_FILE, Result
 
@@ -41,6 +42,7 @@ def _run_report(directory: Path, out: Path) -> str:
     images = _names({
         "breakdown": phase_breakdown_plot({label: result.metrics.phases_ms}, out / "step_breakdown.png"),
         "latency": latency_histogram({label: [ms for t in result.trials for ms in t.step_ms]}, out / "latency_hist.png"),
+        "top_ops": top_ops_plot((result.diagnosis or {}).get("operators") or {}, out / "top_ops.png"),
     }, out)
     return run_markdown(result, images, str(directory))
 

@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from perflab.diagnose.verdict import Diagnosis
+from perflab.report.operators import operators_markdown, top_ops_lines
 
 
 def _as_dict(diag: Union[Diagnosis, dict]) -> dict[str, Any]:
@@ -86,6 +87,8 @@ def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
     for label, pct in _breakdown(profile):
         breakdown.add_row(label, f"{_num(pct)}%")
     console.print(breakdown)
+    for line in top_ops_lines(d.get("operators") or {}):
+        console.print(escape(line), highlight=False, soft_wrap=True)
     console.print(_top_table(profile))
     gpu = profile.get("gpu")
     if gpu and gpu["memcpy_table"]:
@@ -165,6 +168,9 @@ def diagnosis_markdown(diag: Union[Diagnosis, dict]) -> str:
                   f"{_num(row['ms_per_step'], 3)} | {_num(row['mean_us'])} | {_num(row['share_pct'])}% |"
                   for row in gpu["kernel_table"][:5]]
         lines.append("")
+    operators = operators_markdown(d.get("operators") or {})
+    if operators:
+        lines += [operators, ""]
     others = [f for f in d["findings"] if f["cls"] != d["bottleneck"]]
     if others:
         lines.append("Also considered: " + "; ".join(

@@ -127,6 +127,7 @@ def run_markdown(result: Result, images: dict[str, str], run_dir: Optional[str] 
     ]
     diagnosis = diagnosis_text(result.diagnosis, run_dir)
     parts += [diagnosis] if diagnosis.lstrip().startswith("## Diagnosis") else ["## Diagnosis", diagnosis]
+    parts.append(image("top ops by device time, coloured by roofline place", images.get("top_ops")))
     if result.quality:
         parts += ["## Quality gate", quality_block(result.quality)]
     if result.notes:
