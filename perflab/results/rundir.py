@@ -100,6 +100,7 @@ def run_dir(out: Optional[str], name: str, overwrite: bool = False,
         yield path
     except BaseException as err:
         keep = isinstance(err, KeyboardInterrupt) and any((path / name).exists() for name in KEEP_ON_INTERRUPT)
+        keep = keep or _recorded_status(path) == "oom"  # an out-of-memory is a result (docs/memory.md)
         if created and not keep:
             shutil.rmtree(path, ignore_errors=True)
         raise
