@@ -48,7 +48,7 @@ _OOM_WORDS = ("out of memory", "can't allocate memory")
 
 class OutOfMemoryFailure(PerflabError):
     """A run that did not fit in memory, as a result: its message is the short block (what was being allocated,
-    the figures, the batch and levers, what would make it fit); `record` is perflab.memory.oom's dictionary."""
+    the figures, the batch and levers, what would make it fit); `record` is perflab.oom's dictionary."""
 
     exit_code = EXIT_OUT_OF_MEMORY
 

@@ -37,7 +37,7 @@ from perflab.harness.plan import StepPlan, build_plan
 from perflab.harness.progress import Reporter
 from perflab.harness.runner import measure
 from perflab.levers import Lever, check_levers
-from perflab.memory.oom import OutOfMemory, free_after
+from perflab.oom import OutOfMemory, free_after
 from perflab.profile.capture import CaptureOptions, ProfilerCapture, capture_argv, whole_loader_cycles
 from perflab.profile.nsys import nsys_command, nsys_hooks, save_nsys_command
 from perflab.quality import run_quality_gate
@@ -195,7 +195,7 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
 
 @contextmanager
 def out_of_memory_as_result(cfg: RunConfig, device: torch.device, command: Optional[Sequence[str]]) -> Iterator[None]:
-    """An out-of-memory inside becomes a result: its record (perflab.memory.oom) saved as result.json with status
+    """An out-of-memory inside becomes a result: its record (perflab.oom) saved as result.json with status
     "oom" in cfg.out when there is one, the cache freed, and OutOfMemoryFailure raised (the CLI prints its block
     and exits 3); the original error stays its cause, for --debug."""
     try:

@@ -23,7 +23,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 # Commands appear in --help in this order; modules not listed come after, alphabetically.
-ORDER = ["run", "profile", "diagnose", "sweep", "scale", "compare", "report", "serve", "rerun", "tune", "info"]
+ORDER = ["run", "profile", "memory", "diagnose", "sweep", "scale", "compare", "report", "serve", "rerun", "tune", "info"]
 
 
 def _command_modules() -> list:

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, gave_run_options, grid_from_args
 from perflab.errors import EXIT_OUT_OF_MEMORY, PerflabError, writing
-from perflab.memory.oom import OutOfMemory
+from perflab.oom import OutOfMemory
 from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
 from perflab.results.rundir import default_run_dir

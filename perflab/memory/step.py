@@ -77,10 +77,9 @@ def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise:
                 start_mb = torch.cuda.memory_allocated(device) / 2**20
                 _record_history(snapshot)
             prof, saved = None, None
-            if categorise or device.type == "cpu":  # the CPU's peak itself comes from the profiler's events
-                options = profiler_options() if categorise else {"activities": [torch.profiler.ProfilerActivity.CPU],
-                                                                 "profile_memory": True}
-                with torch.profiler.profile(**options) as prof, ActivationAccounting(plan.eager_model) as saved:
+            if categorise or device.type == "cpu":  # the CPU's peak itself comes from the profiler's memory profile
+                with torch.profiler.profile(**profiler_options()) as prof, \
+                        ActivationAccounting(plan.eager_model) as saved:
                     run_steps(plan, batches, 1, NullTimer())
                     _synchronize(device)
             else:

@@ -20,7 +20,7 @@ import torch
 
 from perflab.errors import EXIT_OUT_OF_MEMORY, is_out_of_memory
 from perflab.harness.nvml import NvmlSampler
-from perflab.memory.oom import OutOfMemory, free_after
+from perflab.oom import OutOfMemory, free_after
 from perflab.harness.runner import aggregate, memory_metrics
 from perflab.pipeline import new_result
 from perflab.profile.capture import CaptureOptions, ProfilerCapture

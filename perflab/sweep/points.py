@@ -30,7 +30,7 @@ import torch
 import perflab
 from perflab.config import RunConfig
 from perflab.errors import OutOfMemoryFailure, PerflabError, is_out_of_memory
-from perflab.memory.oom import OutOfMemory
+from perflab.oom import OutOfMemory
 from perflab.harness.progress import Reporter
 from perflab.pipeline import resolve_config
 from perflab.results import Result, atomic_file, write_json_atomic

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from perflab.config import RunConfig
-from perflab.memory.oom import OutOfMemory
+from perflab.oom import OutOfMemory
 from perflab.results import RESULT_FILE, Result
 from perflab.serve.config import ServeConfig
 from perflab.tune.objective import serve_argv, serve_figures
