@@ -153,12 +153,18 @@ def _breakdown(cfg: RunConfig, device: torch.device, plan, prof, saved, model_st
 
 
 def _own_accounting(plan, saved, model_states_mb: float, peak_mb: float) -> dict[str, float]:
-    """Without the profiler's categories: model sizes, the saved activations, and the rest as temporaries."""
+    """Without the profiler's categories: the model's sizes, the saved activations, and the rest as temporaries. A
+    step's peak is either at the end of forward (activations alive, no gradients yet: perflab's step sets them to
+    None) or in the optimizer step (gradients alive, activations freed): the larger of the two is taken."""
     params_mb = _storages_mb(plan.eager_model.parameters())
     optimizer_mb = _storages_mb(_optimizer_state(plan.optimizer))
     train = plan.mode == "train"
     gradients_mb = _storages_mb(p for p in plan.eager_model.parameters() if p.requires_grad) if train else 0.0
     activations_mb = saved.result.total_mb if saved is not None else 0.0
+    if gradients_mb > activations_mb:
+        activations_mb = 0.0
+    else:
+        gradients_mb = 0.0
     known = params_mb + optimizer_mb + gradients_mb + activations_mb
     return {"parameters": params_mb, "gradients": gradients_mb, "optimizer_state": optimizer_mb,
             "activations": activations_mb, "inputs": 0.0, "temporaries": max(0.0, peak_mb - known)}
