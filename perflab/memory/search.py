@@ -60,8 +60,8 @@ def probe_in_process(cfg: RunConfig, batch: int, limit_mb: Optional[float]) -> P
         finished = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env,
                                   stdin=subprocess.DEVNULL)
         if finished.returncode == EXIT_OUT_OF_MEMORY:
-            lines = [line for line in finished.stderr.splitlines() if line.strip()]
-            return Probe(batch, "oom", message=lines[0] if lines else "out of memory")
+            lines = [line for line in finished.stderr.splitlines() if "out of memory" in line]
+            return Probe(batch, "oom", message=lines[0].strip() if lines else "out of memory")
         if finished.returncode != 0 or not answer.is_file():
             tail = "\n".join((finished.stderr or finished.stdout).strip().splitlines()[-3:])
             raise PerflabError(f"the memory probe at batch {batch} failed (exit {finished.returncode}): {tail}")

@@ -8,6 +8,7 @@ half of that batch as well (smaller: they fit when it does); the batch search ru
 """
 from __future__ import annotations
 
+import gc
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,10 +73,12 @@ def _other_processes_mb(breakdown: Breakdown) -> float:
 
 def memory_study(cfg: RunConfig, out: Path, find_max_batch: bool = False, limit_mb: Optional[float] = None,
                  shards: int = 8, checkpointing_supported: Optional[bool] = None, command: Optional[list[str]] = None,
+                 tolerance: float = SEARCH_TOLERANCE,
                  note: Callable[[str], None] = lambda text: None,
                  on_probe: Callable[[Probe], None] = lambda probe: None) -> MemoryStudy:
     """Break one step's memory down, fit the peak over batch, optionally find the largest batch; save memory.json."""
     limit_mb = memory_limit_mb(limit_mb)
+    out.mkdir(parents=True, exist_ok=True)
     on_cuda = cfg.device == "cuda"
     note(f"one step at batch {cfg.batch_size}, profiled for memory")
     breakdown = measure_step(cfg, snapshot=out / SNAPSHOT_FILE if on_cuda else None, limit_mb=limit_mb)
@@ -87,6 +90,11 @@ def memory_study(cfg: RunConfig, out: Path, find_max_batch: bool = False, limit_
             note(f"the peak at batch {batch}, for the fit")
             peaks[batch] = measure_step(cfg.replace(batch_size=batch), categorise=not on_cuda).peak_mb
     fit = fit_peaks(list(peaks), list(peaks.values()))
+    growing = breakdown.peak_mb - breakdown.model_states_mb
+    if growing < 0.5 * breakdown.peak_mb:
+        breakdown.notes.append(f"model states set most of the peak at batch {cfg.batch_size} ({100 * growing / breakdown.peak_mb:.0f}% "
+                               "grows with the batch): where the peak moves to forward/backward at larger batches the "
+                               "fit underestimates it; measure at a larger --batch")
     capacity = capacity_mb(breakdown, limit_mb)
     study = MemoryStudy(breakdown, fit, capacity, lever_savings(breakdown, fit, capacity, shards,
                                                                 checkpointing_supported), command=command or [],
@@ -95,12 +103,19 @@ def memory_study(cfg: RunConfig, out: Path, find_max_batch: bool = False, limit_
         predicted = study.predicted_largest_batch
         start = predicted if predicted and predicted > cfg.batch_size else cfg.batch_size * 2
         note(f"the largest batch: each probe in its own process, from batch {start}")
+        _release_cached_memory()  # the probes' processes need the device memory this one cached
         study.search = find_largest_batch(lambda batch: probe_in_process(cfg, batch, limit_mb), start,
                                           known_fits=cfg.batch_size,
                                           growth=GROWTH_FROM_PREDICTION if predicted else 2.0,
-                                          tolerance=SEARCH_TOLERANCE, on_probe=on_probe)
+                                          tolerance=tolerance, on_probe=on_probe)
     write_json_atomic(out / MEMORY_FILE, study.to_dict())
     return study
+
+
+def _release_cached_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def load_study(directory: Path) -> dict[str, Any]:
