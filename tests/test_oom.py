@@ -113,3 +113,23 @@ def test_the_record_parses_torchs_message_and_the_cpu_allocators():
     failure = cuda.failure()
     assert isinstance(failure, OutOfMemoryFailure) and is_out_of_memory(failure) and failure.exit_code == 3
     assert OutOfMemory.from_dict(failure.record) == cuda
+
+
+def test_a_tune_trial_that_ran_out_of_memory_is_an_oom_outcome_with_the_records_summary(tmp_path):
+    from perflab.pipeline import new_result
+    from perflab.tune.trial import OOM, classify
+
+    record = OutOfMemory.from_error(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB."),
+                                    torch.device("cpu"))
+    record.batch_size = 64
+    new_result({"batch_size": 64}, torch.device("cpu"), {"name": "w"}, ["perflab", "run"], status="oom",
+               status_reason=record.summary(), out_of_memory=record.to_dict()).save(tmp_path)
+    outcome = classify(EXIT_OUT_OF_MEMORY, record.block(), tmp_path, 1.0)
+    assert outcome.status == OOM and outcome.reason == record.summary()
+    assert outcome.reason.startswith("out of memory at batch 64 allocating 2.00 GiB")
+
+
+def test_scale_prints_the_block_of_the_point_that_did_not_fit_and_exits_3(tmp_path):
+    finished = perflab("scale", "--workload", OOM_WORKLOAD, "--batch", "16", "--nproc", "1", *FAST,
+                       "--out", str(tmp_path / "scale"))
+    assert_one_block(finished)

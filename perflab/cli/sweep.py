@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, gave_run_options, grid_from_args
-from perflab.errors import EXIT_OUT_OF_MEMORY, PerflabError, writing
-from perflab.oom import OutOfMemory
+from perflab.cli._outcome import points_out_of_memory
+from perflab.errors import PerflabError, writing
 from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
 from perflab.results.rundir import default_run_dir
@@ -124,15 +123,10 @@ def handle(args: argparse.Namespace) -> int:
                           f"run `perflab sweep --resume --out {out}` to continue")
         return 130
     print_sweep_summary(console, summary)
-    out_of_memory = [row for row in summary.rows if row["status"] == "oom"]
-    if out_of_memory and not args.auto_batch:  # --auto-batch grows until one does not fit, by design
-        first = out_of_memory[0]
-        record = first.get("out_of_memory") or {"message": first.get("error") or "out of memory", "device": "?"}
-        err_console.print(f"point {escape(first['label'])}: " + escape(OutOfMemory.from_dict(record).block()),
-                          highlight=False, soft_wrap=True)
-        err_console.print(f"{len(out_of_memory)} of {len(summary.rows)} point(s) did not fit; the others are kept",
-                          highlight=False)
-        return EXIT_OUT_OF_MEMORY
+    if not args.auto_batch:  # --auto-batch grows until one does not fit, by design
+        code = points_out_of_memory(err_console, summary.rows)
+        if code is not None:
+            return code
     failed = [row for row in summary.rows if row["status"] in ("error", "invalid")]
     if summary.rows and len(failed) == len(summary.rows):
         raise PerflabError(f"every point failed; the first: {summary.rows[0]['error']}")
