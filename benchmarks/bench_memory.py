@@ -41,9 +41,9 @@ BUDGET_S = 420  # past this, the remaining cases only get their breakdown (the a
 def cases(quick: bool) -> list[tuple[str, RunConfig, bool]]:
     """(name, config at the breakdown's batch, whether to search the largest batch)."""
     if quick:
-        return [("mlp_activation_heavy", RunConfig(workload=HEAVY, batch_size=64, device="cpu"), True),
+        return [("mlp_activation_heavy", RunConfig(workload=HEAVY, batch_size=512, device="cpu"), True),
                 ("transformer_train", RunConfig(workload="transformer", batch_size=4, device="cpu"), False),
-                ("resnet50_train", RunConfig(workload="resnet50", batch_size=4, device="cpu",
+                ("resnet50_train", RunConfig(workload="resnet50", batch_size=8, device="cpu",
                                              workload_options={"image_res": 32}), False)]
     return [("mlp_activation_heavy", RunConfig(workload=HEAVY, batch_size=4096, device="cuda"), True),
             ("transformer_train", RunConfig(workload="transformer", batch_size=16, device="cuda"), True),
@@ -69,6 +69,9 @@ def record_breakdown(rows: Rows, name: str, study: MemoryStudy) -> None:
     if largest:
         rows.add(name, "largest activations", round(largest[1], 1), "MiB", largest[0])
     fit = study.fit
+    if fit is None:
+        rows.add(name, "fit", None, "", "; ".join(breakdown.notes))
+        return
     rows.add(name, "fit", round(fit.per_sample_mb, 4), "MiB/sample",
              f"fixed {fit.fixed_mb:.1f} MiB over batches {fit.batches}; predicted largest batch "
              f"{study.predicted_largest_batch} under {study.capacity_mb and round(study.capacity_mb)} MiB")
@@ -80,7 +83,7 @@ def record_search(rows: Rows, name: str, study: MemoryStudy) -> Optional[int]:
         return None
     rows.add(name, "largest batch that fits (probes)", search.largest_fits, "",
              f"smallest OOM {search.smallest_oom}; probes {[(p.batch, p.status) for p in search.probes]}")
-    if search.largest_fits and search.largest_peak_mb:
+    if search.largest_fits and search.largest_peak_mb and study.fit is not None:
         predicted = study.fit.predict_mb(search.largest_fits)
         error = 100 * (predicted - search.largest_peak_mb) / search.largest_peak_mb
         rows.add(name, "predicted vs measured peak at the largest batch", round(error, 2), "%",

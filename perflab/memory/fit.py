@@ -47,5 +47,6 @@ def largest_batch(fixed_mb: float, per_sample_mb: float, capacity_mb: Optional[f
 
 
 def fit_batches(batch: int) -> list[int]:
-    """The small batches a fit measures beside `batch`: a quarter and a half of it (at least 1 and 2)."""
-    return sorted({max(1, batch // 4), max(2, batch // 2), batch}) if batch >= 2 else [1, 2]
+    """The batches a fit measures: a quarter, a half and all of `batch`, at least 2 (BatchNorm trains on no fewer)."""
+    batches = sorted({max(2, batch // 4), max(2, batch // 2), batch})
+    return batches if len(batches) >= 2 else sorted({1, batch, 2})

@@ -74,7 +74,6 @@ def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise:
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-                start_mb = torch.cuda.memory_allocated(device) / 2**20
                 _record_history(snapshot)
             prof, saved = None, None
             if categorise or device.type == "cpu":  # the CPU's peak itself comes from the profiler's memory profile
@@ -87,8 +86,7 @@ def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise:
                 _synchronize(device)
             model_states = [*plan.eager_model.parameters(), *_optimizer_state(plan.optimizer)]
             model_states_mb = _storages_mb(model_states) + _storages_mb(p.grad for p in plan.eager_model.parameters())
-            breakdown = _breakdown(cfg, device, plan, prof, saved, model_states_mb, snapshot,
-                                   start_mb if device.type == "cuda" else None)
+            breakdown = _breakdown(cfg, device, plan, prof, saved, model_states_mb, snapshot)
     if limit_mb is not None:
         breakdown.total_mb = limit_mb
         if breakdown.peak_mb > limit_mb:
@@ -119,7 +117,7 @@ def _dump_history(snapshot: Optional[Path], notes: list[str]) -> None:
 
 
 def _breakdown(cfg: RunConfig, device: torch.device, plan, prof, saved, model_states_mb: float,
-               snapshot: Optional[Path], start_mb: Optional[float]) -> Breakdown:
+               snapshot: Optional[Path]) -> Breakdown:
     notes: list[str] = []
     reserved_mb = total_mb = None
     timeline, how = category_timeline(prof, device) if prof is not None and saved is not None else (None, "")

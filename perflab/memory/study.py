@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from perflab.config import RunConfig
+from perflab.errors import PerflabError
 from perflab.memory.breakdown import MEMORY_FILE, Breakdown
 from perflab.memory.fit import PeakFit, fit_batches, fit_peaks
 from perflab.memory.levers import LeverSaving, lever_savings
@@ -88,8 +89,11 @@ def memory_study(cfg: RunConfig, out: Path, find_max_batch: bool = False, limit_
     for batch in batches:
         if batch not in peaks:
             note(f"the peak at batch {batch}, for the fit")
-            peaks[batch] = measure_step(cfg.replace(batch_size=batch), categorise=not on_cuda).peak_mb
-    fit = fit_peaks(list(peaks), list(peaks.values()))
+            try:
+                peaks[batch] = measure_step(cfg.replace(batch_size=batch), categorise=not on_cuda).peak_mb
+            except PerflabError as err:  # e.g. BatchNorm refuses a batch this small: fit on the others
+                breakdown.notes.append(f"no fit point at batch {batch}: {str(err).splitlines()[0]}")
+    fit = fit_peaks(list(peaks), list(peaks.values())) if len(peaks) >= 2 else None
     growing = breakdown.peak_mb - breakdown.model_states_mb
     if growing < 0.5 * breakdown.peak_mb:
         breakdown.notes.append(f"model states set most of the peak at batch {cfg.batch_size} ({100 * growing / breakdown.peak_mb:.0f}% "
