@@ -54,7 +54,7 @@ def run_as_rank(device: str, body: Callable[[], None]) -> int:
         return 0
     except BaseException as err:  # noqa: B902 - every failure must reach the launcher, KeyboardInterrupt too
         record_failure(err)
-        return 2 if isinstance(err, PerflabError) else 1
+        return getattr(err, "exit_code", 2) if isinstance(err, PerflabError) else 1  # 3: out of memory
 
 
 def record_failure(err: BaseException) -> None:
@@ -62,7 +62,8 @@ def record_failure(err: BaseException) -> None:
     launcher can tell which rank failed first (the format's own timestamp is in whole seconds)."""
     data = {"message": {"message": f"{type(err).__name__}: {err}",
                         "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time())),
-                                      "time_ns": time.time_ns(), "perflab_error": isinstance(err, PerflabError)}}}
+                                      "time_ns": time.time_ns(), "perflab_error": isinstance(err, PerflabError),
+                                      "exit_code": getattr(err, "exit_code", 2) if isinstance(err, PerflabError) else 1}}}
     path = os.environ.get(ERROR_FILE_ENV)
     if not path:  # started by hand, not by the launcher: say it here
         if isinstance(err, PerflabError):
