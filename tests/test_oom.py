@@ -133,3 +133,11 @@ def test_scale_prints_the_block_of_the_point_that_did_not_fit_and_exits_3(tmp_pa
     finished = perflab("scale", "--workload", OOM_WORKLOAD, "--batch", "16", "--nproc", "1", *FAST,
                        "--out", str(tmp_path / "scale"))
     assert_one_block(finished)
+
+
+def test_an_out_of_memory_in_a_rank_ends_the_run_with_exit_3(tmp_path):
+    out = tmp_path / "ranks"
+    finished = perflab("run", "--workload", OOM_WORKLOAD, "--batch", "16", "--nproc", "2", *FAST, "--out", str(out))
+    assert finished.returncode == EXIT_OUT_OF_MEMORY and "Traceback" not in finished.stderr
+    assert finished.stderr.count(BLOCK_HEADING) == 1
+    assert json.loads((out / "result.json").read_text())["status"] == "oom"
