@@ -41,9 +41,28 @@ class UserCodeError(PerflabError):
         return "\n".join(lines)
 
 
+EXIT_OUT_OF_MEMORY = 3  # the exit code of a run that did not fit in memory (docs/memory.md)
+# the CPU allocator's words for the same thing ("DefaultCPUAllocator: can't allocate memory: ...")
+_OOM_WORDS = ("out of memory", "can't allocate memory")
+
+
+class OutOfMemoryFailure(PerflabError):
+    """A run that did not fit in memory, as a result: its message is the short block (what was being allocated,
+    the figures, the batch and levers, what would make it fit); `record` is perflab.oom's dictionary."""
+
+    exit_code = EXIT_OUT_OF_MEMORY
+
+    def __init__(self, message: str, record: dict):
+        self.record = record
+        super().__init__(message)
+
+
 def is_out_of_memory(err: BaseException) -> bool:
-    """torch's OutOfMemoryError, or the RuntimeError older code paths raise with 'out of memory'."""
-    return isinstance(err, _OOM_ERRORS) or (isinstance(err, RuntimeError) and "out of memory" in str(err))
+    """torch's OutOfMemoryError, the RuntimeError older code paths (and the CPU allocator) raise, or perflab's
+    OutOfMemoryFailure."""
+    if isinstance(err, (OutOfMemoryFailure, *_OOM_ERRORS)):
+        return True
+    return isinstance(err, RuntimeError) and any(words in str(err) for words in _OOM_WORDS)
 
 
 def is_users_fault(err: BaseException) -> bool:

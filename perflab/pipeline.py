@@ -31,12 +31,13 @@ from perflab.checkpoint import checkpoint_hooks
 from perflab.config import RunConfig
 from perflab.ranks import in_rank, is_primary, needs_launch
 from perflab.environment import collect_environment
-from perflab.errors import PerflabError
+from perflab.errors import OutOfMemoryFailure, PerflabError, is_out_of_memory
 from perflab.hooks import StepHook
 from perflab.harness.plan import StepPlan, build_plan
 from perflab.harness.progress import Reporter
 from perflab.harness.runner import measure
 from perflab.levers import Lever, check_levers
+from perflab.oom import OutOfMemory, free_after
 from perflab.results.metrics import Metrics
 from perflab.profile.capture import CaptureOptions, ProfilerCapture, capture_argv, whole_loader_cycles
 from perflab.profile.nsys import nsys_command, nsys_hooks, save_nsys_command
@@ -166,15 +167,16 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
         return _launch(workload, cfg, "run", command)
     device = resolve_device(cfg.device)
     reporter = reporter or Reporter()
-    workload = load(workload, cfg)
-    hooks = [*hooks, *config_hooks(cfg)]
-    with prepared(workload, cfg, device) as prep:
-        hooks += prep.plan.hooks
-        for hook in hooks:
-            hook.start(prep.plan)
-        measured = measure(prep.plan, cfg, reporter, hooks)
-        levers, plan_notes = list(prep.plan.levers), list(prep.plan.notes)
-    quality = None if measured.interrupted else quality_stage(prep, reporter)
+    with out_of_memory_as_result(cfg, device, command):
+        workload = load(workload, cfg)
+        hooks = [*hooks, *config_hooks(cfg)]
+        with prepared(workload, cfg, device) as prep:
+            hooks += prep.plan.hooks
+            for hook in hooks:
+                hook.start(prep.plan)
+            measured = measure(prep.plan, cfg, reporter, hooks)
+            levers, plan_notes = list(prep.plan.levers), list(prep.plan.notes)
+        quality = None if measured.interrupted else quality_stage(prep, reporter)
     status, reason = _status(measured.interrupted, measured.non_finite)
     result = new_result(cfg.to_dict(), device, describe_workload(workload, measured.flops_per_sample), command,
                         trials=measured.trials, metrics=measured.metrics, timing=measured.timing, levers=levers,
@@ -185,6 +187,26 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
         from perflab.distributed.gather import gather_result  # collectives: only inside a rank
         result = gather_result(result)
     return result
+
+
+@contextmanager
+def out_of_memory_as_result(cfg: RunConfig, device: torch.device, command: Optional[Sequence[str]]) -> Iterator[None]:
+    """An out-of-memory inside becomes a result: its record (perflab.oom) saved as result.json with status
+    "oom" in cfg.out when there is one, the cache freed, and OutOfMemoryFailure raised (the CLI prints its block
+    and exits 3); the original error stays its cause, for --debug."""
+    try:
+        yield
+    except OutOfMemoryFailure:
+        raise
+    except (RuntimeError, MemoryError) as err:
+        if not is_out_of_memory(err):
+            raise
+        record = OutOfMemory.from_error(err, device, cfg)
+        free_after(err)
+        if cfg.out and is_primary():
+            new_result(cfg.to_dict(), device, {"name": cfg.workload}, command, status="oom",
+                       status_reason=record.summary(), out_of_memory=record.to_dict()).save(cfg.out)
+        raise record.failure() from err
 
 
 def _status(interrupted: Optional[str], non_finite: Optional[str]) -> tuple[str, str]:

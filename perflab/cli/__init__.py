@@ -16,14 +16,14 @@ from typing import Optional
 from rich.console import Console
 from rich.markup import escape
 
-from perflab.errors import PerflabError
+from perflab.errors import OutOfMemoryFailure, PerflabError
 from perflab.version import __version__
 
 console = Console()
 err_console = Console(stderr=True)
 
 # Commands appear in --help in this order; modules not listed come after, alphabetically.
-ORDER = ["run", "profile", "diagnose", "sweep", "scale", "compare", "report", "serve", "rerun", "tune", "info"]
+ORDER = ["run", "profile", "memory", "diagnose", "sweep", "scale", "compare", "report", "serve", "rerun", "tune", "info"]
 
 
 def _command_modules() -> list:
@@ -61,7 +61,8 @@ def print_error(err: PerflabError, debug: bool) -> None:
     if debug:
         err_console.print(escape("".join(traceback.format_exception(type(err), err, err.__traceback__))),
                           highlight=False, soft_wrap=True, markup=True)
-    err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
+    prefix = "" if isinstance(err, OutOfMemoryFailure) else "[bold red]error:[/] "  # its block says what it is
+    err_console.print(f"{prefix}{escape(str(err))}", highlight=False, soft_wrap=True)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

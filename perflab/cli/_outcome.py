@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from rich.console import Console
 from rich.markup import escape
 
+from perflab.errors import EXIT_OUT_OF_MEMORY
+from perflab.oom import OutOfMemory
 from perflab.report.terminal import print_result
 from perflab.results import Result
 
@@ -31,3 +34,17 @@ def finish_run(console: Console, err_console: Console, result: Result, out: Path
                       "saved (tolerances: docs/quality.md)", highlight=False)
         return 1
     return 0
+
+
+def points_out_of_memory(err_console: Console, rows: list[dict]) -> Optional[int]:
+    """For a sweep or scale: the block of the first point that did not fit and exit code 3, or None if all fit."""
+    out_of_memory = [row for row in rows if row["status"] == "oom"]
+    if not out_of_memory:
+        return None
+    first = out_of_memory[0]
+    record = first.get("out_of_memory") or {"message": first.get("error") or "out of memory", "device": "?"}
+    err_console.print(f"point {escape(first['label'])}: " + escape(OutOfMemory.from_dict(record).block()),
+                      highlight=False, soft_wrap=True)
+    err_console.print(f"{len(out_of_memory)} of {len(rows)} point(s) did not fit; the others are kept",
+                      highlight=False)
+    return EXIT_OUT_OF_MEMORY

@@ -9,7 +9,7 @@ from typing import Optional
 from rich.markup import escape
 
 from perflab import options
-from perflab.cli import console, err_console
+from perflab.cli import console, debug_enabled, err_console
 from perflab.errors import PerflabError
 from perflab.profile.capture import CaptureOptions
 from perflab.report.diagnosis import print_diagnosis
@@ -55,8 +55,14 @@ def handle_script(args: argparse.Namespace, capture: Optional[CaptureOptions]) -
     err_console.print(f"perflab: running [bold]{escape(' '.join(command.shown()))}[/] ({what})", highlight=False)
     with run_dir(args.out, command.name, args.overwrite) as out:
         outcome = run_script(command, out, warmup, capture, perflab_argv)
-    if outcome.traceback:
+    if outcome.traceback and (outcome.out_of_memory is None or debug_enabled(args)):
         sys.stderr.write(outcome.traceback)
+    if outcome.out_of_memory is not None:
+        err_console.print(escape(outcome.out_of_memory.block()), highlight=False, soft_wrap=True)
+        if outcome.result is None:
+            with suppress(OSError):
+                out.rmdir()  # only when empty: no step finished before the OOM
+        return outcome.exit_code
     result = outcome.result
     if result is None:
         with suppress(OSError):

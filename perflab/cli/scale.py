@@ -9,6 +9,7 @@ from rich.table import Table
 
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, grid_from_args
+from perflab.cli._outcome import points_out_of_memory
 from perflab.cli.sweep import RichSweepProgress
 from perflab.sweep.scale import ScaleSummary, at_rank_counts, run_scale
 from perflab.errors import PerflabError
@@ -45,6 +46,9 @@ def handle(args: argparse.Namespace) -> int:
                           f"--resume --out {out}` with the same options to continue")
         return 130
     print_scaling(summary)
+    code = points_out_of_memory(err_console, summary.rows)
+    if code is not None:
+        return code
     if all(row["status"] != "ok" for row in summary.rows):
         raise PerflabError(f"every point failed; the first: {summary.rows[0].get('error')}")
     return 0

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from perflab import options
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, gave_run_options, grid_from_args
+from perflab.cli._outcome import points_out_of_memory
 from perflab.errors import PerflabError, writing
 from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
@@ -126,6 +127,10 @@ def handle(args: argparse.Namespace) -> int:
                           f"run `perflab sweep --resume --out {out}` to continue")
         return 130
     print_sweep_summary(console, summary)
+    if not args.auto_batch:  # --auto-batch grows until one does not fit, by design
+        code = points_out_of_memory(err_console, summary.rows)
+        if code is not None:
+            return code
     failed = [row for row in summary.rows if row["status"] in ("error", "invalid")]
     if summary.rows and len(failed) == len(summary.rows):
         raise PerflabError(f"every point failed; the first: {summary.rows[0]['error']}")

@@ -32,7 +32,8 @@ PORT_IN_USE = ("address already in use", "eaddrinuse", "errno 98")
 
 
 class RankFailedError(PerflabError):
-    """A rank raised or died: the run is over; `exit_code` is 2 for a user mistake in a rank, else 1."""
+    """A rank raised or died: the run is over; `exit_code` is 2 for a user mistake in a rank, 3 for an
+    out-of-memory (docs/memory.md), else 1."""
 
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
@@ -161,7 +162,7 @@ def rank_failure(err) -> RankFailedError:
     if info.get("rank_stalled"):  # a timeout is not a user mistake: exit 1, one line
         return RankFailedError(f"rank {rank}: {data['message'].partition(': ')[2]}", 1)
     if info.get("perflab_error"):
-        return RankFailedError(f"rank {rank}: {data['message'].partition(': ')[2]}", 2)
+        return RankFailedError(f"rank {rank}: {data['message'].partition(': ')[2]}", int(info.get("exit_code", 2)))
     callstack = (info.get("py_callstack") or data["message"]).rstrip()
     return RankFailedError(f"rank {rank} (pid {failure.pid}) failed with exit code {failure.exitcode}; its "
                            f"traceback:\n{callstack}", 1)

@@ -97,7 +97,7 @@ def run_as_rank(device: str, body: Callable[[], None]) -> int:
                 record_failure(stalled)
             return 1
         record_failure(err)
-        return 2 if isinstance(err, PerflabError) else 1
+        return getattr(err, "exit_code", 2) if isinstance(err, PerflabError) else 1  # 3: out of memory
 
 
 def is_collective_timeout(err: BaseException) -> bool:
@@ -112,7 +112,8 @@ def record_failure(err: BaseException) -> None:
     data = {"message": {"message": f"{type(err).__name__}: {err}",
                         "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time())),
                                       "time_ns": time.time_ns(), "perflab_error": isinstance(err, PerflabError),
-                                      "rank_stalled": isinstance(err, RankStalledError)}}}
+                                      "rank_stalled": isinstance(err, RankStalledError),
+                                      "exit_code": getattr(err, "exit_code", 2) if isinstance(err, PerflabError) else 1}}}
     path = os.environ.get(ERROR_FILE_ENV)
     if not path:  # started by hand, not by the launcher: say it here
         if isinstance(err, PerflabError):

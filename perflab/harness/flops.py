@@ -6,7 +6,7 @@ from typing import Any, Optional
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from perflab.errors import UserCodeError
+from perflab.errors import UserCodeError, is_out_of_memory
 from perflab.harness.calls import call_loss, call_model
 
 # What the counter's tracing raises on a model it cannot follow; anything else is the model's own error.
@@ -35,7 +35,9 @@ def count_flops_per_sample(plan, batch: Any) -> Optional[float]:
             else:
                 with torch.no_grad():
                     call_model(model, inputs)
-    except UNCOUNTABLE:
+    except UNCOUNTABLE as err:
+        if is_out_of_memory(err):  # not the counter's limit: the step does not fit (a result, docs/memory.md)
+            raise
         return None
     except UserCodeError as err:
         if isinstance(err.error, UNCOUNTABLE):

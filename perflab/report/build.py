@@ -18,13 +18,15 @@ REPORT_HTML = "report.html"
 
 
 def detect_kind(directory: Path) -> str:
-    """tune, compare, sweep, serve or run, from the files the directory holds."""
+    """tune, compare, sweep, memory, serve or run, from the files the directory holds."""
     if (directory / "tune.json").is_file():
         return "tune"
     if (directory / "compare.json").is_file():
         return "compare"
     if (directory / "sweep.jsonl").is_file():
         return "sweep"
+    if (directory / "memory.json").is_file():
+        return "memory"
     if (directory / RESULT_FILE).is_file():
         from perflab.diagnose import is_serve_result
         return "serve" if is_serve_result(directory) else "run"
@@ -90,7 +92,17 @@ def _tune_report(directory: Path, out: Path) -> str:
     return tune_report(directory, out)
 
 
-BUILDERS = {"run": _run_report, "sweep": _sweep_report, "compare": _compare_report, "serve": _serve_report,
+def _memory_report(directory: Path, out: Path) -> str:
+    from perflab.memory.breakdown import Breakdown  # the memory study (and torch's profiler) only for its report
+    from perflab.memory.study import load_study  # as above
+    from perflab.report.memory import MEMORY_PLOT, memory_markdown, memory_timeline_plot  # as above
+
+    study = load_study(directory)
+    image = memory_timeline_plot(Breakdown.from_dict(study["breakdown"]), out / MEMORY_PLOT)
+    return memory_markdown(study, _names({"timeline": image}, out).get("timeline"))
+
+
+BUILDERS = {"memory": _memory_report, "run": _run_report, "sweep": _sweep_report, "compare": _compare_report, "serve": _serve_report,
             "tune": _tune_report}
 
 

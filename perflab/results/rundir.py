@@ -207,10 +207,11 @@ def run_dir(out: Optional[str], name: str, overwrite: bool = False,
             yield path
         except BaseException as err:
             interrupted = isinstance(err, KeyboardInterrupt)
-            keep = interrupted and any((path / name).exists() for name in KEEP_ON_INTERRUPT)
+            out_of_memory = _recorded_status(path) == "oom"  # an out-of-memory is a result (docs/memory.md)
+            keep = out_of_memory or interrupted and any((path / name).exists() for name in KEEP_ON_INTERRUPT)
             if created and not keep:
                 shutil.rmtree(path, ignore_errors=True)
-            elif interrupted and RESULT_FILE in stale and (path / RESULT_FILE).exists() \
+            elif (interrupted or out_of_memory) and RESULT_FILE in stale and (path / RESULT_FILE).exists() \
                     and _stamp(path / RESULT_FILE) != stale[RESULT_FILE]:
                 remove_stale(path, stale)  # the new run saved its (interrupted) result: the old one's files go
             raise

@@ -18,7 +18,9 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from perflab.errors import EXIT_OUT_OF_MEMORY, is_out_of_memory
 from perflab.harness.nvml import NvmlSampler
+from perflab.oom import OutOfMemory, free_after
 from perflab.harness.runner import aggregate, memory_metrics
 from perflab.results.metrics import Gpu
 from perflab.pipeline import new_result
@@ -48,6 +50,7 @@ class ScriptOutcome:
     interrupted: bool = False
     steps_seen: int = 0
     shortfall: Optional[str] = None  # why no trace: the script ran fewer steps than the profiler needed
+    out_of_memory: Optional[OutOfMemory] = None  # the script ran out of memory (exit code 3, docs/memory.md)
 
 
 def run_script(command: ScriptCommand, out_dir: Union[str, Path], warmup: int = 5,
@@ -64,7 +67,7 @@ def run_script(command: ScriptCommand, out_dir: Union[str, Path], warmup: int = 
             profiler.after_step(None, None, timeline.boundaries)
 
     detector = StepDetector(on_boundary)
-    exit_code, trace_text, interrupted = 0, None, False
+    exit_code, trace_text, interrupted, out_of_memory = 0, None, False, None
     began = time.perf_counter()
     with NvmlSampler(0 if torch.cuda.is_available() else None) as sampler:
         with (profiler if profiler is not None else nullcontext()), ScriptProbe(detector, timeline) as probe:
@@ -76,14 +79,21 @@ def run_script(command: ScriptCommand, out_dir: Union[str, Path], warmup: int = 
                 exit_code, interrupted = 130, True
             except BaseException as error:  # the script's own failure: shown as its traceback, never swallowed
                 exit_code, trace_text = 1, script_traceback(error)
+                if is_out_of_memory(error):  # an OOM is a result: the short block, the traceback under --debug
+                    out_of_memory = OutOfMemory.from_error(error, _script_device())
+                    exit_code = EXIT_OUT_OF_MEMORY
+                    free_after(error)
         timeline.close()
     elapsed_s = time.perf_counter() - began
     result = _result(command, timeline, detector, probe, sampler, warmup, elapsed_s, perflab_argv)
     outcome = ScriptOutcome(result=result, diagnosis=None, exit_code=exit_code, traceback=trace_text,
-                            interrupted=interrupted, steps_seen=timeline.boundaries)
+                            interrupted=interrupted, steps_seen=timeline.boundaries, out_of_memory=out_of_memory)
     if result is None:
         return outcome
-    if interrupted:  # the figures cover the steps before Ctrl-C: saved, but never as a complete run
+    if out_of_memory is not None:
+        result.status, result.status_reason = "oom", out_of_memory.summary()
+        result.out_of_memory = out_of_memory.to_dict()
+    elif interrupted:  # the figures cover the steps before Ctrl-C: saved, but never as a complete run
         result.status = "interrupted"
         result.status_reason = f"interrupted (Ctrl-C) after {timeline.boundaries} steps; the figures cover those"
         result.notes.append(result.status_reason)
@@ -106,6 +116,10 @@ def _profiler(out_dir: Path, options: CaptureOptions, warmup: int) -> ProfilerCa
     capture = ProfilerCapture(out_dir, replace(options, wait=options.wait + warmup))
     capture.cuda = torch.cuda.is_available()  # which device the script uses is known only once it runs
     return capture
+
+
+def _script_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _exit_code(done: SystemExit) -> int:

@@ -16,8 +16,9 @@ from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.harness.data import make_loader
 from perflab.harness.progress import Reporter
+from perflab.pipeline import (describe_workload, load, new_result, out_of_memory_as_result, prepared, quality_stage,
+                              resolve_config, resolve_device)
 from perflab.results.metrics import Serve, ServeSettings
-from perflab.pipeline import describe_workload, load, new_result, prepared, quality_stage, resolve_config, resolve_device
 from perflab.results import Result
 from perflab.serve.capacity import measure_capacity
 from perflab.serve.config import ServeConfig
@@ -73,6 +74,13 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
     serve_cfg.validate()
     cfg = serve_run_config(run_cfg, serve_cfg, workload)
     device = resolve_device(cfg.device)
+    with out_of_memory_as_result(cfg.replace(out=str(out)) if out is not None else cfg, device, command):
+        return _serve(cfg, serve_cfg, device, out, workload, engines, on_point, command)
+
+
+def _serve(cfg: RunConfig, serve_cfg: ServeConfig, device, out: Optional[Union[str, Path]],
+           workload: Union[Workload, str, None], engines: Optional[list[Engine]], on_point: Callable[[dict], None],
+           command: Optional[list[str]]) -> Result:
     workload = load(workload, cfg)
     if not workload.supports_inference:
         raise PerflabError(f"{workload.name} is a training-only workload: it has no inference mode to serve; "

@@ -30,7 +30,8 @@ import torch
 import perflab
 from perflab import options
 from perflab.config import RunConfig
-from perflab.errors import PerflabError, is_out_of_memory
+from perflab.errors import OutOfMemoryFailure, PerflabError, is_out_of_memory
+from perflab.oom import OutOfMemory
 from perflab.harness.progress import Reporter
 from perflab.pipeline import resolve_config
 from perflab.results import Result, atomic_file, write_json_atomic
@@ -280,18 +281,28 @@ class Sweep:
             if result.status == "interrupted":  # Ctrl-C inside the point's trials: the point is not finished
                 raise KeyboardInterrupt
             result.save(point_dir)
+        except OutOfMemoryFailure as err:  # the run saved its result.json (status oom) in the point's folder
+            failure = ("oom", err.record)
         except PerflabError as err:
             failure = ("error", str(err))
         except (RuntimeError, MemoryError) as err:
             if not is_out_of_memory(err):
                 shutil.rmtree(point_dir, ignore_errors=True)
                 raise
-            failure = ("oom", str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+            failure = ("oom", OutOfMemory.from_error(err, None, cfg).to_dict())
         except BaseException:
             shutil.rmtree(point_dir, ignore_errors=True)
             raise
         # Outside the except block, so the traceback (and the tensors its frames hold) can be freed.
-        if failure is not None:
+        if failure is not None and failure[0] == "oom":
+            free_memory()
+            record = OutOfMemory.from_dict(failure[1])
+            kept = (point_dir / "result.json").is_file()
+            row.update(status="oom", error=record.summary(), out_of_memory=record.to_dict(),
+                       dir=str(point_dir.relative_to(self.out)) if kept else None)
+            if not kept:
+                shutil.rmtree(point_dir, ignore_errors=True)
+        elif failure is not None:
             shutil.rmtree(point_dir, ignore_errors=True)
             free_memory()
             row.update(status=failure[0], error=failure[1], dir=None)

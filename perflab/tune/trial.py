@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from perflab.config import RunConfig
+from perflab.oom import OutOfMemory
 from perflab.profile.capture import CaptureOptions, capture_argv
 from perflab.results import RESULT_FILE, Result
 from perflab.serve.config import ServeConfig
@@ -112,6 +113,8 @@ def classify(returncode: int, log: str, out: Path, wall_s: float) -> TrialOutcom
     if returncode == QUALITY_FAILED_EXIT and result is not None:
         reason = (result.quality or {}).get("reason", "the quality gate failed")
         return TrialOutcome(QUALITY_FAIL, wall_s, reason, result, files)
+    if result is not None and getattr(result, "out_of_memory", None):  # the run recorded its OOM (status oom)
+        return TrialOutcome(OOM, wall_s, OutOfMemory.from_dict(result.out_of_memory).summary(), files=files)
     message = error_line(log)
     if "out of memory" in log.lower():
         return TrialOutcome(OOM, wall_s, message or "out of memory", files=files)

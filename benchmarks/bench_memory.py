@@ -1,0 +1,169 @@
+"""Area "memory": perflab memory on the GPU (issue 27).
+
+For resnet50 train, the transformer train and a planted activation-heavy MLP (tests/planted/activation_heavy.py):
+- the breakdown by category beside torch.cuda.max_memory_allocated (the measured peak) and what it left unattributed;
+- the peak fitted at three small batches, the largest batch found by probes in their own processes, and the fit's
+  predicted peak there vs the peak measured there;
+- predicted savings of activation checkpointing, bf16 autocast and the 8-bit optimizer (torchao; skipped with a
+  note when it is missing) vs measured (the same step with the lever on);
+- a real out-of-memory from `perflab run` at twice the largest batch: its exit code and the short block.
+
+    python -m benchmarks.bench_memory --out DIR [--quick]
+
+--quick (or no CUDA) runs tiny sizes on the CPU under a fake memory limit: a check of the machinery, not a
+measurement.
+"""
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from benchmarks.common import Rows, parse_args
+from perflab.config import RunConfig
+from perflab.memory.step import measure_step
+from perflab.memory.study import MemoryStudy, memory_study
+from perflab.report.build import write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = str(ROOT / "tests/planted/activation_heavy.py") + ":build"
+TOLERANCE = 0.05  # the search stops within 5% of the largest batch: fewer probes, the same check of the fit
+BUDGET_S = 420  # past this, the remaining cases only get their breakdown (the area must end within 8 minutes)
+
+
+def cases(quick: bool) -> list[tuple[str, RunConfig, bool]]:
+    """(name, config at the breakdown's batch, whether to search the largest batch)."""
+    if quick:
+        return [("mlp_activation_heavy", RunConfig(workload=HEAVY, batch_size=512, device="cpu"), True),
+                ("transformer_train", RunConfig(workload="transformer", batch_size=4, device="cpu"), False),
+                ("resnet50_train", RunConfig(workload="resnet50", batch_size=8, device="cpu",
+                                             workload_options={"image_res": 32}), False)]
+    return [("mlp_activation_heavy", RunConfig(workload=HEAVY, batch_size=4096, device="cuda"), True),
+            ("transformer_train", RunConfig(workload="transformer", batch_size=16, device="cuda"), True),
+            ("resnet50_train", RunConfig(workload="resnet50", batch_size=64, device="cuda"), True)]
+
+
+def measured_peak(cfg: RunConfig) -> float:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return measure_step(cfg, categorise=cfg.device != "cuda").peak_mb
+
+
+def record_breakdown(rows: Rows, name: str, study: MemoryStudy) -> None:
+    breakdown = study.breakdown
+    for label, mb in breakdown.rows():
+        rows.add(name, f"breakdown {label}", round(mb, 1), "MiB")
+    rows.add(name, "measured peak (max_memory_allocated)" if breakdown.device.startswith("cuda")
+             else "measured peak (CPU allocator)", round(breakdown.peak_mb, 1), "MiB",
+             f"categories sum {breakdown.attributed_mb:.1f} MiB ({breakdown.source[:40]})")
+    rows.add(name, "unattributed share", round(100 * breakdown.unattributed_mb / breakdown.peak_mb, 2), "%")
+    largest = breakdown.largest_module()
+    if largest:
+        rows.add(name, "largest activations", round(largest[1], 1), "MiB", largest[0])
+    fit = study.fit
+    if fit is None:
+        rows.add(name, "fit", None, "", "; ".join(breakdown.notes))
+        return
+    rows.add(name, "fit", round(fit.per_sample_mb, 4), "MiB/sample",
+             f"fixed {fit.fixed_mb:.1f} MiB over batches {fit.batches}; predicted largest batch "
+             f"{study.predicted_largest_batch} under {study.capacity_mb and round(study.capacity_mb)} MiB")
+
+
+def record_search(rows: Rows, name: str, study: MemoryStudy) -> Optional[int]:
+    search = study.search
+    if search is None:
+        return None
+    rows.add(name, "largest batch that fits (probes)", search.largest_fits, "",
+             f"smallest OOM {search.smallest_oom}; probes {[(p.batch, p.status) for p in search.probes]}")
+    if search.largest_fits and search.largest_peak_mb and study.fit is not None:
+        predicted = study.fit.predict_mb(search.largest_fits)
+        error = 100 * (predicted - search.largest_peak_mb) / search.largest_peak_mb
+        rows.add(name, "predicted vs measured peak at the largest batch", round(error, 2), "%",
+                 f"predicted {predicted:.0f} MiB, measured {search.largest_peak_mb:.0f} MiB")
+    return search.largest_fits
+
+
+def record_levers(rows: Rows, name: str, cfg: RunConfig, study: MemoryStudy) -> None:
+    predicted = {lever.lever: lever for lever in study.levers}
+    base = study.breakdown.peak_mb
+    trials = [("activation checkpointing", dict(activation_checkpointing=True)),
+              ("bf16 autocast", dict(precision="bf16"))]
+    for lever, change in trials:
+        if lever not in predicted:
+            rows.add(name, f"{lever} saving", None, "", "not predicted for this configuration")
+            continue
+        try:
+            with_lever = measured_peak(cfg.replace(**change))
+        except Exception as err:  # a lever this workload refuses (resnet50 has no checkpointable blocks)
+            rows.add(name, f"{lever} saving", None, "", f"predicted {predicted[lever].frees_mb:.0f} MiB; not "
+                     f"measured: {str(err).splitlines()[0][:120]}")
+            continue
+        measured = base - with_lever
+        error = 100 * (predicted[lever].frees_mb - measured) / measured if measured else None
+        rows.add(name, f"{lever} saving: predicted vs measured", error and round(error, 1), "%",
+                 f"predicted {predicted[lever].frees_mb:.0f} MiB, measured {measured:.0f} MiB "
+                 f"(peak {base:.0f} -> {with_lever:.0f})")
+    eight_bit = predicted.get("8-bit optimizer state")
+    if eight_bit is not None:
+        note = ("measured: not yet (perflab has no 8-bit optimizer lever to switch on)"
+                if importlib.util.find_spec("torchao") else "torchao is not installed: pip install torchao")
+        rows.add(name, "8-bit optimizer saving (predicted)", round(eight_bit.frees_mb, 1), "MiB", note)
+
+
+def real_out_of_memory(rows: Rows, name: str, cfg: RunConfig, batch: int, out: Path, limit_mb: Optional[float]) -> None:
+    """`perflab run` at `batch` (twice the largest that fits): the exit code and the block it printed."""
+    verb = "run" if limit_mb is None else "memory"  # on the CPU, the memory limit stands in for the device's
+    extra = ["--steps", "2", "--warmup", "1", "--trials", "1"] if limit_mb is None else [
+        "--memory-limit-mb", str(limit_mb)]
+    command = [sys.executable, "-m", "perflab", verb, *cfg.replace(batch_size=batch).to_argv("run"), *extra,
+               "--out", str(out / f"{name}_oom")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    began = time.perf_counter()
+    finished = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    block = [line for line in finished.stderr.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(block) if "out of memory" in line), 0)
+    shown = " | ".join(block[start:start + 8])
+    rows.add(name, f"perflab {verb} at batch {batch}: exit code", finished.returncode, "",
+             f"{'traceback printed' if 'Traceback' in finished.stderr else 'no traceback'}; "
+             f"{time.perf_counter() - began:.0f}s; {shown[:600]}")
+    (out / f"{name}_oom.txt").write_text(finished.stdout + finished.stderr)
+
+
+def run(out: Path, quick: bool) -> list[dict]:
+    quick = quick or not torch.cuda.is_available()
+    rows = Rows("memory", out)
+    area_began = time.perf_counter()
+    for name, cfg, search in cases(quick):
+        began = time.perf_counter()
+        if began - area_began > BUDGET_S:
+            rows.add(name, "skipped", None, "", f"the area's {BUDGET_S} s budget is spent")
+            continue
+        limit = None
+        if quick and search:  # a fake limit: four times the batch's peak, so the search has somewhere to stop
+            limit = 4 * measure_step(cfg).peak_mb
+        supported = name != "resnet50_train"
+        study = memory_study(cfg, out / name, find_max_batch=search, limit_mb=limit, checkpointing_supported=supported,
+                             command=["benchmarks/bench_memory.py"], tolerance=TOLERANCE,
+                             note=lambda text, name=name: print(f"[memory] {name}: {text}", flush=True),
+                             on_probe=lambda probe, name=name: print(f"[memory] {name} probe {probe}", flush=True))
+        write_report(out / name)
+        record_breakdown(rows, name, study)
+        largest = record_search(rows, name, study)
+        record_levers(rows, name, cfg, study)
+        if largest:
+            real_out_of_memory(rows, name, cfg, 2 * largest, out, limit)
+        rows.add(name, "wall time", round(time.perf_counter() - began, 1), "s")
+    return rows.rows
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    run(arguments.out, arguments.quick)

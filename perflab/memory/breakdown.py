@@ -1,0 +1,70 @@
+"""Breakdown: one step's peak memory by category, the measured peak beside it, and the step's memory over time."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from perflab.memory.timeline import CATEGORIES, MODEL_STATES, CategoryTimeline
+
+MEMORY_FILE = "memory.json"
+
+
+@dataclass
+class Breakdown:
+    """What used the memory at the peak of one step (MiB), and how each figure was obtained."""
+
+    workload: str
+    mode: str
+    device: str
+    batch_size: int
+    precision: str
+    peak_mb: float  # measured: torch.cuda.max_memory_allocated, or the CPU allocator's own total
+    peak_source: str
+    categories_mb: dict[str, float]  # at the peak: parameters ... temporaries (CATEGORIES)
+    source: str  # how the categories were obtained (the profiler's memory timeline, or perflab's own accounting)
+    reserved_mb: Optional[float] = None  # CUDA: torch.cuda.max_memory_reserved
+    total_mb: Optional[float] = None  # the device's memory (or --memory-limit-mb)
+    activations: dict[str, Any] = field(default_factory=dict)  # perflab.memory.activations.SavedActivations
+    timeline: Optional[dict[str, Any]] = None  # CategoryTimeline.to_dict()
+    optimizer: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def attributed_mb(self) -> float:
+        return sum(self.categories_mb.values())
+
+    @property
+    def unattributed_mb(self) -> float:
+        """The measured peak less the categories' sum: what the accounting missed (or, negative, overcounted)."""
+        return self.peak_mb - self.attributed_mb
+
+    @property
+    def slack_mb(self) -> Optional[float]:
+        """Allocator slack: reserved but not allocated at the peak."""
+        return None if self.reserved_mb is None else max(0.0, self.reserved_mb - self.peak_mb)
+
+    @property
+    def model_states_mb(self) -> float:
+        return sum(self.categories_mb.get(name, 0.0) for name in MODEL_STATES)
+
+    def category_timeline(self) -> Optional[CategoryTimeline]:
+        return CategoryTimeline.from_dict(self.timeline)
+
+    def largest_module(self) -> Optional[tuple[str, float]]:
+        modules = self.activations.get("by_module_mb") or {}
+        return max(modules.items(), key=lambda item: item[1]) if modules else None
+
+    def rows(self) -> list[tuple[str, float]]:
+        """(label, MiB) for tables: the categories, slack and what the accounting missed, then the peak."""
+        rows = [(name.replace("_", " "), self.categories_mb.get(name, 0.0)) for name in CATEGORIES]
+        rows.append(("unattributed (measured - sum)", self.unattributed_mb))
+        if self.slack_mb is not None:
+            rows.append(("allocator slack (reserved - allocated)", self.slack_mb))
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "unattributed_mb": self.unattributed_mb, "slack_mb": self.slack_mb}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Breakdown":
+        return cls(**{key: data[key] for key in cls.__dataclass_fields__ if key in data})

@@ -1,0 +1,128 @@
+"""What each memory lever would free, computed from the breakdown, and the batch each would then allow.
+
+A lever scales categories of the step's memory timeline (activations x 0.5 for bf16, optimizer state x ~0.26 for
+an 8-bit optimizer, model states / N for FSDP ...); its predicted peak is the new timeline's highest point, so a
+lever that shrinks memory which is not alive at the peak frees nothing. The batch it would allow moves the fixed
+part of the fit by the model states it frees and puts the rest on the per-sample part.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from perflab.memory.activations import SavedActivations
+from perflab.memory.breakdown import Breakdown
+from perflab.memory.fit import PeakFit, largest_batch
+from perflab.memory.timeline import CATEGORIES, MODEL_STATES
+
+EIGHT_BIT_STATE = 0.26  # an 8-bit AdamW keeps 2 bytes per parameter (+ block scales) instead of 8
+SLACK_SHARE = 0.1  # slack beyond this share of reserved memory makes expandable_segments worth naming
+TORCHAO_INSTALL = "pip install torchao (then torchao.optim.AdamW8bit)"
+
+
+@dataclass
+class LeverSaving:
+    """One lever: the peak it predicts at this batch, what it frees, the batch it would allow, and why."""
+
+    lever: str
+    how: str  # the flag or setting
+    predicted_peak_mb: Optional[float]
+    frees_mb: Optional[float]
+    batch_allowed: Optional[int]
+    basis: str  # what the estimate assumes
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _peak_with(breakdown: Breakdown, factors: dict[str, float], extra_mb: float = 0.0) -> float:
+    timeline = breakdown.category_timeline()
+    if timeline is None:
+        peak = sum(factors.get(name, 1.0) * mb for name, mb in breakdown.categories_mb.items())
+    else:
+        peak = max(timeline.totals(factors))
+    return peak + extra_mb + breakdown.unattributed_mb
+
+
+def _model_states_change_mb(breakdown: Breakdown, factors: dict[str, float]) -> float:
+    timeline = breakdown.category_timeline()
+    highest = ({name: max(timeline.mb[name]) for name in MODEL_STATES} if timeline is not None
+               else {name: breakdown.categories_mb.get(name, 0.0) for name in MODEL_STATES})
+    return sum((factors.get(name, 1.0) - 1.0) * highest[name] for name in MODEL_STATES)
+
+
+def _saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Optional[float], lever: str, how: str,
+            factors: dict[str, float], basis: str, extra_fixed_mb: float = 0.0, note: str = "") -> LeverSaving:
+    peak = _peak_with(breakdown, factors, extra_fixed_mb)
+    frees = breakdown.peak_mb - peak
+    fixed, per_sample = _fit_parts(breakdown, fit)
+    new_fixed = fixed + _model_states_change_mb(breakdown, factors) + extra_fixed_mb
+    batch = breakdown.batch_size
+    new_per_sample = max(1e-9, (fit.predict_mb(batch) - frees - new_fixed) / batch) if fit else max(
+        1e-9, (peak - new_fixed) / batch)
+    return LeverSaving(lever, how, peak, frees, largest_batch(new_fixed, new_per_sample, capacity_mb), basis, note)
+
+
+def _fit_parts(breakdown: Breakdown, fit: Optional[PeakFit]) -> tuple[float, float]:
+    """The fixed and per-sample parts: the fit's, else model states as fixed and the rest per sample."""
+    if fit is not None:
+        return fit.fixed_mb, fit.per_sample_mb
+    fixed = breakdown.model_states_mb
+    return fixed, max(0.0, breakdown.peak_mb - fixed) / max(1, breakdown.batch_size)
+
+
+def lever_savings(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Optional[float],
+                  shards: int = 8, checkpointing_supported: Optional[bool] = None) -> list[LeverSaving]:
+    """The memory levers that apply to this step, each with what it would free and the batch it would allow."""
+    train = breakdown.mode == "train"
+    savings: list[LeverSaving] = []
+    activations = SavedActivations(**breakdown.activations) if breakdown.activations else SavedActivations()
+    checkpointed = activations.checkpointed_mb()
+    if train and checkpointed is not None and activations.total_mb > 0:
+        note = "" if checkpointing_supported is not False else (
+            "this workload declares no checkpointable blocks: wrap its blocks in torch.utils.checkpoint")
+        savings.append(_saving(
+            breakdown, fit, capacity_mb, "activation checkpointing", "--activation-checkpointing",
+            {"activations": checkpointed / activations.total_mb},
+            f"per block of {activations.blocks or 'the model'} ({len(activations.block_saved_mb)} blocks): keeps each "
+            "block's input, recomputes one block at a time in backward", note=note))
+    if breakdown.precision in ("fp32", "tf32"):
+        savings.append(_saving(breakdown, fit, capacity_mb, "bf16 autocast", "--precision bf16",
+                               {"activations": 0.5, "temporaries": 0.5},
+                               "activations and temporaries in 2 bytes, plus the bf16 copies of the weights autocast "
+                               "keeps during forward", extra_fixed_mb=0.5 * breakdown.categories_mb["parameters"]))
+        savings.append(_saving(breakdown, fit, capacity_mb, "bf16 weights", "model.to(torch.bfloat16)",
+                               {name: 0.5 for name in CATEGORIES if name != "inputs"},
+                               "every tensor of the step in 2 bytes (pure bf16 training; check convergence)"))
+    if train and breakdown.categories_mb.get("optimizer_state", 0.0) > 0:
+        have = importlib.util.find_spec("torchao") is not None
+        savings.append(_saving(breakdown, fit, capacity_mb, "8-bit optimizer state", "torchao.optim.AdamW8bit",
+                               {"optimizer_state": EIGHT_BIT_STATE},
+                               "Adam's two moments in 8 bits with block scales (about a quarter of fp32)",
+                               note="" if have else f"torchao is not installed: {TORCHAO_INSTALL}"))
+    if train:
+        savings.append(_saving(breakdown, fit, capacity_mb, f"FSDP over {shards} GPUs", f"--nproc {shards} "
+                               "--parallel fsdp", {name: 1.0 / shards for name in MODEL_STATES},
+                               f"parameters, gradients and optimizer state sharded {shards} ways (one block "
+                               "unsharded at a time is not counted)"))
+        savings.append(LeverSaving("gradients set to None", "optimizer.zero_grad(set_to_none=True)",
+                                   breakdown.peak_mb, 0.0, None, "perflab's step already frees gradients after the "
+                                   "optimizer step", note=f"a loop that zeroes them in place keeps "
+                                   f"{breakdown.categories_mb.get('gradients', 0.0) or _gradients_mb(breakdown):.0f} MiB "
+                                   "alive through forward"))
+    slack = breakdown.slack_mb
+    if slack is not None and breakdown.reserved_mb and slack > SLACK_SHARE * breakdown.reserved_mb:
+        fixed, per_sample = _fit_parts(breakdown, fit)
+        capacity = capacity_mb + slack if capacity_mb is not None else None
+        savings.append(LeverSaving("expandable_segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                                   breakdown.peak_mb, slack, largest_batch(fixed, per_sample, capacity),
+                                   "the reserved-but-unallocated slack returned (fragmentation)",
+                                   note="frees reserved memory, not allocated"))
+    return savings
+
+
+def _gradients_mb(breakdown: Breakdown) -> float:
+    timeline = breakdown.category_timeline()
+    return max(timeline.mb["gradients"]) if timeline is not None else 0.0

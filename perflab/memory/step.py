@@ -1,0 +1,168 @@
+"""One training or inference step profiled for memory: the measured peak, its categories, the saved activations.
+
+    breakdown = measure_step(cfg)                       # one warm step, then the measured one
+    breakdown = measure_step(cfg, snapshot=path)         # CUDA: also the allocator snapshot for memory_viz
+
+The step is the harness's own (perflab/harness/loop.py), with the run's levers. The first step makes the
+optimizer's state and warms the allocator; the second is measured: on CUDA the peak is
+torch.cuda.max_memory_allocated, on the CPU the allocator's running total in the profiler's allocation events
+over what was alive when it began. A memory limit (--memory-limit-mb, PERFLAB_MEMORY_LIMIT_MB) turns a peak
+over it into an out-of-memory, so the batch search can be tested without a GPU.
+"""
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from perflab.config import RunConfig
+from perflab.harness.loop import run_steps
+from perflab.harness.timers import NullTimer
+from perflab.memory.activations import ActivationAccounting
+from perflab.memory.breakdown import Breakdown
+from perflab.memory.timeline import CATEGORIES, allocator_increase_mb, category_timeline, profiler_options
+from perflab.pipeline import load, prepared, resolve_config, resolve_device
+
+LIMIT_ENV = "PERFLAB_MEMORY_LIMIT_MB"
+
+
+def memory_limit_mb(option: Optional[float] = None) -> Optional[float]:
+    """--memory-limit-mb, else PERFLAB_MEMORY_LIMIT_MB, else None (the device's own memory is the limit)."""
+    if option:
+        return float(option)
+    value = os.environ.get(LIMIT_ENV, "")
+    return float(value) if value else None
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _storages_mb(tensors) -> float:
+    seen = {}
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values()) / 2**20
+
+
+def _optimizer_state(optimizer) -> list[torch.Tensor]:
+    if optimizer is None:
+        return []
+    return [value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)
+            and value.dim() > 0]
+
+
+def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise: bool = True,
+                 limit_mb: Optional[float] = None) -> Breakdown:
+    """Profile one step of `config` for memory; raise torch.OutOfMemoryError when the peak is over the limit."""
+    cfg = resolve_config(config.replace(check_quality=False, out=None), None)
+    device = resolve_device(cfg.device)
+    limit_mb = memory_limit_mb(limit_mb)
+    workload = load(None, cfg)
+    with prepared(workload, cfg, device) as prep:
+        plan = prep.plan
+        batches = plan.batches(cfg.seed)
+        with plan.stepping():
+            run_steps(plan, batches, 1, NullTimer())  # optimizer state made, allocator warm
+            _synchronize(device)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+                _record_history(snapshot)
+            prof, saved = None, None
+            if categorise or device.type == "cpu":  # the CPU's peak itself comes from the profiler's memory profile
+                with torch.profiler.profile(**profiler_options()) as prof, \
+                        ActivationAccounting(plan.eager_model) as saved:
+                    run_steps(plan, batches, 1, NullTimer())
+                    _synchronize(device)
+            else:
+                run_steps(plan, batches, 1, NullTimer())
+                _synchronize(device)
+            model_states = [*plan.eager_model.parameters(), *_optimizer_state(plan.optimizer)]
+            model_states_mb = _storages_mb(model_states) + _storages_mb(p.grad for p in plan.eager_model.parameters())
+            breakdown = _breakdown(cfg, device, plan, prof, saved, model_states_mb, snapshot)
+    if limit_mb is not None:
+        breakdown.total_mb = limit_mb
+        if breakdown.peak_mb > limit_mb:
+            raise torch.OutOfMemoryError(
+                f"out of memory under the memory limit of {limit_mb:.1f} MiB ({LIMIT_ENV} or --memory-limit-mb): "
+                f"tried to allocate {breakdown.peak_mb - limit_mb:.2f} MiB over it; the step's peak is "
+                f"{breakdown.peak_mb:.1f} MiB")
+    return breakdown
+
+
+def _record_history(snapshot: Optional[Path]) -> None:
+    if snapshot is None:
+        return
+    try:
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    except Exception:  # private API: no snapshot rather than no breakdown
+        pass
+
+
+def _dump_history(snapshot: Optional[Path], notes: list[str]) -> None:
+    if snapshot is None:
+        return
+    try:
+        torch.cuda.memory._dump_snapshot(str(snapshot))
+        torch.cuda.memory._record_memory_history(enabled=None)
+    except Exception as err:
+        notes.append(f"no memory snapshot: {type(err).__name__}: {err}")
+
+
+def _breakdown(cfg: RunConfig, device: torch.device, plan, prof, saved, model_states_mb: float,
+               snapshot: Optional[Path]) -> Breakdown:
+    notes: list[str] = []
+    reserved_mb = total_mb = None
+    timeline, how = category_timeline(prof, device) if prof is not None and saved is not None else (None, "")
+    if device.type == "cuda":
+        _dump_history(snapshot, notes)
+        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+        peak_source = "torch.cuda.max_memory_allocated over the measured step"
+        reserved_mb = torch.cuda.max_memory_reserved(device) / 2**20
+        total_mb = torch.cuda.get_device_properties(device).total_memory / 2**20
+    else:
+        increase = allocator_increase_mb(prof) if prof is not None else None
+        alive_mb = sum(timeline.at(0).values()) if timeline is not None else model_states_mb
+        peak_mb = alive_mb + (increase or 0.0)
+        peak_source = ("the CPU allocator's running total (profiler allocation events) over what was alive when the "
+                       "step began")
+        if increase is None:
+            notes.append("the profiler's allocation events could not be read: the CPU peak is the model states only")
+    if timeline is not None:
+        categories = timeline.at(timeline.peak_index())
+    else:
+        categories = _own_accounting(plan, saved, model_states_mb, peak_mb)
+        how = "perflab's own accounting (saved-tensor hooks; model, gradient and optimizer sizes)" + (
+            f"; {how}" if how else "")
+    return Breakdown(workload=cfg.workload, mode=cfg.mode, device=str(device), batch_size=cfg.batch_size,
+                     precision=cfg.precision, peak_mb=peak_mb, peak_source=peak_source,
+                     categories_mb={name: categories.get(name, 0.0) for name in CATEGORIES}, source=how,
+                     reserved_mb=reserved_mb, total_mb=total_mb,
+                     activations=saved.result.to_dict() if saved is not None else {},
+                     timeline=timeline.to_dict() if timeline is not None else None,
+                     optimizer=type(plan.optimizer).__name__ if plan.optimizer is not None else None, notes=notes)
+
+
+def _own_accounting(plan, saved, model_states_mb: float, peak_mb: float) -> dict[str, float]:
+    """Without the profiler's categories: the model's sizes, the saved activations, and the rest as temporaries. A
+    step's peak is either at the end of forward (activations alive, no gradients yet: perflab's step sets them to
+    None) or in the optimizer step (gradients alive, activations freed): the larger of the two is taken."""
+    params_mb = _storages_mb(plan.eager_model.parameters())
+    optimizer_mb = _storages_mb(_optimizer_state(plan.optimizer))
+    train = plan.mode == "train"
+    gradients_mb = _storages_mb(p for p in plan.eager_model.parameters() if p.requires_grad) if train else 0.0
+    activations_mb = saved.result.total_mb if saved is not None else 0.0
+    if gradients_mb > activations_mb:
+        activations_mb = 0.0
+    else:
+        gradients_mb = 0.0
+    known = params_mb + optimizer_mb + gradients_mb + activations_mb
+    return {"parameters": params_mb, "gradients": gradients_mb, "optimizer_state": optimizer_mb,
+            "activations": activations_mb, "inputs": 0.0, "temporaries": max(0.0, peak_mb - known)}

@@ -1,0 +1,135 @@
+"""perflab memory: one step's peak by category sums to the measured peak; the peak fitted over batch; the largest
+batch found by probes in their own processes under a fake memory limit; what each lever frees."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from perflab.cli import main
+from perflab.config import RunConfig
+from perflab.diagnose.activation_memory import activation_memory
+from perflab.diagnose.findings import Context
+from perflab.memory import step as step_module
+from perflab.memory.breakdown import Breakdown
+from perflab.memory.fit import fit_peaks
+from perflab.memory.levers import lever_savings
+from perflab.memory.search import Probe, find_largest_batch, probe_in_process
+from perflab.memory.step import measure_step
+from perflab.memory.timeline import CATEGORIES
+from perflab.results import Result
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = str(ROOT / "tests/planted/activation_heavy.py") + ":build"
+
+
+def model_bytes_mb(cfg: RunConfig) -> float:
+    from perflab.pipeline import load
+    return sum(p.numel() * p.element_size() for p in load(None, cfg).model.parameters()) / 2**20
+
+
+@pytest.mark.parametrize("workload,batch", [("transformer", 4), (HEAVY, 32)])
+def test_the_breakdown_sums_to_the_measured_peak_within_5_percent(workload, batch):
+    cfg = RunConfig(workload=workload, batch_size=batch, device="cpu")
+    breakdown = measure_step(cfg)
+    assert "torch.profiler memory timeline" in breakdown.source
+    assert breakdown.peak_mb > 0
+    assert abs(breakdown.unattributed_mb) <= 0.05 * breakdown.peak_mb
+    assert breakdown.categories_mb["parameters"] == pytest.approx(model_bytes_mb(cfg), rel=0.05)
+    assert breakdown.activations["total_mb"] > 0 and breakdown.largest_module() is not None
+    timeline = breakdown.category_timeline()
+    assert max(timeline.totals()) == pytest.approx(breakdown.attributed_mb)
+
+
+def test_without_the_profilers_memory_profile_perflab_counts_itself(monkeypatch):
+    monkeypatch.setattr(step_module, "category_timeline", lambda prof, device: (None, "not here"))
+    cfg = RunConfig(workload=HEAVY, batch_size=256, device="cpu")  # activations outweigh the gradients
+    breakdown = measure_step(cfg)
+    assert breakdown.source.startswith("perflab's own accounting") and breakdown.timeline is None
+    assert breakdown.categories_mb["parameters"] == pytest.approx(model_bytes_mb(cfg), rel=0.01)
+    assert breakdown.categories_mb["activations"] > 0
+    assert abs(breakdown.unattributed_mb) <= 0.05 * breakdown.peak_mb
+
+
+def test_the_search_grows_then_bisects_to_the_largest_batch_under_the_limit():
+    peak = lambda batch: 10.0 + 2.0 * batch  # noqa: E731  (limit 100 MiB: batch 45 fits, 46 does not)
+    ran = []
+
+    def probe(batch):
+        ran.append(batch)
+        return Probe(batch, "ok", peak(batch)) if peak(batch) <= 100 else Probe(batch, "oom")
+    search = find_largest_batch(probe, start=8, known_fits=4)
+    assert ran[:3] == [8, 16, 32] and ran[3] == 64  # doubling until the first out-of-memory
+    assert search.largest_fits == 45 and search.smallest_oom == 46
+    assert search.largest_peak_mb == peak(45)
+
+
+def test_probes_run_in_their_own_processes_under_a_fake_memory_limit():
+    cfg = RunConfig(workload=HEAVY, batch_size=16, device="cpu")
+    small, large = measure_step(cfg).peak_mb, measure_step(cfg.replace(batch_size=64)).peak_mb
+    fit = fit_peaks([16, 64], [small, large])
+    limit = fit.predict_mb(128)
+    search = find_largest_batch(lambda batch: probe_in_process(cfg, batch, limit), start=96, known_fits=64,
+                                growth=2.0, tolerance=0.3)
+    statuses = {probe.batch: probe.status for probe in search.probes}
+    assert statuses[96] == "ok" and statuses[192] == "oom"  # grown, then bisected
+    assert all(p.peak_mb <= limit for p in search.probes if p.status == "ok")
+    assert 96 <= search.largest_fits < search.smallest_oom <= 192
+
+
+def synthetic_breakdown(**changes) -> Breakdown:
+    timeline = {"times_ms": [0.0, 1.0, 2.0],
+                "mb": {"parameters": [100.0] * 3, "gradients": [0.0, 0.0, 100.0], "optimizer_state": [200.0] * 3,
+                       "activations": [0.0, 400.0, 100.0], "inputs": [10.0] * 3, "temporaries": [0.0, 90.0, 0.0]}}
+    fields = dict(workload="w", mode="train", device="cuda:0", batch_size=10, precision="fp32", peak_mb=800.0,
+                  peak_source="test", categories_mb={"parameters": 100.0, "gradients": 0.0, "optimizer_state": 200.0,
+                                                     "activations": 400.0, "inputs": 10.0, "temporaries": 90.0},
+                  source="test", reserved_mb=1000.0, total_mb=2000.0, timeline=timeline,
+                  activations={"total_mb": 400.0, "by_module_mb": {"blocks.0": 200.0}, "blocks": "blocks",
+                               "block_saved_mb": [100.0] * 4, "block_input_mb": [10.0] * 4})
+    return Breakdown(**{**fields, **changes})
+
+
+def test_each_lever_frees_what_the_breakdown_says_and_allows_a_larger_batch():
+    breakdown = synthetic_breakdown()
+    fit = fit_peaks([5, 10], [550.0, 800.0])  # 300 MiB fixed + 50 MiB per sample
+    levers = {lever.lever: lever for lever in lever_savings(breakdown, fit, capacity_mb=1300.0, shards=4)}
+    # checkpointing keeps 4 block inputs (40) and one block's own (100) of the 400 MiB: activations x 0.35
+    assert levers["activation checkpointing"].frees_mb == pytest.approx(400 * 0.65)
+    # bf16 autocast halves activations and temporaries at the peak, and keeps bf16 copies of the weights (+50)
+    assert levers["bf16 autocast"].frees_mb == pytest.approx(200 + 45 - 50)
+    assert levers["8-bit optimizer state"].frees_mb == pytest.approx(200 * 0.74)
+    assert levers["FSDP over 4 GPUs"].frees_mb == pytest.approx(300 * 0.75)
+    assert levers["expandable_segments"].frees_mb == pytest.approx(200)  # reserved 1000 - allocated 800
+    assert fit.largest_batch(1300.0) == 20
+    assert all(lever.batch_allowed > 20 for lever in levers.values() if lever.batch_allowed is not None)
+
+
+def test_perflab_memory_writes_the_breakdown_the_fit_and_the_report(tmp_path, capsys):
+    out = tmp_path / "memory"
+    assert main(["memory", "--workload", HEAVY, "--batch", "32", "--out", str(out)]) == 0
+    study = json.loads((out / "memory.json").read_text())
+    assert set(study["breakdown"]["categories_mb"]) == set(CATEGORIES)
+    assert study["fit"]["batches"] == [32, 8, 16] or sorted(study["fit"]["batches"]) == [8, 16, 32]
+    assert {lever["lever"] for lever in study["levers"]} >= {"activation checkpointing", "bf16 autocast"}
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64" in html and "What each lever would free" in html
+    printed = capsys.readouterr().out
+    assert "measured peak" in printed and "largest activations" in printed
+
+
+def test_the_activation_memory_finding_uses_the_saved_breakdown(tmp_path):
+    study = {"breakdown": synthetic_breakdown().to_dict(),
+             "levers": [lever.to_dict() for lever in lever_savings(synthetic_breakdown(), None, 1300.0)]}
+    (tmp_path / "memory.json").write_text(json.dumps(study))
+    result = Result(config={"precision": "fp32", "device": "cuda"}, environment={}, workload={}, trials=[],
+                    metrics={}, status="oom", status_reason="out of memory at batch 64",
+                    out_of_memory={"reserved_mb": 1900.0, "total_mb": 2000.0})
+    result.path = str(tmp_path / "result.json")
+    finding = activation_memory(Context(trace=None, profile=None, result=result))
+    assert finding.confidence == 1.0 and "activations are 50% of the 800 MiB peak" in finding.summary
+    assert "blocks.0" in finding.summary
+    assert finding.advice[0].startswith("bf16 weights (model.to(torch.bfloat16)) frees 395 MiB")  # most first
+    assert finding.advice[1].startswith("FSDP over 8 GPUs (--nproc 8 --parallel fsdp) frees 262 MiB")
+    assert finding.advice[2].startswith("activation checkpointing (--activation-checkpointing) frees 260 MiB")
+    assert finding.levers[:2] == ["activation-checkpointing", "bf16"]

@@ -1,0 +1,143 @@
+"""An out-of-memory anywhere is a result, never a traceback: one short block, exit code 3, result.json status oom.
+
+The OOM is simulated on the CPU by a planted workload whose forward raises torch.OutOfMemoryError (with CUDA's
+message) above a batch size; every command runs as a real `python -m perflab` process."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from perflab.errors import EXIT_OUT_OF_MEMORY, OutOfMemoryFailure, is_out_of_memory
+from perflab.oom import OutOfMemory
+
+ROOT = Path(__file__).resolve().parents[1]
+OOM_WORKLOAD = str(ROOT / "tests/planted/oom_over_batch.py") + ":build"
+FAST = ["--steps", "2", "--warmup", "1", "--trials", "1"]
+BLOCK_HEADING = "most likely to make it fit"
+
+
+def perflab(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PERFLAB_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "perflab", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd or ROOT, timeout=300)
+
+
+def assert_one_block(finished):
+    text = finished.stdout + finished.stderr
+    assert finished.returncode == EXIT_OUT_OF_MEMORY, text
+    assert "Traceback" not in text
+    assert text.count(BLOCK_HEADING) == 1
+    assert "out of memory" in text and "tried to allocate 2.00 GiB" in text
+    assert "allocated 70.52 GiB / reserved 77.52 GiB / total 79.19 GiB" in text
+
+
+def assert_oom_result(folder: Path, batch: int):
+    data = json.loads((folder / "result.json").read_text())
+    assert data["status"] == "oom"
+    record = data["out_of_memory"]
+    assert record["batch_size"] == batch and record["tried_mb"] == pytest.approx(2048)
+    assert record["total_mb"] == pytest.approx(79.19 * 1024)
+    assert record["advice"]
+
+
+def test_run_out_of_memory_prints_one_block_exits_3_and_records_it(tmp_path):
+    out = tmp_path / "run"
+    finished = perflab("run", "--workload", OOM_WORKLOAD, "--batch", "16", *FAST, "--out", str(out))
+    assert_one_block(finished)
+    assert "--batch 8" in finished.stderr
+    assert_oom_result(out, 16)
+
+
+def test_debug_still_shows_the_traceback(tmp_path):
+    finished = perflab("run", "--workload", OOM_WORKLOAD, "--batch", "16", *FAST, "--out", str(tmp_path / "d"),
+                       "--debug")
+    assert finished.returncode == EXIT_OUT_OF_MEMORY
+    assert "Traceback" in finished.stderr and "OutOfMemoryError" in finished.stderr
+
+
+def test_profile_out_of_memory_is_a_result(tmp_path):
+    out = tmp_path / "profile"
+    assert_one_block(perflab("profile", "--workload", OOM_WORKLOAD, "--batch", "16", "--steps", "6", "--warmup", "1",
+                             "--trials", "1", "--out", str(out)))
+    assert_oom_result(out, 16)
+
+
+def test_sweep_records_the_point_prints_its_block_and_exits_3(tmp_path):
+    out = tmp_path / "sweep"
+    finished = perflab("sweep", "--workload", OOM_WORKLOAD, "--batch", "4,16", *FAST, "--out", str(out))
+    assert_one_block(finished)
+    rows = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
+    assert [row["status"] for row in rows] == ["ok", "oom"]
+    assert rows[1]["out_of_memory"]["batch_size"] == 16
+    assert_oom_result(out / rows[1]["dir"], 16)
+
+
+def test_serve_out_of_memory_is_a_result(tmp_path):
+    out = tmp_path / "serve"
+    finished = perflab("serve", "--workload", OOM_WORKLOAD, "--max-batch", "16", "--scenario", "offline",
+                       "--out", str(out))
+    assert_one_block(finished)
+    assert json.loads((out / "result.json").read_text())["status"] == "oom"
+
+
+def test_a_script_that_runs_out_of_memory_gets_the_block_and_exit_3(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n"
+                      "m = torch.nn.Linear(8, 8); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for step in range(20):\n"
+                      "    m(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()\n"
+                      "    if step == 12:\n"
+                      "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 1.50 GiB.')\n")
+    out = tmp_path / "script"
+    finished = perflab("run", "--out", str(out), "--", "python", str(script))
+    assert finished.returncode == EXIT_OUT_OF_MEMORY
+    assert "Traceback" not in finished.stderr and "tried to allocate 1.50 GiB" in finished.stderr
+    assert json.loads((out / "result.json").read_text())["status"] == "oom"
+
+
+def test_the_record_parses_torchs_message_and_the_cpu_allocators():
+    cuda = OutOfMemory.from_error(torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.19 GiB of which 5.06 MiB "
+        "is free. Of the allocated memory 78.52 GiB is allocated by PyTorch, and 148.72 MiB is reserved by PyTorch "
+        "but unallocated."), torch.device("cpu"))
+    assert cuda.tried_mb == pytest.approx(20) and cuda.allocated_mb == pytest.approx(78.52 * 1024)
+    assert cuda.reserved_mb == pytest.approx(78.52 * 1024 + 148.72)
+    cpu_error = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1073741824 bytes.")
+    assert is_out_of_memory(cpu_error)
+    assert OutOfMemory.from_error(cpu_error, torch.device("cpu")).tried_mb == pytest.approx(1024)
+    failure = cuda.failure()
+    assert isinstance(failure, OutOfMemoryFailure) and is_out_of_memory(failure) and failure.exit_code == 3
+    assert OutOfMemory.from_dict(failure.record) == cuda
+
+
+def test_a_tune_trial_that_ran_out_of_memory_is_an_oom_outcome_with_the_records_summary(tmp_path):
+    from perflab.pipeline import new_result
+    from perflab.tune.trial import OOM, classify
+
+    record = OutOfMemory.from_error(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB."),
+                                    torch.device("cpu"))
+    record.batch_size = 64
+    new_result({"batch_size": 64}, torch.device("cpu"), {"name": "w"}, ["perflab", "run"], status="oom",
+               status_reason=record.summary(), out_of_memory=record.to_dict()).save(tmp_path)
+    outcome = classify(EXIT_OUT_OF_MEMORY, record.block(), tmp_path, 1.0)
+    assert outcome.status == OOM and outcome.reason == record.summary()
+    assert outcome.reason.startswith("out of memory at batch 64 allocating 2.00 GiB")
+
+
+def test_scale_prints_the_block_of_the_point_that_did_not_fit_and_exits_3(tmp_path):
+    finished = perflab("scale", "--workload", OOM_WORKLOAD, "--batch", "16", "--nproc", "1", *FAST,
+                       "--out", str(tmp_path / "scale"))
+    assert_one_block(finished)
+
+
+def test_an_out_of_memory_in_a_rank_ends_the_run_with_exit_3(tmp_path):
+    out = tmp_path / "ranks"
+    finished = perflab("run", "--workload", OOM_WORKLOAD, "--batch", "16", "--nproc", "2", *FAST, "--out", str(out))
+    assert finished.returncode == EXIT_OUT_OF_MEMORY and "Traceback" not in finished.stderr
+    assert finished.stderr.count(BLOCK_HEADING) == 1
+    assert json.loads((out / "result.json").read_text())["status"] == "oom"
