@@ -43,7 +43,8 @@ OWNED_NAMES = (
     "step_breakdown.png", "latency_hist.png", "throughput_vs_*.png", "latency_vs_*.png", "memory_vs_*.png",
     "per_rank_throughput_vs_nproc.png", "scaling_efficiency_vs_nproc.png", "serve_*.png", "tune_*.png",
     "sweep.json", "sweep.jsonl", "sweep.csv", "points", "scale.json", "scaling.csv",
-    "tune.json", "tune.jsonl", "trials",
+    "tune.json", "tune.jsonl", "trials", "recipe.txt", "compile-cache",
+    "top_ops.png", "torch_anti_patterns.json", "memory.json", "memory_snapshot.pickle", "memory_timeline.png",
     LOCK_FILE, TEMP_PATTERN,
 )
 
