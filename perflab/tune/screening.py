@@ -179,6 +179,11 @@ class Screener:
         t = self.tuner
         cfg = screen_config(t._candidate_config(candidate))
         if self.reference is None:
+            expected_s = self.tuner.last_profile_s or 0.0  # a profile is one short trial too
+            if expected_s > t.time_left_s():
+                self.out_of_budget = (f"budget spent: {t.spent_s:.0f} s of {t.settings.budget_s:.0f} s (less left "
+                                      f"than a short trial takes, about {expected_s:.0f} s)")
+                return None
             self.reference = self._reference()
         expected_s = self._expected_screen_s(candidate)
         if expected_s is None:  # a compile mode whose cost scales compile=default's, which did not finish
@@ -208,8 +213,9 @@ class Screener:
             t.compile_extra_s = max(0.0, row["wall_s"] - self.reference["wall_s"])
         screened = Screened(candidate, row, gain, win, "" if win else self._why_no_win(row, gain))
         self.screens.append(screened)
-        t.observer.note(describe(screened) if win else f"{candidate.label}: screened "
-                        f"{'n/a' if gain is None else f'{gain:+.1f}%'} ({screened.outcome})")
+        t.observer.note(f"{candidate.label}: screened {'n/a' if gain is None else f'{gain:+.1f}%'} ("
+                        + ("a win: confirmed in full once the round's screens are done)" if win else
+                           f"{screened.outcome})"))
         return screened
 
     def _why_no_win(self, row: dict[str, Any], gain: Optional[float]) -> str:
