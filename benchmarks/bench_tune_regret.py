@@ -3,7 +3,7 @@
     BENCH_REGRET_ONLY=tiny_ops python -m benchmarks.bench_tune_regret --out DIR          # one planted workload
     BENCH_REGRET_ONLY=resnet50 BENCH_REGRET_STEP=singles python -m benchmarks.bench_tune_regret --out DIR
     BENCH_REGRET_ONLY=resnet50 BENCH_REGRET_STEP=tune BENCH_REGRET_SLICE_S=540 python -m ... --out DIR  # twice
-    python -m benchmarks.bench_tune_regret --out DIR --quick                              # CPU smoke run
+    BENCH_REGRET_ONLY=tiny_ops python -m benchmarks.bench_tune_regret --out DIR --quick  # CPU smoke run (big levers)
 
 Per workload, from fp32 eager (the starting point):
 - every applicable single lever once (one trial process each, one timed trial with a short --min-trial-s, no quality
@@ -38,7 +38,7 @@ from perflab.levers import all_levers
 from perflab.tune import TuneConfig, tune
 from perflab.tune import candidates as search
 from perflab.tune.candidates import usable_cpus
-from perflab.tune.screening import screen_config
+from perflab.tune.screening import INSURANCE, screen_config
 from perflab.tune.trial import OK, run_trial
 
 SINGLES_FILE = "singles.jsonl"
@@ -65,15 +65,17 @@ def workloads(cuda: bool, quick: bool) -> dict[str, tuple[RunConfig, str]]:
     return chosen
 
 
-def single_levers(start: RunConfig) -> list[tuple[str, dict[str, Any]]]:
+def single_levers(start: RunConfig, quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
     """(label, config changes) for every lever that applies to the start here, one value each (the largest worker
-    count, compile's default and reduce-overhead modes)."""
+    count, compile's default and reduce-overhead modes); with `quick`, only the big one-flag levers."""
     from perflab.workloads import load_workload
 
     workload = load_workload(start.workload, start)
     levers = {lever.name: lever for lever in all_levers()}
     chosen: list[tuple[str, dict[str, Any]]] = []
     for lever in levers.values():
+        if quick and lever.name not in INSURANCE:
+            continue
         proposal = search.Proposal(lever.name, "regret", None, None)
         candidates = search.expand(proposal, lever, start, usable_cpus())
         if lever.option == "workers":
@@ -119,12 +121,12 @@ def measure(folder: Path, label: str, cfg: RunConfig, done: dict[str, dict[str, 
     return row
 
 
-def singles_and_pairs(folder: Path, start: RunConfig) -> dict[str, Any]:
+def singles_and_pairs(folder: Path, start: RunConfig, quick: bool) -> dict[str, Any]:
     """The start, every single lever and the pairs of the best three, each measured once."""
     done = _measured(folder)
     base = measure(folder, "fp32 eager", start, done)
     singles = {label: (changes, measure(folder, label, start.replace(**changes), done))
-               for label, changes in single_levers(start)}
+               for label, changes in single_levers(start, quick)}
     ranked = sorted(((row["throughput"], label) for label, (_, row) in singles.items() if row["throughput"]),
                     reverse=True)
     top: list[str] = []
@@ -197,7 +199,7 @@ def run(out: Path, quick: bool) -> list[dict]:
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
         print(f"=== {name}: budget {budget}", flush=True)
-        measured = singles_and_pairs(folder, start) if "singles" in steps else None
+        measured = singles_and_pairs(folder, start, quick) if "singles" in steps else None
         tuned = run_tune(folder, start, budget, slice_s) if "tune" in steps else None
         table.append(record(rows, name, budget, measured, tuned))
     print("\nworkload | budget | best single | best pair | tune | tune took | tune/single | tune/pair | kept")

@@ -39,7 +39,8 @@ from perflab.tune.journal import Journal, trial_key
 from perflab.tune.retry import NoiseRetries
 from perflab.tune.screening import SCREEN, Screener, gain_pct
 from perflab.tune.settings import MAX_QPS, TuneConfig, strict_tolerances
-from perflab.tune.trial import OK, OOM, PROFILE_STEPS, QUALITY_FAIL, TrialOutcome, run_trial, trial_figures
+from perflab.tune.trial import (OK, OOM, PROFILE_STEPS, QUALITY_FAIL, TIMEOUT, TrialOutcome, run_trial,
+                                trial_figures)
 
 SERVE_SETTING = "serve-setting"  # the search kind of a serve-settings candidate (max-qps objective)
 
@@ -126,6 +127,7 @@ class Tuner:
         self.began: Optional[float] = None
         self.recorded_s = 0.0  # the wall time of every trial row used, fresh or reused
         self.fresh_trial_s = 0.0  # of that, the trials this process ran (measured here, around the runner)
+        self.charged: set[str] = set()  # the keys of the rows charged to the budget
         # Two stages (perflab/tune/screening.py) for the throughput objective; max-qps, or screening=False, tries
         # each candidate in full at once.
         self.screener = Screener(self) if screening and self.measure == "run" else None
@@ -190,6 +192,10 @@ class Tuner:
 
     def _run(self) -> str:
         row, result = self._trial(self.start, self.measure, "start", time_limit_s=self.time_left_s())
+        if result is None and row["status"] == TIMEOUT:
+            raise PerflabError(f"the starting point did not finish within --budget {self.settings.budget} "
+                               f"({row['wall_s']:.0f} s; the budget is a promise, and every trial is stopped when "
+                               f"it runs out): give a larger --budget (see {self.out / row['dir']}.log)")
         if result is None:
             raise PerflabError(f"the starting point did not run ({row['status']}: {row['reason']}); see "
                                f"{self.out / row['dir']}.log")
@@ -484,7 +490,9 @@ class Tuner:
             result = outcome.result
         else:
             result = self._load(row)
-        self.recorded_s += row["wall_s"]
+        if key not in self.charged:  # a row reused within this session (a screen as a reference) costs nothing
+            self.recorded_s += row["wall_s"]
+            self.charged.add(key)
         self.count += 1
         self.observer.trial_finished(row, reused)
         if not reused and self.on_record is not None:
