@@ -129,3 +129,13 @@ def test_every_trial_gets_the_budget_left_as_its_time_limit_and_a_slow_one_is_st
     rows = [json.loads(line) for line in (tmp_path / "tune" / "tune.jsonl").read_text().splitlines()]
     assert any(row.get("stage") == SCREEN and row["status"] == "timeout" for row in rows)
     assert OK in {row["status"] for row in rows}
+
+
+def test_screening_leaves_room_in_the_budget_to_confirm_the_best_win_so_far(tmp_path):
+    # screens of 2 s, full trials of 20 s: once workers=2 screens as a win, screening stops while 20 s are needed
+    trials = Timed({("workers", 2): 2.0}, screen_s=2.0, full_s=20.0)
+    diagnosis = diagnosis_of(("no clear bottleneck", 0.5, []))  # every lever is a candidate: more screens than fit
+    summary = run_tuner(tmp_path, trials, diagnosis, budget="75s", screening=True)
+    assert summary["kept"] == ["workers=2"], summary["screened"]
+    assert any("after the confirmation" in why for why in summary["skipped"].values())
+    assert summary["spent_s"] <= 75 * 1.05

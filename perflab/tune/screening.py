@@ -94,6 +94,7 @@ class Screener:
         self.screens: list[Screened] = []  # every screen of the tune, in order
         self.reference: Optional[dict[str, Any]] = None  # the row of the round's reference trial
         self.out_of_budget: Optional[str] = None  # why no further screen fits in the budget left
+        self.pending: list[Screened] = []  # this round's wins so far, waiting for their confirmation
 
     # ---------------------------------------------------------------------------------------- one round
 
@@ -103,6 +104,7 @@ class Screener:
         arranged = screening_order(search.proposals(t.diagnosis, t.levers), t.levers, t.best_cfg)
         self.reference = None  # measured before the round's first screen (none when nothing is left to screen)
         self.out_of_budget = None
+        self.pending = []
         wins = self._screen_all(arranged)
         wins.sort(key=lambda s: -(s.gain_pct or 0.0))
         kept_any = False
@@ -141,6 +143,7 @@ class Screener:
                 continue
             candidates = search.expand(proposal, t.levers[proposal.lever], t.best_cfg, t.cpu_count)
             wins += self._screen_lever(candidates)
+            self.pending = list(wins)
         return wins
 
     def _screen_lever(self, candidates: list[search.Candidate]) -> list[Screened]:
@@ -190,10 +193,11 @@ class Screener:
             t.skipped.setdefault(candidate.label, "not screened: its compile time is unknown (compile=default, "
                                                   "whose compile time it is estimated from, did not finish)")
             return None
-        left = t.time_left_s()
+        left = t.time_left_s() - self._confirm_reserve_s()
         if expected_s > left:
             t.skipped.setdefault(candidate.label, f"not screened: needs about {expected_s:.0f} s and "
-                                                  f"{left:.0f} s of the budget is left")
+                                                  f"{left:.0f} s of the budget is left (after the confirmation of "
+                                                  "the best win screened so far)")
             if candidate.option != "compile":  # not even a plain screen fits: the budget is spent
                 self.out_of_budget = (f"budget spent: {t.spent_s:.0f} s of {t.settings.budget_s:.0f} s ({left:.0f} s "
                                       f"left, less than a screen takes, about {expected_s:.0f} s)")
@@ -217,6 +221,13 @@ class Screener:
                         + ("a win: confirmed in full once the round's screens are done)" if win else
                            f"{screened.outcome})"))
         return screened
+
+    def _confirm_reserve_s(self) -> float:
+        """What confirming the largest win screened so far this round will take: screening more must leave it."""
+        if not self.pending:
+            return 0.0
+        top = max(self.pending, key=lambda s: s.gain_pct or 0.0)
+        return self._expected_confirm_s(top)
 
     def _why_no_win(self, row: dict[str, Any], gain: Optional[float]) -> str:
         if row["status"] != OK:
