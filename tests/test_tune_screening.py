@@ -58,8 +58,11 @@ def test_the_big_one_flag_levers_are_screened_when_the_diagnosis_is_silent_about
     levers = {lever.name: lever for lever in all_levers()}
     silent = diagnosis_of(("host-device sync", 0.9, []))
     order = [p.lever for p in screening.screening_order(search.proposals(silent, levers), levers, START)]
-    assert {"compile", "cuda-graphs", "bf16", "channels-last", "workers"} <= set(order)
+    assert set(order[:5]) == {"compile", "cuda-graphs", "bf16", "channels-last", "workers"}  # first, unnamed
     assert order.index("channels-last") == order.index("bf16") + 1  # layout follows precision
+    launch = diagnosis_of(("launch / framework overhead", 0.9, ["fused-optimizer", "compile", "cuda-graphs"]))
+    order = [p.lever for p in screening.screening_order(search.proposals(launch, levers), levers, START)]
+    assert set(order[:2]) == {"compile", "cuda-graphs"} and order.index("fused-optimizer") > order.index("workers")
 
 
 def test_a_screened_win_the_budget_cannot_confirm_is_reported_as_such_and_not_kept(tmp_path):

@@ -7,9 +7,9 @@
                 gate) judged by compare against the best so far; only a confirmed win is kept
 
 Successive halving with two rungs: every candidate gets the cheap rung, only winners the expensive one. The
-order of the screens puts the levers the diagnosis named first, then the big one-flag levers even where the
-diagnosis is silent about them (INSURANCE: a short screen is cheap next to an 11x that a bandwidth-bound model
-gets from --compile alone), then every other lever the diagnosis's classes suggest. A screen that did not win
+order of the screens puts the big one-flag levers the diagnosis named first, then the other big ones even where
+the diagnosis is silent about them (INSURANCE: a short screen is cheap next to an 11x that a bandwidth-bound model
+gets from --compile alone), then the diagnosis's other levers, then every other lever its classes suggest. A screen that did not win
 is a loss (the diagnosis is told); a win the budget left no room to confirm is reported as such, never kept.
 """
 from __future__ import annotations
@@ -48,14 +48,22 @@ def win_threshold_pct(min_effect_pct: float) -> float:
 
 def screening_order(proposals: list[search.Proposal], levers_by_name: dict[str, Any], best: RunConfig
                     ) -> list[search.Proposal]:
-    """The levers the findings named, then the INSURANCE levers, then the rest (tune's ordering rules apply)."""
+    """The big levers the findings named, then the other INSURANCE levers, then the findings' other levers, then the
+    rest; tune's ordering rules (layout after precision, ...) apply within each group. Compile is not put behind
+    the cheap levers here, as in a one-stage search: its screen costs one measured compile, and it is a big lever."""
     named = [p for p in proposals if p.named]
     by_name = {p.lever: p for p in proposals}
     insurance = [by_name.get(name) or search.Proposal(name, INSURANCE_SOURCE, None, None, named=False)
                  for name in INSURANCE if name in levers_by_name and name not in {p.lever for p in named}]
     chosen = {p.lever for p in named} | {p.lever for p in insurance}
     rest = [p for p in proposals if p.lever not in chosen]
-    return ordering.arrange(named + insurance + rest, best)
+    arranged = ordering.arrange(named + insurance + rest, best)
+
+    def group(proposal: search.Proposal) -> int:
+        if proposal.lever in INSURANCE:
+            return 0 if proposal.named else 1
+        return 2 if proposal.named else 3
+    return sorted(arranged, key=group)  # stable: each group keeps the arranged order
 
 
 def gain_pct(value: Optional[float], reference: Optional[float]) -> Optional[float]:
