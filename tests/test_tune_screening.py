@@ -142,3 +142,20 @@ def test_screening_leaves_room_in_the_budget_to_confirm_the_best_win_so_far(tmp_
     assert summary["kept"] == ["workers=2"], summary["screened"]
     assert any("after the confirmation" in why for why in summary["skipped"].values())
     assert summary["spent_s"] <= 75 * 1.05
+
+
+def test_a_resumed_tune_reuses_every_recorded_screen_and_ends_where_an_uninterrupted_one_does(tmp_path):
+    factors = {("compile", "default"): 3.0, ("workers", 2): 1.5}
+    diagnosis = diagnosis_of(("input pipeline", 0.9, ["workers"]))
+    whole = run_tuner(tmp_path / "whole", Timed(factors), diagnosis, screening=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_tuner(tmp_path, Timed(factors, interrupt_at=5), diagnosis, screening=True)
+    recorded = (tmp_path / "tune" / "tune.jsonl").read_text().splitlines()
+    assert len(recorded) == 5 and json.loads((tmp_path / "tune" / "tune.json").read_text())["best"]
+    again = Timed(factors)
+    resumed = run_tuner(tmp_path, again, diagnosis, screening=True, resume=True)
+    assert again.calls[0][1].startswith("05-")  # the five recorded trials were reused, not run again
+    lines = (tmp_path / "tune" / "tune.jsonl").read_text().splitlines()
+    assert len(lines) == len({json.loads(line)["key"] for line in lines})  # no trial ran twice
+    assert resumed["kept"] == whole["kept"] and resumed["best"]["label"] == whole["best"]["label"]
+    assert [s["label"] for s in resumed["screened"]] == [s["label"] for s in whole["screened"]]
