@@ -76,14 +76,17 @@ def record(rows: Rows, name: str, summary: dict[str, Any], took_s: float) -> Non
              f"{best.get('quality') or 'not checked'}")
     rows.add(name, "speed-up", summary.get("speedup"), "x", f"recipe: {summary['recipe']['command']}")
     rows.add(name, "tune time", round(took_s, 1), "s", f"{summary['trials']} trials, {summary['spent_s']:.0f} s "
-             f"of trials ({summary['compile_and_warmup_s']:.0f} s warm-up/compile); stopped: "
-             f"{summary['stop_reason']}")
+             f"charged to a {summary.get('budget_s') or 0:.0f} s budget ({summary['compile_and_warmup_s']:.0f} s "
+             f"warm-up/compile, {summary.get('compile_s') or 0:.0f} s compiling); stopped: {summary['stop_reason']}")
     for link in summary["chain"]:
         predicted = link.get("predicted_gain_pct")
         rows.add(name, f"trial {link['label']}", link.get("measured_gain_pct"), "% gain",
                  f"predicted {'n/a' if predicted is None else f'{predicted:+.0f}%'}; bottleneck "
                  f"{link.get('bottleneck')}; {'kept' if link['kept'] else 'rejected'}: {link.get('why')}; "
                  f"{link.get('wall_s') or 0:.0f} s (compile {link.get('compile_s') or 0:.0f} s)")
+    for entry in summary.get("screened") or []:  # the first stage: one short trial each
+        rows.add(name, f"screened {entry['label']}", entry.get("screened_gain_pct"), "% gain",
+                 f"{entry['outcome']}; {entry.get('wall_s') or 0:.0f} s (compile {entry.get('compile_s') or 0:.0f} s)")
     for label, why in (summary.get("skipped") or {}).items():
         rows.add(name, f"not tried {label}", None, "", why)
 

@@ -110,7 +110,10 @@ def gate_plan(workload, cfg, device: torch.device, levers, perturb_seed: Optiona
     With `perturb_seed`, every floating-point weight is nudged by relative noise at fp32 rounding level.
     """
     private = copy.deepcopy(workload, memo={id(workload.dataset): workload.dataset})
-    _disable_dropout(private.model)
+    if cfg.mode == "train":
+        # In inference the model is in eval mode and dropout is already off: leaving the modules untouched keeps the
+        # compiled candidate's guards valid, so it reuses the timed run's compiled graph (compiles once, not twice).
+        _disable_dropout(private.model)
     if perturb_seed is not None:
         gen = torch.Generator().manual_seed(perturb_seed)
         with torch.no_grad():

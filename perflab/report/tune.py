@@ -76,6 +76,14 @@ def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str])
                f"{num(meta.get('budget_s'), 0)} s budget (warm-up and compilation: "
                f"{num(meta.get('compile_and_warmup_s'), 0)} s of it)",
                f"- stopped: {meta.get('stop_reason')}"]
+    screened_rows = [[cell(entry.get("trial")), entry["label"], _pct(entry.get("screened_gain_pct")),
+                      "win" if entry.get("win") else "—", cell(entry.get("outcome")), num(entry.get("wall_s"), 1),
+                      num(entry.get("compile_s"), 1)]
+                     for entry in meta.get("screened") or []]
+    if meta.get("unconfirmed"):
+        summary.append("- screened but not confirmed (not in the recipe): " + "; ".join(meta["unconfirmed"]))
+    if meta.get("compile_s"):
+        summary.append(f"- compilation measured in the trials: {num(meta.get('compile_s'), 0)} s")
     diagnosis_rows = [[d.get("trial"), d.get("after"), cell(d.get("bottleneck")), num(d.get("confidence"), 2),
                        cell(d.get("headline")), cell(", ".join(d.get("levers") or []))]
                       for d in meta.get("diagnoses", [])]
@@ -95,6 +103,12 @@ def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str])
                 if key == "max_qps" else
                 "Measured: compare's change of the median throughput against the best so far, with its bootstrap "
                 "interval."),
+             *(["## Screening",
+                "Every candidate got one short trial (one timed trial, no quality gate) against a short trial of the "
+                "best so far; only a screened win was confirmed by the full trials, compare's decision and the "
+                "quality gate above.",
+                table(["trial", "lever", "screened", "", "outcome", "wall s", "compile s"], screened_rows, "llrllrr")]
+               if screened_rows else []),
              "## Diagnoses", table(["profile", "of", "bottleneck", "confidence", "headline", "levers"],
                                    diagnosis_rows) if diagnosis_rows else "",
              "## Step-time breakdown, before and after", image("step-time breakdown", images.get("breakdown"))]

@@ -19,10 +19,17 @@ def _decision_text(row: dict[str, Any]) -> str:
     decision = row.get("decision")
     if row["kind"] == "profile":
         return "[dim]profiled[/]" if row["status"] == "ok" else f"[red]{row['status']}[/]"
+    if row.get("stage") == "screen":  # one short trial: a win still has to be confirmed in full
+        if row.get("reference"):
+            return "[dim]screen reference[/]"
+        if row["status"] != "ok":
+            return f"[red]screen: {escape(row['status'])}[/]"
+        gain = row.get("screened_gain_pct")
+        return "[dim]screened[/]" if gain is None else f"[dim]screened {gain:+.0f}%[/]"
     if decision is None:
         return "[bold]start[/]"
     if decision["kept"]:
-        return "[bold green]kept[/]"
+        return "[bold green]confirmed, kept[/]" if row.get("stage") == "confirm" else "[bold green]kept[/]"
     return f"[red]{escape(decision['verdict'])}[/]"
 
 

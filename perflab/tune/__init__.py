@@ -8,7 +8,8 @@ Layout of a tune directory (`runs/<id>-tune/`):
     trials/NN-<lever>.log  what the trial's process printed
     report.md/.html     the chain, a waterfall of the gains, the breakdown before and after
 
-Modules: settings (TuneConfig, --budget parsing), candidates (what to try and with which values; compile
+Modules: settings (TuneConfig, --budget parsing), screening (the two stages of a round: a short screen of every
+candidate, full trials only for the screened wins), candidates (what to try and with which values; compile
 modes' estimated cost), ordering (tune's order of the proposals: cheap and paired levers first), retry (one
 more try for a lever inside the noise against a large prediction), trial (one subprocess), journal
 (tune.jsonl), decision (keep or reject), objective (--objective max-qps: serve trials judged by max QPS),
@@ -26,6 +27,7 @@ from perflab.tune.output import TUNE_JSON, tune_summary, write_tune_json
 from perflab.tune.settings import TuneConfig, parse_duration
 
 INTERRUPTED = "interrupted"
+IN_PROGRESS = "in progress (tune.json is rewritten after every trial)"
 
 
 def tune(start: RunConfig, settings: TuneConfig, out: Union[str, Path], observer: Optional[TuneObserver] = None,
@@ -34,11 +36,13 @@ def tune(start: RunConfig, settings: TuneConfig, out: Union[str, Path], observer
     for what finished and the interrupt propagates (resume with settings.resume=True)."""
     with locked_out(Path(out)):  # one writer per tune folder
         tuner = Tuner(start, settings, Path(out), observer=observer, **tuner_options)
+        # tune.json holds the best confirmed recipe at any moment: rewritten after every trial, and on Ctrl-C
+        tuner.on_record = lambda: write_tune_json(tuner.out, tune_summary(tuner, IN_PROGRESS, command or []))
         try:
             stop_reason = tuner.run()
         except KeyboardInterrupt:
             if tuner.best_row is not None:
-                write_tune_json(tuner.out, tune_summary(tuner, INTERRUPTED, command or []))
+                write_tune_json(tuner.out, tune_summary(tuner, tuner._honest(INTERRUPTED), command or []))
             raise
         summary = tune_summary(tuner, stop_reason, command or [])
         write_tune_json(tuner.out, summary)

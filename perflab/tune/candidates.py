@@ -21,12 +21,10 @@ from perflab.config import RunConfig
 UNSURE_BELOW = 0.7  # a verdict less confident than this: try the next most likely levers too
 BATCH_LEVER = "batch-size"  # not a lever of perflab.levers: searched only with --tune-batch
 TORCH_PREFETCH_DEFAULT = 2  # DataLoader's prefetch_factor when none is given
-# Seconds of compilation to expect per torch.compile mode before one has been measured (a ResNet-50 compiles
-# in about half a minute in default mode on an H100); max-autotune benchmarks kernel choices and takes several
-# times the default mode. Once compile=default has run, COMPILE_SCALE times what its trial took beyond a plain
-# one is the estimate. max-autotune's 15x: on the H100, ResNet-50 infer at batch 256 spent 24-26 s compiling in
-# default mode and had not finished max-autotune after 224 s, nor, in another run, after 263 s (over 11x).
-COMPILE_ESTIMATE_S = {"default": 30.0, "reduce-overhead": 45.0, "max-autotune": 300.0}
+# What a compile mode's trial adds to a plain one, relative to compile=default's measured addition (no constant
+# before anything has compiled: the first compile trial is the measurement, and its time limit is the budget left).
+# max-autotune's 15x: on the H100, ResNet-50 infer at batch 256 spent 24-26 s compiling in default mode and had not
+# finished max-autotune after 224 s, nor, in another run, after 263 s (over 11x).
 COMPILE_SCALE = {"default": 1.0, "reduce-overhead": 1.5, "max-autotune": 15.0}
 # Warm-up steps a compile mode needs before its steps are steady: the first compiles; with CUDA graphs
 # (reduce-overhead, max-autotune) Inductor warms up on the second call and records on the third.
@@ -153,24 +151,27 @@ def compile_modes(proposal: Proposal, best: RunConfig) -> list[str]:
     return ["default", "max-autotune", "reduce-overhead"]
 
 
-def compile_trial_cost_s(mode: str, plain_trial_s: float, measured_extra_s: Optional[float]) -> float:
-    """Expected wall time of a trial in a compile mode: a plain trial plus what compiling adds. Once a
-    compile=default trial has run, what it took beyond the trial it was judged against (its compilations, the
-    timed run's and the quality gate's, and their warm-up) scaled by COMPILE_SCALE; before, two compilations
-    at COMPILE_ESTIMATE_S."""
+def compile_trial_cost_s(mode: str, plain_trial_s: float, measured_extra_s: Optional[float]) -> Optional[float]:
+    """Expected wall time of a trial in a compile mode: a plain trial plus what compiling adds, scaled by
+    COMPILE_SCALE from what a compile=default trial measurably added (its compilation and warm-up; the trials
+    share the Inductor caches, so a configuration compiled before costs less). Before any compile was measured:
+    a plain trial for default (its trial is the measurement, stopped at the budget left), None (unknown) for the
+    other modes."""
     if measured_extra_s is not None:
         return plain_trial_s + measured_extra_s * COMPILE_SCALE[mode]
-    return plain_trial_s + 2 * COMPILE_ESTIMATE_S[mode]
+    return plain_trial_s if mode == "default" else None
 
 
 def compile_over_budget(mode: str, plain_s: float, extra_s: Optional[float], left_s: float) -> Optional[str]:
     """Why a compile mode's trial does not fit in the budget left (with the estimate it was judged by), or None."""
     cost = compile_trial_cost_s(mode, plain_s, extra_s)
+    if cost is None:
+        return (f"its compile time is unknown: compile=default, whose compile time {mode}'s is estimated from, "
+                "did not finish")
     if cost <= left_s:
         return None
     basis = (f"{COMPILE_SCALE[mode]:g}x the {extra_s:.0f} s that compile=default added to a {plain_s:.0f} s trial"
-             if extra_s is not None else
-             f"a {plain_s:.0f} s trial plus two compilations estimated at {COMPILE_ESTIMATE_S[mode]:.0f} s")
+             if extra_s is not None else f"a {plain_s:.0f} s trial")
     return f"needs about {cost:.0f} s ({basis}) and {left_s:.0f} s of the budget is left"
 
 

@@ -37,8 +37,10 @@ from perflab.serve.config import ServeConfig
 from perflab.tune.objective import SERVE, judge_max_qps, max_qps_of, serve_record, serve_refusal
 from perflab.tune.journal import Journal, trial_key
 from perflab.tune.retry import NoiseRetries
+from perflab.tune.screening import SCREEN, Screener, gain_pct
 from perflab.tune.settings import MAX_QPS, TuneConfig, strict_tolerances
-from perflab.tune.trial import OK, OOM, PROFILE_STEPS, QUALITY_FAIL, TrialOutcome, run_trial, trial_figures
+from perflab.tune.trial import (OK, OOM, PROFILE_STEPS, QUALITY_FAIL, TIMEOUT, TrialOutcome, run_trial,
+                                trial_figures)
 
 SERVE_SETTING = "serve-setting"  # the search kind of a serve-settings candidate (max-qps objective)
 
@@ -46,6 +48,11 @@ TRIALS_DIR = "trials"
 NEAR_PEAK_BUSY_PCT = 95.0
 NEAR_PEAK_MFU_PCT = 70.0  # share of the calibrated peak that counts as "near it"
 BATCH_LIMIT = 4096
+# Seconds of the budget kept for writing tune.json and the report once the last trial is stopped (the budget is
+# a promise: tune ends within 5% of it); at most FINISH_RESERVE_SHARE of the budget.
+FINISH_RESERVE_S = 4.0
+FINISH_RESERVE_SHARE = 0.02
+MIN_TRIAL_LEFT_S = 1.0  # less budget left than this: no trial can start and finish in it
 BATCH_NOTE = ("batch size changes the optimisation (the learning rate and schedule were tuned for the old batch): "
               "re-check convergence before adopting it")
 
@@ -96,7 +103,8 @@ class Tuner:
 
     def __init__(self, start: RunConfig, settings: TuneConfig, out: Path, runner: Runner = run_trial,
                  observer: Optional[TuneObserver] = None, cpu_count: Optional[int] = None,
-                 workload: Any = None, check_workload: bool = True, diagnoser: Diagnoser = diagnose_trace):
+                 workload: Any = None, check_workload: bool = True, diagnoser: Diagnoser = diagnose_trace,
+                 screening: bool = True):
         self.settings = settings.validate()
         # Resolved (device, batch) by the start trial's own process: resolving here would create a CUDA context
         # in this process, which every trial would see as a neighbour on its GPU.
@@ -115,7 +123,17 @@ class Tuner:
         (self.out / TRIALS_DIR).mkdir(parents=True, exist_ok=True)
         self.journal = Journal(self.out, settings.resume)
         self.journal.check_same_start(self.start, self.measure)
-        self.spent_s = 0.0
+        # The budget is charged the tune's real time: every recorded trial's wall time (reused ones on --resume
+        # included) plus what this process spent outside its trials (diagnoses, workload builds, bookkeeping).
+        self.began: Optional[float] = None
+        self.recorded_s = 0.0  # the wall time of every trial row used, fresh or reused
+        self.fresh_trial_s = 0.0  # of that, the trials this process ran (measured here, around the runner)
+        self.charged: set[str] = set()  # the keys of the rows charged to the budget
+        # Two stages (perflab/tune/screening.py) for the throughput objective; max-qps, or screening=False, tries
+        # each candidate in full at once.
+        self.screener = Screener(self) if screening and self.measure == "run" else None
+        self.unconfirmed: list[str] = []  # screened wins the budget left no room to confirm
+        self.on_record: Optional[Callable[[], None]] = None  # called after every recorded trial (tune.json)
         self.count = 0
         self.lost: list[str] = []  # levers tried that never won (the diagnosis is told, and never re-proposes)
         self.settled: set[str] = set()  # levers whose search is over, won or lost
@@ -139,9 +157,46 @@ class Tuner:
 
     # ------------------------------------------------------------------------------------------ the loop
 
+    @property
+    def spent_s(self) -> float:
+        """The budget spent so far: recorded trials plus this process's own time outside them."""
+        if self.began is None:
+            return self.recorded_s
+        outside = max(0.0, time.perf_counter() - self.began - self.fresh_trial_s)
+        return self.recorded_s + outside
+
+    def time_left_s(self) -> float:
+        """What a trial may take from now: the budget left, less the reserve for writing the results."""
+        budget = self.settings.budget_s
+        return budget - self.spent_s - min(FINISH_RESERVE_S, FINISH_RESERVE_SHARE * budget)
+
     def run(self) -> str:
-        """Tune until a stop condition; returns why it stopped."""
-        row, result = self._trial(self.start, self.measure, "start")
+        """Tune until a stop condition; returns why it stopped (and what was kept, screened or left)."""
+        self.began = time.perf_counter()
+        return self._honest(self._run())
+
+    def _honest(self, reason: str) -> str:
+        """The stop line agrees with the best: it names what was kept, and any screened win left unconfirmed."""
+        kept = [row["label"] for row in self.chain if (row.get("decision") or {}).get("kept")]
+        if kept and reason.startswith("no lever won"):
+            reason = "no further lever won" + reason[len("no lever won"):]
+        if kept and reason.startswith("no lever or serve setting won"):
+            reason = "no further lever or serve setting won" + reason[len("no lever or serve setting won"):]
+        advice = list(getattr(self.diagnosis, "advice", None) or [])
+        if not kept and advice and "advises" not in reason:  # what is left to do is the user's, not a lever's
+            reason += f"; the diagnosis advises: {advice[0]}"
+        if self.best_row is not None:
+            reason += f"; best: {self.best_row['label']} (kept: {', '.join(kept) if kept else 'nothing'})"
+        if self.unconfirmed:
+            reason += "; " + "; ".join(self.unconfirmed)
+        return reason
+
+    def _run(self) -> str:
+        row, result = self._trial(self.start, self.measure, "start", time_limit_s=self.time_left_s())
+        if result is None and row["status"] == TIMEOUT:
+            raise PerflabError(f"the starting point did not finish within --budget {self.settings.budget} "
+                               f"({row['wall_s']:.0f} s; the budget is a promise, and every trial is stopped when "
+                               f"it runs out): give a larger --budget (see {self.out / row['dir']}.log)")
         if result is None:
             raise PerflabError(f"the starting point did not run ({row['status']}: {row['reason']}); see "
                                f"{self.out / row['dir']}.log")
@@ -183,12 +238,23 @@ class Tuner:
         return (f"no lever left to try for {self.diagnosis.bottleneck}"
                 + (f"; the diagnosis advises: {advice[0]}" if advice else ""))
 
-    def _check_budget(self) -> None:
+    def stop(self, reason: str) -> None:
+        """End the search now (the budget or --max-trials says so): the loop returns `reason`."""
+        raise BudgetSpent(reason)
+
+    def budget_reason(self) -> Optional[str]:
+        """Why no further trial may start (the budget, or --max-trials, is spent), or None."""
         budget = self.settings.budget_s
-        if self.spent_s >= budget:
-            raise BudgetSpent(f"budget spent: {self.spent_s:.0f} s of {budget:.0f} s (the last trial ran past it)")
+        if self.spent_s >= budget or self.time_left_s() < MIN_TRIAL_LEFT_S:
+            return f"budget spent: {self.spent_s:.0f} s of {budget:.0f} s"
         if self.settings.max_trials is not None and self.count >= self.settings.max_trials:
-            raise BudgetSpent(f"--max-trials {self.settings.max_trials} reached")
+            return f"--max-trials {self.settings.max_trials} reached"
+        return None
+
+    def _check_budget(self) -> None:
+        reason = self.budget_reason()
+        if reason is not None:
+            raise BudgetSpent(reason)
 
     def _check_room_for_a_round(self) -> None:
         """Stop before a re-profile when the budget left would not cover it and one trial after it (as long as
@@ -197,12 +263,20 @@ class Tuner:
             return
         left = self.settings.budget_s - self.spent_s
         trial_s = self.best_row["wall_s"]
+        if self.screener is not None and self.screener.reference is not None:
+            trial_s = 2 * self.screener.reference["wall_s"]  # a round: a reference and one screen at least
         if left < self.last_profile_s + trial_s:
             raise BudgetSpent(f"budget nearly spent: {left:.0f} s left, less than a profile ({self.last_profile_s:.0f} "
                               f"s) and one trial ({trial_s:.0f} s) take")
 
     def _try_levers(self) -> bool:
         """Try the proposed levers in order until one is kept (True) or none is left (False)."""
+        if self.screener is not None:
+            if self.screener.round():
+                return True
+            if self.settings.tune_batch and search.BATCH_LEVER not in self.settled:
+                return self._search_batch()
+            return False
         arranged = ordering.arrange(search.proposals(self.diagnosis, self.levers), self.best_cfg)
         for proposal in arranged:
             if self._search_lever(proposal):
@@ -237,7 +311,7 @@ class Tuner:
                        "search": SERVE_SETTING, "against": self.best_row["name"], "bottleneck": INFERENCE_QUEUE,
                        "proposed_by": INFERENCE_QUEUE, "why_proposed": change.why}
             row, result = self._trial(self._trial_config(self.best_cfg), SERVE, label, context,
-                                      judge_against=self.best, serve_cfg=serve_cfg)
+                                      judge_against=self.best, serve_cfg=serve_cfg, time_limit_s=self.time_left_s())
             self.chain.append(row)
             if row["decision"]["kept"]:
                 self.serve_cfg = serve_cfg
@@ -302,14 +376,16 @@ class Tuner:
         self.settled.add(search.BATCH_LEVER)  # searched: not again, whatever it kept
         return kept_any
 
-    def _can_try(self, candidate: search.Candidate) -> bool:
+    def _can_try(self, candidate: search.Candidate, estimate_cost: bool = True) -> bool:
+        """Whether the candidate can run here (and, with `estimate_cost`, a compile mode's full trial fits the budget
+        left; the screener estimates its own trials); records why not under `skipped`."""
         cfg = self._candidate_config(candidate)
         reason = search.refusal_before_trying(candidate, cfg, self.levers.get(candidate.lever), self._workload)
         if reason is None and self.measure == SERVE:
             reason = serve_refusal(candidate.option)
         if reason is None and candidate.search == search.ONCE:
             reason = ordering.replaces_kept(candidate.option, candidate.value, self.best_cfg, self.start)
-        if reason is None and candidate.option == "compile":
+        if reason is None and candidate.option == "compile" and estimate_cost:
             reason = self._compile_over_budget(candidate.value)
         if reason is None and candidate.value == "reduce-overhead" and self.best_cfg.compile == "max-autotune":
             reason = "compile=max-autotune (kept) already captures CUDA graphs"
@@ -323,7 +399,7 @@ class Tuner:
     def _compile_over_budget(self, mode: str) -> Optional[str]:
         """Why a compile mode does not fit in the budget left (its trial's expected wall time is more), or None."""
         plain_s = self.plain_trial_s if self.plain_trial_s is not None else self.best_row["wall_s"]
-        return search.compile_over_budget(mode, plain_s, self.compile_extra_s, self.settings.budget_s - self.spent_s)
+        return search.compile_over_budget(mode, plain_s, self.compile_extra_s, self.time_left_s())
 
     def _workload(self, cfg: Optional[RunConfig] = None) -> Any:
         """The workload built for the starting point (once), or for `cfg` when given (cached by its settings);
@@ -357,22 +433,25 @@ class Tuner:
             cfg = cfg.replace(**strict_tolerances(cfg))
         return cfg
 
-    def _try(self, candidate: search.Candidate) -> bool:
+    def _context(self, candidate: search.Candidate) -> dict[str, Any]:
+        """What tune.jsonl records of a candidate beside its figures: the lever, who proposed it, the prediction."""
+        return {"lever": candidate.lever, "label": candidate.label, "option": candidate.option,
+                "value": candidate.value, "search": candidate.search, "against": self.best_row["name"],
+                "bottleneck": self._verdict(), "proposed_by": candidate.proposal.source,
+                "finding_confidence": candidate.proposal.confidence,
+                "predicted_step_share_pct": candidate.proposal.expected_share_pct,
+                "predicted_gain_pct": predicted_gain_pct(candidate.proposal.expected_share_pct)}
+
+    def _try(self, candidate: search.Candidate, extra: Optional[dict[str, Any]] = None) -> bool:
         cfg = self._trial_config(self._candidate_config(candidate))
-        predicted = predicted_gain_pct(candidate.proposal.expected_share_pct)
-        context = {"lever": candidate.lever, "label": candidate.label, "option": candidate.option,
-                   "value": candidate.value, "search": candidate.search, "against": self.best_row["name"],
-                   "bottleneck": self._verdict(), "proposed_by": candidate.proposal.source,
-                   "finding_confidence": candidate.proposal.confidence,
-                   "predicted_step_share_pct": candidate.proposal.expected_share_pct,
-                   "predicted_gain_pct": predicted}
+        context = {**self._context(candidate), **(extra or {})}
         against_s = self.best_row["wall_s"]
-        # A compile trial's cost was estimated: it is stopped when it would pass the budget rather than overrun it.
-        limit_s = self.settings.budget_s - self.spent_s if candidate.option == "compile" else None
+        # Every trial is stopped (status timeout) when it would pass the budget: the budget is a promise.
         row, result = self._trial(cfg, self.measure, candidate.label, context, judge_against=self.best,
-                                  time_limit_s=limit_s)
+                                  time_limit_s=self.time_left_s())
         self.chain.append(row)
-        if candidate.option == "compile" and candidate.value == "default" and row["status"] in (OK, QUALITY_FAIL):
+        if self.compile_extra_s is None and candidate.option == "compile" and candidate.value == "default" \
+                and row["status"] in (OK, QUALITY_FAIL):
             # kept or not, it tells what the other modes will cost: its compile step, and its whole extra time
             self.plain_trial_s, self.compile_extra_s = against_s, max(0.0, row["wall_s"] - against_s)
         if row["decision"]["kept"]:
@@ -393,11 +472,17 @@ class Tuner:
         reused = row is not None
         if row is None:
             self.observer.trial_started(name, kind)
-            limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
+            limit = {} if time_limit_s is None else {"time_limit_s": max(MIN_TRIAL_LEFT_S, time_limit_s)}
             if kind == SERVE:
                 limit["serve"] = serve_cfg
-            outcome = self.runner(cfg, kind, self.out / TRIALS_DIR / name, **limit)
+            began = time.perf_counter()
+            try:
+                outcome = self.runner(cfg, kind, self.out / TRIALS_DIR / name, **limit)
+            finally:
+                self.fresh_trial_s += time.perf_counter() - began
             row = self._row(key, name, kind, label, cfg, outcome, context or {})
+            if row.get("stage") == SCREEN and row.get("reference_throughput"):
+                row["screened_gain_pct"] = gain_pct(row.get("throughput"), row["reference_throughput"])
             if judge_against is not None:
                 decision = self._judge(judge_against, outcome)
                 row["decision"] = decision.to_dict()
@@ -406,9 +491,13 @@ class Tuner:
             result = outcome.result
         else:
             result = self._load(row)
-        self.spent_s += row["wall_s"]
+        if key not in self.charged:  # a row reused within this session (a screen as a reference) costs nothing
+            self.recorded_s += row["wall_s"]
+            self.charged.add(key)
         self.count += 1
         self.observer.trial_finished(row, reused)
+        if not reused and self.on_record is not None:
+            self.on_record()  # tune.json (the best confirmed recipe) is current after every trial
         return row, result
 
     def _judge(self, best: Result, outcome: TrialOutcome) -> Decision:
@@ -442,7 +531,7 @@ class Tuner:
         # just the profiler's schedule is enough, not --steps or --min-trial-s of timed steps.
         cfg = self.best_cfg.replace(trials=1, check_quality=False, steps=min(self.best_cfg.steps, PROFILE_STEPS),
                                     min_trial_s=0.0)
-        row, result = self._trial(cfg, "profile", f"profile-{self.best_row['label']}")
+        row, result = self._trial(cfg, "profile", f"profile-{self.best_row['label']}", time_limit_s=self.time_left_s())
         self.last_profile_s = row["wall_s"]
         entry = {"trial": row["name"], "after": self.best_row["name"], "status": row["status"]}
         diagnosis = None

@@ -15,7 +15,7 @@ OBJECTIVE_FIGURES = {"throughput": ("throughput", "samples/s"), MAX_QPS: ("max_q
 TUNE_JSON = "tune.json"
 CHAIN_KEYS = ("name", "lever", "label", "bottleneck", "proposed_by", "finding_confidence", "predicted_step_share_pct",
               "predicted_gain_pct", "measured_gain_pct", "status", "throughput", "max_qps", "p99_ms", "peak_memory_mb",
-              "wall_s", "warmup_s", "compile_s", "against", "dir")
+              "wall_s", "warmup_s", "compile_s", "against", "dir", "stage", "screened_gain_pct", "screen_trial")
 
 
 def chain_link(row: dict[str, Any]) -> dict[str, Any]:
@@ -65,6 +65,9 @@ def tune_summary(tuner, stop_reason: str, command: list[str]) -> dict[str, Any]:
         "budget_s": tuner.settings.budget_s,
         "spent_s": round(tuner.spent_s, 1),
         "compile_and_warmup_s": round(sum((row.get("warmup_s") or 0.0) for row in trials), 1),
+        "compile_s": round(sum((row.get("compile_s") or 0.0) for row in trials), 1),  # measured, per trial
+        "screened": tuner.screener.summary() if tuner.screener is not None else [],
+        "unconfirmed": list(tuner.unconfirmed),
         "trials": len(trials),
         "stop_reason": stop_reason,
         "start": _side(start),
@@ -88,7 +91,15 @@ def _side(row: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
                                           "quality")}
 
 
+RECIPE_FILE = "recipe.txt"
+
+
 def write_tune_json(out: Path, summary: dict[str, Any]) -> Path:
+    """tune.json, and recipe.txt beside it: the best confirmed recipe's command line and Python snippet."""
     path = Path(out) / TUNE_JSON
     write_json_atomic(path, summary)
+    recipe_text = summary.get("recipe") or {}
+    temporary = Path(out) / (RECIPE_FILE + ".tmp")
+    temporary.write_text(f"{recipe_text.get('command', '')}\n\n{recipe_text.get('snippet', '')}\n")
+    temporary.replace(Path(out) / RECIPE_FILE)
     return path

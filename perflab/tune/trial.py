@@ -7,6 +7,7 @@ folder holding files it did not write).
 """
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from perflab.serve.config import ServeConfig
 from perflab.tune.objective import serve_argv, serve_figures
 
 LOG_SUFFIX = ".log"
+COMPILE_CACHE_DIR = "compile-cache"  # in the tune directory: Inductor, FX-graph and AOTAutograd caches, shared
 REFUSED_EXIT = 2  # perflab's exit code for a user mistake; "refused" in the message marks a lever refusal
 QUALITY_FAILED_EXIT = 1  # `perflab run` (and serve) saves the result and exits 1 when the quality gate fails
 INTERRUPTED_EXITS = (130, -2)  # the child was interrupted (Ctrl-C reaches the whole process group)
@@ -31,7 +33,7 @@ PROFILE_WAIT, PROFILE_WARMUP, PROFILE_ACTIVE = 1, 1, 3
 PROFILE_STEPS = PROFILE_WAIT + PROFILE_WARMUP + PROFILE_ACTIVE  # a profile trial's timed steps
 
 OK, QUALITY_FAIL, REFUSED, OOM, ERROR = "ok", "quality-fail", "refused", "oom", "error"
-TIMEOUT = "timeout"  # killed at its time limit (a compile trial that would pass the budget)
+TIMEOUT = "timeout"  # killed at its time limit: the budget left when it began
 INVALID = "invalid"  # the run finished but its numbers cannot be used (result.json status: NaN/inf)
 
 
@@ -75,11 +77,22 @@ def log_path(out: Path) -> Path:
     return out.with_name(out.name + LOG_SUFFIX)
 
 
+def compile_cache_env(cache_dir: Path, environ: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The environment of a trial process: every trial of a tune shares one Inductor cache directory with the
+    FX-graph and AOTAutograd caches on, so a configuration compiled before compiles again in seconds. A user's own
+    TORCHINDUCTOR_CACHE_DIR is kept."""
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
+    env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"
+    env["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "1"
+    return env
+
+
 def run_trial(cfg: RunConfig, kind: str, out: Path, time_limit_s: Optional[float] = None,
               serve: Optional[ServeConfig] = None) -> TrialOutcome:
     """Run one trial in a fresh process and classify how it ended; KeyboardInterrupt if it was interrupted.
     With `time_limit_s`, a child still running then is killed and the trial is a TIMEOUT; `serve`: the settings
-    of a serve trial."""
+    of a serve trial. The compile caches live in the tune directory (`out`'s grandparent)."""
     if out.exists():  # a trial that was interrupted before it was recorded: start it again from nothing
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -91,11 +104,11 @@ def run_trial(cfg: RunConfig, kind: str, out: Path, time_limit_s: Optional[float
         # subprocess.run kills the child if this process is interrupted while waiting for it, or at the limit.
         try:
             finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      timeout=time_limit_s)
+                                      timeout=time_limit_s, env=compile_cache_env(out.parent.parent /
+                                                                                  COMPILE_CACHE_DIR))
         except subprocess.TimeoutExpired:
             return TrialOutcome(TIMEOUT, time.perf_counter() - began, f"stopped after {time_limit_s:.0f} s, the "
-                                "budget left when it began (its compile time was an estimate)",
-                                files={"log": log_path(out).name})
+                                "budget left when it began", files={"log": log_path(out).name})
     wall_s = time.perf_counter() - began
     if finished.returncode in INTERRUPTED_EXITS:
         raise KeyboardInterrupt

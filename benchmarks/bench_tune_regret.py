@@ -1,0 +1,255 @@
+"""Area "tune_regret": how much of the available win tune finds, against every single lever measured by hand.
+
+    BENCH_REGRET_ONLY=tiny_ops python -m benchmarks.bench_tune_regret --out DIR          # one planted workload
+    BENCH_REGRET_ONLY=resnet50 BENCH_REGRET_STEP=singles python -m benchmarks.bench_tune_regret --out DIR
+    BENCH_REGRET_ONLY=resnet50 BENCH_REGRET_STEP=tune BENCH_REGRET_SLICE_S=540 python -m ... --out DIR  # twice
+    BENCH_REGRET_ONLY=tiny_ops python -m benchmarks.bench_tune_regret --out DIR --quick  # CPU smoke run (big levers)
+
+Per workload, from fp32 eager (the starting point):
+- every applicable single lever once (one trial process each, one timed trial with a short --min-trial-s, no quality
+  gate: the screen's measurement), and the pairs of the three best single levers;
+- `perflab tune` with the workload's budget (3 minutes for the planted workloads of tests/planted, 10 minutes for
+  resnet50 infer and driving train), timed from outside (its own wall time, report included);
+- tune's gain as a share of the best single lever's gain and of the best pair's (gain = speed-up - 1), and how far
+  tune's wall time went past its budget.
+
+Choose workloads with BENCH_REGRET_ONLY (comma-separated names: the planted files' names, resnet50, driving; default:
+the planted ones) and the steps with BENCH_REGRET_STEP (singles, tune or both; default both). Measurements are kept
+under --out (singles.jsonl, the tune folder) and reused by a later call with the same --out, so a workload whose
+tune does not fit one device call runs in slices: BENCH_REGRET_SLICE_S interrupts the tune after that many seconds
+(Ctrl-C, as a user would), and the next call resumes it (the recorded trials count against its budget). A planted
+workload takes about 6 minutes on an H100 (singles ~2.5, tune 3). The short table is printed last.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from benchmarks.bench_tune_planted import PLANTED, WORKLOADS as PLANTED_WORKLOADS
+from benchmarks.common import Rows, parse_args
+from perflab.config import RunConfig
+from perflab.levers import all_levers
+from perflab.tune import TuneConfig, tune
+from perflab.tune import candidates as search
+from perflab.tune.candidates import usable_cpus
+from perflab.tune.screening import INSURANCE, screen_config
+from perflab.tune.trial import OK, run_trial
+
+# The planted workloads of tests/planted beyond the tune_planted area's (fails_on_rank1 is a failure fixture for
+# multi-process runs, not a performance case; big_gradients runs as one process here).
+PLANTED_EXTRA = [("item_sync", {}, {}), ("cpu_sync_per_block", {}, {}), ("big_gradients", {}, {})]
+SINGLES_FILE = "singles.jsonl"
+PAIRS_FROM = 3  # the pairs of the best three single levers
+SINGLE_LIMIT_S = 240.0  # one lever's trial at most (max-autotune is left out: minutes of compiling)
+COMPILE_MODES = ("default", "reduce-overhead")
+
+
+def workloads(cuda: bool, quick: bool) -> dict[str, tuple[RunConfig, str]]:
+    """name -> (fp32 eager starting point, tune budget)."""
+    full = cuda and not quick
+    timing = dict(steps=15, trials=3, warmup=3, quality_steps=3) if full else dict(steps=4, trials=3, warmup=2,
+                                                                                   quality_steps=2)
+    timing["device"] = "cuda" if cuda else "cpu"  # concrete: which levers apply depends on it
+    chosen = {}
+    for name, options, extra in PLANTED_WORKLOADS + PLANTED_EXTRA:
+        chosen[name] = (RunConfig(workload=f"{PLANTED / name}.py:build", mode="train", workload_options=options,
+                                  **{**timing, "min_trial_s": 1.0, **extra}), "3m" if full else "60s")
+    small = {} if full else {"image_res": "32"}
+    chosen["resnet50"] = (RunConfig(workload="resnet50", mode="infer", batch_size=256 if full else 2,
+                                    workload_options=small, **timing), "10m" if full else "60s")
+    chosen["driving"] = (RunConfig(workload="driving", mode="train", batch_size=32 if full else 2, workers=0,
+                                   workload_options=small, **{**timing, "steps": 10 if full else 4}),
+                         "10m" if full else "60s")
+    return chosen
+
+
+def single_levers(start: RunConfig, quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """(label, config changes) for every lever that applies to the start here, one value each (the largest worker
+    count, compile's default and reduce-overhead modes); with `quick`, only the big one-flag levers."""
+    from perflab.workloads import load_workload
+
+    workload = load_workload(start.workload, start)
+
+    def built_for(cfg: Optional[RunConfig]) -> Any:  # as tune checks: a build-read option on its own build
+        return workload if cfg is None else load_workload(cfg.workload, cfg)
+
+    levers = {lever.name: lever for lever in all_levers()}
+    chosen: list[tuple[str, dict[str, Any]]] = []
+    for lever in levers.values():
+        if quick and lever.name not in INSURANCE:
+            continue
+        proposal = search.Proposal(lever.name, "regret", None, None)
+        candidates = search.expand(proposal, lever, start, usable_cpus())
+        if lever.option == "workers":
+            candidates = candidates[-1:]
+        if lever.option == "compile":
+            candidates = [c for c in candidates if c.value in COMPILE_MODES and (start.device == "cuda"
+                                                                                or c.value == "default")]
+        for candidate in candidates:
+            cfg = candidate.apply(start)
+            if candidate.option == "compile":
+                cfg = cfg.replace(warmup=max(cfg.warmup, search.COMPILE_WARMUP[candidate.value]))
+            if search.refusal_before_trying(candidate, cfg, lever, built_for) is None:
+                changes = {candidate.option: candidate.value}
+                if cfg.warmup != start.warmup:
+                    changes["warmup"] = cfg.warmup
+                chosen.append((candidate.label, changes))
+    return chosen
+
+
+def _measured(folder: Path) -> dict[str, dict[str, Any]]:
+    path = folder / SINGLES_FILE
+    if not path.is_file():
+        return {}
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return {row["label"]: row for row in map(json.loads, lines)}
+
+
+def measure(folder: Path, label: str, cfg: RunConfig, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One trial process of `cfg` (a screen's measurement), recorded in singles.jsonl; reused when recorded."""
+    if label in done:
+        return done[label]
+    outcome = run_trial(screen_config(cfg), "run", folder / "trials" / label.replace("=", "-").replace("+", "_"),
+                        time_limit_s=SINGLE_LIMIT_S)
+    throughput = None
+    if outcome.status == OK:
+        throughput = outcome.result.metrics["throughput_samples_per_s"]["median"]
+    row = {"label": label, "status": outcome.status, "throughput": throughput, "wall_s": round(outcome.wall_s, 1),
+           "reason": outcome.reason}
+    with open(folder / SINGLES_FILE, "a") as stream:
+        stream.write(json.dumps(row) + "\n")
+    done[label] = row
+    print(f"  {label}: {outcome.status} {throughput} samples/s ({outcome.wall_s:.0f} s)", flush=True)
+    return row
+
+
+def singles_and_pairs(folder: Path, start: RunConfig, quick: bool) -> dict[str, Any]:
+    """The start, every single lever and the pairs of the best three, each measured once."""
+    done = _measured(folder)
+    base = measure(folder, "fp32 eager", start, done)
+    singles = {label: (changes, measure(folder, label, start.replace(**changes), done))
+               for label, changes in single_levers(start, quick)}
+    ranked = sorted(((row["throughput"], label) for label, (_, row) in singles.items() if row["throughput"]),
+                    reverse=True)
+    top: list[str] = []
+    for _, label in ranked:  # distinct options: two values of one option are not a pair
+        if all(set(singles[label][0]) - {"warmup"} != set(singles[other][0]) - {"warmup"} for other in top):
+            top.append(label)
+        if len(top) == PAIRS_FROM:
+            break
+    pairs = {}
+    for index, first in enumerate(top):
+        for second in top[index + 1:]:
+            changes = {**singles[first][0], **singles[second][0]}
+            changes["warmup"] = max(singles[first][0].get("warmup", start.warmup),
+                                    singles[second][0].get("warmup", start.warmup))
+            pairs[f"{first}+{second}"] = measure(folder, f"{first}+{second}", start.replace(**changes), done)
+    return {"base": base, "singles": {label: row for label, (_, row) in singles.items()}, "pairs": pairs}
+
+
+def _best(rows: dict[str, dict[str, Any]], base: Optional[float]) -> tuple[Optional[str], Optional[float]]:
+    measured = [(row["throughput"], label) for label, row in rows.items() if row.get("throughput")]
+    if not measured or not base:
+        return None, None
+    throughput, label = max(measured)
+    return label, throughput / base
+
+
+class _Slice(Exception):
+    pass
+
+
+def run_tune(folder: Path, start: RunConfig, budget: str, slice_s: Optional[float]) -> dict[str, Any]:
+    """tune into folder/tune (resumed when a slice of it ran before); its summary and its own wall time."""
+    out = folder / "tune"
+    resume = (out / "tune.jsonl").is_file()
+    timing_file = folder / "tune_wall_s.json"
+    earlier_s = json.loads(timing_file.read_text())["wall_s"] if resume and timing_file.is_file() else 0.0
+    if slice_s:
+        signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        signal.alarm(int(slice_s))
+    began = time.perf_counter()
+    try:
+        summary = tune(start, TuneConfig(budget=budget, resume=resume), out, command=["benchmarks", "tune_regret"])
+        finished = True
+    except KeyboardInterrupt:
+        summary, finished = json.loads((out / "tune.json").read_text()), False
+    finally:
+        signal.alarm(0)
+    wall_s = earlier_s + time.perf_counter() - began
+    timing_file.write_text(json.dumps({"wall_s": wall_s}))
+    return {"summary": summary, "wall_s": wall_s, "finished": finished}
+
+
+def share(tuned: Optional[float], reference: Optional[float]) -> Optional[float]:
+    """tune's gain as a share of a reference gain (speed-ups; gain = speed-up - 1), in %."""
+    if tuned is None or reference is None or reference <= 1.0:
+        return None
+    return 100 * (tuned - 1) / (reference - 1)
+
+
+def run(out: Path, quick: bool) -> list[dict]:
+    rows = Rows("tune_regret", out)
+    chosen = workloads(torch.cuda.is_available(), quick)
+    only = [name for name in os.environ.get("BENCH_REGRET_ONLY", "").split(",") if name]
+    names = only or [name for name, _, _ in PLANTED_WORKLOADS + PLANTED_EXTRA]
+    steps = os.environ.get("BENCH_REGRET_STEP", "singles,tune").split(",")
+    slice_s = float(os.environ["BENCH_REGRET_SLICE_S"]) if os.environ.get("BENCH_REGRET_SLICE_S") else None
+    table = []
+    for name in names:
+        start, budget = chosen[name]
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        print(f"=== {name}: budget {budget}", flush=True)
+        measured = singles_and_pairs(folder, start, quick) if "singles" in steps else None
+        tuned = run_tune(folder, start, budget, slice_s) if "tune" in steps else None
+        table.append(record(rows, name, budget, measured, tuned))
+    print("\nworkload | budget | best single | best pair | tune | tune took | tune/single | tune/pair | kept")
+    for line in table:
+        print(line, flush=True)
+    return rows.rows
+
+
+def record(rows: Rows, name: str, budget: str, measured: Optional[dict[str, Any]],
+           tuned: Optional[dict[str, Any]]) -> str:
+    """The rows of one workload, and its line of the closing table."""
+    single = pair = (None, None)
+    if measured is not None:
+        base = measured["base"].get("throughput")
+        single, pair = _best(measured["singles"], base), _best(measured["pairs"], base)
+        rows.add(name, "fp32 eager", base, "samples/s", "one screen trial")
+        for label, row in {**measured["singles"], **measured["pairs"]}.items():
+            value = row["throughput"] / base if row.get("throughput") and base else None
+            rows.add(name, f"lever {label}", value, "x", f"{row['status']}; {row['wall_s']} s")
+    speedup = took = None
+    kept = ""
+    if tuned is not None:
+        summary = tuned["summary"]
+        speedup, took = summary.get("speedup"), tuned["wall_s"]
+        kept = ", ".join(summary.get("kept") or []) or "nothing"
+        budget_s = summary.get("budget_s") or 0
+        rows.add(name, "tune speed-up", speedup, "x", f"kept: {kept}; stopped: {summary.get('stop_reason')}")
+        rows.add(name, "tune wall time", round(took, 1), "s", f"budget {budget_s:.0f} s; over by "
+                 f"{100 * (took / budget_s - 1) if budget_s else 0:+.1f}%"
+                 + ("" if tuned["finished"] else "; interrupted slice: run again with the same --out"))
+        for entry in summary.get("screened") or []:
+            rows.add(name, f"screened {entry['label']}", entry.get("screened_gain_pct"), "% gain", entry["outcome"])
+    shares = (share(speedup, single[1]), share(speedup, pair[1]))
+    rows.add(name, "tune share of best single", shares[0], "%", f"best single {single[0]} {single[1]}")
+    rows.add(name, "tune share of best pair", shares[1], "%", f"best pair {pair[0]} {pair[1]}")
+
+    def fmt(value: Optional[float], unit: str = "x") -> str:
+        return "n/a" if value is None else f"{value:.2f}{unit}"
+    return (f"{name} | {budget} | {single[0]} {fmt(single[1])} | {pair[0]} {fmt(pair[1])} | {fmt(speedup)} | "
+            f"{fmt(took, ' s')} | {fmt(shares[0], '%')} | {fmt(shares[1], '%')} | {kept}")
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    run(args.out, args.quick)

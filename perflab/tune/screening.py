@@ -1,0 +1,304 @@
+"""Two stages per round: screen every candidate with one short trial, confirm only the ones that screened as a win.
+
+    reference = one short trial of the best so far (the yardstick every screen of the round is read against)
+    screen    = best + one lever, one trial (--trials 1, a short --min-trial-s), no quality gate
+                -> a win when it beats the reference by SCREEN_WIN_PCT (or twice --min-effect-pct) or more
+    confirm   = the screened wins, largest screened gain first, each a full trial (every --trials, the quality
+                gate) judged by compare against the best so far; only a confirmed win is kept
+
+Successive halving with two rungs: every candidate gets the cheap rung, only winners the expensive one. The
+order of the screens puts the big one-flag levers the diagnosis named first, then the other big ones even where
+the diagnosis is silent about them (INSURANCE: a short screen is cheap next to an 11x that a bandwidth-bound model
+gets from --compile alone), then the diagnosis's other levers, then every other lever its classes suggest. A screen that did not win
+is a loss (the diagnosis is told); a win the budget left no room to confirm is reported as such, never kept.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from perflab.config import RunConfig
+from perflab.tune import candidates as search
+from perflab.tune import ordering
+from perflab.tune.trial import OK, QUALITY_FAIL
+
+if TYPE_CHECKING:  # the driver owns the Screener; only its type is needed here
+    from perflab.tune.driver import Tuner
+
+SCREEN = "screen"  # the stage of a screening trial (tune.jsonl's "stage"); a confirmation's is CONFIRM
+CONFIRM = "confirm"
+SCREEN_MIN_TRIAL_S = 1.0  # long enough for a DataLoader-fed trial to average its bursts, short next to 3 s
+SCREEN_WIN_PCT = 5.0  # a single trial's gain must pass this (or 2 x --min-effect-pct) to be confirmed
+# The big one-flag levers: screened whenever they apply, named by the diagnosis or not (largest gains seen:
+# compile 11.4x on a bandwidth-bound model, CUDA graphs 9.1x on a launch-bound step, bf16 + channels-last,
+# DataLoader workers 4-6x on a loader-bound one).
+INSURANCE = ("cuda-graphs", "bf16", "channels-last", "compile", "workers")
+INSURANCE_SOURCE = "insurance (a big one-flag lever, screened whether or not the diagnosis names it)"
+
+
+def screen_config(cfg: RunConfig) -> RunConfig:
+    """One short trial of `cfg`, without the quality gate: what a screen (and a round's reference) measures."""
+    return cfg.replace(trials=1, check_quality=False, min_trial_s=min(cfg.min_trial_s, SCREEN_MIN_TRIAL_S))
+
+
+def win_threshold_pct(min_effect_pct: float) -> float:
+    """The screened gain a candidate needs before it is confirmed (one trial: a margin over the noise)."""
+    return max(SCREEN_WIN_PCT, 2 * min_effect_pct)
+
+
+def screening_order(proposals: list[search.Proposal], levers_by_name: dict[str, Any], best: RunConfig
+                    ) -> list[search.Proposal]:
+    """The big levers the findings named, then the other INSURANCE levers, then the findings' other levers, then the
+    rest; tune's ordering rules (layout after precision, ...) apply within each group. Compile is not put behind
+    the cheap levers here, as in a one-stage search: its screen costs one measured compile, and it is a big lever."""
+    named = [p for p in proposals if p.named]
+    by_name = {p.lever: p for p in proposals}
+    insurance = [by_name.get(name) or search.Proposal(name, INSURANCE_SOURCE, None, None, named=False)
+                 for name in INSURANCE if name in levers_by_name and name not in {p.lever for p in named}]
+    chosen = {p.lever for p in named} | {p.lever for p in insurance}
+    rest = [p for p in proposals if p.lever not in chosen]
+    arranged = ordering.arrange(named + insurance + rest, best)
+
+    def group(proposal: search.Proposal) -> int:
+        if proposal.lever in INSURANCE:
+            return 0 if proposal.named else 1
+        return 2 if proposal.named else 3
+    return sorted(arranged, key=group)  # stable: each group keeps the arranged order
+
+
+def gain_pct(value: Optional[float], reference: Optional[float]) -> Optional[float]:
+    if value is None or not reference:
+        return None
+    return 100 * (value / reference - 1)
+
+
+@dataclass
+class Screened:
+    """One candidate's screen: its trial row and gain over the round's reference, and what became of it."""
+
+    candidate: search.Candidate
+    row: dict[str, Any]
+    gain_pct: Optional[float]
+    win: bool
+    outcome: str = ""  # confirmed | rejected at confirmation: why | not confirmed: budget | no win
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.candidate.label, "lever": self.candidate.lever, "trial": self.row["name"],
+                "status": self.row["status"], "screened_gain_pct": self.gain_pct, "win": self.win,
+                "outcome": self.outcome, "wall_s": self.row.get("wall_s"), "compile_s": self.row.get("compile_s")}
+
+
+def describe(screened: Screened) -> str:
+    """'compile=default screened +40%, not confirmed: budget' for the table, the report and the stop line."""
+    gain = "n/a" if screened.gain_pct is None else f"{screened.gain_pct:+.0f}%"
+    return f"{screened.candidate.label} screened {gain}, {screened.outcome or 'not confirmed'}"
+
+
+class Screener:
+    """The two-stage round of a Tuner: screens, then confirmations; records every screen for tune.json."""
+
+    def __init__(self, tuner: "Tuner"):
+        self.tuner = tuner
+        self.screens: list[Screened] = []  # every screen of the tune, in order
+        self.reference: Optional[dict[str, Any]] = None  # the row of the round's reference trial
+        self.out_of_budget: Optional[str] = None  # why no further screen fits in the budget left
+        self.pending: list[Screened] = []  # this round's wins so far, waiting for their confirmation
+
+    # ---------------------------------------------------------------------------------------- one round
+
+    def round(self) -> bool:
+        """Screen every candidate of this round, then confirm the wins; True when one was kept."""
+        t = self.tuner
+        arranged = screening_order(search.proposals(t.diagnosis, t.levers), t.levers, t.best_cfg)
+        self.reference = None  # measured before the round's first screen (none when nothing is left to screen)
+        self.out_of_budget = None
+        self.pending = []
+        wins = self._screen_all(arranged)
+        wins.sort(key=lambda s: -(s.gain_pct or 0.0))
+        kept_any = False
+        for screened in wins:
+            if screened.outcome:  # settled already this round (a partner confirmed at once, a lever kept)
+                continue
+            kept = self._confirm(screened)
+            kept_any = kept_any or kept
+            if kept:
+                for other in wins:  # one value per lever is kept; its other screened values are moot now
+                    if other is not screened and other.candidate.lever == screened.candidate.lever:
+                        other.outcome = other.outcome or f"not confirmed: {screened.candidate.label} was kept"
+                self._partner(screened.candidate.lever)
+        if self.out_of_budget and not kept_any:
+            t.stop(self.out_of_budget)  # the screens the budget could not hold: it is spent, not "nothing won"
+        return kept_any
+
+    def _reference(self) -> dict[str, Any]:
+        """One short trial of the best so far: screens are read against it (same length, same conditions). If it
+        did not measure, the best's own full trial is the yardstick."""
+        t = self.tuner
+        t._check_budget()
+        row, _ = t._trial(screen_config(t.best_cfg), t.measure, f"screen-{t.best_row['label']}",
+                          {"stage": SCREEN, "reference": True}, time_limit_s=t.time_left_s())
+        if row["status"] != OK or not row.get("throughput"):
+            return {**t.best_row, "wall_s": row["wall_s"]}
+        return row
+
+    def _screen_all(self, arranged: list[search.Proposal]) -> list[Screened]:
+        wins = []
+        for proposal in arranged:
+            t = self.tuner
+            if self.out_of_budget:
+                break  # the wins screened so far still go to confirmation (or are reported unconfirmed)
+            if proposal.lever in t.settled or proposal.lever in t.settings.exclude:
+                continue
+            candidates = search.expand(proposal, t.levers[proposal.lever], t.best_cfg, t.cpu_count)
+            wins += self._screen_lever(candidates)
+            self.pending = list(wins)
+        return wins
+
+    def _screen_lever(self, candidates: list[search.Candidate]) -> list[Screened]:
+        """Screen a lever's values (a ladder climbs while it pays, patience LADDER_PATIENCE); its wins."""
+        t = self.tuner
+        results: list[Screened] = []
+        misses, best_gain = 0, None
+        for candidate in candidates:
+            if not t._can_try(candidate, estimate_cost=False):
+                continue
+            screened = self.screen(candidate)
+            if screened is None:
+                break  # no room left in the budget for this screen
+            results.append(screened)
+            gain = screened.gain_pct
+            improved = screened.win and (best_gain is None or (gain or 0) > best_gain)
+            best_gain = max(best_gain or 0.0, gain or 0.0) if screened.win else best_gain
+            misses = 0 if improved else misses + 1
+            if candidate.search == search.ONCE or (candidate.search == search.LADDER
+                                                   and misses >= search.LADDER_PATIENCE):
+                break
+        if not results:
+            return []
+        lever = candidates[0].lever
+        measured = [s for s in results if s.row["status"] == OK]
+        wins = [s for s in results if s.win]
+        if measured and not wins:  # screened and lost: the diagnosis is told and does not propose it again
+            t.settled.add(lever)
+            t.lost.append(lever)
+        elif not measured:
+            t.settled.add(lever)  # refused or crashed every time: not a loss, nothing was measured
+        return wins
+
+    def screen(self, candidate: search.Candidate) -> Optional[Screened]:
+        """One short trial of best + candidate; None (and a skipped entry) when the budget left cannot hold it."""
+        t = self.tuner
+        cfg = screen_config(t._candidate_config(candidate))
+        if self.reference is None:
+            expected_s = self.tuner.last_profile_s or 0.0  # a profile is one short trial too
+            if expected_s > t.time_left_s():
+                self.out_of_budget = (f"budget spent: {t.spent_s:.0f} s of {t.settings.budget_s:.0f} s (less left "
+                                      f"than a short trial takes, about {expected_s:.0f} s)")
+                return None
+            self.reference = self._reference()
+        expected_s = self._expected_screen_s(candidate)
+        if expected_s is None:  # a compile mode whose cost scales compile=default's, which did not finish
+            t.skipped.setdefault(candidate.label, "not screened: its compile time is unknown (compile=default, "
+                                                  "whose compile time it is estimated from, did not finish)")
+            return None
+        left = t.time_left_s() - self._confirm_reserve_s()
+        if expected_s > left:
+            t.skipped.setdefault(candidate.label, f"not screened: needs about {expected_s:.0f} s and "
+                                                  f"{left:.0f} s of the budget is left (after the confirmation of "
+                                                  "the best win screened so far)")
+            if candidate.option != "compile":  # not even a plain screen fits: the budget is spent
+                self.out_of_budget = (f"budget spent: {t.spent_s:.0f} s of {t.settings.budget_s:.0f} s ({left:.0f} s "
+                                      f"left, less than a screen takes, about {expected_s:.0f} s)")
+            return None
+        self.out_of_budget = t.budget_reason()  # spent: end this round's screens, confirm what won so far
+        if self.out_of_budget:
+            return None
+        context = t._context(candidate)
+        context.update(stage=SCREEN, against=self.reference["name"],
+                       reference_throughput=self.reference.get("throughput"))
+        row, _ = t._trial(cfg, t.measure, f"screen-{candidate.label}", context, time_limit_s=t.time_left_s())
+        gain = gain_pct(row.get("throughput"), self.reference.get("throughput")) if row["status"] == OK else None
+        win = gain is not None and gain >= win_threshold_pct(t.settings.min_effect_pct)
+        if candidate.option == "compile" and candidate.value == "default" and row["status"] == OK:
+            # what compiling adds to a trial, measured: the estimate of every later compile trial
+            t.plain_trial_s = self.reference["wall_s"]
+            t.compile_extra_s = max(0.0, row["wall_s"] - self.reference["wall_s"])
+        screened = Screened(candidate, row, gain, win, "" if win else self._why_no_win(row, gain))
+        self.screens.append(screened)
+        t.observer.note(f"{candidate.label}: screened {'n/a' if gain is None else f'{gain:+.1f}%'} ("
+                        + ("a win: confirmed in full once the round's screens are done)" if win else
+                           f"{screened.outcome})"))
+        return screened
+
+    def _confirm_reserve_s(self) -> float:
+        """What confirming the largest win screened so far this round will take: screening more must leave it."""
+        if not self.pending:
+            return 0.0
+        top = max(self.pending, key=lambda s: s.gain_pct or 0.0)
+        return self._expected_confirm_s(top)
+
+    def _why_no_win(self, row: dict[str, Any], gain: Optional[float]) -> str:
+        if row["status"] != OK:
+            return f"not measured: {row['status']} ({row.get('reason') or ''})"
+        return f"no win (below +{win_threshold_pct(self.tuner.settings.min_effect_pct):g}%)"
+
+    def _expected_screen_s(self, candidate: search.Candidate) -> Optional[float]:
+        """A screen costs what the reference took, plus, for a compile mode, what compiling measured adds (None:
+        unknown, a compile mode other than default before default's compile was measured)."""
+        plain = self.reference["wall_s"]
+        if candidate.option != "compile":
+            return plain
+        return search.compile_trial_cost_s(candidate.value, plain, self.tuner.compile_extra_s)
+
+    # ---------------------------------------------------------------------------------------- confirmation
+
+    def _confirm(self, screened: Screened) -> bool:
+        """A full trial with the quality gate, judged against the best so far; True when kept."""
+        t = self.tuner
+        candidate = screened.candidate
+        if not t._can_try(candidate, estimate_cost=False):
+            screened.outcome = f"not confirmed: {t.skipped.get(candidate.label, 'not applicable any more')}"
+            return False
+        expected_s = self._expected_confirm_s(screened)
+        if expected_s > t.time_left_s():
+            screened.outcome = (f"not confirmed: budget (a full trial needs about {expected_s:.0f} s, "
+                                f"{t.time_left_s():.0f} s left)")
+            t.unconfirmed.append(describe(screened))
+            return False
+        kept = t._try(candidate, extra={"stage": CONFIRM, "screened_gain_pct": screened.gain_pct,
+                                        "screen_trial": screened.row["name"]})
+        row = t.chain[-1]
+        t.settled.add(candidate.lever)
+        if kept:
+            screened.outcome = "confirmed: kept"
+        else:
+            screened.outcome = f"not confirmed: {(row.get('decision') or {}).get('why') or row['status']}"
+            judged = (row.get("decision") or {}).get("judged", True) and row["status"] in (OK, QUALITY_FAIL)
+            if judged and candidate.lever not in t.lost:
+                t.lost.append(candidate.lever)
+        return kept
+
+    def _expected_confirm_s(self, screened: Screened) -> float:
+        """The screen's wall time plus what the full trials and the gate added to the best's own trial."""
+        full_extra = max(0.0, self.tuner.best_row["wall_s"] - (self.reference or {}).get("wall_s", 0.0))
+        return screened.row["wall_s"] + full_extra
+
+    def _partner(self, lever: str) -> None:
+        """The lever a kept one needs (channels-last after bf16), screened and confirmed at once."""
+        t = self.tuner
+        partner = ordering.PARTNERS.get(lever)
+        if partner is None or partner in t.settings.exclude or partner not in t.levers:
+            return
+        if partner in t.lost:
+            t.lost.remove(partner)  # screened without its partner: a loss there says nothing about it here
+        t.settled.discard(partner)
+        proposal = search.Proposal(partner, f"partner of {lever}", None, None, named=False)
+        self.reference = None  # the best changed: the partner is screened against it
+        for screened in self._screen_lever(search.expand(proposal, t.levers[partner], t.best_cfg, t.cpu_count)):
+            self._confirm(screened)
+            break
+
+    # ---------------------------------------------------------------------------------------- reporting
+
+    def summary(self) -> list[dict[str, Any]]:
+        return [screened.to_dict() for screened in self.screens]

@@ -1,0 +1,161 @@
+"""tune's two stages with fake trials: every candidate screened by one short trial, only screened wins confirmed."""
+import json
+
+import pytest
+
+from perflab.tune import screening
+from perflab.tune.screening import SCREEN, screen_config, win_threshold_pct
+from perflab.tune.trial import OK, TrialOutcome
+from test_tune import START, FakeTrials, diagnosis_of, fake_result, run_tuner
+
+
+class Timed(FakeTrials):
+    """Fake trials whose wall time grows with their trials (a screen is one short trial, a confirmation three plus
+    the gate) and with compiling; records every config it ran."""
+
+    def __init__(self, factors, screen_s=2.0, full_s=6.0, compile_s=0.0, **kwargs):
+        super().__init__(factors, **kwargs)
+        self.screen_s, self.full_s, self.compile_s = screen_s, full_s, compile_s
+        self.configs = []
+
+    def __call__(self, cfg, kind, out, time_limit_s=None):
+        self.configs.append((kind, out.name, cfg))
+        self.wall_s = (self.screen_s if cfg.trials == 1 else self.full_s) + (self.compile_s if cfg.compile else 0)
+        if time_limit_s is not None and self.wall_s > time_limit_s:
+            self.calls.append((kind, out.name))
+            return TrialOutcome("timeout", time_limit_s, reason="planted: over its limit")
+        return super().__call__(cfg, kind, out, time_limit_s)
+
+
+def screened(summary, label):
+    return next(entry for entry in summary["screened"] if entry["label"] == label)
+
+
+def test_every_candidate_is_screened_once_and_only_a_screened_win_gets_the_full_trials_and_the_gate(tmp_path):
+    # the diagnosis names bf16 (which loses); compile, which it never names, wins 3x: screened as insurance
+    trials = Timed({("compile", "default"): 3.0, ("precision", "bf16"): 0.8})
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("compute bound", 0.9, ["bf16"])), screening=True)
+    names = [name for _, name, _ in trials.configs]
+    assert names[:4] == ["00-start", "01-profile-start", "02-screen-start", "03-screen-bf16"]  # named lever first
+    screens = [cfg for kind, name, cfg in trials.configs if "-screen-" in name]
+    assert screens and all(cfg.trials == 1 and cfg.check_quality is False and cfg.min_trial_s <= 1.0
+                           for cfg in screens)
+    full = [(name, cfg) for kind, name, cfg in trials.configs if kind == "run" and "-screen-" not in name]
+    assert [name for name, _ in full][1:2] == ["%02d-compile-default" % names.index(full[1][0])]
+    assert full[1][1].check_quality is True and full[1][1].trials == 3  # confirmed in full, with the quality gate
+    assert summary["kept"][0] == "compile=default" and "bf16" in summary["lost"]
+    assert screened(summary, "compile=default")["outcome"] == "confirmed: kept"
+    assert screened(summary, "bf16")["outcome"].startswith("no win")
+    confirm = next(link for link in summary["chain"] if link["label"] == "compile=default")
+    assert confirm["stage"] == "confirm" and confirm["screened_gain_pct"] == pytest.approx(200.0)
+    assert {link["stage"] for link in summary["chain"]} == {"confirm"}  # screens are not decisions
+    assert summary["speedup"] == pytest.approx(3.0)
+
+
+def test_the_big_one_flag_levers_are_screened_when_the_diagnosis_is_silent_about_them():
+    from perflab.levers import all_levers
+    from perflab.tune import candidates as search
+    levers = {lever.name: lever for lever in all_levers()}
+    silent = diagnosis_of(("host-device sync", 0.9, []))
+    order = [p.lever for p in screening.screening_order(search.proposals(silent, levers), levers, START)]
+    assert set(order[:5]) == {"compile", "cuda-graphs", "bf16", "channels-last", "workers"}  # first, unnamed
+    assert order.index("channels-last") == order.index("bf16") + 1  # layout follows precision
+    launch = diagnosis_of(("launch / framework overhead", 0.9, ["fused-optimizer", "compile", "cuda-graphs"]))
+    order = [p.lever for p in screening.screening_order(search.proposals(launch, levers), levers, START)]
+    assert set(order[:2]) == {"compile", "cuda-graphs"} and order.index("fused-optimizer") > order.index("workers")
+
+
+def test_a_screened_win_the_budget_cannot_confirm_is_reported_as_such_and_not_kept(tmp_path):
+    # start 30 s (full trials) + profile + screens of 2 s: a 30-s confirmation no longer fits a 70-s budget
+    trials = Timed({("compile", "default"): 3.0}, screen_s=2.0, full_s=30.0)
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("compute bound", 0.9, ["bf16"])), budget="70s",
+                        screening=True)
+    entry = screened(summary, "compile=default")
+    assert entry["win"] and entry["outcome"].startswith("not confirmed: budget")
+    assert summary["kept"] == [] and summary["best"]["label"] == "start" and summary["chain"] == []
+    assert "compile=default screened +200%, not confirmed: budget" in summary["stop_reason"]
+    assert summary["unconfirmed"] and summary["spent_s"] <= 70 * 1.05
+
+
+def test_a_win_rejected_at_confirmation_is_not_kept_and_says_why(tmp_path):
+    class FailsQuality(Timed):
+        def __call__(self, cfg, kind, out, time_limit_s=None):
+            outcome = super().__call__(cfg, kind, out, time_limit_s)
+            if cfg.check_quality and cfg.precision == "bf16":
+                result = fake_result(cfg, 300.0, quality="fail")
+                result.save(out)
+                return TrialOutcome("quality-fail", outcome.wall_s, "planted", result)
+            return outcome
+
+    trials = FailsQuality({("precision", "bf16"): 3.0})
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("compute bound", 0.9, ["bf16"])), screening=True,
+                        exclude=["compile"])
+    assert screened(summary, "bf16")["outcome"].startswith("not confirmed: ")
+    assert "bf16" not in summary["kept"] and summary["best"]["label"] == "start"
+
+
+@pytest.mark.parametrize("factors", [
+    {},  # nothing wins
+    {("optimizer_impl", "fused"): 1.5},  # the fused optimizer wins, then nothing more
+    {("compile", "default"): 3.0, ("precision", "bf16"): 1.5, ("workers", 2): 1.2},
+])
+def test_the_stop_reason_the_best_and_the_kept_levers_always_agree(tmp_path, factors):
+    diagnosis = diagnosis_of(("launch / framework overhead", 0.9, ["fused-optimizer", "compile"]))
+    summary = run_tuner(tmp_path, Timed(factors), diagnosis, screening=True)
+    best, kept, reason = summary["best"], summary["kept"], summary["stop_reason"]
+    assert f"best: {best['label']} (kept: {', '.join(kept) if kept else 'nothing'})" in reason
+    if kept:
+        assert best["label"] == kept[-1] and "no lever won" not in reason
+        assert summary["speedup"] > 1
+    else:
+        assert best["label"] == "start"
+    on_disk = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    assert on_disk["stop_reason"] == reason and on_disk["best"] == best
+    assert (tmp_path / "tune" / "recipe.txt").read_text().startswith(summary["recipe"]["command"])
+
+
+def test_screens_are_judged_against_a_short_trial_of_the_best_not_against_its_full_trials():
+    cfg = START.replace(min_trial_s=3.0, check_quality=True)
+    assert screen_config(cfg).trials == 1 and screen_config(cfg).min_trial_s == 1.0
+    assert screen_config(cfg).check_quality is False
+    assert win_threshold_pct(2.0) == 5.0 and win_threshold_pct(4.0) == 8.0
+
+
+def test_every_trial_gets_the_budget_left_as_its_time_limit_and_a_slow_one_is_stopped(tmp_path):
+    trials = Timed({("compile", "default"): 3.0}, compile_s=500.0)  # compiling would take 500 s
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("compute bound", 0.9, ["compile"])), budget="60s",
+                        screening=True)
+    assert all(limit is not None for limit in trials.limits)
+    assert summary["spent_s"] <= 60 * 1.05
+    assert screened(summary, "compile=default")["status"] == "timeout"
+    assert summary["stop_reason"].startswith("budget spent")
+    rows = [json.loads(line) for line in (tmp_path / "tune" / "tune.jsonl").read_text().splitlines()]
+    assert any(row.get("stage") == SCREEN and row["status"] == "timeout" for row in rows)
+    assert OK in {row["status"] for row in rows}
+
+
+def test_screening_leaves_room_in_the_budget_to_confirm_the_best_win_so_far(tmp_path):
+    # screens of 2 s, full trials of 20 s: once workers=2 screens as a win, screening stops while 20 s are needed
+    trials = Timed({("workers", 2): 2.0}, screen_s=2.0, full_s=20.0)
+    diagnosis = diagnosis_of(("no clear bottleneck", 0.5, []))  # every lever is a candidate: more screens than fit
+    summary = run_tuner(tmp_path, trials, diagnosis, budget="75s", screening=True)
+    assert summary["kept"] == ["workers=2"], summary["screened"]
+    assert any("after the confirmation" in why for why in summary["skipped"].values())
+    assert summary["spent_s"] <= 75 * 1.05
+
+
+def test_a_resumed_tune_reuses_every_recorded_screen_and_ends_where_an_uninterrupted_one_does(tmp_path):
+    factors = {("compile", "default"): 3.0, ("workers", 2): 1.5}
+    diagnosis = diagnosis_of(("input pipeline", 0.9, ["workers"]))
+    whole = run_tuner(tmp_path / "whole", Timed(factors), diagnosis, screening=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_tuner(tmp_path, Timed(factors, interrupt_at=5), diagnosis, screening=True)
+    recorded = (tmp_path / "tune" / "tune.jsonl").read_text().splitlines()
+    assert len(recorded) == 5 and json.loads((tmp_path / "tune" / "tune.json").read_text())["best"]
+    again = Timed(factors)
+    resumed = run_tuner(tmp_path, again, diagnosis, screening=True, resume=True)
+    assert again.calls[0][1].startswith("05-")  # the five recorded trials were reused, not run again
+    lines = (tmp_path / "tune" / "tune.jsonl").read_text().splitlines()
+    assert len(lines) == len({json.loads(line)["key"] for line in lines})  # no trial ran twice
+    assert resumed["kept"] == whole["kept"] and resumed["best"]["label"] == whole["best"]["label"]
+    assert [s["label"] for s in resumed["screened"]] == [s["label"] for s in whole["screened"]]
