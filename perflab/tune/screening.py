@@ -286,7 +286,7 @@ class Screener:
     def _partner(self, lever: str) -> None:
         """The lever a kept one needs (channels-last after bf16), screened and confirmed at once."""
         t = self.tuner
-        partner = ordering.PARTNERS.get(lever)
+        partner = ordering.partner_of(lever)
         if partner is None or partner in t.settings.exclude or partner not in t.levers:
             return
         if partner in t.lost:
