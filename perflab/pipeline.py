@@ -45,6 +45,8 @@ from perflab.quality import run_quality_gate
 from perflab.results import Result, write_json_atomic
 from perflab.version import __version__
 from perflab.workloads import Workload, default_batch, load_workload
+from perflab.diagnose import DIAGNOSIS_FILE, diagnose
+from perflab.diagnose.verdict import Diagnosis
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -242,9 +244,6 @@ def profile_run(workload, cfg: RunConfig, out_dir: Union[str, Path], options: Op
     nsys command reproduces it. `command` is what is recorded as the run's command line.
     Returns (result, diagnosis or None, nsys command as a list).
     """
-    from perflab.diagnose import DIAGNOSIS_FILE, diagnose
-    from perflab.diagnose.verdict import Diagnosis
-
     options, cycle_note = whole_loader_cycles(options or CaptureOptions(), cfg.workers)
     if cycle_note is not None:
         if reporter is not None:

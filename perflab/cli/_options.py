@@ -5,6 +5,7 @@ import argparse
 
 from perflab import options
 from perflab.config import RunConfig
+from perflab.distributed.rank import RANK_MODE_FLAG
 
 
 def add_run_options(parser: argparse.ArgumentParser, command: str) -> None:
@@ -32,5 +33,4 @@ def gave_run_options(args: argparse.Namespace) -> bool:
 
 def add_rank_mode(parser: argparse.ArgumentParser) -> None:
     """The hidden flag of the ranks perflab starts itself (perflab/distributed/launch.py); not for users."""
-    from perflab.distributed.rank import RANK_MODE_FLAG
     parser.add_argument(RANK_MODE_FLAG, dest="rank_mode", action="store_true", help=argparse.SUPPRESS)

@@ -10,6 +10,7 @@ from perflab.config import JudgeConfig
 from perflab.errors import writing
 from perflab.report.compare_table import print_comparison
 from perflab.results.rundir import run_dir
+from perflab.report.build import write_report
 
 
 def register(subparsers) -> None:
@@ -39,7 +40,6 @@ def handle(args: argparse.Namespace) -> int:
         path = comparison.save(out)
         files = []
         if args.report:
-            from perflab.report.build import write_report
             files = write_report(out)
     print_comparison(console, comparison)
     console.print(f"saved [bold]{path}[/]" + "".join(f", {f}" for f in files))

@@ -16,6 +16,8 @@ from perflab.pipeline import profile_run, resolve_config
 from perflab.profile.capture import CaptureOptions
 from perflab.report.diagnosis import print_diagnosis
 from perflab.results.rundir import run_dir
+from perflab.ranks import is_primary
+from perflab.distributed.rank import run_as_rank
 
 
 def register(subparsers) -> None:
@@ -65,9 +67,6 @@ def capture_options_from_args(args: argparse.Namespace) -> CaptureOptions:
 
 def profile_rank(cfg, options: CaptureOptions, args: argparse.Namespace) -> int:
     """One rank of `perflab profile --nproc N`: each rank writes its trace; rank 0 diagnoses and saves."""
-    from perflab.ranks import is_primary
-    from perflab.distributed.rank import run_as_rank
-
     def body() -> None:
         with rank_reporter(is_primary()) as reporter:
             profile_run(cfg.workload, resolve_config(cfg, None), args.out, options, reporter=reporter,

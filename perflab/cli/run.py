@@ -12,6 +12,9 @@ from perflab.harness.progress import Reporter
 from perflab.pipeline import resolve_config, run
 from perflab.report.progress import RichReporter
 from perflab.results.rundir import run_dir
+from perflab.ranks import is_primary
+from perflab.distributed.rank import run_as_rank
+from perflab.ranks import needs_launch
 
 
 def register(subparsers) -> None:
@@ -45,9 +48,6 @@ def run_rank(cfg, args: argparse.Namespace) -> int:
     """One rank of `perflab run --nproc N`: measure, and on rank 0 save the gathered result (the launcher prints).
     The launcher passes a resolved --device, so the process group can pick this rank's GPU before anything
     touches CUDA."""
-    from perflab.ranks import is_primary
-    from perflab.distributed.rank import run_as_rank
-
     def body() -> None:
         primary = is_primary()
         with rank_reporter(primary) as reporter:
@@ -64,5 +64,4 @@ def rank_reporter(primary: bool):
 
 def launcher_or_rich_reporter(cfg):
     """A progress bar, unless this process only launches ranks (rank 0 draws theirs on the same terminal)."""
-    from perflab.ranks import needs_launch
     return contextlib.nullcontext(Reporter()) if needs_launch(cfg) else RichReporter(console)

@@ -17,6 +17,7 @@ from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
 from perflab.results.rundir import default_run_dir
 from perflab.sweep import SWEEP_JSON, SweepObserver, SweepSummary, read_rows, run_auto_batch, run_sweep
+from perflab.cli import build_parser
 
 
 def register(subparsers) -> None:
@@ -97,7 +98,6 @@ def recorded_sweep_args(args: argparse.Namespace) -> Optional[tuple[argparse.Nam
     if command[1:2] != ["sweep"]:
         raise PerflabError(f"--resume: {meta_path} does not record how the sweep was started; "
                            "give the sweep's options again with --resume")
-    from perflab.cli import build_parser
     restored = build_parser().parse_args(command[1:])
     restored.resume, restored.out = True, args.out
     return restored, command

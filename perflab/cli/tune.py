@@ -22,6 +22,7 @@ from perflab.tune.output import TUNE_JSON, objective_figure
 from perflab.tune.settings import serve_settings
 from perflab.tune.journal import TUNE_JSONL
 from perflab.sweep import read_rows
+from perflab.report.tune_live import LiveTuneTable
 
 
 def register(subparsers) -> None:
@@ -102,7 +103,6 @@ def handle(args: argparse.Namespace) -> int:
         start.validate()
     out = Path(settings.out) if settings.out else _default_out(start.workload)
     command = ["perflab"] + args.argv
-    from perflab.report.tune_live import LiveTuneTable
 
     began = time.perf_counter()
     try:

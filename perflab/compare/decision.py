@@ -27,6 +27,8 @@ from perflab.errors import PerflabError
 from perflab.harness.stats import RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
 from perflab.results.metrics import Flops, Gpu
 from perflab.results import Result, resolve_result_path, write_json_atomic
+from perflab.diagnose.summary import step_window
+from perflab.diagnose.trace import load_trace
 
 COMPARE_FILE = "compare.json"
 CONFIDENCE = 0.95
@@ -265,9 +267,6 @@ def trace_path(result: Result) -> Optional[Path]:
 
 def kernel_ms_per_step(path: Path) -> dict[str, float]:
     """GPU time per profiled step of each kernel name in a trace (empty for a CPU-only trace)."""
-    from perflab.diagnose.summary import step_window
-    from perflab.diagnose.trace import load_trace
-
     trace = load_trace(path)
     kernels = trace.kernels
     steps = max(step_window(trace)[2], 1)

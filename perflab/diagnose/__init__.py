@@ -14,6 +14,8 @@ from perflab.diagnose.summary import summarize
 from perflab.diagnose.trace import ParsedTrace, load_trace
 from perflab.diagnose.verdict import Diagnosis, decide, run_rules
 from perflab.errors import PerflabError
+from perflab.levers import all_levers
+from perflab.results import Result
 
 DIAGNOSIS_FILE = "diagnosis.json"
 TRACE_NAMES = ("trace.json", "trace.json.gz")
@@ -62,7 +64,6 @@ def _lever_names(names: Iterable[str]) -> frozenset[str]:
     """The given lever names, checked against `perflab levers`."""
     names = frozenset(names)
     if names:
-        from perflab.levers import all_levers
         known = {lever.name for lever in all_levers()}
         unknown = sorted(names - known)
         if unknown:
@@ -95,7 +96,6 @@ def find_trace(path: Union[str, Path]) -> tuple[Path, Optional[Path]]:
 
 def diagnose_path(path: Union[str, Path], tried_and_lost: Iterable[str] = ()):
     """(Diagnosis, Result or None) for a run directory or a trace file."""
-    from perflab.results import Result
     if Path(path).is_dir() and is_serve_result(Path(path)):
         result = Result.load(path)
         return diagnose_result(result, tried_and_lost), result

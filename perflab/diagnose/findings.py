@@ -12,6 +12,7 @@ from perflab.bottlenecks import (ACTIVATION_MEMORY, CLASS_SLUGS, COLLECTIVES, CO
 from perflab.diagnose.summary import TraceProfile
 from perflab.diagnose.trace import ParsedTrace
 from perflab.results.metrics import Metrics
+from perflab.levers import cuda_only_levers
 # On a CPU trace the op-mix rules (compute, memory bandwidth) read time shares only, with no device timeline
 # or roofline behind them, so they claim less than rules with a direct signal (data wait, syncs).
 CPU_MAX_CONFIDENCE = 0.85
@@ -68,8 +69,6 @@ class Context:
     def rank_levers(self, names: list[str]) -> list[str]:
         """Drop levers already on in this run, levers tried and lost, and CUDA-only levers on a CPU run; keep
         the order, no repeats."""
-        from perflab.levers import cuda_only_levers
-
         active = set(self.result.levers) if self.result is not None else set()
         cuda_only = cuda_only_levers()
         ranked = []

@@ -13,6 +13,8 @@ from typing import Any, Optional
 import numpy as np
 
 from perflab.diagnose.trace import OpShapes, ParsedTrace
+from perflab.calibrate import DATASHEET, load_cache
+from perflab.calibrate import cached_ceilings
 
 DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "c10::Float8_e4m3fn": 1}
 DTYPE_PRECISION = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp32"}
@@ -76,7 +78,6 @@ def _conv(op: OpShapes, elt: int) -> Optional[tuple[float, float]]:
 
 def ceilings(trace: ParsedTrace) -> dict[str, Any]:
     """Peak TFLOP/s by precision and memory GB/s for the traced device, with their source."""
-    from perflab.calibrate import DATASHEET, load_cache
     name = trace.gpu_name
     if name:
         for key, entry in load_cache().items():
@@ -91,7 +92,6 @@ def ceilings(trace: ParsedTrace) -> dict[str, Any]:
     if trace.has_gpu:
         return {"tflops": {}, "memory_gbps": None, "source": "none: the trace names no device"}
     import torch
-    from perflab.calibrate import cached_ceilings
     entry = cached_ceilings(torch.device("cpu"))
     if entry:  # the CPU that runs diagnose; right when diagnosing a trace recorded here
         return {"tflops": entry.get("tflops", {}), "memory_gbps": entry.get("memory_gbps"),

@@ -13,6 +13,7 @@ from perflab.diagnose.phases import COMPUTE_PHASES, PHASES, loader_intervals, ph
 from perflab.diagnose.sync_sites import SyncProfile, SyncSite, find_sync_sites, sync_profile, sync_shadow
 from perflab.diagnose.communication import is_nccl_kernel
 from perflab.diagnose.trace import EventTable, ParsedTrace
+from perflab.diagnose.roofline import roofline_rows
 
 SHORT_KERNEL_US = 10.0
 LARGE_CPU_OP_US = 20.0
@@ -130,7 +131,6 @@ def summarize(trace: ParsedTrace, precision: Optional[str] = None) -> TraceProfi
     sites = find_sync_sites(trace, start, end)
     syncs = sync_profile(sites, steps, trace.has_gpu)
     gpu = _gpu_profile(trace, start, end, steps, window_us, sites, syncs) if trace.has_gpu else None
-    from perflab.diagnose.roofline import roofline_rows
     return TraceProfile(device="cuda" if trace.has_gpu else "cpu", steps=steps, window_ms=window_us / 1e3,
                         step_ms=window_us / 1e3 / steps, host=host, syncs=syncs, gpu=gpu,
                         roofline=roofline_rows(trace, precision=precision), gpu_name=trace.gpu_name, notes=notes,

@@ -26,6 +26,8 @@ from perflab.config import RunConfig
 from perflab.distributed.rank import LAUNCHER_PID_ENV, RANK_MODE_FLAG, TIMEOUT_ENV
 from perflab.errors import PerflabError
 from perflab.results import Result
+from perflab.levers import active_levers
+import perflab
 
 MONITOR_INTERVAL_S = 0.1  # how often torchrun looks at its ranks: a failure stops the others this fast
 PORT_IN_USE = ("address already in use", "eaddrinuse", "errno 98")
@@ -43,8 +45,6 @@ class RankFailedError(PerflabError):
 def check_launch(cfg: RunConfig) -> None:
     """What must hold before any rank starts: enough GPUs, NCCL on CUDA, a free rendezvous port on node 0,
     a node rank that fits, and the option table's refusals of the active levers."""
-    from perflab.levers import active_levers
-
     import torch.distributed as dist
     if not dist.is_available():
         raise PerflabError("--nproc: this torch build has no torch.distributed; install a build with it")
@@ -185,8 +185,6 @@ def _launcher_environment(cfg: RunConfig) -> Iterator[None]:
     logging silenced (the one message is ours), and this process's signal handlers restored afterwards.
 
     NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST and every other variable pass to the ranks as set."""
-    import perflab
-
     saved_env = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "PYTHONPATH", TIMEOUT_ENV,
                                                          LAUNCHER_PID_ENV)}
     os.environ[TIMEOUT_ENV] = repr(float(cfg.rank_timeout_s))

@@ -35,6 +35,7 @@ from typing import Any, Callable, ContextManager, Optional
 import torch
 
 from perflab.workloads.generation import DECODE_TUNINGS
+from perflab.levers.sdpa import sdpa_context
 
 def wants_graphs(mode: Optional[str]) -> bool:
     """Whether a torch.compile mode captures CUDA graphs (reduce-overhead, max-autotune)."""
@@ -74,7 +75,6 @@ def decode_attention(tuning: str, sdpa: str) -> tuple[Callable[[], ContextManage
     when tuned (a tuning with Inductor settings of its own) and no --sdpa backend was pinned (Inductor then
     generates the attention), otherwise the run's."""
     if DECODE_TUNINGS[tuning] and sdpa == "auto":
-        from perflab.levers.sdpa import sdpa_context
         return sdpa_context("math"), "math (Inductor generates the attention)"
     return contextlib.nullcontext, sdpa if sdpa != "auto" else "auto (PyTorch picks per call)"
 

@@ -25,6 +25,15 @@ from perflab.hooks import StepHook
 from perflab.models.outputs import output_field
 from perflab.workloads.generation import GenerationSpec
 from perflab.results.metrics import DecodeCompile, Generation, Speculative
+from perflab.generation.quantize import quantize_weights
+from perflab.workloads.plugin import load_user_build
+from perflab.models.decoder import Decoder
+from perflab.calibrate import memory_bandwidth, peak_tflops
+from perflab.models.decoder import Decoder
+from perflab.models.kv_cache import kv_cache_bytes
+from perflab.generation.compiled_decode import cudagraph_skips
+from perflab.diagnose.decode import classify_decode
+from perflab.generation.compiled_decode import cudagraph_skips
 
 
 @dataclass
@@ -82,7 +91,6 @@ def prepare_generation(plan, cfg) -> None:
         plan.notes.append(f"generation: weights and KV cache stored in {str(dtype).removeprefix('torch.')} "
                           "(no autocast)")
     if settings.quantize:
-        from perflab.generation.quantize import quantize_weights
         quantize_weights(model, settings.quantize)
     k = settings.speculative_k
     positions = spec.prompt_lengths[1] + spec.output_lengths[1] + (k + 1 if k else 0)
@@ -108,7 +116,6 @@ def prepare_generation(plan, cfg) -> None:
 def load_draft(cfg, spec: GenerationSpec, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """The draft for --speculative: the user's (--draft SPEC) or the workload's built-in one; same vocabulary."""
     if cfg.draft:
-        from perflab.workloads.plugin import load_user_build
         draft = load_user_build(cfg.draft)(cfg)
         if not isinstance(draft, nn.Module):
             raise PerflabError(f"--draft {cfg.draft} returned {type(draft).__name__}, expected a torch.nn.Module "
@@ -130,7 +137,6 @@ def probe_vocab(model: nn.Module, device: torch.device) -> int:
     """The vocabulary size a causal LM predicts over (the last dimension of its logits for one token)."""
     tokens = torch.zeros(1, 1, dtype=torch.long, device=device)
     with torch.inference_mode():
-        from perflab.models.decoder import Decoder
         if isinstance(model, Decoder):
             return model(tokens).shape[-1]
         output = model(input_ids=tokens, attention_mask=torch.ones_like(tokens), use_cache=False)
@@ -139,7 +145,6 @@ def probe_vocab(model: nn.Module, device: torch.device) -> int:
 
 def bandwidth_bound(model: nn.Module, spec: GenerationSpec, plan, dtype: torch.dtype) -> BandwidthBound:
     """What one decode step must read (weights + KV cache) and the device bandwidth to read it with."""
-    from perflab.calibrate import memory_bandwidth, peak_tflops
     gbps, source = memory_bandwidth(plan.device)
     kv = kv_bytes_per_position(model, plan.batch_size, dtype)
     notes = [] if kv is not None else ["KV cache bytes measured from the first request's past_key_values"]
@@ -151,8 +156,6 @@ def bandwidth_bound(model: nn.Module, spec: GenerationSpec, plan, dtype: torch.d
 
 def kv_bytes_per_position(model: nn.Module, batch: int, dtype: torch.dtype) -> Optional[int]:
     """Keys + values of one position for the batch, all layers; None when only a first request can tell."""
-    from perflab.models.decoder import Decoder
-    from perflab.models.kv_cache import kv_cache_bytes
     if isinstance(model, Decoder):
         size = model.size
         return kv_cache_bytes(size.layers, batch, size.heads, size.head_dim, 1, dtype)
@@ -176,7 +179,6 @@ class GenerationHook(StepHook):
     """Clears the clock before the timed trials; turns its records into result.metrics.generation at the end."""
 
     def __init__(self, step: GenerationStep, bound: BandwidthBound, slo: dict[str, float], cfg):
-        from perflab.generation.compiled_decode import cudagraph_skips
         self.step, self.bound, self.slo, self.cfg = step, bound, slo, cfg
         self.skips_before = cudagraph_skips()  # the decode step compiles after this, in warm-up
 
@@ -191,7 +193,6 @@ class GenerationHook(StepHook):
             self.bound.kv_bytes_per_position = tensor_bytes(session.past) // max(session.length, 1)
 
     def finish(self, result) -> None:
-        from perflab.diagnose.decode import classify_decode
         requests = self.step.clock.timings()
         trial_walls = [(trial.steps, trial.wall_s) for trial in result.trials]
         generation = Generation.from_dict(summarize_requests(requests, trial_walls, self.bound, self.slo))
@@ -214,7 +215,6 @@ class GenerationHook(StepHook):
         """How the decode step was compiled (mode, Inductor options, SDPA backend, who captured its CUDA graphs)
         and, with Inductor's graphs, how many compiled graphs ran without them (0: the whole step replays as one
         graph); with perflab's, the token counts it captured."""
-        from perflab.generation.compiled_decode import cudagraph_skips
         target = self.step.target
         settings = getattr(target, "compile_settings", None)
         if settings is None:

@@ -11,6 +11,7 @@ from torch import nn
 from perflab.errors import PerflabError
 from perflab.harness.data import DeviceBatches, first_batches, loader_batches, make_loader, to_device
 from perflab.workloads.base import Workload
+from perflab.backends import set_tf32
 
 
 @dataclass
@@ -128,7 +129,6 @@ class StepPlan:
 def build_plan(workload: Workload, cfg, device: torch.device, levers=None) -> StepPlan:
     """Move the workload to the device and let every active lever edit the step. Refusals raise first."""
     from perflab.levers import apply_levers, check_levers
-    from perflab.backends import set_tf32
 
     levers = check_levers(cfg, workload, device) if levers is None else levers
     train = cfg.mode == "train"

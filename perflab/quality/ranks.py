@@ -20,6 +20,7 @@ from torch import nn
 from perflab.harness.data import DeviceBatches, first_batches, make_loader, to_device
 from perflab.quality.gate import (gate_plan, judge_losses, observe, precision_tolerance, run_candidate,
                              with_noise_floor)
+from perflab.levers import active_levers
 
 BASELINE = "one process, fp32 eager, no levers but --grad-accum, on the global batch (N x --batch), same seed and weights"
 
@@ -56,7 +57,6 @@ def run_distributed_quality_gate(workload, cfg, device: torch.device) -> dict[st
 
 
 def _recipe_levers(cfg) -> list:
-    from perflab.levers import active_levers
     return [lever for lever in active_levers(cfg) if lever.name == "grad-accum"]
 
 

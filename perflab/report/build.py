@@ -12,6 +12,12 @@ from perflab.report.markdown import compare_markdown, run_markdown, sweep_markdo
 from perflab.report.operators import top_ops_plot
 from perflab.report.plots import latency_histogram, phase_breakdown_plot, sweep_plots
 from perflab.results import RESULT_FILE, Result
+from perflab.diagnose import is_serve_result
+from perflab.sweep import SWEEP_JSON, read_rows
+from perflab.compare import load_comparison
+from perflab.report.serve_markdown import serve_markdown
+from perflab.report.serve_plots import serve_plots
+from perflab.report.tune import tune_report
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -28,7 +34,6 @@ def detect_kind(directory: Path) -> str:
     if (directory / "memory.json").is_file():
         return "memory"
     if (directory / RESULT_FILE).is_file():
-        from perflab.diagnose import is_serve_result
         return "serve" if is_serve_result(directory) else "run"
     raise PerflabError(f"{directory} holds no result.json, sweep.jsonl, compare.json or tune.json: give a run, "
                        "sweep, compare or tune directory")
@@ -50,8 +55,6 @@ def _run_report(directory: Path, out: Path) -> str:
 
 
 def _sweep_report(directory: Path, out: Path) -> str:
-    from perflab.sweep import SWEEP_JSON, read_rows
-
     rows = read_rows(directory)
     meta_path = directory / SWEEP_JSON
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"axes": []}
@@ -64,8 +67,6 @@ def _sweep_report(directory: Path, out: Path) -> str:
 
 
 def _compare_report(directory: Path, out: Path) -> str:
-    from perflab.compare import load_comparison
-
     comparison = load_comparison(directory)
     base, cand = comparison.base, comparison.candidate
     images = _names({
@@ -79,16 +80,11 @@ def _compare_report(directory: Path, out: Path) -> str:
 
 
 def _serve_report(directory: Path, out: Path) -> str:
-    from perflab.report.serve_markdown import serve_markdown
-    from perflab.report.serve_plots import serve_plots
-
     result = Result.load(directory)
     return serve_markdown(result, _names(serve_plots(result.metrics.serve, out), out), str(directory))
 
 
 def _tune_report(directory: Path, out: Path) -> str:
-    from perflab.report.tune import tune_report
-
     return tune_report(directory, out)
 
 

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from perflab.diagnose.verdict import Diagnosis
 from perflab.report.operators import operators_markdown, top_ops_lines
+from perflab.levers import all_levers
 
 
 def _as_dict(diag: Union[Diagnosis, dict]) -> dict[str, Any]:
@@ -41,7 +42,6 @@ def _whole(profile: dict[str, Any]) -> str:
 
 def _lever_flags() -> dict[str, str]:
     try:
-        from perflab.levers import all_levers
         return {lever.name: lever.flag for lever in all_levers()}
     except Exception:  # the report still prints if a lever module fails to import
         return {}

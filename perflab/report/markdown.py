@@ -9,6 +9,7 @@ from perflab.results.metrics import Metrics
 from perflab.report.terminal import fmt as num
 from perflab.report.terminal import memory_row, run_title
 from perflab.results import Result
+from perflab.sweep import best_points
 
 ENV_KEYS = ["gpu", "driver", "torch", "cuda_runtime", "cudnn", "python", "cpu", "cpu_count", "torch_threads",
             "platform", "hostname", "git_commit", "perflab"]
@@ -150,8 +151,6 @@ def quality_block(quality: dict[str, Any]) -> str:
 
 def sweep_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], images: dict[str, str],
                    environment: Optional[dict[str, Any]]) -> str:
-    from perflab.sweep import best_points
-
     base = meta.get("base_config") or {}
     axes = meta.get("axes") or []
     best, bounded = best_points(rows, meta.get("max_p95_ms"))

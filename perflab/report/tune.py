@@ -10,6 +10,7 @@ from perflab.report.markdown import cell, config_table, environment_table, image
 from perflab.report.plots import phase_breakdown_plot, waterfall_plot
 from perflab.results import RESULT_FILE, Result
 from perflab.tune.output import objective_figure
+from perflab.tune.output import TUNE_JSON
 
 
 def _objective(meta: dict[str, Any]) -> tuple[str, str, str]:
@@ -125,7 +126,5 @@ def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str])
 
 def tune_report(directory: Path, out: Path) -> str:
     """The Markdown of a tune directory (its tune.json), writing its plots into `out`."""
-    from perflab.tune.output import TUNE_JSON
-
     meta = json.loads((directory / TUNE_JSON).read_text())
     return tune_markdown(directory, meta, tune_images(directory, meta, out))

@@ -31,6 +31,7 @@ from perflab.script.command import ScriptCommand, check_command, execute, script
 from perflab.script.levers import levers_in_code
 from perflab.script.steps import StepDetector
 from perflab.script.timeline import StepTimeline
+from perflab.diagnose import DIAGNOSIS_FILE, diagnose
 
 THROUGHPUT_METHOD = ("steps after the warm-up over their summed duration, from step boundary to step boundary "
                      "(CUDA events on the stream on a GPU: idle time included; host clock on the CPU)")
@@ -144,7 +145,6 @@ def _shortfall(options: CaptureOptions, steps: int, warmup: int, detector: StepD
 
 
 def _diagnose(profiler: ProfilerCapture, result: Result, out_dir: Path):
-    from perflab.diagnose import DIAGNOSIS_FILE, diagnose
     diagnosis = diagnose(profiler.trace_path, result)
     result.diagnosis = diagnosis.to_dict()
     result.diagnosis["levers_in_code"] = levers_in_code(diagnosis.levers)

@@ -28,6 +28,7 @@ from perflab.serve.pool import stage_pool
 from perflab.serve.session import Session, late_threshold_ms, run_scenario
 from perflab.serve.server import Engine, Server
 from perflab.workloads import Workload
+from perflab.diagnose import diagnose_result
 
 POOL_SAMPLES = 128  # samples loaded into host memory before the load starts (LoadGen's performance sample set)
 ESTIMATE_BATCHES = 3
@@ -189,5 +190,4 @@ def _record_head(serve_cfg: ServeConfig, cfg: RunConfig, engines: list, estimate
 
 
 def _diagnose(result: Result) -> None:
-    from perflab.diagnose import diagnose_result
     result.diagnosis = diagnose_result(result).to_dict()

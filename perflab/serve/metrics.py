@@ -10,6 +10,7 @@ import numpy as np
 from perflab.cost import cost_per_million
 from perflab.generation.metrics import RequestTiming
 from perflab.serve.batcher import FormedBatch
+from perflab.generation.metrics import summarize_requests
 
 PERCENTILES = (50, 90, 95, 99, 99.9)
 # A query's life, in order; the parts add up to its latency (done - scheduled). Every reader (tables, report,
@@ -137,7 +138,6 @@ def dispatch_lateness(log: QueryLog) -> dict[str, float]:
 def summarize_tokens(log: QueryLog, span_s: float, slo: dict[str, float]) -> dict[str, Any]:
     """TTFT (from the scheduled arrival), TPOT, ITL, output tokens/s and goodput of a point's generated queries,
     as perflab run reports them (perflab.generation.metrics), over the point's span."""
-    from perflab.generation.metrics import summarize_requests
     requests = log.query_requests()
     summary = summarize_requests(requests, [(len(requests), span_s)], None, slo)
     summary["ttft_from"] = "scheduled arrival (queue wait included)"

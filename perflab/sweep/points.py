@@ -36,6 +36,7 @@ from perflab.harness.progress import Reporter
 from perflab.pipeline import resolve_config
 from perflab.results import Result, atomic_file, write_json_atomic
 from perflab.results.rundir import locked_out
+from perflab.workloads import check_spec
 
 SWEEP_JSON = "sweep.json"
 SWEEP_JSONL = "sweep.jsonl"
@@ -359,7 +360,6 @@ class Sweep:
 
 def _check_workloads(configs: Sequence[RunConfig]) -> None:
     """An unknown workload name is a mistake in the command, not a failed point: refuse it before any point runs."""
-    from perflab.workloads import check_spec
     for spec in dict.fromkeys(cfg.workload for cfg in configs):
         check_spec(spec)
 

@@ -41,6 +41,9 @@ from perflab.tune.screening import SCREEN, Screener, gain_pct
 from perflab.tune.settings import MAX_QPS, TuneConfig, strict_tolerances
 from perflab.tune.trial import (OK, OOM, PROFILE_STEPS, QUALITY_FAIL, TIMEOUT, TrialOutcome, run_trial,
                                 trial_figures)
+from perflab.diagnose import diagnose
+from perflab.diagnose.inference_queue import setting_changes
+from perflab.workloads import load_workload
 
 SERVE_SETTING = "serve-setting"  # the search kind of a serve-settings candidate (max-qps objective)
 
@@ -87,7 +90,6 @@ def predicted_gain_pct(share_pct: Optional[float]) -> Optional[float]:
 
 def diagnose_trace(trace: Path, result: Optional[Result], tried_and_lost: list[str]) -> Any:
     """perflab.diagnose on a profile's trace, told which levers lost when this diagnose accepts that."""
-    from perflab.diagnose import diagnose
     if "tried_and_lost" in inspect.signature(diagnose).parameters:
         return diagnose(trace, result, tried_and_lost=list(tried_and_lost))
     return diagnose(trace, result)
@@ -293,7 +295,6 @@ class Tuner:
         """With --objective max-qps, once no model lever is left: each serve setting the best trial's own
         inference-queue diagnosis proposes (max batch, batch timeout, instances, bucket step), against the best;
         True when one was kept (the next round reads the new best's diagnosis)."""
-        from perflab.diagnose.inference_queue import setting_changes
         for change in setting_changes(serve_record(self.best)):
             flag = options.option_named(ServeConfig, change.option).flag.lstrip("-")
             label = f"{flag}={change.value:g}" if isinstance(change.value, float) else f"{flag}={change.value}"
@@ -406,7 +407,6 @@ class Tuner:
         the one given to tune, or None, when tune builds none. Built on the CPU: no CUDA context here."""
         if not self.check_workload:
             return self.workload
-        from perflab.workloads import load_workload
         if cfg is None:
             if self.workload is None:
                 self.workload = load_workload(self.start.workload, self.start)

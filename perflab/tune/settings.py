@@ -16,6 +16,8 @@ from perflab.errors import PerflabError
 from perflab.options import Conflict, option
 from perflab.serve.config import ServeConfig
 from perflab.tune.objective import unserved_options
+from perflab.levers import lever_names
+from perflab.quality import precision_tolerance
 
 TUNE = ("tune",)
 SEARCH = "tune: search"
@@ -143,8 +145,6 @@ def serve_settings(objective: str, given: dict[str, Any]) -> Optional[ServeConfi
 
 def check_lever_names(names: list[str]) -> None:
     """PerflabError listing the valid lever names when one of `names` is not a lever."""
-    from perflab.levers import lever_names
-
     valid = lever_names()
     unknown = [name for name in names if name not in valid]
     if unknown:
@@ -153,7 +153,5 @@ def check_lever_names(names: list[str]) -> None:
 
 def strict_tolerances(cfg) -> dict[str, float]:
     """Config changes that halve the quality gate's tolerance for this config's precision (--quality strict)."""
-    from perflab.quality import precision_tolerance
-
     rtol = precision_tolerance(cfg)["rtol"] * STRICT_FACTOR
     return {"quality_rtol": rtol} if cfg.mode == "infer" else {"quality_loss_rtol": rtol}
