@@ -2,10 +2,9 @@
 
     launch.py       the parent: checks, then torch.distributed.run with `python -m perflab <command> ...` as ranks
     rank.py         inside a rank: process group (NCCL on CUDA, gloo on CPU), device, failures to the error file
-    wrap.py         DDP or FSDP2 fully_shard around the plan's model (through the data-parallel lever)
     gather.py       rank 0 gathers every rank's figures into one result.json
-    quality.py      the N-rank loss trajectory against one process on the same global batch
 
-Which rank this process is (perflab/ranks.py), the trace analysis of collectives (perflab/diagnose/communication.py)
+Which rank this process is (perflab/ranks.py), the DDP / FSDP2 wrapping (perflab/levers/parallel_wrap.py), the
+N-rank quality gate (perflab/quality/ranks.py), the trace analysis of collectives (perflab/diagnose/communication.py)
 and `perflab scale` (perflab/sweep/scale.py) live with the stages that use them.
 """

@@ -118,7 +118,8 @@ class Lever:
 
 def all_levers() -> list[Lever]:
     """Every lever perflab knows, in application order."""
-    from perflab.levers import (compile, cuda_graphs, cudnn, data_path, distributed, generation, memory_format,
+    # the registry: every family module imports this one (Lever, Address, ...), so they are loaded on first use
+    from perflab.levers import (compile, cuda_graphs, cudnn, data_path, distributed, generation, memory_format,  # noqa: I001, registry
                                 optimizer, precision, prefetcher)
     modules = [data_path, prefetcher, precision, memory_format, cudnn, optimizer, distributed, compile, cuda_graphs,
                generation]

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from perflab.bottlenecks import COLLECTIVES, COMPUTE_BOUND, DDP, FSDP
 from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints
+from perflab.levers.parallel_wrap import register_compression_hook, wrap_ddp, wrap_fsdp
 
 
 def _in_a_rank(cfg, workload, device) -> Optional[str]:
@@ -23,7 +24,6 @@ def _in_a_rank(cfg, workload, device) -> Optional[str]:
 
 
 def _apply_data_parallel(plan, cfg) -> None:
-    from perflab.distributed.wrap import wrap_ddp, wrap_fsdp
 
     plan.data_shard = (dist.get_rank(), dist.get_world_size())
     if cfg.parallel == "fsdp":
@@ -46,7 +46,6 @@ def _apply_grad_accum(plan, cfg) -> None:
 
 
 def _apply_comm_hook(plan, cfg) -> None:
-    from perflab.distributed.wrap import register_compression_hook
     register_compression_hook(plan, cfg.ddp_comm_hook)
 
 

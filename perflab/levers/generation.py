@@ -10,6 +10,7 @@ from typing import Optional
 
 from perflab.bottlenecks import (COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND, DECODE_COMPUTE_BOUND, DECODE_KERNEL_EFFICIENCY,
                                  DECODE_LAUNCH_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH)
+from perflab.generation.quantize import scheme_refusal
 from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints, first_refusal
 
 
@@ -27,7 +28,6 @@ def _needs_builtin_decoder(cfg, workload, device) -> Optional[str]:
 
 
 def _quantize_checks(cfg, workload, device) -> Optional[str]:
-    from perflab.generation.quantize import scheme_refusal
     return scheme_refusal(cfg.quantize, device, cfg.precision)
 
 

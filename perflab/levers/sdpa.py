@@ -9,17 +9,8 @@ from __future__ import annotations
 from typing import Callable, ContextManager, Optional
 
 from perflab.bottlenecks import ACTIVATION_MEMORY, ATTENTION, COMPUTE_BOUND, MEMORY_BANDWIDTH
+from perflab.backends import sdpa_context
 from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints, first_refusal
-
-BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
-
-
-def sdpa_context(backend: str) -> Callable[[], ContextManager]:
-    """A factory of `sdpa_kernel(<backend>)` contexts (torch >= 2.3)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    chosen = getattr(SDPBackend, BACKENDS[backend])
-    return lambda: sdpa_kernel(chosen)
-
 
 def _needs_attention(cfg, workload, device) -> Optional[str]:
     if not workload.uses_attention:

@@ -1,4 +1,6 @@
-"""PNG plots (matplotlib's Agg canvas, no display needed): sweep curves and step-time breakdowns."""
+"""PNG plots (matplotlib's Agg canvas, no display needed): sweep and scaling curves, step-time breakdowns, latency
+histograms, tune's waterfall. A leaf of the package graph: the drivers draw their own plots with it and report/
+embeds them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,13 +10,19 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from perflab.harness.phases import phase_sort_key
-from perflab.sweep import value_text
 
 PHASE_COLORS = {"data_wait": "#d62728", "h2d": "#ff7f0e", "augment": "#bcbd22", "forward": "#1f77b4",
                 "backward": "#2ca02c", "optimizer": "#9467bd", "step": "#17becf", "checkpoint": "#8c564b",
                 "unattributed": "#c7c7c7"}
 DPI = 110
 HEADROOM = 1.12  # the y axis ends this far above the highest point, so no line runs along the frame
+
+
+def value_text(value: Any) -> str:
+    """A swept value as text (tables, labels, plots): on/off for switches, none for unset."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
 
 
 def _x_axis(rows: Sequence[dict[str, Any]], axes: Sequence[str]) -> str:
