@@ -112,3 +112,11 @@ def test_tune_tries_a_precision_only_above_the_current_one_as_the_levers_declare
         best = start.replace(precision=current)
         refused = ordering.replaces_kept("precision", value, best, start) is not None
         assert refused == (before[value] <= before[current] or current != "fp32"), (current, value)
+
+
+def test_the_levers_tune_screens_unasked_are_declared_once_each_with_its_own_place():
+    from perflab.tune.screening import INSURANCE
+
+    places = [lever.tune.screen_always for lever in all_levers() if lever.tune.screen_always is not None]
+    assert len(places) == len(set(places)) == len(INSURANCE)
+    assert INSURANCE == ("cuda-graphs", "bf16", "channels-last", "compile", "workers")

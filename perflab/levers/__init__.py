@@ -53,6 +53,9 @@ class TuneHints:
     partner: Optional[str] = None  # a lever name
     data_path: Optional[str] = None  # DEVICE_WORK, LOADER_QUEUE or None
     tier: Optional[int] = None  # --precision: tf32 1, bf16 and fp16 2 (fp32, which is no lever, 0)
+    # A big one-flag lever (9-11x seen from one flag): tune screens it whether or not the diagnosis names it, in
+    # this order among such levers (perflab/tune/screening.py); None: screened only when proposed.
+    screen_always: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -34,5 +34,5 @@ LEVERS = [
            Address(INFERENCE_QUEUE, 1), Address(LAUNCH_OVERHEAD, 2, DECODE_LAUNCH_BOUND)), 60, _apply,
           in_code="model = torch.compile(model)",
           when_lost="torch.compile lost: fuse by hand (fewer, larger tensor ops), or a larger batch",
-          tune=TuneHints(COMPILES), checks=_refuse),
+          tune=TuneHints(COMPILES, screen_always=4), checks=_refuse),
 ]

@@ -118,5 +118,5 @@ LEVERS = [
           in_code="model = torch.compile(model, mode='reduce-overhead')",
           when_lost="CUDA graphs lost: a larger batch amortises the per-op cost; fuse the small ops (torch.compile "
                     "default mode) or write them as fewer, larger tensor ops",
-          tune=TuneHints(ONE_TRIAL), checks=_refuse),
+          tune=TuneHints(ONE_TRIAL, screen_always=1), checks=_refuse),
 ]

@@ -49,7 +49,7 @@ LEVERS = [
           in_code="DataLoader(..., num_workers=N)",
           when_lost="more DataLoader workers lost: the per-item work itself is the cost: cache decoded/pre-processed "
                     "items, or move the augmentation to the GPU in batches",
-          tune=TuneHints(ONE_TRIAL), checks=_needs_loader("--workers")),
+          tune=TuneHints(ONE_TRIAL, screen_always=5), checks=_needs_loader("--workers")),
     Lever("persistent-workers", "persistent_workers", True, "keep DataLoader workers alive between epochs",
           "--workers N", (Address(INPUT_PIPELINE, 2),), 11, _set_persistent,
           in_code="DataLoader(..., num_workers=N, persistent_workers=True)",

@@ -47,7 +47,7 @@ LEVERS = [
           _apply_bf16,
           in_code="with torch.autocast('cuda', dtype=torch.bfloat16): around the forward and the loss",
           when_lost="bf16 lost: the matmuls are not the limit at this size; a larger batch or less work is",
-          tune=TuneHints(ONE_TRIAL, partner="channels-last", tier=2), checks=_refuse_bf16),
+          tune=TuneHints(ONE_TRIAL, partner="channels-last", tier=2, screen_always=2), checks=_refuse_bf16),
     Lever("fp16", "precision", "fp16", "fp16 autocast; training adds a dynamic gradient scaler",
           "CUDA",
           (Address(COMPUTE_BOUND, 3, FULL_PRECISION), Address(MEMORY_BANDWIDTH, 5, FULL_PRECISION),

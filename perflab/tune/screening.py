@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from perflab.config import RunConfig
+from perflab.levers import all_levers
 from perflab.tune import candidates as search
 from perflab.tune import ordering
 from perflab.tune.trial import OK, QUALITY_FAIL
@@ -32,7 +33,9 @@ SCREEN_WIN_PCT = 5.0  # a single trial's gain must pass this (or 2 x --min-effec
 # The big one-flag levers: screened whenever they apply, named by the diagnosis or not (largest gains seen:
 # compile 11.4x on a bandwidth-bound model, CUDA graphs 9.1x on a launch-bound step, bf16 + channels-last,
 # DataLoader workers 4-6x on a loader-bound one).
-INSURANCE = ("cuda-graphs", "bf16", "channels-last", "compile", "workers")
+# The levers that declare themselves screened whatever the diagnosis says (TuneHints.screen_always), in their order.
+INSURANCE = tuple(lever.name for lever in sorted((lever for lever in all_levers() if lever.tune.screen_always),
+                                                  key=lambda lever: lever.tune.screen_always))
 INSURANCE_SOURCE = "insurance (a big one-flag lever, screened whether or not the diagnosis names it)"
 
 
