@@ -119,7 +119,7 @@ def measure(folder: Path, label: str, cfg: RunConfig, done: dict[str, dict[str, 
                         time_limit_s=SINGLE_LIMIT_S)
     throughput = None
     if outcome.status == OK:
-        throughput = outcome.result.metrics["throughput_samples_per_s"]["median"]
+        throughput = outcome.result.metrics.throughput
     row = {"label": label, "status": outcome.status, "throughput": throughput, "wall_s": round(outcome.wall_s, 1),
            "reason": outcome.reason}
     with open(folder / SINGLES_FILE, "a") as stream:

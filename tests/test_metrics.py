@@ -123,7 +123,7 @@ def test_no_module_indexes_metrics_by_string_key():
              for path in sources
              for number, line in enumerate(path.read_text().splitlines(), 1)
              if STRING_KEY_INDEXING.search(line)]
-    assert not found, "index metrics by attribute (perflab/metrics.py), not by string key:\n" + "\n".join(found)
+    assert not found, "index metrics by attribute (perflab/results/metrics.py), not by string key:\n" + "\n".join(found)
 
 
 def stored_results() -> list[Path]:

@@ -21,8 +21,11 @@ class FailsOnRankOne(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         if os.environ.get("RANK") == "1" and self.calls == 3:
-            raise ValueError(MESSAGE)
+            self.misbehave()
         return self.linear(x)
+
+    def misbehave(self) -> None:
+        raise ValueError(MESSAGE)
 
 
 def build(cfg) -> Workload:

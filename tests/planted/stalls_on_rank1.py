@@ -1,27 +1,18 @@
 """A workload whose forward hangs on rank 1 at its third call: rank 0 then waits in an all-reduce that never ends."""
 from __future__ import annotations
 
-import os
 import time
 
-import torch
 from torch import nn
 
 from perflab import Workload
+from fails_on_rank1 import FailsOnRankOne
 from planted_common import RandomItems
 
 
-class StallsOnRankOne(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(16, 4)
-        self.calls = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        if os.environ.get("RANK") == "1" and self.calls == 3:
-            time.sleep(3600)
-        return self.linear(x)
+class StallsOnRankOne(FailsOnRankOne):
+    def misbehave(self) -> None:
+        time.sleep(3600)
 
 
 def build(cfg) -> Workload:
