@@ -51,7 +51,7 @@ def run_variant(name: str, size: str, device: torch.device, out: Path) -> dict:
     from perflab.models.decoder import SIZES, Decoder
     from perflab.generation.session import DecoderSession
     from perflab.harness.nvml import NvmlSampler
-    from perflab.levers.sdpa import sdpa_context
+    from perflab.backends import sdpa_context
 
     tuning, *parts = name.split("+")
     if "combo" in parts:  # this process compiles this one variant (main() runs each in its own)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 import perflab
-from perflab.harness.plan import build_plan
+from perflab.levers.plan import build_plan
 from perflab.pipeline import resolve_config, resolve_device, seed_everything
 from perflab.workloads import load_workload
 

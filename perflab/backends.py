@@ -1,7 +1,8 @@
-"""Process-wide torch backend switches that perflab sets and puts back: one place, for levers, the plan and calibrate."""
+"""Torch backend switches that perflab sets and puts back (TF32, the SDPA backend): one place, for the levers, the plan,
+calibrate and the compiled decode step."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 
@@ -17,3 +18,13 @@ def set_tf32(enabled: bool) -> Callable[[], None]:
         torch.set_float32_matmul_precision(old_matmul)
         torch.backends.cudnn.allow_tf32 = old_cudnn
     return restore
+
+
+BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+
+
+def sdpa_context(backend: str) -> Callable[[], ContextManager]:
+    """A factory of `sdpa_kernel(<backend>)` contexts (torch >= 2.3)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    chosen = getattr(SDPBackend, BACKENDS[backend])
+    return lambda: sdpa_kernel(chosen)

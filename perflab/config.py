@@ -46,6 +46,27 @@ ONE_PROCESS = "runs in one process; drop --nproc"
 SECOND_STREAM = "a captured step cannot also run work on a second stream; drop --augment gpu-stream/--pipeline"
 
 
+SLO_KEYS = ("ttft", "tpot")  # --slo: per-request targets of generation (milliseconds)
+
+
+def parse_slo(text: Optional[str]) -> dict[str, float]:
+    """'ttft:200,tpot:50' -> {'ttft': 200.0, 'tpot': 50.0} (milliseconds)."""
+    if not text:
+        return {}
+    slo: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition(":")
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1.0
+        if not sep or key not in SLO_KEYS or number <= 0:
+            raise PerflabError(f"--slo expects ttft:MS and/or tpot:MS with positive milliseconds, e.g. "
+                               f"--slo ttft:200,tpot:50; got {text!r}")
+        slo[key] = number
+    return slo
+
+
 @dataclass
 class RunConfig:
     """One run: the workload, how it is measured, and which levers are on."""
@@ -264,9 +285,7 @@ class RunConfig:
         options.validate(self)
         if self.draft and self.speculative is None:  # a requirement the option table's conflicts cannot state
             raise PerflabError("--draft is the draft model of speculative decoding: add --speculative K")
-        if self.slo:
-            from perflab.generation.metrics import parse_slo
-            parse_slo(self.slo)
+        parse_slo(self.slo)
         check_workers_against_machine(self.workers)
         return self
 

@@ -22,7 +22,7 @@ class UserCodeError(PerflabError):
     """The user's code raised while perflab was `doing` something; carries the user's own frames."""
 
     def __init__(self, doing: str, error: BaseException, frames=None):
-        from perflab.user_frames import exception_summary, user_frames
+        from perflab.user_frames import exception_summary, user_frames  # user_frames imports perflab
 
         self.doing = doing
         self.error = error

@@ -33,7 +33,8 @@ from perflab.ranks import in_rank, is_primary, needs_launch
 from perflab.environment import collect_environment
 from perflab.errors import OutOfMemoryFailure, PerflabError, is_out_of_memory
 from perflab.hooks import StepHook
-from perflab.harness.plan import StepPlan, build_plan
+from perflab.harness.plan import StepPlan
+from perflab.levers.plan import build_plan
 from perflab.harness.progress import Reporter
 from perflab.harness.runner import measure
 from perflab.levers import Lever, check_levers
@@ -46,6 +47,9 @@ from perflab.results import Result, write_json_atomic
 from perflab.version import __version__
 from perflab.workloads import Workload, default_batch, load_workload
 from perflab.diagnose import DIAGNOSIS_FILE, diagnose
+from perflab.diagnose.communication import communication_profile
+from perflab.diagnose.decode import classify_decode
+from perflab.diagnose.trace import load_trace
 from perflab.diagnose.verdict import Diagnosis
 
 
@@ -185,6 +189,10 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
                         notes=plan_notes + measured.notes, quality=quality, status=status, status_reason=reason)
     for hook in hooks:
         hook.finish(result)
+    _communication_of_this_rank(hooks, result)
+    if result.metrics.generation is not None:
+        finding = classify_decode(result.metrics.generation, result.config, result.metrics.gpu, active=result.levers)
+        result.metrics.generation.decode_regime = finding.to_dict() if finding is not None else None
     if in_rank():
         from perflab.distributed.gather import gather_result  # collectives: only inside a rank
         result = gather_result(result)
@@ -209,6 +217,15 @@ def out_of_memory_as_result(cfg: RunConfig, device: torch.device, command: Optio
             new_result(cfg.to_dict(), device, {"name": cfg.workload}, command, status="oom",
                        status_reason=record.summary(), out_of_memory=record.to_dict()).save(cfg.out)
         raise record.failure() from err
+
+
+def _communication_of_this_rank(hooks: Sequence[StepHook], result: Result) -> None:
+    """In a rank of a profiled multi-GPU run, its NCCL time and exposed share from its own trace (it may be on another
+    node), before rank 0 gathers the figures."""
+    for hook in hooks:
+        if isinstance(hook, ProfilerCapture) and hook.written and hook.distributed and hook.cuda:
+            profile = communication_profile(load_trace(hook.trace_path))
+            result.metrics.collectives = profile.to_dict() if profile is not None else None
 
 
 def _status(interrupted: Optional[str], non_finite: Optional[str]) -> tuple[str, str]:

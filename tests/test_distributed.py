@@ -26,7 +26,7 @@ from perflab.sweep.scale import at_rank_counts, scaling_rows, single_rank
 from perflab.errors import PerflabError
 from perflab.harness.data import first_batches, make_loader
 from perflab.harness.loop import run_steps
-from perflab.harness.plan import build_plan
+from perflab.levers.plan import build_plan
 from perflab.harness.steady import reach_steady_state
 from perflab.harness.timers import NullTimer
 from perflab.workloads import load_workload

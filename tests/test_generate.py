@@ -11,7 +11,8 @@ from perflab.cli import main
 from perflab.models.language import trained_decoder
 from perflab.generation.decode import generate_greedy
 from perflab.models.decoder import DRAFT_SIZES, SIZES, Decoder, DecoderSize
-from perflab.generation.metrics import (BandwidthBound, RequestTiming, TokenClock, parse_slo, summarize_requests,
+from perflab.config import parse_slo
+from perflab.generation.metrics import (BandwidthBound, RequestTiming, TokenClock, summarize_requests,
                                         weight_bytes_per_step)
 from perflab.generation.session import open_session
 from perflab.generation.speculative import SpeculativeStats, generate_speculative

@@ -9,7 +9,7 @@ import torch
 from perflab import cli
 from perflab.cli import main
 from perflab.config import RunConfig
-from perflab.harness.plan import build_plan
+from perflab.levers.plan import build_plan
 from perflab.pipeline import resolve_config
 from perflab.levers import all_levers
 from perflab.levers.cuda_graphs import _restore_training_state, _training_state

@@ -9,7 +9,7 @@ from perflab import RunConfig
 from perflab.checkpoint import load_checkpoint, save_checkpoint
 from perflab.cli import main
 from perflab.errors import PerflabError
-from perflab.harness.plan import build_plan
+from perflab.levers.plan import build_plan
 from perflab.pipeline import resolve_config, resolve_device
 from perflab.results import Result
 from perflab.workloads import load_workload

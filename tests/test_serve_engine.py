@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from perflab.config import RunConfig
-from perflab.harness.plan import build_plan
+from perflab.levers.plan import build_plan
 from perflab.serve.engine import ModelEngine, buckets
 from perflab.serve.loadgen import run_offline, run_scheduled
 from perflab.serve.pool import BatchCopier, flat_tensors, stage_pool

@@ -7,7 +7,7 @@ import torch
 from perflab.cli import main
 from perflab.config import RunConfig
 from perflab.generation.decode import generate_greedy
-from perflab.harness.plan import build_plan
+from perflab.levers.plan import build_plan
 from perflab.results import Result
 from perflab.serve.generation import GenerationEngine, load_requests
 from perflab.serve.loadgen import run_offline, run_scheduled

@@ -13,7 +13,7 @@ import perflab
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.harness.loop import run_steps
-from perflab.harness.plan import build_plan
+from perflab.levers.plan import build_plan
 from perflab.pipeline import resolve_config, resolve_device, seed_everything
 from perflab.harness.timers import NullTimer
 from perflab.levers import all_levers, check_levers
@@ -136,7 +136,7 @@ def test_sdpa_math_runs_on_cpu_inside_its_kernel_context_and_passes_the_quality_
 
 
 def test_a_pinned_sdpa_backend_fails_loudly_where_it_has_no_kernel():
-    from perflab.levers.sdpa import sdpa_context
+    from perflab.backends import sdpa_context
     query = torch.randn(1, 2, 4, 8)
     with sdpa_context("math")():
         torch.nn.functional.scaled_dot_product_attention(query, query, query)
@@ -302,7 +302,7 @@ def test_cuda_graph_replays_equal_eager_steps(deterministic_cuda):
 
 @pytest.mark.cuda
 def test_sdpa_backends_agree_with_math_on_cuda():
-    from perflab.levers.sdpa import sdpa_context
+    from perflab.backends import sdpa_context
     q, k, v = (torch.randn(4, 8, 512, 64, device=CUDA, dtype=torch.bfloat16) for _ in range(3))
     with sdpa_context("math")():
         reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -13,6 +13,7 @@ from perflab.levers import all_levers
 from perflab.results.metrics import Interference
 from perflab.results import Result, Trial
 from perflab.tune import candidates as search
+from perflab.report.build import write_report
 from perflab.tune import tune
 from perflab.tune.decision import judge
 from perflab.tune.settings import TuneConfig, parse_duration, strict_tolerances
@@ -88,7 +89,7 @@ def run_tuner(tmp_path, trials, diagnosis, start=START, report=False, screening=
     """A tune over fake trials; the one-stage search (every candidate in full at once, as max-qps tunes) unless
     `screening` (tests/test_tune_screening.py covers the two stages)."""
     config = TuneConfig(**{"budget": "10m", **settings})
-    return tune(start, config, tmp_path / "tune", runner=trials, check_workload=False, cpu_count=8, report=report,
+    return tune(start, config, tmp_path / "tune", runner=trials, check_workload=False, cpu_count=8, report=write_report if report else None,
                 screening=screening,
                 diagnoser=lambda trace, result, lost: diagnosis(lost) if callable(diagnosis) else diagnosis)
 

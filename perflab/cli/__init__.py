@@ -66,7 +66,7 @@ def print_error(err: PerflabError, debug: bool) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from perflab.cli._script import split_script_command
+    from perflab.cli._script import split_script_command  # cli/_script imports this module's consoles
     parser = build_parser()
     full_argv = list(sys.argv[1:] if argv is None else argv)
     own_argv, script_command = split_script_command(full_argv)

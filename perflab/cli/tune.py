@@ -15,6 +15,7 @@ from perflab import options
 from perflab.cli import console, err_console
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
+from perflab.report.build import write_report
 from perflab.results.rundir import default_run_dir
 from perflab.serve.config import ServeConfig
 from perflab.tune import TuneConfig, tune
@@ -107,7 +108,7 @@ def handle(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     try:
         with LiveTuneTable(console, settings.objective) as table:
-            summary = tune(start, settings, out, observer=table, command=command)
+            summary = tune(start, settings, out, observer=table, command=command, report=write_report)
     except KeyboardInterrupt:
         resume = command if "--resume" in command else command + ["--resume"]
         if "--out" not in resume:

@@ -46,7 +46,7 @@ class CommunicationProfile:
 
 def communication_profile(trace: ParsedTrace) -> Optional[CommunicationProfile]:
     """The communication figures of a GPU trace; None when it holds no kernels (a CPU trace)."""
-    from perflab.diagnose.summary import step_window
+    from perflab.diagnose.summary import step_window  # summary imports this module
 
     kernels = trace.kernels
     if len(kernels) == 0:

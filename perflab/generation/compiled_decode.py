@@ -35,7 +35,7 @@ from typing import Any, Callable, ContextManager, Optional
 import torch
 
 from perflab.workloads.generation import DECODE_TUNINGS
-from perflab.levers.sdpa import sdpa_context
+from perflab.backends import sdpa_context
 
 def wants_graphs(mode: Optional[str]) -> bool:
     """Whether a torch.compile mode captures CUDA graphs (reduce-overhead, max-autotune)."""

@@ -15,7 +15,6 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from perflab.errors import PerflabError
 from perflab.harness.stats import percentiles
 
 
@@ -109,26 +108,6 @@ class TokenClock:
 
 
 # ---------------------------------------------------------------------------------------------- SLOs
-
-SLO_KEYS = ("ttft", "tpot")
-
-
-def parse_slo(text: Optional[str]) -> dict[str, float]:
-    """'ttft:200,tpot:50' -> {'ttft': 200.0, 'tpot': 50.0} (milliseconds)."""
-    if not text:
-        return {}
-    slo: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.strip().partition(":")
-        try:
-            number = float(value)
-        except ValueError:
-            number = -1.0
-        if not sep or key not in SLO_KEYS or number <= 0:
-            raise PerflabError(f"--slo expects ttft:MS and/or tpot:MS with positive milliseconds, e.g. "
-                               f"--slo ttft:200,tpot:50; got {text!r}")
-        slo[key] = number
-    return slo
 
 
 def meets_slo(request: RequestTiming, slo: dict[str, float]) -> bool:

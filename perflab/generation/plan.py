@@ -10,14 +10,15 @@ clock's records into result.metrics.generation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from perflab.errors import PerflabError
 from perflab.generation.decode import generate_greedy
-from perflab.generation.metrics import BandwidthBound, TokenClock, parse_slo, summarize_requests, weight_bytes_per_step
+from perflab.config import parse_slo
+from perflab.generation.metrics import BandwidthBound, TokenClock, summarize_requests, weight_bytes_per_step
 from perflab.workloads.generation import request_shape
 from perflab.generation.session import open_session
 from perflab.generation.speculative import SpeculativeStats, generate_speculative
@@ -29,10 +30,7 @@ from perflab.generation.quantize import quantize_weights
 from perflab.workloads.plugin import load_user_build
 from perflab.models.decoder import Decoder
 from perflab.calibrate import memory_bandwidth, peak_tflops
-from perflab.models.decoder import Decoder
 from perflab.models.kv_cache import kv_cache_bytes
-from perflab.generation.compiled_decode import cudagraph_skips
-from perflab.diagnose.decode import classify_decode
 from perflab.generation.compiled_decode import cudagraph_skips
 
 
@@ -207,9 +205,7 @@ class GenerationHook(StepHook):
                 generation.speculative.speedup_method = (
                     f"quality gate: plain greedy vs speculative with the same target and levers on its "
                     f"{result.quality['batches']} request batches (wall clock, after one untimed request each)")
-        finding = classify_decode(generation, result.config, result.metrics.gpu, active=result.levers)
-        generation.decode_regime = finding.to_dict() if finding is not None else None
-        result.metrics.generation = generation
+        result.metrics.generation = generation  # the pipeline adds its decode regime (diagnose/decode.py)
 
     def decode_compile(self, result) -> Optional[dict[str, Any]]:
         """How the decode step was compiled (mode, Inductor options, SDPA backend, who captured its CUDA graphs)

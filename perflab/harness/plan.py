@@ -8,10 +8,8 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 import torch
 from torch import nn
 
-from perflab.errors import PerflabError
 from perflab.harness.data import DeviceBatches, first_batches, loader_batches, make_loader, to_device
 from perflab.workloads.base import Workload
-from perflab.backends import set_tf32
 
 
 @dataclass
@@ -124,43 +122,3 @@ class StepPlan:
         for undo in reversed(self.cleanups):
             undo()
         self.cleanups.clear()
-
-
-def build_plan(workload: Workload, cfg, device: torch.device, levers=None) -> StepPlan:
-    """Move the workload to the device and let every active lever edit the step. Refusals raise first."""
-    from perflab.levers import apply_levers, check_levers
-
-    levers = check_levers(cfg, workload, device) if levers is None else levers
-    train = cfg.mode == "train"
-    model = workload.model.to(device)
-    model.train(train)
-    loss_fn = workload.loss_fn
-    if isinstance(loss_fn, nn.Module):
-        loss_fn = loss_fn.to(device)
-    plan = StepPlan(
-        workload=workload,
-        device=device,
-        mode=cfg.mode,
-        batch_size=cfg.batch_size,
-        data_source=workload.default_data if cfg.data == "auto" else cfg.data,
-        model=model,
-        eager_model=model,
-        loss_fn=loss_fn,
-        optimizer=workload.make_optimizer() if train else None,
-        non_blocking=cfg.non_blocking,
-        pin_memory=device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory,
-    )
-    if workload.generation is not None:
-        from perflab.generation.plan import attach_settings
-        attach_settings(plan)
-    elif cfg.slo:
-        raise PerflabError(f"--slo applies to generation workloads (TTFT/TPOT per request); {workload.name} does "
-                           "not generate tokens: try --workload generate")
-    if device.type == "cuda":
-        # "fp32" means fp32: PyTorch lets cuDNN use TF32 by default, which would flatter the baseline.
-        plan.cleanups.append(set_tf32(False))
-    apply_levers(plan, cfg, levers)
-    if plan.generation is not None:
-        from perflab.generation.plan import prepare_generation
-        prepare_generation(plan, cfg)
-    return plan

@@ -159,12 +159,6 @@ class ProfilerCapture(StepHook):
             return
         result.artifacts["trace"] = self.trace_path.name
         result.metrics.profile = {**asdict(self.options), "activities": "cpu+cuda" if self.cuda else "cpu"}
-        if self.distributed and self.cuda:
-            # each rank reads its own trace (it may be on another node); rank 0 gathers the figures
-            from perflab.diagnose.trace import load_trace
-            from perflab.diagnose.communication import communication_profile
-            profile = communication_profile(load_trace(self.trace_path))
-            result.metrics.collectives = profile.to_dict() if profile is not None else None
         result.notes.append(f"profiled: steps {self.options.wait + self.options.warmup + 1}-"
                             f"{self.options.steps_needed} of the first trial are in {self.trace_path.name}; "
                             "the profiler slows those steps, so compare timings with `perflab run`")

@@ -27,7 +27,8 @@ from perflab.errors import PerflabError
 from perflab.harness.calls import compared_tensors, inputs_from_call, logits_of
 from perflab.harness.data import map_tensors
 from perflab.harness.loop import run_steps
-from perflab.harness.plan import StepPlan, build_plan
+from perflab.harness.plan import StepPlan
+from perflab.levers.plan import build_plan
 from perflab.harness.timers import NullTimer
 
 # Relative output error ‖out − ref‖ / ‖ref‖ allowed in inference, by the candidate's precision. DESIGN.md's

@@ -21,7 +21,8 @@ import torch
 from perflab.models.language import perplexity
 from perflab.generation.decode import generate_greedy, teacher_forced_logits
 from perflab.workloads.generation import request_shape
-from perflab.harness.plan import StepPlan, build_plan
+from perflab.harness.plan import StepPlan
+from perflab.levers.plan import build_plan
 from perflab.quality.gate import top1_flips
 
 # Relative error of next-token logits allowed, by precision, then by quantization scheme (the larger applies).

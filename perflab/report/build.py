@@ -10,7 +10,7 @@ from perflab.results.metrics import Metrics
 from perflab.report.html import markdown_to_html
 from perflab.report.markdown import compare_markdown, run_markdown, sweep_markdown
 from perflab.report.operators import top_ops_plot
-from perflab.report.plots import latency_histogram, phase_breakdown_plot, sweep_plots
+from perflab.plots import latency_histogram, phase_breakdown_plot, sweep_plots
 from perflab.results import RESULT_FILE, Result
 from perflab.diagnose import is_serve_result
 from perflab.sweep import SWEEP_JSON, read_rows

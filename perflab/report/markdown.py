@@ -1,7 +1,6 @@
 """Markdown reports of a run, a sweep and a comparison. report.html is rendered from the same text."""
 from __future__ import annotations
 
-import json
 from typing import Any, Optional, Sequence
 
 from perflab.harness.phases import phase_sort_key
@@ -10,6 +9,7 @@ from perflab.report.terminal import fmt as num
 from perflab.report.terminal import memory_row, run_title
 from perflab.results import Result
 from perflab.sweep import best_points
+from perflab.report.diagnosis import diagnosis_markdown
 
 ENV_KEYS = ["gpu", "driver", "torch", "cuda_runtime", "cudnn", "python", "cpu", "cpu_count", "torch_threads",
             "platform", "hostname", "git_commit", "perflab"]
@@ -60,14 +60,10 @@ def config_table(config: dict[str, Any], skip: Sequence[str] = ()) -> str:
 
 
 def diagnosis_text(diagnosis: Optional[dict[str, Any]], run_dir: Optional[str] = None) -> str:
-    """The diagnose helper's Markdown when it is installed; otherwise the raw diagnosis, or how to get one."""
+    """The diagnosis as Markdown, or how to get one."""
     if not diagnosis:
         hint = f" `perflab diagnose {run_dir}`" if run_dir else " `perflab diagnose RUN_DIR`"
         return f"No diagnosis recorded for this run: run{hint} (or record it with `perflab profile`)."
-    try:
-        from perflab.report.diagnosis import diagnosis_markdown
-    except ImportError:
-        return "```json\n" + json.dumps(diagnosis, indent=2, default=str) + "\n```"
     return diagnosis_markdown(diagnosis)
 
 

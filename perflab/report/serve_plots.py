@@ -7,7 +7,7 @@ from typing import Any, Optional
 from matplotlib.figure import Figure
 
 from perflab.results.metrics import Serve
-from perflab.report.plots import DPI
+from perflab.plots import DPI
 from perflab.serve.metrics import COMPONENTS
 
 PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", "-."), ("p99.9", ":"))

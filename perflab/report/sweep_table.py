@@ -5,7 +5,8 @@ from rich.console import Console
 from rich.table import Table
 
 from perflab.report.terminal import fmt
-from perflab.sweep import SweepSummary, value_text
+from perflab.plots import value_text
+from perflab.sweep import SweepSummary
 
 
 def sweep_table(summary: SweepSummary, width: int = 200) -> Table:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from perflab.report.markdown import cell, config_table, environment_table, image, num, table
-from perflab.report.plots import phase_breakdown_plot, waterfall_plot
+from perflab.plots import phase_breakdown_plot, waterfall_plot
 from perflab.results import RESULT_FILE, Result
 from perflab.tune.output import objective_figure
 from perflab.tune.output import TUNE_JSON

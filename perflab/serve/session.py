@@ -12,7 +12,7 @@ from perflab.results.metrics import Serve
 from perflab.results import Result
 from perflab.serve import loadgen, schedule
 from perflab.serve.config import ServeConfig, overload_wait_s
-from perflab.generation.metrics import parse_slo
+from perflab.config import parse_slo
 from perflab.serve.metrics import summarize_point, summarize_tokens
 from perflab.serve.search import find_max_qps
 from perflab.serve.server import Server

@@ -6,6 +6,6 @@
 
 from perflab.sweep.points import (  # noqa: F401
     SWEEP_JSON, SWEEP_JSONL, SWEEP_CSV, POINTS_DIR, DONE_STATUSES, CSV_METRICS, SweepObserver, SweepSummary,
-    free_memory, point_key, value_text, point_params, point_label, result_row, read_rows, trim_partial_line,
+    free_memory, point_key, point_params, point_label, result_row, read_rows, trim_partial_line,
     best_points, Sweep, swept_axes, run_sweep, run_auto_batch
 )

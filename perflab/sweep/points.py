@@ -36,6 +36,7 @@ from perflab.harness.progress import Reporter
 from perflab.pipeline import resolve_config
 from perflab.results import Result, atomic_file, write_json_atomic
 from perflab.results.rundir import locked_out
+from perflab.plots import sweep_plots, value_text
 from perflab.workloads import check_spec
 
 SWEEP_JSON = "sweep.json"
@@ -104,13 +105,6 @@ def point_key(cfg: RunConfig) -> str:
     data = cfg.to_dict()
     data.pop("out", None)
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def value_text(value: Any) -> str:
-    """A swept value as text (tables, labels, plots): on/off for switches, none for unset."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return "none" if value is None else str(value)
 
 
 def point_params(cfg: RunConfig, axes: Sequence[str]) -> dict[str, Any]:
@@ -350,7 +344,6 @@ class Sweep:
         rows = self.done
         files: dict[str, str] = {}
         if plots and any(row["status"] == "ok" for row in rows):
-            from perflab.report.plots import sweep_plots
             files = {name: str(path.relative_to(self.out)) for name, path in sweep_plots(rows, self.axes,
                                                                                            self.out).items()}
         self._write_meta(files)

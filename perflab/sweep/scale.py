@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
 from perflab import options
+from perflab.plots import scaling_plots
 from perflab.config import DISTRIBUTED, RunConfig
 from perflab.harness.progress import Reporter
 from perflab.results import atomic_file, write_json_atomic
@@ -98,7 +99,6 @@ def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool 
     rows = scaling_rows(sweep.rows)
     files: dict[str, str] = {}
     if plots and any(row["efficiency_pct"] is not None for row in rows):
-        from perflab.report.plots import scaling_plots
         files = {name: str(path.relative_to(sweep.out)) for name, path in scaling_plots(rows, axes, sweep.out).items()}
     write_json_atomic(sweep.out / SCALE_JSON, {"kind": "scale", "axes": axes, "command": command or [],
                                                "efficiency": "throughput(N) / (N x throughput(1))",

@@ -18,7 +18,7 @@ driver (the loop), output (tune.json), recipe (the tuned command line and RunCon
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from perflab.config import RunConfig
 from perflab.results.rundir import locked_out
@@ -31,9 +31,11 @@ IN_PROGRESS = "in progress (tune.json is rewritten after every trial)"
 
 
 def tune(start: RunConfig, settings: TuneConfig, out: Union[str, Path], observer: Optional[TuneObserver] = None,
-         command: Optional[list[str]] = None, report: bool = True, **tuner_options: Any) -> dict[str, Any]:
+         command: Optional[list[str]] = None, report: Optional[Callable[[Path], list[Path]]] = None,
+         **tuner_options: Any) -> dict[str, Any]:
     """Tune from `start` into `out`; returns the tune.json summary. On KeyboardInterrupt, tune.json is written
-    for what finished and the interrupt propagates (resume with settings.resume=True)."""
+    for what finished and the interrupt propagates (resume with settings.resume=True). `report` writes the
+    report into the folder at the end (the CLI passes perflab.report.build.write_report), inside the budget."""
     with locked_out(Path(out)):  # one writer per tune folder
         tuner = Tuner(start, settings, Path(out), observer=observer, **tuner_options)
         # tune.json holds the best confirmed recipe at any moment: rewritten after every trial, and on Ctrl-C
@@ -46,9 +48,8 @@ def tune(start: RunConfig, settings: TuneConfig, out: Union[str, Path], observer
             raise
         summary = tune_summary(tuner, stop_reason, command or [])
         write_tune_json(tuner.out, summary)
-        if report:
-            from perflab.report.build import write_report
-            summary["report"] = [str(path) for path in write_report(tuner.out)]
+        if report is not None:
+            summary["report"] = [str(path) for path in report(tuner.out)]
         return summary
 
 
