@@ -71,7 +71,7 @@ def compute_bound(*levers) -> Diagnosis:
 
 def tune_max_qps(tmp_path, trials, diagnosis, **settings) -> dict:
     config = TuneConfig(**{"budget": "10m", "objective": "max-qps", "serve": SERVE, "max_trials": 3, **settings})
-    return tune(START, config, tmp_path / "tune", runner=trials, check_workload=False, cpu_count=8, report=False,
+    return tune(START, config, tmp_path / "tune", runner=trials, check_workload=False, cpu_count=8, report=None,
                 diagnoser=lambda trace, result, lost: diagnosis)
 
 
@@ -279,7 +279,7 @@ def test_resume_reuses_serve_trials_only_under_the_same_serve_settings(tmp_path)
     assert again.calls == []  # every trial recorded: nothing runs twice
     other_bound = FakeServeTrials({("precision", "bf16"): 1.3})
     config = TuneConfig(budget="10m", objective="max-qps", serve=ServeConfig(p99_ms=20.0), max_trials=3, resume=True)
-    tune(START, config, tmp_path / "tune", runner=other_bound, check_workload=False, cpu_count=8, report=False,
+    tune(START, config, tmp_path / "tune", runner=other_bound, check_workload=False, cpu_count=8, report=None,
          diagnoser=lambda trace, result, lost: compute_bound("bf16"))
     assert [kind for kind, _, _ in other_bound.calls if kind == "serve"]  # another bound: measured again
 

@@ -191,6 +191,10 @@ class Screener:
     def screen(self, candidate: search.Candidate) -> Optional[Screened]:
         """One short trial of best + candidate; None (and a skipped entry) when the budget left cannot hold it."""
         t = self.tuner
+        stop = t.budget_reason()  # --max-trials counts screens too
+        if stop is not None:
+            self.out_of_budget = stop
+            return None
         cfg = screen_config(t._candidate_config(candidate))
         if self.reference is None:
             expected_s = self.tuner.last_profile_s or 0.0  # a profile is one short trial too
@@ -261,6 +265,12 @@ class Screener:
         candidate = screened.candidate
         if not t._can_try(candidate, estimate_cost=False):
             screened.outcome = f"not confirmed: {t.skipped.get(candidate.label, 'not applicable any more')}"
+            return False
+        stop = t.budget_reason()
+        if stop is not None:  # --max-trials reached: the win stays screened, never kept unconfirmed
+            screened.outcome = f"not confirmed: {stop}"
+            t.unconfirmed.append(describe(screened))
+            self.out_of_budget = stop
             return False
         expected_s = self._expected_confirm_s(screened)
         if expected_s > t.time_left_s():
