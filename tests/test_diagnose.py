@@ -22,7 +22,7 @@ from perflab.report.diagnosis import diagnosis_markdown
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures" / "traces"
 PLANTED = HERE / "planted"
-FIXTURE_FILES = sorted(FIXTURES.glob("*/*.json.gz"))
+FIXTURE_FILES = sorted(FIXTURES.glob("cpu/*.json.gz")) + sorted(FIXTURES.glob("gpu/*.json.gz"))  # patterns/: test_hotspots
 
 
 def expected_class(path: Path) -> str:

@@ -272,3 +272,15 @@ def test_an_op_in_repeated_blocks_is_labelled_by_their_shared_path():
     assert module_label({"blocks.0.attn": 1.0, "blocks.3.attn": 2.0}) == "blocks.*.attn"
     assert module_label({"Model_0.Block_1.Linear_2": 1.0, "Model_0.Block_4.Linear_9": 1.0}) == "Model_*.Block_*.Linear_*"
     assert module_label({"encoder": 1.0, "head": 3.0}) == "head (+1)"
+
+
+def test_one_tolist_in_the_loss_recorded_on_the_h100_is_the_primary_sync_named_by_its_line():
+    diagnosis, _ = diagnose_path(HERE / "fixtures" / "traces" / "gpu" / "sync__tolist_loss.json.gz")
+    assert diagnosis.bottleneck == "host-device sync"
+    assert "tolist_loss.py(17)" in diagnosis.headline, diagnosis.headline
+
+
+def test_pageable_copies_fed_by_workers_that_keep_up_recorded_on_the_h100_are_host_to_device_first():
+    diagnosis, _ = diagnose_path(HERE / "fixtures" / "traces" / "gpu" / "h2d__pageable_workers.json.gz")
+    assert diagnosis.bottleneck == "host-to-device copies"
+    assert "pin-memory" in diagnosis.levers[:2]

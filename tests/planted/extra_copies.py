@@ -28,4 +28,5 @@ def build(cfg) -> Workload:
     width = size(cfg, cpu=512, cuda=8192)
     return Workload(name="planted-extra-copies", model=Copying(width, bool(cfg.workload_options.get("fixed"))),
                     dataset=RandomItems(256, (width,), (width,), cfg.seed), loss_fn=nn.MSELoss(),
-                    default_data="device", description="planted: extra device copies in forward")
+                    default_data="device", repeat_items=True,  # the GPU bench's batch (1024) is larger than the items
+                    description="planted: extra device copies in forward")
