@@ -6,7 +6,7 @@ needs CUDA and half precision (bf16/fp16); the memory-efficient kernel needs CUD
 """
 from __future__ import annotations
 
-from typing import Callable, ContextManager, Optional
+from typing import Optional
 
 from perflab.bottlenecks import ACTIVATION_MEMORY, ATTENTION, COMPUTE_BOUND, MEMORY_BANDWIDTH
 from perflab.backends import sdpa_context

@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 import torch
 
+from perflab.profile.capture import quiet_profiler
+
 # perflab's categories, in the order tables and plots show them; the profiler's AUTOGRAD_DETAIL (backward's
 # intermediates) and uncategorised tensors count as temporaries
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries")
@@ -51,6 +53,7 @@ class CategoryTimeline:
 
 def profiler_options() -> dict[str, Any]:
     """What torch.profiler needs to categorise memory (its memory profile asserts shapes, memory and stacks)."""
+    quiet_profiler(torch.cuda.is_available())  # as perflab profile: no Kineto start/stop lines on a CPU run
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)

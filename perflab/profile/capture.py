@@ -127,7 +127,7 @@ class ProfilerCapture(StepHook):
             with_stack=opts.with_stack,
             profile_memory=opts.profile_memory,
         )
-        _quiet_profiler_warnings(self.cuda)
+        quiet_profiler(self.cuda)
         self.profiler.__enter__()
         if self.marks is not None:
             self.marks.__enter__()
@@ -178,7 +178,7 @@ def capture_argv(options: CaptureOptions) -> list[str]:
 KINETO_SILENT = "6"
 
 
-def _quiet_profiler_warnings(cuda: bool) -> None:
+def quiet_profiler(cuda: bool) -> None:
     # torch warns that a schedule clears events between cycles; with repeat=1 there is one cycle.
     import warnings
     warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle.*")

@@ -69,7 +69,7 @@ def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
              if profile else "from the result's metrics (no trace)")
     verdict = Table(show_header=False, title=title, title_justify="left")
     verdict.add_column("what", style="bold")
-    verdict.add_column("value")
+    verdict.add_column("value", overflow="fold")  # advice names long identifiers: wrap them, never cut
     for key, value in d["evidence"].items():
         verdict.add_row(key, escape(_num(value)))
     for rank, lever in enumerate(d["levers"], 1):
