@@ -140,7 +140,7 @@ def test_decode_attention_is_math_only_when_tuned_and_no_backend_is_pinned():
 
 def test_a_compiled_decode_whose_host_needs_the_whole_step_to_issue_it_is_host_bound():
     from perflab.diagnose.decode import classify_decode
-    from perflab.diagnose.findings import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
+    from perflab.bottlenecks import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
 
     def metrics(host_ms):
         bound = {"pct_of_bound": 27.0, "measured_ms_per_token": 2.8, "bound_ms_per_token": 0.75,
@@ -157,7 +157,7 @@ def test_a_compiled_decode_whose_host_needs_the_whole_step_to_issue_it_is_host_b
 
 def test_a_graph_replayed_decode_far_below_the_bound_is_kernel_efficiency_not_launching():
     from perflab.diagnose.decode import classify_decode
-    from perflab.diagnose.findings import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
+    from perflab.bottlenecks import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
     # the H100's int8-weight 1b decode with perflab's graphs (2026-11-23): 1.31 ms per step, 28% of the bound
     bound = {"pct_of_bound": 28.3, "measured_ms_per_token": 1.314, "bound_ms_per_token": 0.372,
              "measured_over_bound": 3.53, "memory_gbps": 2972.0, "memory_gbps_source": "calibrated",

@@ -17,7 +17,7 @@ from perflab.generation.metrics import (BandwidthBound, RequestTiming, TokenCloc
 from perflab.generation.session import open_session
 from perflab.generation.speculative import SpeculativeStats, generate_speculative
 from perflab.diagnose.decode import classify_decode
-from perflab.diagnose.findings import COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
+from perflab.bottlenecks import COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
 from perflab.errors import PerflabError
 from perflab.results.metrics import Generation
 

@@ -1,6 +1,6 @@
 """The inference-queue rule on recorded serve metrics: a queue-bound tail, under-filled batches, a healthy server."""
 from perflab.diagnose import diagnose_result
-from perflab.diagnose.findings import INFERENCE_QUEUE, NO_CLEAR_BOTTLENECK
+from perflab.bottlenecks import INFERENCE_QUEUE, NO_CLEAR_BOTTLENECK
 from perflab.results import Result
 
 

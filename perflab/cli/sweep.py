@@ -16,7 +16,7 @@ from perflab.errors import PerflabError, writing
 from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
 from perflab.results.rundir import default_run_dir
-from perflab.sweep import SWEEP_JSON, SweepObserver, SweepSummary, read_rows, run_auto_batch, run_sweep
+from perflab.sweep import SWEEP_JSON, SweepObserver, read_rows, run_auto_batch, run_sweep
 from perflab.cli import build_parser
 
 

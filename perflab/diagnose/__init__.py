@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
-from perflab.diagnose.findings import CLASS_SLUGS, Context, Finding
+from perflab.bottlenecks import CLASS_SLUGS
+from perflab.diagnose.findings import Context, Finding
 from perflab.diagnose.op_graph import OpGraph
 from perflab.diagnose.operators import operator_view
 from perflab.diagnose.summary import summarize

@@ -5,10 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Union
 
-# The class names are declared once, in perflab.bottlenecks; rules import them from here or from there.
-from perflab.bottlenecks import (ACTIVATION_MEMORY, CLASS_SLUGS, COLLECTIVES, COMPUTE_BOUND, H2D_COPIES,  # noqa: F401
-                                 HOST_DEVICE_SYNC, INFERENCE_QUEUE, INPUT_PIPELINE, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH,
-                                 NO_CLEAR_BOTTLENECK)
 from perflab.diagnose.summary import TraceProfile
 from perflab.diagnose.trace import ParsedTrace
 from perflab.results.metrics import Metrics

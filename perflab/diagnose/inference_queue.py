@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from perflab.diagnose.findings import INFERENCE_QUEUE, Context, Finding, clamp, rounded
+from perflab.bottlenecks import INFERENCE_QUEUE
+from perflab.diagnose.findings import Context, Finding, clamp, rounded
 from perflab.levers import levers_for
 from perflab.results.metrics import Serve
 

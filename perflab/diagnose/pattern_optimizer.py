@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH, Context, Finding, clamp, gain, rounded
+from perflab.bottlenecks import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
+from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
 from perflab.diagnose.pattern_context import (MIN_SHARE_PCT, MINOR_MAX_CONFIDENCE, OPTIMIZER_MAX_CONFIDENCE,
                                               pattern_context)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import COMPUTE_BOUND, Context, Finding, clamp, gain, rounded
+from perflab.bottlenecks import COMPUTE_BOUND
+from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
 from perflab.diagnose.op_graph import OpCall
 from perflab.diagnose.roofline import ceilings
 from perflab.diagnose.pattern_context import (MIN_SHARE_PCT, MINOR_MAX_CONFIDENCE, REFINEMENT_MAX_CONFIDENCE, Match,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from perflab.diagnose.findings import (COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH, Context, Finding, clamp,
-                                       gain, rounded)
+from perflab.bottlenecks import COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
+from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
 from perflab.diagnose.pattern_context import (ATTENTION_MAX_CONFIDENCE, COPY_OPS, MATMULS, MIN_SHARE_PCT,
                                               MINOR_MAX_CONFIDENCE, PATTERN_MAX_CONFIDENCE, POINTWISE, SOFTMAX,
                                               TINY_CALL_BYTES, TINY_CALL_US_CPU,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.diagnose.findings import HOST_DEVICE_SYNC, Context, Finding, clamp, gain, rounded
+from perflab.bottlenecks import HOST_DEVICE_SYNC
+from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
 from perflab.diagnose.sync_sites import EXPLICIT_SYNC, SyncProfile
 
 GPU_IDLE_THRESHOLD_PCT = 3.0  # GPU idle charged to syncs

@@ -9,7 +9,8 @@ from perflab.diagnose.collectives import collectives
 from perflab.diagnose.compute import compute_bound
 from perflab.diagnose.copies import host_to_device_copies
 from perflab.diagnose.decode import decode_regime
-from perflab.diagnose.findings import NO_CLEAR_BOTTLENECK, Context, Finding
+from perflab.bottlenecks import NO_CLEAR_BOTTLENECK
+from perflab.diagnose.findings import Context, Finding
 from perflab.diagnose.inference_queue import inference_queue
 from perflab.diagnose.input_pipeline import input_pipeline
 from perflab.diagnose.launch_overhead import launch_overhead

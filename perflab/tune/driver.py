@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 from perflab import options
 from perflab.config import RunConfig
-from perflab.diagnose.findings import INFERENCE_QUEUE
+from perflab.bottlenecks import INFERENCE_QUEUE
 from perflab.errors import PerflabError
 from perflab.levers import all_levers
 from perflab.results import Result
