@@ -146,6 +146,9 @@ class ProfilerCapture(StepHook):
             self.profiler = None
 
     def _write(self, profiler: torch.profiler.profile) -> None:
+        if self.marks is not None:  # the trace is complete: the rest of the trials run without the module hooks
+            self.marks.__exit__(None, None, None)
+            self.marks = None
         self.out_dir.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(self.trace_path))  # torch gzips when the name ends in .gz
         self.written = True
