@@ -221,14 +221,26 @@ def test_a_host_slower_than_the_gpu_keeps_its_launch_gaps_when_a_sync_is_present
 
 # --- copies vs input --------------------------------------------------------------------------------------------
 
-def test_pageable_copies_lead_with_pin_memory_first_and_a_gain_per_lever():
+def test_pageable_copies_without_workers_put_compact_dtypes_first_since_pinning_copies_in_the_step():
+    # no workers: pinning is a host copy of the same bytes in the step itself, so it gives back little
     diagnosis, _ = diagnose_path(GPU / "h2d__pageable_inputs.json.gz")
     assert diagnosis.bottleneck == "host-to-device copies"
-    assert diagnosis.levers[0] == "pin-memory"
     gains = diagnosis.evidence["expected_gain_by_lever_pct"]
     assert set(gains) == {"pin-memory", "uint8 inputs", "prefetcher-stream"}
-    assert 0 < gains["pin-memory"] <= gains["prefetcher-stream"] <= 100
-    assert any("uint8" in advice for advice in diagnosis.advice)
+    assert 0 <= gains["pin-memory"] <= gains["prefetcher-stream"] < gains["uint8 inputs"] <= 100
+    assert diagnosis.levers[0] == "prefetcher-stream"  # the levers in the order of their predicted gain
+    assert "uint8" in diagnosis.advice[0]
+    assert diagnosis.expected_gain_pct == pytest.approx(gains["uint8 inputs"], abs=0.1)
+
+
+def test_pageable_copies_with_workers_cap_pinning_at_the_pin_threads_own_copy():
+    # 8 workers keep up; pinning moves the host copy to the pin thread, which must still copy every batch: the step
+    # cannot get shorter than that copy (on the H100 pin-memory measured -6% where the whole copy share was 78%)
+    diagnosis, _ = diagnose_path(GPU / "h2d__pageable_workers.json.gz")
+    gains = diagnosis.evidence["expected_gain_by_lever_pct"]
+    step, copy = diagnosis.profile["step_ms"], diagnosis.evidence["h2d_ms_per_step"]
+    assert gains["pin-memory"] <= 100 * (1 - copy / step) + 0.1
+    assert gains["uint8 inputs"] > gains["pin-memory"] and "uint8" in diagnosis.advice[0]
 
 
 def test_when_the_loader_keeps_up_pageable_copies_outrank_the_data_wait(tmp_path):
@@ -245,7 +257,7 @@ def test_when_the_loader_keeps_up_pageable_copies_outrank_the_data_wait(tmp_path
     diagnosis = diagnose(write_trace(tmp_path / "t.json", events))
     by_class = {f["cls"]: f for f in diagnosis.findings}
     assert diagnosis.bottleneck == "host-to-device copies"
-    assert diagnosis.levers[0] == "pin-memory"
+    assert "pin-memory" in diagnosis.levers[:2]
     assert by_class["input pipeline"]["confidence"] < by_class["host-to-device copies"]["confidence"]
 
 

@@ -34,6 +34,12 @@ class Finding:
         return asdict(self)
 
 
+def by_expected_gain(levers: list[str], gains: dict[str, float]) -> list[str]:
+    """Levers with a predicted gain first, largest first; the rest after them in their declared order."""
+    known = sorted((name for name in levers if name in gains), key=lambda name: -gains[name])
+    return known + [name for name in levers if name not in gains]
+
+
 @dataclass
 class Context:
     """What every rule reads: the parsed trace, its summary (computed once), and the run's result if known.

@@ -84,9 +84,13 @@ class PatternContext:
 
     def with_backward_us(self, calls: list[OpCall]) -> float:
         """Device time of these forward calls plus every backward call autograd made from them."""
+        return sum(c.device_us for c in calls) + self.backward_us(calls)
+
+    def backward_us(self, calls: list[OpCall]) -> float:
+        """Device time of every backward call autograd made from these forward calls."""
         seqs = {int(s) for call in calls for s in self.graph.seq[self.subtree(call)] if s >= 0}
         backward = {id(b): b for seq in seqs for b in self.backward_by_seq.get(seq, [])}
-        return sum(c.device_us for c in calls) + sum(b.device_us for b in backward.values())
+        return sum(b.device_us for b in backward.values())
 
     def share_pct(self, us: float) -> float:
         return min(100.0, 100 * us / self.window_us)

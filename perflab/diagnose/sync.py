@@ -17,6 +17,8 @@ SECONDARY_MAX_CONFIDENCE = 0.45
 LOCKSTEP_SYNCS_PER_STEP = 2  # syncs per step in forward/backward from which the host is held in lockstep  # below the verdict's bar: named as "also", never as the bottleneck
 ADVICE = ["keep running values on the device and read them once every N steps (no .item()/.cpu()/print of "
           "tensors inside the step)", "without syncs the step can also use cuda-graphs"]
+# Once a lockstep step is free of syncs, these take its launch idle (the first move is the pair)
+THEN_LEVERS = ["cuda-graphs"]
 # What removes the sync, by the op that caused it.
 ADVICE_BY_OP = {
     "aten::item": ".item() / float(t) / if t: reads a value on the host; keep it on the device (torch.where, masks) "
@@ -71,6 +73,7 @@ def _gpu(ctx: Context) -> Optional[Finding]:
     basis = "GPU idle from each sync until the next kernel after it returned"
     if gates_launch and not leads:
         evidence["gpu_idle_launching_pct"] = launch_idle
+        evidence["then_levers"] = ctx.rank_levers(THEN_LEVERS)
         summary += (f", and keep the host in lockstep with the GPU, which then idles {launch_idle:.0f}% more while "
                     "kernels are launched one by one; CUDA graphs and compile cannot capture a step that syncs: "
                     "remove the syncs first")
