@@ -75,13 +75,14 @@ CASES = [
          dict(batch_size=4, workload_options={}), code_fix=True, pattern="hand-written attention", primary=True),
     Case("sync__tolist_loss", "tolist_loss.py", dict(batch_size=64), dict(batch_size=512), code_fix=True),
     Case("h2d__pageable_workers", "pageable_inputs.py", dict(batch_size=8, pin_memory=False),
-         dict(batch_size=64, workers=8)),
+         dict(batch_size=64, workers=8), code_fix=True),
     Case("compute__fp32_matmul", "fp32_matmul.py", dict(batch_size=64, precision="fp32"), dict(batch_size=4096)),
     Case("odd_dims", "odd_dims.py", dict(batch_size=64, precision="bf16"), dict(batch_size=4096),
          code_fix=True, pattern="not a multiple of 8"),
     Case("launch__single_tensor_adam", "single_tensor_adam.py", dict(batch_size=32), dict(batch_size=256)),
     Case("memory_bandwidth__elementwise_chain", "elementwise_chain.py", dict(batch_size=8), dict(batch_size=32)),
-    Case("sync__item_after_layer", "item_sync.py", dict(batch_size=64), dict(batch_size=512, mode="infer")),
+    Case("sync__item_after_layer", "item_sync.py", dict(batch_size=64), dict(batch_size=512, mode="infer"),
+         code_fix=True),
     Case("extra_copies", "extra_copies.py", dict(batch_size=64, mode="infer"), dict(batch_size=1024),
          code_fix=True, pattern="tensor copies inside"),
     Case("conv_bias_bn", "conv_bias_bn.py", dict(batch_size=8), dict(batch_size=64), code_fix=True,
@@ -138,10 +139,19 @@ def first_move(diagnosis: dict, case: Case) -> tuple[str, Optional[dict], Option
     named = named or next((f for f in diagnosis["findings"] if f["cls"] == diagnosis["bottleneck"]), None)
     if named is None:
         return "-", None, None
-    by_lever = named["evidence"].get("expected_gain_by_lever_pct") or {}
-    for lever in named["levers"]:
+    by_move = named["evidence"].get("expected_gain_by_lever_pct") or {}
+    then = [lever for lever in named["evidence"].get("then_levers") or [] if lever in LEVER_CHANGES]
+    best = max(by_move, key=by_move.get) if by_move else None
+    if case.code_fix and named["advice"] and (then or (best is not None and best not in LEVER_CHANGES)):
+        # the move is a code change (with the levers it unlocks): the planted file's fixed=1 applies it
+        changes = {"workload_options": {"fixed": 1}}
+        for lever in then:
+            changes.update(LEVER_CHANGES[lever])
+        label = "code: " + named["advice"][0][:40] + "".join(f" + {lever}" for lever in then)
+        return label, changes, by_move.get(best, named["expected_gain_pct"]) if best else named["expected_gain_pct"]
+    for lever in ([best] if best in LEVER_CHANGES else []) + named["levers"]:
         if lever in LEVER_CHANGES:
-            return lever, LEVER_CHANGES[lever], by_lever.get(lever, named["expected_gain_pct"])
+            return lever, LEVER_CHANGES[lever], by_move.get(lever, named["expected_gain_pct"])
     if case.code_fix and named["advice"]:
         return "code: " + named["advice"][0][:40], {"workload_options": {"fixed": 1}}, named["expected_gain_pct"]
     return (named["levers"] or named["advice"] or ["-"])[0][:40], None, named["expected_gain_pct"]

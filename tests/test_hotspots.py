@@ -296,3 +296,27 @@ def test_pageable_copies_fed_by_workers_that_keep_up_recorded_on_the_h100_are_ho
     diagnosis, _ = diagnose_path(HERE / "fixtures" / "traces" / "gpu" / "h2d__pageable_workers.json.gz")
     assert diagnosis.bottleneck == "host-to-device copies"
     assert "pin-memory" in diagnosis.levers[:2]
+
+
+# --- predicted gains held to what the H100 measured ---------------------------------------------------------------
+
+def test_fusing_a_training_chain_is_predicted_from_its_forward_passes_only():
+    # on the H100 compile gave 28% on this training step, whose elementwise chains take 73% (forward and backward)
+    diagnosis, _ = diagnose_path(GPU / "memory_bandwidth__elementwise_chain.json.gz")
+    chain = next(f for f in diagnosis.findings if "unfused elementwise chains" in f["summary"])
+    forward, whole = chain["evidence"]["forward_share_of_step_pct"], chain["evidence"]["chain_share_of_step_pct"]
+    assert forward < whole
+    assert chain["expected_gain_pct"] == pytest.approx(forward * (1 - 2 / chain["evidence"]["longest_chain_ops"]),
+                                                       abs=0.2)
+    assert diagnosis.bottleneck == "memory bandwidth" and diagnosis.levers[0] == "compile"
+    assert diagnosis.expected_gain_pct == pytest.approx(chain["expected_gain_pct"], abs=0.2)
+    assert diagnosis.evidence["expected_gain_by_lever_pct"] == {"compile": pytest.approx(chain["expected_gain_pct"],
+                                                                                         abs=0.2)}
+
+
+def test_a_sync_that_holds_the_host_in_lockstep_proposes_its_removal_then_cuda_graphs():
+    diagnosis, _ = diagnose_path(GPU / "sync__tolist_loss.json.gz")
+    idle = diagnosis.profile["gpu"]["idle_split_pct"]
+    assert diagnosis.evidence["then_levers"] == ["cuda-graphs"]
+    assert diagnosis.expected_gain_pct == pytest.approx(
+        idle["host-device syncs"] + idle["launch / framework overhead"], abs=0.2)
