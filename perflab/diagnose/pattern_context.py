@@ -37,6 +37,7 @@ POINTWISE = {"aten::add", "aten::add_", "aten::sub", "aten::mul", "aten::mul_", 
 VIEWS = {"aten::view", "aten::reshape", "aten::transpose", "aten::permute", "aten::t", "aten::expand",
          "aten::unsqueeze", "aten::squeeze", "aten::flatten", "aten::unflatten", "aten::select", "aten::slice",
          "aten::split", "aten::chunk", "aten::unbind", "aten::detach", "aten::alias", "aten::as_strided"}
+SIXTEEN_BIT_DTYPES = {"c10::BFloat16", "c10::Half"}  # as the profiler records input dtypes
 COPY_OPS = {"aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone", "aten::copy_"}
 
 

@@ -9,7 +9,7 @@ from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
 from perflab.diagnose.op_graph import OpCall
 from perflab.diagnose.roofline import ceilings
 from perflab.diagnose.pattern_context import (MIN_SHARE_PCT, MINOR_MAX_CONFIDENCE, REFINEMENT_MAX_CONFIDENCE, Match,
-                                              PatternContext, pattern_context, place, where_of)
+                                              SIXTEEN_BIT_DTYPES, PatternContext, pattern_context, place, where_of)
 
 LINEAR_OPS = {"aten::linear", "aten::matmul", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
               "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::einsum"}
@@ -77,7 +77,7 @@ def odd_16bit_dims(ctx: Context) -> Optional[Finding]:
         return None
     odd = []
     for call, leaves in _linear_calls(pc):
-        bad = [i for i in leaves if pc.dtypes(i)[:1] in (["c10::BFloat16"], ["c10::Half"]) and _odd_dims(pc, i)]
+        bad = [i for i in leaves if pc.dtypes(i)[:1] and pc.dtypes(i)[0] in SIXTEEN_BIT_DTYPES and _odd_dims(pc, i)]
         if bad:
             odd.append((call, _odd_dims(pc, bad[0])))
     if not odd:

@@ -13,8 +13,8 @@ from typing import Callable, Optional
 from perflab.bottlenecks import COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
 from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
 from perflab.diagnose.pattern_context import (ATTENTION_MAX_CONFIDENCE, COPY_OPS, MATMULS, MIN_SHARE_PCT,
-                                              MINOR_MAX_CONFIDENCE, PATTERN_MAX_CONFIDENCE, POINTWISE, SOFTMAX,
-                                              TINY_CALL_BYTES, TINY_CALL_US_CPU,
+                                              MINOR_MAX_CONFIDENCE, PATTERN_MAX_CONFIDENCE, POINTWISE,
+                                              SIXTEEN_BIT_DTYPES, SOFTMAX, TINY_CALL_BYTES, TINY_CALL_US_CPU,
                                               TINY_CALL_US_GPU, VIEWS, Match, PatternContext,
                                               pattern_context, place, where_of)
 from perflab.diagnose.pattern_optimizer import single_tensor_optimizer, zeroed_grads
@@ -23,6 +23,8 @@ from perflab.diagnose.op_graph import OpCall
 from perflab.diagnose.operators import call_bytes
 from perflab.diagnose.phases import phase_intervals
 from perflab.diagnose.torch_matcher import torch_matcher_finding
+
+FLASH_MATMUL_SAVING = 0.3  # of a 16-bit hand-written attention's matmul time, once flash SDPA fuses them
 
 
 # --- hand-written attention -----------------------------------------------------------------------------------
@@ -76,8 +78,15 @@ def hand_attention(ctx: Context) -> Optional[Finding]:
         return None
     where = where_of(matches, ctx.profile.steps)
     # SDPA's kernels do the same two matmuls without writing the s x s scores: what the pattern spends outside its
-    # matmuls (softmax, scale, masks, the scores' memory traffic) goes, and the matmuls themselves run fused.
-    saved_us = (total_us - matmul_us) + 0.3 * matmul_us
+    # matmuls (softmax, scale, masks, the scores' memory traffic) goes. In 16-bit the flash kernel also runs the
+    # matmuls fused; in fp32 only the memory-efficient kernel applies, with no faster matmuls (on the H100: 19%
+    # measured where 43% was predicted with them). A training step's backward recomputes the scores: one more of
+    # the pattern's six matmul passes (two forward, four backward).
+    sixteen_bit = any(dtype in SIXTEEN_BIT_DTYPES for m in matches for dtype in pc.dtypes(m.extra["matmuls"][0].index))
+    backward = pc.backward_us(matches[0].extra["matmuls"]) > 0
+    saved_us = (total_us - matmul_us) + (FLASH_MATMUL_SAVING * matmul_us if sixteen_bit else 0.0)
+    if backward:
+        saved_us -= matmul_us / 6
     other_share = 100 * (total_us - matmul_us) / total_us if total_us else 0.0
     evidence = {**where, "pattern": matches[0].detail, "pattern_share_of_step_pct": share,
                 "pattern_ms_per_step": total_us / 1e3 / ctx.profile.steps,
@@ -94,7 +103,9 @@ def hand_attention(ctx: Context) -> Optional[Finding]:
                 "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...): "
                 "flash/memory-efficient kernels never write the s x s scores"],
         expected_gain_pct=gain(pc.share_pct(saved_us)),
-        gain_basis="the pattern's measured time outside its two matmuls, plus 30% of the matmuls' (fused by SDPA)")
+        gain_basis="the pattern's measured time outside its two matmuls" + (
+            f", plus {FLASH_MATMUL_SAVING:.0%} of the matmuls' (fused by flash SDPA)" if sixteen_bit else
+            " (fp32: no faster matmuls)") + (", less the backward's recompute of the scores" if backward else ""))
 
 
 # --- long unfused elementwise chains --------------------------------------------------------------------------
