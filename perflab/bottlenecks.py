@@ -39,6 +39,11 @@ PAGEABLE_COPIES = "most input copies come from pageable memory"
 CPU_AUGMENTATION = "the augmentations run per item on the CPU"
 NO_WORKERS = "the DataLoader has no workers"
 WITH_WORKERS = "the DataLoader has workers"
+# What an anti-pattern rule (perflab/diagnose/patterns.py) found: it names the levers whose address asks for it.
+UNFUSED_CHAINS = "elementwise ops run one after another, unfused"
+HAND_WRITTEN_ATTENTION = "attention is written as matmul, softmax, matmul"
+SINGLE_TENSOR_UPDATES = "the optimizer updates one tensor at a time"
+FP32_MATMULS = "matmuls and convs run in fp32 with TF32 off"
 DDP = "the ranks train through DDP"
 FSDP = "the ranks train through FSDP"
 # The decode rule's regimes (perflab/diagnose/decode.py): it names only the levers that ask for its regime.
@@ -49,4 +54,5 @@ DECODE_COMPUTE_BOUND = "the decode step's matmuls need longer than its reads"
 DECODE_REGIMES = (DECODE_BANDWIDTH_BOUND, DECODE_KERNEL_EFFICIENCY, DECODE_LAUNCH_BOUND, DECODE_COMPUTE_BOUND)
 
 SITUATIONS = (FULL_PRECISION, CONVOLUTIONS, ATTENTION, TRAINING, NO_HOST_SYNCS, PAGEABLE_COPIES, CPU_AUGMENTATION,
-              NO_WORKERS, WITH_WORKERS, DDP, FSDP) + DECODE_REGIMES
+              NO_WORKERS, WITH_WORKERS, DDP, FSDP, UNFUSED_CHAINS, HAND_WRITTEN_ATTENTION, SINGLE_TENSOR_UPDATES,
+              FP32_MATMULS) + DECODE_REGIMES

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.bottlenecks import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
+from perflab.bottlenecks import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH, SINGLE_TENSOR_UPDATES
 from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
+from perflab.levers import levers_for
 from perflab.diagnose.pattern_context import (MIN_SHARE_PCT, MINOR_MAX_CONFIDENCE, OPTIMIZER_MAX_CONFIDENCE,
                                               pattern_context)
 
@@ -34,7 +35,7 @@ def single_tensor_optimizer(ctx: Context) -> Optional[Finding]:
         cls=LAUNCH_OVERHEAD, confidence=clamp(0.3 + share / 50, high=OPTIMIZER_MAX_CONFIDENCE),
         summary=f"the optimizer updates one tensor at a time: {per_step:.0f} elementwise ops per step, "
                 f"{share:.0f}% of the step",
-        evidence=rounded(evidence), levers=ctx.rank_levers(["fused-optimizer", "foreach-optimizer"]),
+        evidence=rounded(evidence), levers=ctx.rank_levers(levers_for(LAUNCH_OVERHEAD, {SINGLE_TENSOR_UPDATES}, always=False)),
         advice=["build the optimizer with fused=True (or foreach=True): one kernel over all parameters"],
         expected_gain_pct=gain(pc.share_pct(0.8 * kernels_us)),
         gain_basis="80% of the per-tensor update ops' measured time (one fused kernel remains)")

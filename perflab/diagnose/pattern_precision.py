@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.bottlenecks import COMPUTE_BOUND
+from perflab.bottlenecks import COMPUTE_BOUND, FP32_MATMULS
 from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
 from perflab.diagnose.op_graph import OpCall
 from perflab.diagnose.roofline import ceilings
+from perflab.levers import levers_for
 from perflab.diagnose.pattern_context import (MIN_SHARE_PCT, MINOR_MAX_CONFIDENCE, REFINEMENT_MAX_CONFIDENCE, Match,
                                               SIXTEEN_BIT_DTYPES, PatternContext, pattern_context, place, where_of)
 
@@ -52,7 +53,7 @@ def fp32_matmuls(ctx: Context) -> Optional[Finding]:
     evidence = {**where, "fp32_matmul_share_of_step_pct": share, "expected_speedup_of_matmuls": speedup}
     # TF32 is a CUDA feature: on a CPU trace the finding is a note for the GPU run, not this run's verdict
     high = REFINEMENT_MAX_CONFIDENCE if ctx.on_gpu else MINOR_MAX_CONFIDENCE
-    levers = ctx.rank_levers(["tf32", "bf16"]) if ctx.on_gpu else ctx.rank_levers(["bf16"])
+    levers = ctx.rank_levers(levers_for(COMPUTE_BOUND, {FP32_MATMULS}, always=False))  # TF32 only on CUDA
     return Finding(
         cls=COMPUTE_BOUND, confidence=clamp(0.3 + share / 60, high=high),
         summary=f"fp32 matmuls/convs with TF32 off (most in {place(where)}) take {share:.0f}% of the step"

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from perflab.bottlenecks import COMPUTE_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH
+from perflab.bottlenecks import (COMPUTE_BOUND, HAND_WRITTEN_ATTENTION, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH,
+                                 UNFUSED_CHAINS)
 from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
 from perflab.diagnose.pattern_context import (ATTENTION_MAX_CONFIDENCE, COPY_OPS, MATMULS, MIN_SHARE_PCT,
                                               MINOR_MAX_CONFIDENCE, PATTERN_MAX_CONFIDENCE, POINTWISE,
@@ -23,6 +24,7 @@ from perflab.diagnose.op_graph import OpCall
 from perflab.diagnose.operators import call_bytes
 from perflab.diagnose.phases import phase_intervals
 from perflab.diagnose.torch_matcher import torch_matcher_finding
+from perflab.levers import levers_for
 
 FLASH_MATMUL_SAVING = 0.3  # of a 16-bit hand-written attention's matmul time, once flash SDPA fuses them
 
@@ -91,11 +93,13 @@ def hand_attention(ctx: Context) -> Optional[Finding]:
     evidence = {**where, "pattern": matches[0].detail, "pattern_share_of_step_pct": share,
                 "pattern_ms_per_step": total_us / 1e3 / ctx.profile.steps,
                 "outside_matmuls_pct_of_pattern": other_share}
-    levers = ctx.rank_levers(["sdpa-flash", "sdpa-efficient"]) if ctx.config("workload") == "transformer" else []
+    cls = MEMORY_BANDWIDTH if other_share >= 50 else COMPUTE_BOUND
+    # the SDPA levers switch perflab's own transformer's kernels; any other model needs the code change
+    levers = (ctx.rank_levers(levers_for(cls, {HAND_WRITTEN_ATTENTION}, always=False))
+              if ctx.config("workload") == "transformer" else [])
     s = matches[0].extra["seq_len"]
     return Finding(
-        cls=MEMORY_BANDWIDTH if other_share >= 50 else COMPUTE_BOUND,
-        confidence=clamp(0.3 + share / 50, high=ATTENTION_MAX_CONFIDENCE),
+        cls=cls, confidence=clamp(0.3 + share / 50, high=ATTENTION_MAX_CONFIDENCE),
         summary=f"hand-written attention in {place(where)}: matmul -> softmax -> matmul over a {s}x{s} score "
                 f"matrix takes {share:.0f}% of the step ({where['occurrences_per_step']:g}x per step)",
         evidence=rounded(evidence), levers=levers,
@@ -166,13 +170,14 @@ def elementwise_chains(ctx: Context) -> Optional[Finding]:
     evidence = {**where, "chains_per_step": len(matches) / ctx.profile.steps, "longest_chain_ops": longest,
                 "chain_share_of_step_pct": share, "forward_share_of_step_pct": forward_share,
                 "ops": sorted({c.name for c in matches[0].calls})}
+    cls = LAUNCH_OVERHEAD if tiny else MEMORY_BANDWIDTH
     return Finding(
-        cls=LAUNCH_OVERHEAD if tiny else MEMORY_BANDWIDTH,
+        cls=cls,
         confidence=clamp(0.3 + share / 60, high=PATTERN_MAX_CONFIDENCE),
         summary=f"unfused elementwise chains ({longest} ops in a row, in {place(where)}) take {share:.0f}% of the "
                 "step: " + (f"{mean_call_us:.0f} µs per op, launched one by one" if tiny else
                             "each op reads and writes the whole tensor"),
-        evidence=rounded(evidence), levers=ctx.rank_levers(["compile"]),
+        evidence=rounded(evidence), levers=ctx.rank_levers(levers_for(cls, {UNFUSED_CHAINS}, always=False)),
         advice=["torch.compile fuses the chain into one kernel (or write it as one fused op)"],
         expected_gain_pct=gain(_fusion_gain_pct(pc, matches)),
         gain_basis=f"the forward chains' measured time x (1 - 2/{longest}): one read and one write instead of "

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.bottlenecks import HOST_DEVICE_SYNC
+from perflab.bottlenecks import HOST_DEVICE_SYNC, LAUNCH_OVERHEAD, NO_HOST_SYNCS
 from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
 from perflab.diagnose.sync_sites import EXPLICIT_SYNC, SyncProfile
+from perflab.levers import levers_for
 
 GPU_IDLE_THRESHOLD_PCT = 3.0  # GPU idle charged to syncs
 CPU_CALLS_THRESHOLD = 2.0  # sync ops per step outside the optimizer; one per layer is a structural sync
@@ -17,8 +18,6 @@ SECONDARY_MAX_CONFIDENCE = 0.45
 LOCKSTEP_SYNCS_PER_STEP = 2  # syncs per step in forward/backward from which the host is held in lockstep  # below the verdict's bar: named as "also", never as the bottleneck
 ADVICE = ["keep running values on the device and read them once every N steps (no .item()/.cpu()/print of "
           "tensors inside the step)", "without syncs the step can also use cuda-graphs"]
-# Once a lockstep step is free of syncs, these take its launch idle (the first move is the pair)
-THEN_LEVERS = ["cuda-graphs"]
 # What removes the sync, by the op that caused it.
 ADVICE_BY_OP = {
     "aten::item": ".item() / float(t) / if t: reads a value on the host; keep it on the device (torch.where, masks) "
@@ -73,7 +72,8 @@ def _gpu(ctx: Context) -> Optional[Finding]:
     basis = "GPU idle from each sync until the next kernel after it returned"
     if gates_launch and not leads:
         evidence["gpu_idle_launching_pct"] = launch_idle
-        evidence["then_levers"] = ctx.rank_levers(THEN_LEVERS)
+        # once the step is free of syncs, the levers that need none take its launch idle: the first move is the pair
+        evidence["then_levers"] = ctx.rank_levers(levers_for(LAUNCH_OVERHEAD, {NO_HOST_SYNCS}, always=False))
         summary += (f", and keep the host in lockstep with the GPU, which then idles {launch_idle:.0f}% more while "
                     "kernels are launched one by one; CUDA graphs and compile cannot capture a step that syncs: "
                     "remove the syncs first")

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from perflab.bottlenecks import (COMPUTE_BOUND, DECODE_LAUNCH_BOUND, INFERENCE_QUEUE, LAUNCH_OVERHEAD,
-                                 MEMORY_BANDWIDTH)
+                                 MEMORY_BANDWIDTH, UNFUSED_CHAINS)
 from perflab.levers import COMPILES, Address, Lever, TuneHints
 
 
@@ -31,7 +31,8 @@ LEVERS = [
     Lever("compile", "compile", None, "torch.compile: fused kernels (Inductor); reduce-overhead adds CUDA graphs",
           "torch 2.x and a C++ compiler (CPU) or Triton (CUDA)",
           (Address(LAUNCH_OVERHEAD, 2), Address(MEMORY_BANDWIDTH, 1), Address(COMPUTE_BOUND, 7),
-           Address(INFERENCE_QUEUE, 1), Address(LAUNCH_OVERHEAD, 2, DECODE_LAUNCH_BOUND)), 60, _apply,
+           Address(INFERENCE_QUEUE, 1), Address(LAUNCH_OVERHEAD, 2, DECODE_LAUNCH_BOUND),
+           Address(MEMORY_BANDWIDTH, 1, UNFUSED_CHAINS), Address(LAUNCH_OVERHEAD, 1, UNFUSED_CHAINS)), 60, _apply,
           in_code="model = torch.compile(model)",
           when_lost="torch.compile lost: fuse by hand (fewer, larger tensor ops), or a larger batch",
           tune=TuneHints(COMPILES, screen_always=4), checks=_refuse),

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from perflab.errors import PerflabError
-from perflab.bottlenecks import LAUNCH_OVERHEAD, TRAINING
+from perflab.bottlenecks import LAUNCH_OVERHEAD, SINGLE_TENSOR_UPDATES, TRAINING
 from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints
 
 
@@ -33,12 +33,14 @@ def _apply(plan, cfg) -> None:
 
 LEVERS = [
     Lever("foreach-optimizer", "optimizer_impl", "foreach", "multi-tensor (foreach) optimizer step",
-          "--mode train", (Address(LAUNCH_OVERHEAD, 4, TRAINING),), 40, _apply,
+          "--mode train",
+          (Address(LAUNCH_OVERHEAD, 4, TRAINING), Address(LAUNCH_OVERHEAD, 2, SINGLE_TENSOR_UPDATES)), 40, _apply,
           in_code="the optimizer with foreach=True",
           when_lost="the foreach optimizer lost: the optimizer step is not the cost",
           tune=TuneHints(ONE_TRIAL)),
     Lever("fused-optimizer", "optimizer_impl", "fused", "one fused kernel per optimizer step",
-          "--mode train; an optimizer with a fused implementation", (Address(LAUNCH_OVERHEAD, 3, TRAINING),), 40,
+          "--mode train; an optimizer with a fused implementation",
+          (Address(LAUNCH_OVERHEAD, 3, TRAINING), Address(LAUNCH_OVERHEAD, 1, SINGLE_TENSOR_UPDATES)), 40,
           _apply,
           in_code="the optimizer with fused=True (Adam, AdamW, SGD on CUDA)",
           when_lost="the fused optimizer lost: the optimizer step is not the cost",

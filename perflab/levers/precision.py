@@ -6,7 +6,8 @@ from typing import Optional
 import torch
 
 from perflab.backends import set_tf32
-from perflab.bottlenecks import ACTIVATION_MEMORY, COMPUTE_BOUND, DECODE_COMPUTE_BOUND, FULL_PRECISION, MEMORY_BANDWIDTH
+from perflab.bottlenecks import (ACTIVATION_MEMORY, COMPUTE_BOUND, DECODE_COMPUTE_BOUND, FP32_MATMULS, FULL_PRECISION,
+                                 MEMORY_BANDWIDTH)
 from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints
 
 def _refuse_bf16(cfg, workload, device) -> Optional[str]:
@@ -35,7 +36,8 @@ def _apply_fp16(plan, cfg) -> None:
 LEVERS = [
     Lever("tf32", "precision", "tf32", "TF32 tensor cores for fp32 matmuls and convolutions",
           "CUDA (Ampere or newer)",
-          (Address(COMPUTE_BOUND, 2, FULL_PRECISION), Address(MEMORY_BANDWIDTH), Address(ACTIVATION_MEMORY)), 20,
+          (Address(COMPUTE_BOUND, 2, FULL_PRECISION), Address(MEMORY_BANDWIDTH), Address(ACTIVATION_MEMORY),
+           Address(COMPUTE_BOUND, 1, FP32_MATMULS)), 20,
           _apply_tf32,
           in_code="torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True",
           when_lost="TF32 lost: the fp32 matmuls are not the limit; a larger batch or less work is",
@@ -43,7 +45,8 @@ LEVERS = [
     Lever("bf16", "precision", "bf16", "bf16 autocast for forward and loss",
           "a device with bf16 (CPU or Ampere+ GPU)",
           (Address(COMPUTE_BOUND, 1, FULL_PRECISION), Address(MEMORY_BANDWIDTH, 4, FULL_PRECISION),
-           Address(ACTIVATION_MEMORY, 2, FULL_PRECISION), Address(COMPUTE_BOUND, 1, DECODE_COMPUTE_BOUND)), 20,
+           Address(ACTIVATION_MEMORY, 2, FULL_PRECISION), Address(COMPUTE_BOUND, 1, DECODE_COMPUTE_BOUND),
+           Address(COMPUTE_BOUND, 2, FP32_MATMULS)), 20,
           _apply_bf16,
           in_code="with torch.autocast('cuda', dtype=torch.bfloat16): around the forward and the loss",
           when_lost="bf16 lost: the matmuls are not the limit at this size; a larger batch or less work is",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.bottlenecks import ACTIVATION_MEMORY, ATTENTION, COMPUTE_BOUND, MEMORY_BANDWIDTH
+from perflab.bottlenecks import ACTIVATION_MEMORY, ATTENTION, COMPUTE_BOUND, HAND_WRITTEN_ATTENTION, MEMORY_BANDWIDTH
 from perflab.backends import sdpa_context
 from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints, first_refusal
 
@@ -39,12 +39,16 @@ def _apply(plan, cfg) -> None:
 LEVERS = [
     Lever("sdpa-flash", "sdpa", "flash", "FlashAttention kernel for scaled_dot_product_attention",
           "CUDA, --precision bf16/fp16, an attention workload",
-          (Address(COMPUTE_BOUND, 6, ATTENTION), Address(MEMORY_BANDWIDTH), Address(ACTIVATION_MEMORY)), 35, _apply,
+          (Address(COMPUTE_BOUND, 6, ATTENTION), Address(MEMORY_BANDWIDTH), Address(ACTIVATION_MEMORY),
+           Address(COMPUTE_BOUND, 1, HAND_WRITTEN_ATTENTION), Address(MEMORY_BANDWIDTH, 1, HAND_WRITTEN_ATTENTION)),
+          35, _apply,
           in_code="with torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION): around attention",
           when_lost="flash attention lost: try the efficient backend, or a longer sequence per call",
           tune=TuneHints(ONE_TRIAL), checks=first_refusal(_needs_attention, _needs_half, _takes_no_mask)),
     Lever("sdpa-efficient", "sdpa", "efficient", "memory-efficient attention kernel for scaled_dot_product_attention",
-          "CUDA, an attention workload", (Address(MEMORY_BANDWIDTH), Address(ACTIVATION_MEMORY)), 35, _apply,
+          "CUDA, an attention workload",
+          (Address(MEMORY_BANDWIDTH), Address(ACTIVATION_MEMORY), Address(COMPUTE_BOUND, 2, HAND_WRITTEN_ATTENTION),
+           Address(MEMORY_BANDWIDTH, 2, HAND_WRITTEN_ATTENTION)), 35, _apply,
           in_code="with torch.nn.attention.sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION): around attention",
           when_lost="memory-efficient attention lost: try flash attention (bf16/fp16), or leave the choice to "
                     "PyTorch (--sdpa auto)",
