@@ -320,3 +320,11 @@ def test_a_sync_that_holds_the_host_in_lockstep_proposes_its_removal_then_cuda_g
     assert diagnosis.evidence["then_levers"] == ["cuda-graphs"]
     assert diagnosis.expected_gain_pct == pytest.approx(
         idle["host-device syncs"] + idle["launch / framework overhead"], abs=0.2)
+
+
+def test_backward_nodes_are_placed_on_the_roofline_from_the_aten_ops_under_them():
+    # a backward node records no shapes; its bmm calls sit two levels below it (under the node's own op)
+    diagnosis, _ = diagnose_path(HERE / "fixtures" / "traces" / "patterns" / "hand_attention.json.gz")
+    rows = {row["op"]: row for row in diagnosis.operators["ops"]}
+    assert rows["BmmBackward0"]["mb_per_step"] > 0 and rows["BmmBackward0"]["bound"] == "compute"
+    assert rows["SoftmaxBackward0"]["mb_per_step"] > 0 and rows["SoftmaxBackward0"]["bound"] == "bandwidth"

@@ -19,6 +19,11 @@ from perflab.profile.module_marks import MODULE_MARK  # perflab's per-module ran
 PY_MODULE = "nn.Module: "
 BACKWARD_WRAPPER = "autograd::engine::evaluate_function: "
 
+# ops that make views: they move no data
+VIEWS = {"aten::view", "aten::reshape", "aten::transpose", "aten::permute", "aten::t", "aten::expand",
+         "aten::unsqueeze", "aten::squeeze", "aten::flatten", "aten::unflatten", "aten::select", "aten::slice",
+         "aten::split", "aten::chunk", "aten::unbind", "aten::detach", "aten::alias", "aten::as_strided"}
+
 
 @dataclass
 class OpCall:

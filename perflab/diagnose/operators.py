@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from perflab.diagnose.op_graph import OpCall, OpGraph
+from perflab.diagnose.op_graph import VIEWS, OpCall, OpGraph
 from perflab.diagnose.roofline import DTYPE_BYTES, DTYPE_PRECISION, ceilings
 from perflab.diagnose.trace import ParsedTrace
 
@@ -101,13 +101,23 @@ def _conv_out_shape(x: list, w: list) -> Optional[list]:
 def call_bytes(trace: ParsedTrace, graph: OpGraph, call: OpCall) -> float:
     """Bytes read and written by one call: its input tensors plus an output as large as its largest input.
 
-    A backward node records no shapes; its aten children do, and their bytes are summed."""
+    A backward node records no shapes; the outermost aten ops under it that move data do, and their bytes are
+    summed."""
     ops = trace.cpu_ops
     own = _tensor_bytes(trace.inputs.get(int(ops.ext_id[call.index])))
     if own:
         return own
-    return float(sum(_tensor_bytes(trace.inputs.get(int(ops.ext_id[child]))) for child in graph.children(call.index)
-                     if ops.name(int(child)).startswith("aten::")))
+    total, counted_spans = 0.0, []
+    for member in graph.descendants(call.index):  # in start order, outer before inner
+        name = ops.name(int(member))
+        start, end = ops.start_us[member], ops.end_us[member]
+        if not name.startswith("aten::") or name in VIEWS or any(s <= start and end <= e for s, e in counted_spans):
+            continue
+        moved = _tensor_bytes(trace.inputs.get(int(ops.ext_id[member])))
+        if moved:
+            total += moved
+            counted_spans.append((start, end))
+    return total
 
 
 def _tensor_bytes(inputs) -> float:
@@ -220,9 +230,9 @@ def roofline_place(row: dict[str, Any], roof: dict[str, Any], precision: Optiona
         dtype_precision = "tf32"
     peak = (roof.get("tflops") or {}).get(dtype_precision)
     bandwidth = roof.get("memory_gbps")
-    if not peak or not bandwidth:
-        return "unknown", None
-    intensity = row["intensity_flop_per_byte"] or 0.0
+    if not peak or not bandwidth or row["intensity_flop_per_byte"] is None:
+        return "unknown", None  # no ceilings, or the bytes the op moved are not in the trace
+    intensity = row["intensity_flop_per_byte"]
     ridge = peak * 1e12 / (bandwidth * 1e9)
     if intensity >= ridge:
         pct = 100 * row["achieved_tflops"] / peak

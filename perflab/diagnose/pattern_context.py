@@ -8,7 +8,7 @@ from typing import Any, Optional
 import numpy as np
 
 from perflab.diagnose.findings import Context
-from perflab.diagnose.op_graph import OpCall
+from perflab.diagnose.op_graph import VIEWS, OpCall  # noqa: F401  (the pattern rules read VIEWS from here)
 from perflab.diagnose.phases import phase_intervals
 
 MIN_SHARE_PCT = 2.0  # a pattern explaining less of the step is not worth a finding
@@ -34,9 +34,6 @@ POINTWISE = {"aten::add", "aten::add_", "aten::sub", "aten::mul", "aten::mul_", 
              "aten::abs", "aten::clamp", "aten::where", "aten::masked_fill", "aten::dropout", "aten::square",
              "aten::layer_norm", "aten::group_norm", "aten::batch_norm", "aten::rms_norm", "aten::erf",
              "aten::reciprocal", "aten::addcmul", "aten::leaky_relu", "aten::hardtanh", "aten::mean", "aten::sum"}
-VIEWS = {"aten::view", "aten::reshape", "aten::transpose", "aten::permute", "aten::t", "aten::expand",
-         "aten::unsqueeze", "aten::squeeze", "aten::flatten", "aten::unflatten", "aten::select", "aten::slice",
-         "aten::split", "aten::chunk", "aten::unbind", "aten::detach", "aten::alias", "aten::as_strided"}
 SIXTEEN_BIT_DTYPES = {"c10::BFloat16", "c10::Half"}  # as the profiler records input dtypes
 COPY_OPS = {"aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone", "aten::copy_"}
 
