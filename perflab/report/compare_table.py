@@ -5,10 +5,11 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from perflab.compare import Comparison, MetricChange
+from perflab.compare import ACCEPT, INCONCLUSIVE, NO_CHANGE, NOT_JUDGED, REJECT, Comparison, MetricChange
 from perflab.report.terminal import fmt
 
-DECISION_STYLE = {"accept": "bold green", "reject": "bold red", "no significant change": "bold yellow"}
+DECISION_STYLE = {ACCEPT: "bold green", REJECT: "bold red", NO_CHANGE: "bold yellow", NOT_JUDGED: "bold yellow",
+                  INCONCLUSIVE: "bold yellow"}
 
 
 def _value(value, unit: str) -> str:

@@ -1,0 +1,162 @@
+"""No vacuous verdict: pass, accept, reproduced and "no lever won" only when the evidence supports them; NaN never
+passes; a figure that cannot be right (a share or an efficiency over 100%) is never shown as a figure."""
+import copy
+import dataclasses
+import json
+import math
+
+import pytest
+
+from perflab import RunConfig, run
+from perflab.cli import main
+from perflab.compare import INCONCLUSIVE, NO_CHANGE, NOT_JUDGED, compare_results
+from perflab.compare.reproduction import NOT_REPRODUCED, REPRODUCED, reproduction
+from perflab.errors import PerflabError
+from perflab.quality import MAX_NOISE_WIDENING, judge_losses, with_noise_floor
+from perflab.results import Result, Trial
+from perflab.tune.decision import judge, unjudged_line
+
+
+@pytest.fixture(scope="module")
+def measured() -> Result:
+    """One real tiny run (3 trials); the cases below derive their sides from it, on a quiet machine."""
+    result = run("mlp", RunConfig(workload="mlp", device="cpu", steps=3, trials=3, warmup=1, batch_size=16,
+                                  workload_options={"hidden": "16", "in_features": "8"}))
+    result.metrics.interference.busy = False
+    return result
+
+
+def at(result: Result, throughputs: list[float]) -> Result:
+    """A copy of `result` whose trials ran at `throughputs` samples/s (steps to match)."""
+    derived = copy.deepcopy(result)
+    derived.trials = [Trial(wall_s=t.samples / value, steps=t.steps, samples=t.samples, throughput_samples_per_s=value,
+                            step_ms=[1000 * t.samples / t.steps / value] * t.steps, phase_ms=dict(t.phase_ms))
+                      for t, value in zip(result.trials, throughputs)]
+    derived.metrics.throughput_samples_per_s.median = sorted(throughputs)[len(throughputs) // 2]
+    derived.metrics.latency_ms.p50 = derived.trials[0].step_ms[0]
+    return derived
+
+
+def saved(result: Result, directory) -> str:
+    directory.mkdir(parents=True, exist_ok=True)
+    result.save(directory)
+    return str(directory)
+
+
+# ---------------------------------------------------------------------------------------------- the quality gate
+
+def chaotic_tolerance(precision_rtol: float = 1e-2, floor: float = 0.3) -> dict:
+    """A bf16-like tolerance widened by a chaotic baseline whose nudged copy moved the loss by `floor`."""
+    return with_noise_floor({"rtol": precision_rtol, "source": "bf16 default"}, [2.0, 1.0], [2.0, 1.0 + floor])
+
+
+def test_a_loss_inside_only_a_hugely_widened_noise_floor_is_inconclusive_not_pass():
+    tolerance = chaotic_tolerance()
+    assert tolerance["widening"] > MAX_NOISE_WIDENING  # 3 x 0.3 = 0.9: 90x the bf16 tolerance
+    verdict = judge_losses([37.1, 37.1], [3.87, 3.87], dict(tolerance, rtol=0.95))
+    assert verdict["verdict"] == "inconclusive"
+    assert "too chaotic" in verdict["reason"] and "1.0e-02" in verdict["reason"]
+
+
+def test_the_noise_floor_still_gives_verdicts_inside_its_bound_and_outside_the_widened_tolerance():
+    tolerance = chaotic_tolerance()
+    assert judge_losses([2.0, 1.0], [2.0, 1.005], tolerance)["verdict"] == "pass"  # within the bf16 tolerance
+    assert judge_losses([2.0, 1.0], [2.0, 3.0], tolerance)["verdict"] == "fail"  # beyond even the widened one
+    modest = chaotic_tolerance(floor=0.02)  # 3 x 0.02 = 6x the bf16 tolerance: within the bound
+    assert modest["widening"] <= MAX_NOISE_WIDENING
+    assert judge_losses([2.0, 1.0], [2.0, 1.05], modest)["verdict"] == "pass"
+
+
+def test_the_widening_bound_is_documented_where_the_noise_floor_is():
+    from pathlib import Path
+    text = (Path(__file__).parents[1] / "docs" / "quality.md").read_text()
+    assert f"{MAX_NOISE_WIDENING:g}×" in text and "inconclusive" in text
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0"])
+def test_a_non_finite_or_non_positive_tolerance_is_refused_in_one_line(value, capsys):
+    assert main(["run", "--workload", "mlp", "--device", "cpu", f"--quality-loss-rtol={value}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--quality-loss-rtol" in err
+
+
+def test_run_says_an_inconclusive_gate_and_compare_does_not_accept_its_speed_up(measured, tmp_path, capsys):
+    base = at(measured, [1000.0, 1010.0, 990.0])
+    faster = at(measured, [1500.0, 1520.0, 1490.0])
+    faster.quality = {"verdict": "inconclusive", "reason": "final loss 3.87 vs baseline 37.1 ... too chaotic"}
+    comparison = compare_results(base, faster)
+    assert comparison.decision == INCONCLUSIVE and "inconclusive" in comparison.reasons[0]
+    decision = judge(base, faster, min_effect_pct=2.0)
+    assert not decision.kept and decision.verdict == INCONCLUSIVE and not decision.judged
+    assert main(["compare", saved(base, tmp_path / "b"), saved(faster, tmp_path / "f"), "--out", str(tmp_path / "c"),
+                 "--fail-on-not-judged"]) == 1
+    assert "inconclusive" in capsys.readouterr().out.strip().splitlines()[-1]
+
+
+# ---------------------------------------------------------------------------------------------- compare and rerun
+
+def test_one_trial_per_side_is_inconclusive_never_no_significant_change(measured):
+    base, cand = at(measured, [1000.0]), at(measured, [260.0])  # -74%, one trial each
+    base.trials, cand.trials = base.trials[:1], cand.trials[:1]
+    comparison = compare_results(base, cand)
+    assert comparison.decision == INCONCLUSIVE and "fewer than 2 trials" in comparison.reasons[0]
+    assert reproduction(comparison)[0] == INCONCLUSIVE
+
+
+def test_rerun_calls_a_large_significant_change_not_reproduced(measured):
+    original, repeat = at(measured, [1000.0, 1010.0, 990.0]), at(measured, [260.0, 262.0, 258.0])
+    verdict, why = reproduction(compare_results(original, repeat))
+    assert verdict == NOT_REPRODUCED and "-74" in why
+    same = compare_results(original, at(measured, [1000.0, 1010.0, 990.0]))
+    assert same.decision == NO_CHANGE and reproduction(same)[0] == REPRODUCED
+
+
+def test_rerun_on_a_busy_machine_is_inconclusive(measured):
+    repeat = at(measured, [260.0, 262.0, 258.0])
+    repeat.metrics.interference = dataclasses.replace(repeat.metrics.interference, busy=True, other_cpu_cores_max=1.5)
+    comparison = compare_results(at(measured, [1000.0, 1010.0, 990.0]), repeat)
+    assert comparison.decision == NOT_JUDGED
+    assert reproduction(comparison)[0] == INCONCLUSIVE
+
+
+def test_compare_not_judged_is_the_last_line_and_fails_only_when_asked(measured, tmp_path, capsys):
+    base = saved(at(measured, [1000.0, 1010.0, 990.0]), tmp_path / "base")
+    busy = at(measured, [500.0, 505.0, 495.0])
+    busy.metrics.interference = dataclasses.replace(busy.metrics.interference, busy=True, other_cpu_cores_max=1.5)
+    busy = saved(busy, tmp_path / "busy")
+    assert main(["compare", base, busy, "--out", str(tmp_path / "c1"), "--fail-on-regression", "10"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("not judged") and "busy machine" in last
+    assert main(["compare", base, busy, "--out", str(tmp_path / "c2"), "--fail-on-regression", "10",
+                 "--fail-on-not-judged"]) == 1
+
+
+@pytest.mark.parametrize("side", ["base", "candidate"])
+def test_compare_refuses_a_nan_throughput_and_names_the_side(measured, tmp_path, capsys, side):
+    good = at(measured, [1000.0, 1010.0, 990.0])
+    bad = at(measured, [1000.0, float("nan"), 990.0])
+    bad.metrics.throughput_samples_per_s.median = float("nan")
+    paths = [saved(good, tmp_path / "good"), saved(bad, tmp_path / "bad")]
+    if side == "base":
+        paths.reverse()
+    assert main(["compare", *paths, "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"the {side}" in err and "NaN" in err
+
+
+def test_compare_refuses_a_nan_loss_in_the_quality_record(measured):
+    bad = at(measured, [1000.0, 1010.0, 990.0])
+    bad.quality = {"verdict": "pass", "reason": "", "metrics": {"final_loss_candidate": math.nan}}
+    with pytest.raises(PerflabError, match="candidate.*final_loss_candidate is nan"):
+        compare_results(at(measured, [1000.0, 1010.0, 990.0]), bad)
+
+
+# ---------------------------------------------------------------------------------------------- tune
+
+def test_a_tune_whose_trials_were_not_judged_says_so_and_why():
+    rows = [{"verdict": NOT_JUDGED, "judged": False, "why": "speed not judged: the candidate ran on a busy machine"},
+            {"verdict": NOT_JUDGED, "judged": False, "why": "speed not judged: the base ran on a busy machine"},
+            {"verdict": "refused", "why": "refused by the run: needs CUDA"}, None]
+    line = unjudged_line(rows)
+    assert line.startswith("2 of 2 trial(s) not judged (not judged)") and "busy machine" in line
+    assert unjudged_line([{"verdict": NO_CHANGE, "judged": True, "why": "inside the noise"}]) is None
