@@ -160,3 +160,26 @@ def test_a_tune_whose_trials_were_not_judged_says_so_and_why():
     line = unjudged_line(rows)
     assert line.startswith("2 of 2 trial(s) not judged (not judged)") and "busy machine" in line
     assert unjudged_line([{"verdict": NO_CHANGE, "judged": True, "why": "inside the noise"}]) is None
+
+
+# ---------------------------------------------------------------------------------------------- one trial, no interval
+
+def test_one_trial_shows_no_interval_on_the_terminal_in_markdown_html_and_compare(tmp_path, capsys):
+    out = tmp_path / "one"
+    assert main(["run", "--workload", "mlp", "--device", "cpu", "--batch", "8", "--steps", "3", "--warmup", "1",
+                 "--trials", "1", "--out", str(out)]) == 0
+    terminal = capsys.readouterr().out
+    assert "1 trial, no interval" in terminal and "95% CI" not in terminal
+    throughput = json.loads((out / "result.json").read_text())["metrics"]["throughput_samples_per_s"]
+    assert throughput["ci95_low"] is None and throughput["n"] == 1
+    assert main(["report", str(out)]) == 0
+    for name in ("report.md", "report.html"):
+        text = (out / name).read_text()
+        assert "1 trial, no interval" in text and "95% CI" not in text.split("throughput", 1)[1].split("\n")[0]
+    assert main(["compare", str(out), str(out), "--out", str(tmp_path / "c"), "--report"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())  # the table may wrap the words
+    assert "1 trial, no interval" in shown or "1 trial, no │" in shown
+    assert "1 trial, no interval" in (tmp_path / "c" / "report.md").read_text()
+    assert "1 trial, no interval" in (tmp_path / "c" / "report.html").read_text()
+    comparison = json.loads((tmp_path / "c" / "compare.json").read_text())
+    assert comparison["decision"] in (INCONCLUSIVE, NOT_JUDGED)  # one trial (or a busy test machine): no verdict

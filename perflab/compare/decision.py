@@ -29,7 +29,7 @@ import numpy as np
 from perflab.config import MIN_EFFECT_PCT, numerics_fields
 from perflab.cost import cost_per_million
 from perflab.errors import PerflabError
-from perflab.harness.stats import RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
+from perflab.harness.stats import NO_INTERVAL, RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
 from perflab.results.metrics import Flops, Gpu
 from perflab.results import Result, resolve_result_path, write_json_atomic
 from perflab.compare.kernels import kernel_changes
@@ -65,6 +65,7 @@ class MetricChange:
     ci_high_pct: Optional[float] = None
     significant: Optional[bool] = None  # None: no interval (a single value per side)
     note: str = ""
+    interval_note: str = ""  # why there is no interval, when the values allowed none (report/interval.py)
 
     @property
     def improved(self) -> bool:
@@ -153,7 +154,8 @@ def _change(name: str, unit: str, better: str, base: Optional[float], cand: Opti
         return row
     base_values, cand_values, statistic = (np.asarray(samples[0], float), np.asarray(samples[1], float), samples[2])
     if base_values.size < 2 or cand_values.size < 2:
-        row.note = (note + "; " if note else "") + "one value per side: no interval (use --trials 3 or more)"
+        row.interval_note = NO_INTERVAL
+        row.note = (note + "; " if note else "") + "one value on a side: no interval (use --trials 3 or more)"
         return row
     low, high = bootstrap_ratio_ci(base_values, cand_values, statistic, CONFIDENCE)
     row.ci_low_pct, row.ci_high_pct = 100 * (low - 1), 100 * (high - 1)

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from perflab.environment import describe_device
 from perflab.harness.phases import phase_sort_key
+from perflab.harness.stats import interval_text
 from perflab.results.metrics import Generation, Latency, Metrics
 from perflab.results import Result
 
@@ -53,9 +54,9 @@ def result_table(result: Result) -> Table:
     table = Table(title=run_title(result), title_justify="left", show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value")
-    table.add_row("throughput", f"{fmt(throughput.median)} samples/s  (95% CI {fmt(throughput.ci95_low)}"
-                  f"–{fmt(throughput.ci95_high)}, spread {fmt(throughput.range_pct)}% over "
-                  f"{throughput.n} trials)")
+    interval = interval_text(throughput.ci95_low, throughput.ci95_high, throughput.n, fmt)
+    table.add_row("throughput", f"{fmt(throughput.median)} samples/s  ({interval}, spread "
+                  f"{fmt(throughput.range_pct)}% over {throughput.n} trials)")
     if m.steps_per_s is not None:  # a script run: steps found in the script, the first --warmup of them not timed
         table.add_row("steps", f"{fmt(m.steps_per_s, 2)} steps/s · {result.trials[0].steps} "
                       f"timed of {m.steps_seen} (warm-up {result.config.get('warmup')}) · "

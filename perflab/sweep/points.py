@@ -134,6 +134,7 @@ def result_row(result: Result) -> dict[str, Any]:
         "throughput": throughput.median,
         "throughput_ci_low": throughput.ci95_low,
         "throughput_ci_high": throughput.ci95_high,
+        "trials": throughput.n,
         "p50_ms": latency.p50,
         "p95_ms": latency.p95,
         "p99_ms": latency.p99,
