@@ -14,6 +14,7 @@ from perflab.compare.reproduction import NOT_REPRODUCED, REPRODUCED, reproductio
 from perflab.errors import PerflabError
 from perflab.quality import MAX_NOISE_WIDENING, judge_losses, with_noise_floor
 from perflab.results import Result, Trial
+from perflab.sweep.scale import scaling_rows, trusted_efficiency
 from perflab.tune.decision import judge, unjudged_line
 
 
@@ -106,7 +107,7 @@ def test_one_trial_per_side_is_inconclusive_never_no_significant_change(measured
 def test_rerun_calls_a_large_significant_change_not_reproduced(measured):
     original, repeat = at(measured, [1000.0, 1010.0, 990.0]), at(measured, [260.0, 262.0, 258.0])
     verdict, why = reproduction(compare_results(original, repeat))
-    assert verdict == NOT_REPRODUCED and "-74" in why
+    assert verdict == NOT_REPRODUCED and "significantly lower: -74" in why
     same = compare_results(original, at(measured, [1000.0, 1010.0, 990.0]))
     assert same.decision == NO_CHANGE and reproduction(same)[0] == REPRODUCED
 
@@ -183,3 +184,39 @@ def test_one_trial_shows_no_interval_on_the_terminal_in_markdown_html_and_compar
     assert "1 trial, no interval" in (tmp_path / "c" / "report.html").read_text()
     comparison = json.loads((tmp_path / "c" / "compare.json").read_text())
     assert comparison["decision"] in (INCONCLUSIVE, NOT_JUDGED)  # one trial (or a busy test machine): no verdict
+
+
+# ---------------------------------------------------------------------------------------------- scale
+
+def scale_rows(**two) -> list:
+    base = {"status": "ok", "config": {"batch_size": 8, "nnodes": 1}, "quality": "pass", "busy": False}
+    return scaling_rows([dict(base, label="nproc=1", params={"nproc": 1}, throughput=100.0),
+                         dict(base, label="nproc=2", params={"nproc": 2}, **two)])
+
+
+def test_scale_flags_an_efficiency_over_100_percent_instead_of_showing_it():
+    one, two = scale_rows(throughput=1748.0)
+    assert two["efficiency_pct"] == pytest.approx(874.0)
+    assert trusted_efficiency(two) is None and trusted_efficiency(one) == pytest.approx(100.0)
+    assert any("874% over 100% cannot be right" in flag for flag in two["flags"])
+
+
+def test_scale_shows_each_points_quality_verdict_and_flags_a_busy_machine():
+    one, two = scale_rows(throughput=180.0, quality="fail", quality_reason="final loss 9 vs 1", busy=True)
+    assert any(flag.startswith("quality gate fail: final loss 9 vs 1") for flag in two["flags"])
+    assert any("busy machine" in flag for flag in two["flags"]) and trusted_efficiency(two) is None
+    assert not one["flags"]
+    busy_base = scaling_rows([dict(scale_rows(throughput=180.0)[0], busy=True),
+                              dict(scale_rows(throughput=180.0)[1])])
+    assert any("1-rank point was timed on a busy machine" in flag for flag in busy_base[1]["flags"])
+
+
+def test_the_scale_table_prints_each_quality_verdict_and_no_untrusted_efficiency_figure(tmp_path, capsys):
+    from perflab.cli.scale import print_scaling
+    from perflab.sweep.scale import ScaleSummary
+    rows = scale_rows(throughput=1748.0, quality="fail", quality_reason="final loss NaN")
+    summary = ScaleSummary(sweep=type("Sweep", (), {"out": tmp_path})(), rows=rows)
+    print_scaling(summary)
+    shown = capsys.readouterr().out
+    assert "untrusted" in shown and "874.0%" not in shown and "ok (fail)" in shown
+    assert "cannot be right" in " ".join(shown.split())

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
 from perflab.cli import console
 from perflab.compare import compare_results, load_result
 from perflab.compare.reproduction import REPRODUCED, reproduction
@@ -42,6 +44,8 @@ def handle(args: argparse.Namespace) -> int:
     for warning in comparison.warnings:
         console.print(f"[bold red]WARNING:[/] {warning}", highlight=False)
     verdict, why = reproduction(comparison)
+    change = comparison.metric("throughput").change_pct
     style = "green" if verdict == REPRODUCED else "yellow"
-    console.print(f"rerun: [{style}]{verdict}[/]: {why}", highlight=False)
+    console.print(f"vs the original: throughput {'n/a' if change is None else f'{change:+.1f}%'}: "
+                  f"[{style}]{verdict}[/]; {escape(why)}", highlight=False)
     return 0

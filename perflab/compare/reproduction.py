@@ -8,9 +8,7 @@ REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
 
 def reproduction(comparison: Comparison) -> tuple[str, str]:
     """(reproduced | not reproduced | inconclusive, why), from compare's decision on (original, repeat)."""
-    throughput = comparison.metric("throughput")
-    change = "n/a" if throughput.change_pct is None else f"{throughput.change_pct:+.1f}%"
-    why = f"throughput {change} vs the original; " + "; ".join(comparison.reasons)
+    why = "; ".join(comparison.reasons)
     if comparison.decision == NO_CHANGE:
         return REPRODUCED, why
     if comparison.decision in (NOT_JUDGED, INCONCLUSIVE):

@@ -143,6 +143,8 @@ def result_row(result: Result) -> dict[str, Any]:
         "gpu_util_pct": m.gpu.util_mean_pct if m.gpu else None,
         "mfu_pct": m.flops.mfu_pct if m.flops else None,
         "quality": (result.quality or {}).get("verdict"),
+        "quality_reason": (result.quality or {}).get("reason"),
+        "busy": bool(m.interference and m.interference.busy),  # timed beside other busy processes
         "world_size": result.world_size,
     }
 
