@@ -220,3 +220,76 @@ def test_the_scale_table_prints_each_quality_verdict_and_no_untrusted_efficiency
     shown = capsys.readouterr().out
     assert "untrusted" in shown and "874.0%" not in shown and "ok (fail)" in shown
     assert "cannot be right" in " ".join(shown.split())
+
+
+# ---------------------------------------------------------------------------------------------- phase shares
+
+def disjoint_trial(rng, steps: int) -> Trial:
+    """A trial whose steps are made of disjoint phases plus a gap, of very different lengths from step to step (a
+    generate run's requests: long and short ones)."""
+    step_ms, phases = [], []
+    for _ in range(steps):
+        parts = {"data_wait": rng.uniform(0, 1), "prefill": rng.uniform(0, 5) ** 2, "decode": rng.uniform(0, 40) ** 1.5}
+        phases.append(parts)
+        step_ms.append(sum(parts.values()) + rng.uniform(0, 0.5))
+    names = {name for parts in phases for name in parts}
+    return Trial(wall_s=sum(step_ms) / 1e3, steps=steps, samples=steps, throughput_samples_per_s=steps / sum(step_ms),
+                 step_ms=step_ms, phase_ms={n: sum(p[n] for p in phases) / steps for n in names})
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_phase_shares_never_add_up_to_more_than_the_step(seed):
+    import random
+    from perflab.harness.runner import aggregate
+    rng = random.Random(seed)
+    trials = [disjoint_trial(rng, rng.randint(1, 6)) for _ in range(rng.randint(1, 5))]
+    metrics = aggregate(trials, batch_size=1)
+    shares = metrics.phase_share_pct
+    assert sum(shares.values()) == pytest.approx(100.0, abs=1e-6) or sum(shares.values()) < 100.0
+    assert all(0 <= share <= 100 for share in shares.values())
+    assert sum(metrics.phases_ms.values()) == pytest.approx(metrics.latency_ms.mean)  # unattributed closes the gap
+
+
+def test_overlapping_phases_are_shares_of_their_sum_and_a_share_over_100_is_a_bug():
+    from perflab.harness.phases import check_shares, phase_shares
+    overlapped = phase_shares({"data_wait": 4.0, "forward": 8.0, "unattributed": 0.0}, step_ms=10.0)
+    assert sum(overlapped.values()) == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="bug: phase shares .* 113.6%"):
+        check_shares({"prefill": 13.6, "decode": 100.0}, "phase shares")
+
+
+# ---------------------------------------------------------------------------------------------- ceilings
+
+def test_a_percentage_of_a_ceiling_over_100_is_flagged_not_shown():
+    from perflab.calibrate import CEILING_TOO_LOW, percent_of_ceiling
+    assert percent_of_ceiling(0.5, 1.0, "MFU") == (50.0, None)
+    pct, why = percent_of_ceiling(3.0, 1.0, "MFU")
+    assert pct is None and why.startswith(CEILING_TOO_LOW) and "300%" in why
+
+
+def test_a_run_faster_than_its_calibrated_peak_shows_no_mfu_but_says_recalibrate(monkeypatch, capsys, tmp_path):
+    from perflab.harness import runner
+    monkeypatch.setattr(runner, "peak_tflops", lambda device, precision: (1e-9, "measured (perflab calibrate)"))
+    result = run("mlp", RunConfig(workload="mlp", device="cpu", steps=2, trials=1, warmup=1, batch_size=8))
+    assert result.metrics.flops.mfu_pct is None
+    assert "ceiling too low: recalibrate" in result.metrics.flops.note
+
+
+def test_calibrate_times_the_matmul_with_benchmark_blocks_on_every_thread_and_keeps_the_best(monkeypatch):
+    import torch
+    from perflab import calibrate
+    seen = {}
+
+    class FakeTimer:
+        def __init__(self, stmt, globals, num_threads):
+            seen.update(stmt=stmt, num_threads=num_threads)
+
+        def blocked_autorange(self, min_run_time):
+            seen["min_run_time"] = min_run_time
+            return type("Measurement", (), {"times": [0.004, 0.002, 0.003]})()
+
+    monkeypatch.setattr(calibrate.benchmark, "Timer", FakeTimer)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    tflops = calibrate.measure_matmul_tflops(torch.device("cpu"), "fp32", 64)
+    assert seen["num_threads"] == 7 and seen["min_run_time"] > 0 and "torch.mm" in seen["stmt"]
+    assert tflops == pytest.approx(2 * 64**3 / 0.002 / 1e12)  # the best block: noise only slows a block down

@@ -84,7 +84,7 @@ def run_summary_rows(result: Result) -> list[list[str]]:
     flops = m.flops
     if flops is not None and flops.per_sample:
         mfu = f"{num(flops.mfu_pct)}% of {num(flops.peak_tflops)} TFLOP/s ({flops.peak_source})" \
-            if flops.mfu_pct is not None else f"n/a ({flops.peak_source})"
+            if flops.mfu_pct is not None else f"n/a ({flops.note or flops.peak_source})"
         rows.append(["compute", f"{num(flops.per_sample / 1e9, 3)} GFLOP/sample · "
                                 f"{num(flops.achieved_tflops, 3)} TFLOP/s achieved · MFU {mfu}"])
     memory = memory_row(m)
