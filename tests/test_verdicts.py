@@ -293,3 +293,21 @@ def test_calibrate_times_the_matmul_with_benchmark_blocks_on_every_thread_and_ke
     tflops = calibrate.measure_matmul_tflops(torch.device("cpu"), "fp32", 64)
     assert seen["num_threads"] == 7 and seen["min_run_time"] > 0 and "torch.mm" in seen["stmt"]
     assert tflops == pytest.approx(2 * 64**3 / 0.002 / 1e12)  # the best block: noise only slows a block down
+
+
+# ---------------------------------------------------------------------------------------------- NaN in a script
+
+def test_a_script_whose_loss_goes_nan_is_an_invalid_run_with_a_non_zero_exit(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-m", "perflab", "run", "--warmup", "2", "--out", "run", "--", "python",
+                           str(root / "tests" / "scripts" / "nan_loss_train.py")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "done" in done.stdout and "invalid run" in done.stderr and "NaN/inf" in done.stderr
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["status"] == "invalid" and "loss" in result["status_reason"]
