@@ -56,6 +56,7 @@ def handle(args: argparse.Namespace) -> int:
                       f"{args.fail_on_regression:g}%[/]")
         return 1
     if comparison.decision in (NOT_JUDGED, INCONCLUSIVE):
-        console.print(f"[yellow]{comparison.decision}[/]: {escape(comparison.reasons[0])}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]{comparison.decision}[/]: {escape(comparison.reasons[0])}", highlight=False,
+                      soft_wrap=True)
         return 1 if judging.fail_on_not_judged else 0
     return 0

@@ -2,7 +2,8 @@
 change decision (decision.py) that compare, rerun, tune and the regression gate share."""
 
 from perflab.compare.decision import (  # noqa: F401
-    ACCEPT, REJECT, NO_CHANGE, NOT_JUDGED, INCONCLUSIVE, DECISIONS, COMPARE_FILE, CONFIDENCE, RESAMPLES, MIN_EFFECT_PCT, METHOD, IGNORED_CONFIG, MetricChange, Comparison,
+    ACCEPT, REJECT, NO_CHANGE, NOT_JUDGED, INCONCLUSIVE, DECISIONS,
+    COMPARE_FILE, CONFIDENCE, RESAMPLES, MIN_EFFECT_PCT, METHOD, IGNORED_CONFIG, MetricChange, Comparison,
     load_comparison, load_result, metric_changes, mfu_change, config_changes, comparability_warnings,
     phase_changes, decide, describe_config, contamination,
     compare_results, regression_exceeds, compare_paths, non_finite_figures, refuse_non_finite

@@ -296,7 +296,8 @@ def non_finite_figures(result: Result) -> list[str]:
     found = []
     figures = {"throughput": result.throughput, "p50 latency": result.metrics.latency_ms.p50,
                "p95 latency": result.metrics.latency_ms.p95}
-    figures.update({f"trial {i + 1} throughput": trial.throughput_samples_per_s for i, trial in enumerate(result.trials)})
+    figures.update({f"trial {number} throughput": trial.throughput_samples_per_s
+                    for number, trial in enumerate(result.trials, 1)})
     numbers = (result.quality or {}).get("metrics") or {}
     figures.update({f"quality {name}": numbers.get(name) for name in ("final_loss_candidate", "final_loss_baseline")})
     for name, value in figures.items():
@@ -395,5 +396,6 @@ def compare_paths(base: Union[str, Path], candidate: Union[str, Path],
     return compare_results(load_result(base), load_result(candidate), min_effect_pct, accept_noisy)
 
 
-__all__ = ["ACCEPT", "REJECT", "NO_CHANGE", "NOT_JUDGED", "INCONCLUSIVE", "DECISIONS", "Comparison", "MetricChange", "compare_results", "compare_paths", "regression_exceeds",
+__all__ = ["ACCEPT", "REJECT", "NO_CHANGE", "NOT_JUDGED", "INCONCLUSIVE", "DECISIONS", "Comparison", "MetricChange",
+           "compare_results", "compare_paths", "regression_exceeds",
            "load_comparison", "load_result", "bootstrap_ratio_ci"]

@@ -48,5 +48,5 @@ def check_shares(shares_pct: dict[str, float], what: str) -> None:
     """Raise on shares of one whole that add up to more than 100% (or hold a negative one): a bug, never a figure."""
     total = sum(shares_pct.values())
     if total > 100 + 1e-6 or any(share < 0 for share in shares_pct.values()):
-        raise ValueError(f"bug: {what} add up to {total:.1f}% ({', '.join(f'{k} {v:.1f}%' for k, v in shares_pct.items())})"
-                         "; shares of one whole cannot exceed 100%")
+        listed = ", ".join(f"{name} {share:.1f}%" for name, share in shares_pct.items())
+        raise ValueError(f"bug: {what} add up to {total:.1f}% ({listed}); shares of one whole cannot exceed 100%")

@@ -348,9 +348,9 @@ def judge_losses(baseline: list[float], candidate: list[float], tolerance: dict[
     precision_rtol, widening = tolerance.get("precision_rtol", rtol), tolerance.get("widening", 1.0)
     if deltas[-1] > precision_rtol and widening > MAX_NOISE_WIDENING:
         return _verdict("inconclusive", f"{summary} is over the {precision_rtol:.1e} precision tolerance and inside "
-                        f"only the {rtol:.1e} noise floor, {widening:.0f}x wider (more than the {MAX_NOISE_WIDENING:g}x "
-                        "bound): this training is too chaotic to tell a correct lever from a broken one; check the "
-                        "lever in --mode infer, or set --quality-loss-rtol", gate_figures)
+                        f"only the {rtol:.1e} noise floor, {widening:.0f}x wider (more than the "
+                        f"{MAX_NOISE_WIDENING:g}x bound): this training is too chaotic to tell a correct lever from a "
+                        "broken one; check the lever in --mode infer, or set --quality-loss-rtol", gate_figures)
     return _verdict("pass", f"{summary} <= {rtol:.1e} ({source})", gate_figures)
 
 

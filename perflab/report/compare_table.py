@@ -35,7 +35,8 @@ def comparison_table(comparison: Comparison) -> Table:
     table.add_column("signif.", justify="right", min_width=6)
     for m in comparison.metrics:
         change = "n/a" if m.change_pct is None else f"{m.change_pct:+.1f}%"
-        interval = (m.interval_note or "—") if m.ci_low_pct is None else f"{m.ci_low_pct:+.1f}% … {m.ci_high_pct:+.1f}%"
+        interval = (m.interval_note or "—") if m.ci_low_pct is None else \
+            f"{m.ci_low_pct:+.1f}% … {m.ci_high_pct:+.1f}%"
         table.add_row(f"{m.name} ({m.unit})", _value(m.base, m.unit), _value(m.candidate, m.unit), change,
                       interval, _significance(m))
     quality = comparison.quality

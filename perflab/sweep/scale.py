@@ -130,7 +130,8 @@ def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool 
     files: dict[str, str] = {}
     plotted = [dict(row, efficiency_pct=trusted_efficiency(row)) for row in rows]  # no untrusted figure on a plot
     if plots and any(row["efficiency_pct"] is not None for row in plotted):
-        files = {name: str(path.relative_to(sweep.out)) for name, path in scaling_plots(plotted, axes, sweep.out).items()}
+        drawn = scaling_plots(plotted, axes, sweep.out)
+        files = {name: str(path.relative_to(sweep.out)) for name, path in drawn.items()}
     write_json_atomic(sweep.out / SCALE_JSON, {"kind": "scale", "axes": axes, "command": command or [],
                                                "efficiency": "throughput(N) / (N x throughput(1))",
                                                "rows": [_scale_record(row) for row in rows], "plots": files})
