@@ -6,6 +6,7 @@ from perflab.compare.decision import (  # noqa: F401
     COMPARE_FILE, CONFIDENCE, RESAMPLES, MIN_EFFECT_PCT, METHOD, IGNORED_CONFIG, MetricChange, Comparison,
     load_comparison, load_result, metric_changes, mfu_change, config_changes, comparability_warnings,
     phase_changes, decide, describe_config, contamination,
-    compare_results, regression_exceeds, compare_paths, non_finite_figures, refuse_non_finite
+    compare_results, regression_exceeds, compare_paths
 )
+from perflab.compare.refusals import non_finite_figures, refuse_non_finite  # noqa: F401
 from perflab.compare.kernels import trace_path, kernel_ms_per_step, kernel_changes  # noqa: F401
