@@ -323,6 +323,10 @@ class JudgeConfig:
     accept_noisy: bool = option("--accept-noisy", bool, "judge the speed even when a run was taken beside other busy "
                                 "processes or did not finish cleanly; otherwise compare does not judge it and tune "
                                 "does not count such a trial's lever as lost", JUDGE, False, commands=JUDGING)
+    fail_on_not_judged: bool = option("--fail-on-not-judged", bool, "exit 1 when no verdict could be reached: "
+                                      "compare's decision is 'not judged' (contaminated timings) or 'inconclusive' "
+                                      "(too few trials, an inconclusive quality gate); in tune, when any trial was",
+                                      JUDGE, False, commands=JUDGING)
 
 
 MAX_WORKERS_PER_CPU = 4  # DataLoader workers beyond this many per CPU only contend (and may exhaust memory)

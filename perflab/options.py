@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import functools
 import itertools
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
@@ -180,6 +181,8 @@ def check_value(declared: Option, value: Any) -> None:
         kind = {bool: "on/off (True or False)", int: "an integer", float: "a number", str: "text"}
         raise PerflabError(f"{declared.flag} must be {kind.get(declared.type, declared.type.__name__)}, "
                            f"got {value!r}")
+    if declared.type is float and not math.isfinite(value):  # inf passes every bound, NaN fails none
+        raise PerflabError(f"{declared.flag} must be a finite number, got {value!r}")
     if declared.choices and value not in declared.choices:
         raise PerflabError(f"{declared.flag} must be one of {', '.join(declared.choices)}; got {value!r}")
     if declared.minimum is not None and value < declared.minimum:

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
 from perflab import options
 from perflab.cli import console
-from perflab.compare import compare_paths, regression_exceeds
+from perflab.compare import INCONCLUSIVE, NOT_JUDGED, compare_paths, regression_exceeds
 from perflab.config import JudgeConfig
 from perflab.errors import writing
 from perflab.report.compare_table import print_comparison
@@ -24,7 +26,8 @@ def register(subparsers) -> None:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where compare.json goes (default: runs/<timestamp>-compare)")
     parser.add_argument("--fail-on-regression", type=float, default=None, metavar="PCT",
-                        help="exit 1 when throughput is significantly lower by more than PCT percent (CI gate)")
+                        help="exit 1 when throughput is significantly lower by more than PCT percent (CI gate); "
+                             "timings that were not judged never fail it: add --fail-on-not-judged for that")
     parser.add_argument("--report", action="store_true", help="also write report.md and report.html in --out")
     parser.add_argument("--overwrite", action="store_true", help="reuse an --out directory that already holds a "
                         "comparison: empty it first")
@@ -52,4 +55,8 @@ def handle(args: argparse.Namespace) -> int:
         console.print(f"[bold red]regression gate: throughput {change:+.1f}% is a significant slow-down beyond "
                       f"{args.fail_on_regression:g}%[/]")
         return 1
+    if comparison.decision in (NOT_JUDGED, INCONCLUSIVE):
+        console.print(f"[yellow]{comparison.decision}[/]: {escape(comparison.reasons[0])}", highlight=False,
+                      soft_wrap=True)
+        return 1 if judging.fail_on_not_judged else 0
     return 0

@@ -117,6 +117,9 @@ def handle(args: argparse.Namespace) -> int:
                           f"continue with:\n  {escape(shlex.join(resume))}", highlight=False, soft_wrap=True)
         return 130
     _print_summary(summary, out, time.perf_counter() - began)
+    if summary.get("not_judged"):  # the last line: what the verdicts above could not rest on
+        console.print(f"[yellow]not judged[/]: {escape(summary['not_judged'])}", highlight=False, soft_wrap=True)
+        return 1 if settings.fail_on_not_judged else 0
     return 0
 
 

@@ -30,7 +30,8 @@ def _decision_text(row: dict[str, Any]) -> str:
         return "[bold]start[/]"
     if decision["kept"]:
         return "[bold green]confirmed, kept[/]" if row.get("stage") == "confirm" else "[bold green]kept[/]"
-    return f"[red]{escape(decision['verdict'])}[/]"
+    style = "red" if decision.get("judged", True) else "yellow"  # not judged is no loss: shown as such
+    return f"[{style}]{escape(decision['verdict'])}[/]"
 
 
 def _gain(row: dict[str, Any]) -> str:

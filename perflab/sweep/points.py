@@ -134,6 +134,7 @@ def result_row(result: Result) -> dict[str, Any]:
         "throughput": throughput.median,
         "throughput_ci_low": throughput.ci95_low,
         "throughput_ci_high": throughput.ci95_high,
+        "trials": throughput.n,
         "p50_ms": latency.p50,
         "p95_ms": latency.p95,
         "p99_ms": latency.p99,
@@ -142,6 +143,8 @@ def result_row(result: Result) -> dict[str, Any]:
         "gpu_util_pct": m.gpu.util_mean_pct if m.gpu else None,
         "mfu_pct": m.flops.mfu_pct if m.flops else None,
         "quality": (result.quality or {}).get("verdict"),
+        "quality_reason": (result.quality or {}).get("reason"),
+        "busy": bool(m.interference and m.interference.busy),  # timed beside other busy processes
         "world_size": result.world_size,
     }
 

@@ -32,7 +32,7 @@ from perflab.results import Result
 from perflab.tune import candidates as search
 from perflab.tune import ordering
 from perflab.tune.candidates import usable_cpus
-from perflab.tune.decision import Decision, judge, not_measured
+from perflab.tune.decision import Decision, judge, not_measured, unjudged_line
 from perflab.serve.config import ServeConfig
 from perflab.tune.objective import SERVE, judge_max_qps, max_qps_of, serve_record, serve_refusal
 from perflab.tune.journal import Journal, trial_key
@@ -191,6 +191,9 @@ class Tuner:
             reason += f"; best: {self.best_row['label']} (kept: {', '.join(kept) if kept else 'nothing'})"
         if self.unconfirmed:
             reason += "; " + "; ".join(self.unconfirmed)
+        unjudged = unjudged_line([row.get("decision") for row in self.chain])
+        if unjudged:  # "no lever won" is not a verdict on levers whose trials were never judged
+            reason += f"; {unjudged}"
         return reason
 
     def _run(self) -> str:
