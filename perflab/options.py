@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import functools
 import itertools
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
@@ -22,6 +23,7 @@ RUN_COMMANDS = ("run", "profile", "sweep", "tune")  # tune takes run options as 
 LIST_COMMANDS = ("sweep",)  # commands whose sweepable options take comma-separated lists
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off"}
+MAX_SEED = 2**32 - 1  # numpy's generators (data order, augmentation, arrivals) take seeds up to this
 NONE_WORD = "none"  # in a sweep list, "none" means the option's unset value (e.g. --compile none,default)
 
 
@@ -61,6 +63,8 @@ class Option:
     const: Any = None  # the value when the flag is given without one (e.g. --compile alone -> "default")
     minimum: Optional[float] = None  # inclusive lower bound
     above: Optional[float] = None  # exclusive lower bound
+    maximum: Optional[float] = None  # inclusive upper bound
+    finite: bool = True  # a number option refuses nan and inf
     sweepable: bool = True  # a sweep may take a comma-separated list of values
     commands: tuple = RUN_COMMANDS  # which commands accept it
     in_argv: bool = True  # reproduced when a config is turned back into a command line
@@ -182,13 +186,31 @@ def check_value(declared: Option, value: Any) -> None:
                            f"got {value!r}")
     if declared.choices and value not in declared.choices:
         raise PerflabError(f"{declared.flag} must be one of {', '.join(declared.choices)}; got {value!r}")
-    if declared.minimum is not None and value < declared.minimum:
-        if declared.type is int and declared.minimum == 1:
-            raise PerflabError(f"{declared.flag} must be a positive integer, got {value!r}")
-        raise PerflabError(f"{declared.flag} must be {declared.minimum:g} or more, got {value!r}")
-    if declared.above is not None and not value > declared.above:
-        what = "a positive number" if declared.above == 0 else f"more than {declared.above:g}"
+    if declared.type is float and declared.finite and not math.isfinite(value):
+        words = range_words(declared)
+        what = "a positive finite number" if words == "a positive number" else (
+            f"a finite number{f', {words}' if words else ''}")
         raise PerflabError(f"{declared.flag} must be {what}, got {value!r}")
+    too_low = (declared.minimum is not None and value < declared.minimum) or (
+        declared.above is not None and not value > declared.above)
+    if too_low or (declared.maximum is not None and value > declared.maximum):
+        raise PerflabError(f"{declared.flag} must be {range_words(declared)}, got {value!r}")
+
+
+def range_words(declared: Option) -> str:
+    """'a positive integer', '0 or more', 'from 0 to 4294967295': the range a number option accepts ('' if any)."""
+    low, high = declared.minimum, declared.maximum
+    if low is not None and high is not None:
+        return f"from {_number(low)} to {_number(high)}"
+    if declared.above is not None:
+        return "a positive number" if declared.above == 0 else f"more than {_number(declared.above)}"
+    if low is not None:
+        return "a positive integer" if declared.type is int and low == 1 else f"{_number(low)} or more"
+    return f"{_number(high)} or less" if high is not None else ""
+
+
+def _number(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def refusal(config: Any, name: str, device_type: str) -> Optional[str]:
@@ -265,6 +287,14 @@ def _add_argument(group: Any, declared: Option, as_list: bool) -> None:
                            metavar=declared.metavar, **common)
 
 
+def add_option(parser: Any, declared: Option) -> None:
+    """Add one command-line option declared on its own (a command's setting outside any config table): argparse
+    reads it with the declaration's type, range and default, as for a table's options."""
+    declared = dataclasses.replace(declared, name=declared.name or declared.flag[2:].replace("-", "_"))
+    _add_argument(parser, declared, as_list=False)
+    parser.set_defaults(**{declared.arg_name: declared.default})
+
+
 class DeprecatedSpelling(argparse.Action):
     """An option's old spelling: stores its value as the new one does, with a one-line note on stderr."""
 
@@ -284,12 +314,19 @@ def deprecated_flag(parser: Any, old: str, new: str, **settings: Any) -> None:
 
 
 def _converter(declared: Option) -> Callable[[str], Any]:
+    """The argparse type of an option: its type, then its declared range (refused as the command line is read)."""
     def convert(text: str) -> Any:
         try:
-            return declared.type(text)
+            value = declared.type(text)
         except ValueError:
             kind = {int: "an integer", float: "a number"}.get(declared.type, declared.type.__name__)
             raise argparse.ArgumentTypeError(f"{declared.flag} expects {kind}, got {text!r}") from None
+        if declared.type in (int, float):
+            try:
+                check_value(declared, value)
+            except PerflabError as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+        return value
     convert.__name__ = declared.type.__name__
     return convert
 

@@ -144,8 +144,10 @@ def atomic_file(path: Union[str, Path]) -> Iterator[Path]:
     try:
         yield Path(temp)
         os.replace(temp, path)
-    except BaseException:
+    except BaseException as err:
         Path(temp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:  # a failed write() names no file: name the one meant
+            err.filename = str(path)
         raise
 
 
