@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,6 +14,7 @@ from perflab.cli._outcome import points_out_of_memory
 from perflab.errors import PerflabError, writing
 from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
+from perflab.results import read_json_object
 from perflab.results.rundir import default_run_dir
 from perflab.sweep import SWEEP_JSON, SweepObserver, read_rows, run_auto_batch, run_sweep
 from perflab.cli import build_parser
@@ -96,7 +96,8 @@ def recorded_sweep_args(args: argparse.Namespace) -> Optional[tuple[argparse.Nam
     meta_path = Path(args.out) / SWEEP_JSON
     if not meta_path.is_file():
         raise PerflabError(f"--resume: {args.out} holds no sweep (no {SWEEP_JSON}); check --out")
-    command = json.loads(meta_path.read_text()).get("command") or []
+    command = read_json_object(meta_path, "a sweep record", "give the sweep's options again with --resume").get(
+        "command") or []
     if command[1:2] != ["sweep"]:
         raise PerflabError(f"--resume: {meta_path} does not record how the sweep was started; "
                            "give the sweep's options again with --resume")

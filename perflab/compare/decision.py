@@ -26,7 +26,7 @@ from perflab.cost import cost_per_million
 from perflab.errors import PerflabError
 from perflab.harness.stats import RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
 from perflab.results.metrics import Flops, Gpu
-from perflab.results import Result, resolve_result_path, write_json_atomic
+from perflab.results import Result, read_json_object, resolve_result_path, write_json_atomic
 from perflab.diagnose.summary import step_window
 from perflab.diagnose.trace import load_trace
 
@@ -103,9 +103,10 @@ class Comparison:
 def load_comparison(path: Union[str, Path]) -> Comparison:
     path = Path(path)
     path = path / COMPARE_FILE if path.is_dir() else path
+    data = read_json_object(path, "a perflab comparison", "re-run perflab compare")
     try:
-        return Comparison.from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        return Comparison.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise PerflabError(f"{path} is not a perflab comparison ({type(err).__name__}); re-run perflab compare") from None
 
 
