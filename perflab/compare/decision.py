@@ -13,7 +13,6 @@ zero. The decision:
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

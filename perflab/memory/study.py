@@ -9,7 +9,6 @@ half of that batch as well (smaller: they fit when it does); the batch search ru
 from __future__ import annotations
 
 import gc
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
