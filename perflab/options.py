@@ -258,17 +258,19 @@ def add_arguments(parser: argparse.ArgumentParser, config_class: type, command: 
         _add_argument(groups[declared.group], declared, lists and declared.sweepable)
 
 
-def _add_argument(group: Any, declared: Option, as_list: bool) -> None:
+def _add_argument(group: Any, declared: Option, as_list: bool, checked: bool = False) -> None:
+    """One option's argparse argument; `checked`: its range is checked as the command line is read (an option
+    outside a config table, which no validate() sees)."""
     common = dict(dest=declared.arg_name, default=None, help=declared.help)
     for old in declared.deprecated:  # a switch's old spelling takes no value, like the switch
         deprecated_flag(group, old, declared.flag, dest=declared.arg_name, default=None,
                         nargs=0 if declared.switch and not as_list else None,
-                        type=None if declared.switch or as_list else _converter(declared))
+                        type=None if declared.switch or as_list else _converter(declared, checked))
     if declared.key_value:
         group.add_argument(declared.flag, action="append", metavar=declared.metavar or "KEY=VALUE", **common)
     elif declared.repeatable:
-        group.add_argument(declared.flag, action="append", type=_converter(declared), metavar=declared.metavar,
-                           **common)
+        group.add_argument(declared.flag, action="append", type=_converter(declared, checked),
+                           metavar=declared.metavar, **common)
     elif as_list and declared.switch:
         group.add_argument(declared.flag, nargs="?", const="on", metavar="on,off",
                            **{**common, "help": declared.help + " (a list like on,off sweeps both)"})
@@ -283,7 +285,7 @@ def _add_argument(group: Any, declared: Option, as_list: bool) -> None:
         group.add_argument(declared.flag, nargs="?", const=declared.const, choices=declared.choices or None,
                            metavar=declared.metavar, **common)
     else:
-        group.add_argument(declared.flag, type=_converter(declared), choices=declared.choices or None,
+        group.add_argument(declared.flag, type=_converter(declared, checked), choices=declared.choices or None,
                            metavar=declared.metavar, **common)
 
 
@@ -291,7 +293,7 @@ def add_option(parser: Any, declared: Option) -> None:
     """Add one command-line option declared on its own (a command's setting outside any config table): argparse
     reads it with the declaration's type, range and default, as for a table's options."""
     declared = dataclasses.replace(declared, name=declared.name or declared.flag[2:].replace("-", "_"))
-    _add_argument(parser, declared, as_list=False)
+    _add_argument(parser, declared, as_list=False, checked=True)
     parser.set_defaults(**{declared.arg_name: declared.default})
 
 
@@ -313,15 +315,15 @@ def deprecated_flag(parser: Any, old: str, new: str, **settings: Any) -> None:
     parser.add_argument(old, action=DeprecatedSpelling, new_flag=new, help=argparse.SUPPRESS, **settings)
 
 
-def _converter(declared: Option) -> Callable[[str], Any]:
-    """The argparse type of an option: its type, then its declared range (refused as the command line is read)."""
+def _converter(declared: Option, checked: bool = False) -> Callable[[str], Any]:
+    """The argparse type of an option: its type, and with `checked` its declared range too."""
     def convert(text: str) -> Any:
         try:
             value = declared.type(text)
         except ValueError:
             kind = {int: "an integer", float: "a number"}.get(declared.type, declared.type.__name__)
             raise argparse.ArgumentTypeError(f"{declared.flag} expects {kind}, got {text!r}") from None
-        if declared.type in (int, float):
+        if checked:
             try:
                 check_value(declared, value)
             except PerflabError as err:
