@@ -45,7 +45,7 @@ class RichReporter(Reporter):
         and one as it ends (a log gets no redrawn bar)."""
         if not self.console.is_terminal:
             began = time.perf_counter()
-            self.console.print(f"{description} …", highlight=False)
+            self.console.print(description, highlight=False)
             yield
             self.console.print(f"{description.split(':')[0]}: done in {time.perf_counter() - began:.1f} s",
                                highlight=False)
