@@ -86,7 +86,7 @@ class RunConfig:
     device: str = option("--device", str, "auto, cuda or cpu (default: auto = cuda if present)", MEASURE, "auto",
                          choices=DEVICES, commands=RUN_AND_SERVE)
     seed: int = option("--seed", int, "random seed for weights, data order and augmentation (default: 0)", MEASURE,
-                       0, metavar="N", commands=RUN_AND_SERVE)
+                       0, minimum=0, maximum=options.MAX_SEED, metavar="N", commands=RUN_AND_SERVE)
     min_trial_s: float = option("--min-trial-s", float, "on CUDA, a run fed by a DataLoader runs each trial at "
                                 "least this many seconds (more steps than --steps if needed, in whole cycles of "
                                 "the workers), so a loader's bursts average out (default: 3; 0: exactly --steps)",

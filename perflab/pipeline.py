@@ -127,8 +127,8 @@ def quality_stage(prep: Prepared, reporter: Reporter) -> Optional[dict[str, Any]
     """The quality gate of a prepared run (None when it is off): baseline vs candidate from the pristine weights."""
     if prep.pristine is None:
         return None
-    reporter.note("quality gate: baseline vs candidate from the same weights and inputs")
-    return run_quality_gate(prep.pristine, prep.cfg, prep.device)
+    with reporter.stage("quality gate: baseline vs candidate from the same weights and inputs"):
+        return run_quality_gate(prep.pristine, prep.cfg, prep.device)
 
 
 def describe_workload(workload: Workload, flops_per_sample: Optional[float]) -> dict[str, Any]:

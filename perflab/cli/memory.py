@@ -38,11 +38,11 @@ def register(subparsers) -> None:
     group.add_argument("--find-max-batch", action="store_true",
                        help="find the largest batch that fits: each probe in its own process, growing from the "
                             "fit's prediction, then bisecting to within 2%%")
-    group.add_argument("--memory-limit-mb", type=float, metavar="MB", default=None,
-                       help=f"treat MB as the memory there is: a peak over it counts as out of memory (tests, "
-                            f"headroom; also {LIMIT_ENV}); default: the device's memory")
-    group.add_argument("--fsdp-gpus", type=int, default=8, metavar="N",
-                       help="the GPUs the FSDP estimate shards model states over (default: 8)")
+    options.add_option(group, options.Option("--memory-limit-mb", float, f"treat MB as the memory there is: a peak "
+                                             f"over it counts as out of memory (tests, headroom; also {LIMIT_ENV}); "
+                                             "default: the device's memory", "memory", above=0, metavar="MB"))
+    options.add_option(group, options.Option("--fsdp-gpus", int, "the GPUs the FSDP estimate shards model states "
+                                             "over (default: 8)", "memory", 8, minimum=1, metavar="N"))
     group.add_argument("--overwrite", action="store_true", help="reuse an --out directory: empty it first")
     group.add_argument("--probe", metavar="FILE", default=None, help=argparse.SUPPRESS)  # one search probe
     parser.set_defaults(handler=handle)

@@ -5,14 +5,13 @@ import argparse
 import time
 from pathlib import Path
 
-from rich.table import Table
-
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, grid_from_args
 from perflab.cli._outcome import points_out_of_memory
 from perflab.cli.sweep import RichSweepProgress
 from perflab.sweep.scale import ScaleSummary, at_rank_counts, run_scale, trusted_efficiency
 from perflab.errors import PerflabError
+from perflab.report.fit import Column, fitted_tables
 from perflab.report.terminal import fmt
 from perflab.sweep import read_rows
 
@@ -74,15 +73,16 @@ def rank_counts(text) -> list[int]:
 def print_scaling(summary: ScaleSummary) -> None:
     """The table of ranks, throughput, throughput per rank and efficiency; failed points; the files."""
     params = [name for name in dict.fromkeys(n for row in summary.rows for n in row["params"]) if name != "nproc"]
-    table = Table(title=f"scale · {summary.sweep.out}", title_justify="left")
-    for name in ["ranks"] + params + ["status (quality)", "samples/s", "per rank", "efficiency", "p50 ms"]:
-        table.add_column(name.replace("_size", ""), justify="right")
+    headers = ["ranks"] + [name.replace("_size", "") for name in params] + ["status (quality)", "samples/s",
+                                                                              "per rank", "efficiency", "p50 ms"]
+    rows = []
     for row in summary.rows:
         ok = row["status"] == "ok"
-        table.add_row(str(row["world_size"]), *[str(row["params"].get(name)) for name in params], _status(row),
-                      fmt(row.get("throughput")) if ok else "", fmt(row.get("per_rank_throughput")) if ok else "",
-                      _efficiency(row), fmt(row.get("p50_ms"), 2) if ok else "")
-    console.print(table)
+        rows.append([str(row["world_size"]), *[str(row["params"].get(name)) for name in params], _status(row),
+                     fmt(row.get("throughput")) if ok else "", fmt(row.get("per_rank_throughput")) if ok else "",
+                     _efficiency(row), fmt(row.get("p50_ms"), 2) if ok else ""])
+    console.print(fitted_tables(f"scale · {summary.sweep.out}", [Column(header) for header in headers], rows,
+                                console.width))
     for row in summary.rows:
         if row["status"] != "ok":
             console.print(f"[red]{row['label']}[/]: {row.get('error')}", highlight=False)

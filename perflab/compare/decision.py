@@ -18,7 +18,6 @@ A run whose throughput or latency is NaN/inf is refused: no decision can rest on
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ from perflab.cost import cost_per_million
 from perflab.errors import PerflabError
 from perflab.harness.stats import NO_INTERVAL, RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
 from perflab.results.metrics import Flops, Gpu
-from perflab.results import Result, resolve_result_path, write_json_atomic
+from perflab.results import Result, read_json_object, resolve_result_path, write_json_atomic
 from perflab.compare.kernels import kernel_changes
 from perflab.compare.refusals import refuse_non_finite
 
@@ -113,9 +112,10 @@ class Comparison:
 def load_comparison(path: Union[str, Path]) -> Comparison:
     path = Path(path)
     path = path / COMPARE_FILE if path.is_dir() else path
+    data = read_json_object(path, "a perflab comparison", "re-run perflab compare")
     try:
-        return Comparison.from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        return Comparison.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise PerflabError(f"{path} is not a perflab comparison ({type(err).__name__}); re-run perflab compare") from None
 
 

@@ -27,7 +27,7 @@ from perflab.models.outputs import output_field
 from perflab.workloads.generation import GenerationSpec
 from perflab.results.metrics import DecodeCompile, Generation, Speculative
 from perflab.generation.quantize import quantize_weights
-from perflab.workloads.plugin import load_user_build
+from perflab.workloads.plugin import call_user_build, load_user_build
 from perflab.models.decoder import Decoder
 from perflab.calibrate import memory_bandwidth, peak_tflops
 from perflab.models.kv_cache import kv_cache_bytes
@@ -114,7 +114,7 @@ def prepare_generation(plan, cfg) -> None:
 def load_draft(cfg, spec: GenerationSpec, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """The draft for --speculative: the user's (--draft SPEC) or the workload's built-in one; same vocabulary."""
     if cfg.draft:
-        draft = load_user_build(cfg.draft)(cfg)
+        draft = call_user_build(cfg.draft, load_user_build(cfg.draft), cfg)
         if not isinstance(draft, nn.Module):
             raise PerflabError(f"--draft {cfg.draft} returned {type(draft).__name__}, expected a torch.nn.Module "
                                "(a causal LM)")

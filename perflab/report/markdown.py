@@ -5,9 +5,9 @@ from typing import Any, Optional, Sequence
 
 from perflab.harness.phases import phase_sort_key
 from perflab.harness.stats import interval_text
-from perflab.results.metrics import Metrics
+from perflab.results.metrics import Generation, Metrics
 from perflab.report.terminal import fmt as num
-from perflab.report.terminal import memory_row, run_title
+from perflab.report.terminal import add_generation_rows, memory_row, run_title
 from perflab.results import Result
 from perflab.sweep import best_points
 from perflab.report.diagnosis import diagnosis_markdown
@@ -74,6 +74,21 @@ def _phase_rows(metrics: Metrics) -> list[list[str]]:
     return [[name, num(phases[name], 3), num(shares.get(name), 1, "%")] for name in names]
 
 
+class _Rows(list):
+    """Rows collected by the terminal's row builders (they call add_row, as on a rich Table)."""
+
+    def add_row(self, *cells: str) -> None:
+        self.append(list(cells))
+
+
+def generation_rows(generation: Generation) -> list[list[str]]:
+    """The generation figures of a run (TTFT, TPOT, ITL, tokens/s, bandwidth bound, speculative, goodput), in the
+    words of the terminal summary."""
+    rows = _Rows()
+    add_generation_rows(rows, generation)
+    return list(rows)
+
+
 def run_summary_rows(result: Result) -> list[list[str]]:
     m = result.metrics
     tp = m.throughput_samples_per_s
@@ -97,6 +112,8 @@ def run_summary_rows(result: Result) -> list[list[str]]:
     if m.cost_per_million_samples is not None:
         rows.append(["cost", f"{num(m.cost_per_million_samples, 3)} per million samples at "
                              f"{result.config.get('gpu_cost_per_hour'):g} per hour (--gpu-cost-per-hour)"])
+    if m.generation is not None:  # TTFT, TPOT, tokens/s, the share of the bandwidth bound: as the terminal shows them
+        rows += generation_rows(m.generation)
     rows.append(["levers", ", ".join(result.levers) or "none (baseline)"])
     warm = f"{num(m.warmup_s, 2)} s"
     if m.compile_s is not None:

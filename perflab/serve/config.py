@@ -40,9 +40,9 @@ class ServeConfig:
     min_queries: int = option("--min-queries", int, "queries per point at least, so a short lucky run cannot pass "
                               "(default: 64)", LOAD, 64, minimum=1, metavar="N", commands=SERVE_AND_TUNE)
     schedule_seed: int = option("--schedule-seed", int, "seed of the Poisson arrival times (default: 0)", LOAD, 0,
-                                metavar="N", commands=SERVE)
+                                minimum=0, maximum=options.MAX_SEED, metavar="N", commands=SERVE)
     sample_seed: int = option("--sample-seed", int, "seed of the order samples are drawn in (default: 0)", LOAD, 0,
-                              metavar="N", commands=SERVE)
+                              minimum=0, maximum=options.MAX_SEED, metavar="N", commands=SERVE)
     max_batch: Optional[int] = option("--batcher-max-batch", int, "largest batch the batcher forms (default: the "
                                       "workload's batch size on this device; formerly --max-batch)", BATCHER,
                                       minimum=1, metavar="N", commands=SERVE_AND_TUNE, deprecated=("--max-batch",))

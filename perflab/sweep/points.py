@@ -167,6 +167,8 @@ def read_rows(path: Union[str, Path]) -> list[dict[str, Any]]:
             if number == len(lines):
                 break  # interrupted while appending: that point was not finished
             raise PerflabError(f"{path} line {number} is not valid JSON; delete that line and resume") from None
+        if not isinstance(row, dict) or "key" not in row:
+            raise PerflabError(f"{path} line {number} is not a sweep point; delete that line and resume")
         rows[row["key"]] = row
     return sorted(rows.values(), key=lambda row: row["index"])
 
@@ -238,6 +240,8 @@ class Sweep:
         try:
             recorded = json.loads(meta_path.read_text())
         except (OSError, ValueError):
+            return
+        if not isinstance(recorded, dict):
             return
         old_axes, new_axes = list(recorded.get("axes") or []), self.axes
         swept = set(old_axes) | set(new_axes)
