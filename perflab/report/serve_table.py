@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from perflab.environment import describe_device
@@ -12,25 +13,41 @@ from perflab.results import Result
 from perflab.serve.metrics import COMPONENTS
 
 
+def verdict_word(point: dict[str, Any]) -> str:
+    """VALID or INVALID, as LoadGen's summary says it (a result from before validity: pass / fail)."""
+    if "validity" not in point:
+        return "pass" if point["passed"] else "fail"
+    return "VALID" if point["validity"]["valid"] else "INVALID"
+
+
 def _verdict(point: dict[str, Any]) -> str:
-    if point["passed"]:
-        return "[green]pass[/]"
-    if point.get("overloaded"):
-        return "[red]overloaded[/]"
-    return "[yellow]harness late[/]" if point.get("harness_late") else "[red]fail[/]"
+    word = verdict_word(point)
+    return f"[green]{word}[/]" if word in ("VALID", "pass") else f"[red]{word}[/]"
+
+
+def validity_lines(points: list[dict[str, Any]]) -> list[str]:
+    """One line per INVALID point with its reasons, and one per warning flag (plain text)."""
+    lines = []
+    for point in points:
+        validity = point.get("validity") or {}
+        if validity.get("reasons"):
+            lines.append(f"point {point['index']} INVALID: {'; '.join(validity['reasons'])}")
+        lines += [f"point {point['index']} flag: {flag}" for flag in validity.get("flags", [])]
+    return lines
 
 
 def point_row(point: dict[str, Any]) -> list[str]:
     """The cells of one point (also printed as each point finishes)."""
     lat = point["latency_ms"]
-    return [str(point["index"]), fmt(point["offered_qps"], 0), fmt(point["achieved_qps"], 0), fmt(lat["p50"], 2),
+    return [str(point["index"]), fmt(point["offered_qps"], 0), fmt(point.get("realised_offered_qps"), 0),
+            fmt(point["achieved_qps"], 0), fmt(lat["p50"], 2),
             fmt(lat["p90"], 2), fmt(lat["p99"], 2), fmt(lat["p99.9"], 2),
             f"{fmt(point['batch_mean'])} ({fmt(point['batch_fill_pct'], 0)}%)",
             fmt((point.get("gpu") or {}).get("util_mean_pct"), 0), fmt(point.get("cost_per_million_queries"), 3),
             _verdict(point)]
 
 
-POINT_COLUMNS = ("#", "offered q/s", "achieved q/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "batch (fill)",
+POINT_COLUMNS = ("#", "offered q/s", "realised q/s", "achieved q/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "batch (fill)",
                  "GPU %", "cost/1M", "verdict")
 
 
@@ -112,11 +129,8 @@ def print_serve(console: Console, result: Result) -> None:
     capacity = serve.capacity
     if capacity:
         console.print(f"harness capacity (no-op model): {capacity_text(capacity)}", highlight=False)
-    late = [str(p["index"]) for p in serve.points if p.get("harness_late")]
-    if late:
-        console.print(f"[yellow]note:[/] the batcher dispatched late on point(s) {', '.join(late)} (dispatch delay "
-                      f"p99 > {serve.settings.harness_late_ms:g} ms): they measured the harness as much as the "
-                      "model, are not valid and do not pass the search")
+    for line in validity_lines(serve.points):
+        console.print(f"[yellow]{escape(line)}[/]", highlight=False)
     diagnosis = result.diagnosis
     if diagnosis:
         console.print(f"[bold]diagnosis:[/] [bold magenta]{diagnosis['bottleneck']}[/] — {diagnosis['headline']}",

@@ -121,7 +121,8 @@ def _serve(cfg: RunConfig, serve_cfg: ServeConfig, device, out: Optional[Union[s
         session.save()
         run_scenario(session, estimate)
         session.record.complete = True
-        result.status, result.status_reason = "complete", ""
+        # NaN/inf outputs make the result invalid, as `perflab run` treats a diverged model (exit 1)
+        result.status, result.status_reason = ("invalid", session.non_finite) if session.non_finite else ("complete", "")
         _diagnose(result)
         session.save()
     if prep is not None and prep.pristine is not None:  # after the model is released: the gate builds its own
