@@ -99,8 +99,8 @@ def point_validity(point: dict[str, Any], latency_ms: np.ndarray, last_arrival_s
     scenario = point["scenario"]
     lasted_s = last_arrival_s if scenario == "server" else point["duration_s"]
     if not lasted_s >= duration_s:
-        what = "the last query was scheduled" if scenario == "server" else "the point lasted"
-        reasons.append(f"minimum duration not met: {what} at {lasted_s:.2f} s, under --duration {duration_s:g} s")
+        what = "the last query was scheduled at" if scenario == "server" else "the point lasted"
+        reasons.append(f"minimum duration not met: {what} {lasted_s:.2f} s, under --duration {duration_s:g} s")
     if point["completed"] < min_queries:
         reasons.append(f"minimum query count not met: {point['completed']:,} completed, under --min-queries "
                        f"{min_queries:,}")
