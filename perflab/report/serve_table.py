@@ -1,6 +1,7 @@
 """The terminal view of a serve result: one row per point, the max QPS, the harness's own capacity."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.console import Console
@@ -17,12 +18,14 @@ def verdict_word(point: dict[str, Any]) -> str:
     """VALID or INVALID, as LoadGen's summary says it (a result from before validity: pass / fail)."""
     if "validity" not in point:
         return "pass" if point["passed"] else "fail"
+    if point.get("loadgen"):  # MLCommons LoadGen issued the queries: its verdict decides
+        return f"{point['loadgen']['validity']} (LoadGen)"
     return "VALID" if point["validity"]["valid"] else "INVALID"
 
 
 def _verdict(point: dict[str, Any]) -> str:
     word = verdict_word(point)
-    return f"[green]{word}[/]" if word in ("VALID", "pass") else f"[red]{word}[/]"
+    return f"[green]{word}[/]" if word.startswith(("VALID", "pass")) else f"[red]{word}[/]"
 
 
 def validity_lines(points: list[dict[str, Any]]) -> list[str]:
@@ -30,8 +33,14 @@ def validity_lines(points: list[dict[str, Any]]) -> list[str]:
     lines = []
     for point in points:
         validity = point.get("validity") or {}
+        judged = point.get("loadgen")
+        if judged:
+            lines.append(f"point {point['index']} LoadGen {judged['validity']}: p99 {judged.get('p99_ms', math.nan):.2f} "
+                         f"ms, early stopping {'met' if judged.get('early_stopping_met') else 'not met'}; perflab on "
+                         f"the same queries: {'VALID' if validity.get('valid') else 'INVALID'}")
         if validity.get("reasons"):
-            lines.append(f"point {point['index']} INVALID: {'; '.join(validity['reasons'])}")
+            lines.append(f"point {point['index']} {'perflab: ' if judged else ''}INVALID: "
+                         f"{'; '.join(validity['reasons'])}")
         lines += [f"point {point['index']} flag: {flag}" for flag in validity.get("flags", [])]
     return lines
 

@@ -44,6 +44,10 @@ class ServeConfig:
                                 metavar="N", commands=SERVE)
     sample_seed: int = option("--sample-seed", int, "seed of the order samples are drawn in (default: 0)", LOAD, 0,
                               metavar="N", commands=SERVE)
+    loadgen: bool = option("--loadgen", bool, "MLCommons LoadGen itself issues the queries and judges each point "
+                           "(its Server, Offline and SingleStream scenarios) in front of the same batcher and model: "
+                           "MLPerf-comparable numbers; needs pip install 'perflab[loadgen]'", LOAD, False,
+                           commands=SERVE)
     max_batch: Optional[int] = option("--batcher-max-batch", int, "largest batch the batcher forms (default: the "
                                       "workload's batch size on this device; formerly --max-batch)", BATCHER,
                                       minimum=1, metavar="N", commands=SERVE_AND_TUNE, deprecated=("--max-batch",))

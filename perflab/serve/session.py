@@ -3,6 +3,7 @@ saves result.json after each (Ctrl-C keeps every finished point)."""
 from __future__ import annotations
 
 import math
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -12,10 +13,10 @@ from perflab.config import RunConfig
 from perflab.harness.nvml import NvmlSampler
 from perflab.results.metrics import Serve
 from perflab.results import Result
-from perflab.serve import loadgen, schedule
+from perflab.serve import loadgen, mlcommons, schedule
 from perflab.serve.config import ServeConfig, overload_wait_s
 from perflab.config import parse_slo
-from perflab.serve.metrics import summarize_point, summarize_tokens
+from perflab.serve.metrics import QueryLog, summarize_point, summarize_tokens
 from perflab.serve.search import find_max_qps
 from perflab.serve.server import Server
 from perflab.serve.validity import point_validity
@@ -58,21 +59,12 @@ class Session:
               duration_s: Optional[float] = None) -> dict[str, Any]:
         """Run one point, add it to the result, save."""
         sc, max_batch = self.serve_cfg, self.cfg.batch_size
-        timeout_s = sc.batch_timeout_ms / 1000
         index = len(self.record.points)
-        seed = sc.sample_seed  # every point draws the same samples in the same order, as its arrivals are one
-        with NvmlSampler(self.device_index) as sampler:  # seed's gaps scaled to its rate
-            if scenario == "server":
-                arrivals = schedule.poisson_arrivals(rate, duration_s, sc.min_queries, sc.schedule_seed)
-                order = schedule.sample_order(len(arrivals), self.samples, seed)
-                log = loadgen.run_scheduled(self.server, arrivals, order, max_batch, timeout_s,
-                                            max_wait_s=overload_wait_s(sc.p99_ms))
-            elif scenario == "offline":
-                order = schedule.sample_order(queries, self.samples, seed)
-                log = loadgen.run_offline(self.server, queries, order, max_batch, timeout_s)
+        with NvmlSampler(self.device_index) as sampler:
+            if sc.loadgen:
+                log, verdict = self._mlcommons_load(scenario, rate, index)
             else:
-                order = schedule.sample_order(loadgen.SINGLE_STREAM_CAP, self.samples, seed)
-                log = loadgen.run_single_stream(self.server, sc.duration_s, sc.min_queries, order)
+                log, verdict = self._own_load(scenario, rate, queries, duration_s), None
         point = summarize_point(log, scenario, rate, max_batch, sc.instances, late_threshold_ms(sc),
                                 sampler.summary(), self.cfg.gpu_cost_per_hour)
         if log.token_batches:
@@ -81,6 +73,7 @@ class Session:
             point["generation"]["engine_host_ms_per_batch"] = engines[0].take_host_times() if engines else None
         point["index"] = index
         point["schedule_seed"] = sc.schedule_seed if scenario == "server" else None
+        point["load_generator"] = "MLCommons LoadGen" if verdict is not None else "perflab"
         point["meets_bound"] = bool(point["latency_ms"]["p99"] <= sc.p99_ms)
         if log.overloaded is not None:  # the queue's bound ended the point: beyond capacity, never a pass
             point["overloaded"] = log.overloaded
@@ -90,6 +83,9 @@ class Session:
         point["validity"] = point_validity(point, log.latency_ms(), float(np.nanmax(log.scheduled_s)), sc.p99_ms,
                                            sc.duration_s, sc.min_queries)
         point["passed"] = point["validity"]["valid"]  # the search takes only a VALID point as a pass
+        if verdict is not None:  # LoadGen issued the queries: its own verdict decides, perflab's is kept beside it
+            point["loadgen"] = verdict
+            point["passed"] = verdict["validity"] == "VALID" and not point.get("non_finite")
         padding = [engine for engine in self.server.engines if hasattr(engine, "padded_samples")]
         point["padded_samples"] = sum(engine.padded_samples for engine in padding)
         for engine in padding:
@@ -99,6 +95,37 @@ class Session:
         self.on_point(point)
         return point
 
+
+    def _own_load(self, scenario: str, rate: Optional[float], queries: Optional[int], duration_s: Optional[float]
+                  ) -> QueryLog:
+        """perflab's own load: the schedule's arrivals read off by the ScheduledBatcher (single-stream: issued as
+        each query completes). Every point draws the same samples in the same order, as its arrivals are one
+        seed's gaps scaled to its rate."""
+        sc, max_batch, timeout_s = self.serve_cfg, self.cfg.batch_size, self.serve_cfg.batch_timeout_ms / 1000
+        if scenario == "server":
+            arrivals = schedule.poisson_arrivals(rate, duration_s, sc.min_queries, sc.schedule_seed)
+            order = schedule.sample_order(len(arrivals), self.samples, sc.sample_seed)
+            return loadgen.run_scheduled(self.server, arrivals, order, max_batch, timeout_s,
+                                         max_wait_s=overload_wait_s(sc.p99_ms))
+        if scenario == "offline":
+            order = schedule.sample_order(queries, self.samples, sc.sample_seed)
+            return loadgen.run_offline(self.server, queries, order, max_batch, timeout_s)
+        order = schedule.sample_order(loadgen.SINGLE_STREAM_CAP, self.samples, sc.sample_seed)
+        return loadgen.run_single_stream(self.server, sc.duration_s, sc.min_queries, order)
+
+    def _mlcommons_load(self, scenario: str, rate: Optional[float], index: int) -> tuple[QueryLog, dict]:
+        """MLCommons LoadGen issues the point's queries (--loadgen) and judges it; its logs go to
+        <out>/loadgen/point-<index>/."""
+        sc, record = self.serve_cfg, self.record
+        expected_qps = (record.estimated_samples_per_s if scenario == "offline"
+                        else 1000 / max(record.single_query_ms, 1e-3) if scenario == "single-stream" else rate)
+        lg = mlcommons.bindings()
+        settings = mlcommons.test_settings(lg, scenario, rate, sc.p99_ms, sc.duration_s, sc.min_queries,
+                                           expected_qps, record.single_query_ms, sc.schedule_seed, self.samples)
+        logs = (self.out if self.out is not None else Path(tempfile.mkdtemp())) / "loadgen" / f"point-{index}"
+        return mlcommons.run_point(self.server, settings, self.cfg.batch_size, sc.batch_timeout_ms / 1000,
+                                   self.samples, logs, mlcommons.expected_queries(
+                                       scenario, rate, sc.duration_s, sc.min_queries, expected_qps))
 
     def _check_outputs(self, point: dict[str, Any]) -> None:
         """NaN/inf in the last batch's results make the point (and the result) invalid, as in `perflab run`."""
