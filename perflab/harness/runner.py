@@ -14,7 +14,7 @@ from perflab.calibrate import peak_tflops, percent_of_ceiling
 from perflab.config import RunConfig
 from perflab.cost import cost_per_million
 from perflab.ranks import agree_any, agree_max
-from perflab.harness.calls import floating_tensors
+from perflab.harness.calls import count_non_finite
 from perflab.harness.data import map_tensors
 from perflab.harness.flops import count_flops_per_sample
 from perflab.hooks import StepHook
@@ -141,8 +141,7 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
 
 def _non_finite_reason(plan: StepPlan) -> Optional[str]:
     """A reason when the last step's loss (train) or outputs (infer) hold NaN/inf: read once, after a trial."""
-    floating = floating_tensors(plan.last_step_value())  # tensor, tuple, dict or dataclass outputs
-    bad = sum(int((~torch.isfinite(t.detach())).sum()) for t in floating)
+    bad = count_non_finite(plan.last_step_value())  # tensor, tuple, dict or dataclass outputs
     if not bad:
         return None
     what = "loss" if plan.mode == "train" else "outputs"

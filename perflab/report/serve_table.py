@@ -1,9 +1,11 @@
 """The terminal view of a serve result: one row per point, the max QPS, the harness's own capacity."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.console import Console, Group
+from rich.markup import escape
 
 from perflab.environment import describe_device
 from perflab.report.fit import Column, fitted_tables
@@ -12,25 +14,49 @@ from perflab.results import Result
 from perflab.serve.metrics import COMPONENTS
 
 
+def verdict_word(point: dict[str, Any]) -> str:
+    """VALID or INVALID, as LoadGen's summary says it (a result from before validity: pass / fail)."""
+    if "validity" not in point:
+        return "pass" if point["passed"] else "fail"
+    if point.get("loadgen"):  # MLCommons LoadGen issued the queries: its verdict decides
+        return f"{point['loadgen']['validity']} (LoadGen)"
+    return "VALID" if point["validity"]["valid"] else "INVALID"
+
+
 def _verdict(point: dict[str, Any]) -> str:
-    if point["passed"]:
-        return "[green]pass[/]"
-    if point.get("overloaded"):
-        return "[red]overloaded[/]"
-    return "[yellow]harness late[/]" if point.get("harness_late") else "[red]fail[/]"
+    word = verdict_word(point)
+    return f"[green]{word}[/]" if word.startswith(("VALID", "pass")) else f"[red]{word}[/]"
+
+
+def validity_lines(points: list[dict[str, Any]]) -> list[str]:
+    """One line per INVALID point with its reasons, and one per warning flag (plain text)."""
+    lines = []
+    for point in points:
+        validity = point.get("validity") or {}
+        judged = point.get("loadgen")
+        if judged:
+            lines.append(f"point {point['index']} LoadGen {judged['validity']}: p99 {judged.get('p99_ms', math.nan):.2f} "
+                         f"ms, early stopping {'met' if judged.get('early_stopping_met') else 'not met'}; perflab on "
+                         f"the same queries: {'VALID' if validity.get('valid') else 'INVALID'}")
+        if validity.get("reasons"):
+            lines.append(f"point {point['index']} {'perflab: ' if judged else ''}INVALID: "
+                         f"{'; '.join(validity['reasons'])}")
+        lines += [f"point {point['index']} flag: {flag}" for flag in validity.get("flags", [])]
+    return lines
 
 
 def point_row(point: dict[str, Any]) -> list[str]:
     """The cells of one point (also printed as each point finishes)."""
     lat = point["latency_ms"]
-    return [str(point["index"]), fmt(point["offered_qps"], 0), fmt(point["achieved_qps"], 0), fmt(lat["p50"], 2),
+    return [str(point["index"]), fmt(point["offered_qps"], 0), fmt(point.get("realised_offered_qps"), 0),
+            fmt(point["achieved_qps"], 0), fmt(lat["p50"], 2),
             fmt(lat["p90"], 2), fmt(lat["p99"], 2), fmt(lat["p99.9"], 2),
             f"{fmt(point['batch_mean'])} ({fmt(point['batch_fill_pct'], 0)}%)",
             fmt((point.get("gpu") or {}).get("util_mean_pct"), 0), fmt(point.get("cost_per_million_queries"), 3),
             _verdict(point)]
 
 
-POINT_COLUMNS = ("#", "offered q/s", "achieved q/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "batch (fill)",
+POINT_COLUMNS = ("#", "offered q/s", "realised q/s", "achieved q/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "batch (fill)",
                  "GPU %", "cost/1M", "verdict")
 
 
@@ -105,11 +131,8 @@ def print_serve(console: Console, result: Result) -> None:
     capacity = serve.capacity
     if capacity:
         console.print(f"harness capacity (no-op model): {capacity_text(capacity)}", highlight=False)
-    late = [str(p["index"]) for p in serve.points if p.get("harness_late")]
-    if late:
-        console.print(f"[yellow]note:[/] the batcher dispatched late on point(s) {', '.join(late)} (dispatch delay "
-                      f"p99 > {serve.settings.harness_late_ms:g} ms): they measured the harness as much as the "
-                      "model, are not valid and do not pass the search")
+    for line in validity_lines(serve.points):
+        console.print(f"[yellow]{escape(line)}[/]", highlight=False)
     diagnosis = result.diagnosis
     if diagnosis:
         console.print(f"[bold]diagnosis:[/] [bold magenta]{diagnosis['bottleneck']}[/] — {diagnosis['headline']}",
