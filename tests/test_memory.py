@@ -21,6 +21,7 @@ from perflab.results import Result
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = str(ROOT / "tests/planted/activation_heavy.py") + ":build"
+CONV = str(ROOT / "tests/planted/conv_bias_bn.py") + ":build"
 
 
 def model_bytes_mb(cfg: RunConfig) -> float:
@@ -103,6 +104,20 @@ def test_each_lever_frees_what_the_breakdown_says_and_allows_a_larger_batch():
     assert levers["expandable_segments"].frees_mb == pytest.approx(200)  # reserved 1000 - allocated 800
     assert fit.largest_batch(1300.0) == 20
     assert all(lever.batch_allowed > 20 for lever in levers.values() if lever.batch_allowed is not None)
+
+
+@pytest.mark.parametrize("workload,batch,workload_options", [(HEAVY, 512, {"size": 128}), (CONV, 64, {})])
+def test_the_bf16_autocast_saving_is_predicted_within_10_percent_of_the_measured_one(workload, batch,
+                                                                                     workload_options):
+    cfg = RunConfig(workload=workload, batch_size=batch, device="cpu", workload_options=workload_options)
+    full = measure_step(cfg)
+    under = full.autocast_activations  # one forward under bf16 autocast, counted by dtype
+    assert under["by_dtype_mb"]["bfloat16"] > 0 and under["parameter_copies_mb"] > 0
+    predicted = {lever.lever: lever for lever in lever_savings(full, None, None)}["bf16 autocast"]
+    assert "counted in one forward under bf16 autocast" in predicted.basis
+    measured = full.peak_mb - measure_step(cfg.replace(precision="bf16")).peak_mb
+    assert measured > 0.2 * full.peak_mb
+    assert predicted.frees_mb == pytest.approx(measured, rel=0.10)
 
 
 def test_perflab_memory_writes_the_breakdown_the_fit_and_the_report(tmp_path, capsys):

@@ -25,6 +25,8 @@ class Breakdown:
     reserved_mb: Optional[float] = None  # CUDA: torch.cuda.max_memory_reserved
     total_mb: Optional[float] = None  # the device's memory (or --memory-limit-mb)
     activations: dict[str, Any] = field(default_factory=dict)  # perflab.memory.activations.SavedActivations
+    # the same, counted in one forward under bf16 autocast (a train step at fp32/tf32): what bf16 would save
+    autocast_activations: dict[str, Any] = field(default_factory=dict)
     timeline: Optional[dict[str, Any]] = None  # CategoryTimeline.to_dict()
     optimizer: Optional[str] = None
     notes: list[str] = field(default_factory=list)

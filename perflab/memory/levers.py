@@ -17,6 +17,8 @@ from perflab.memory.fit import PeakFit, largest_batch
 from perflab.memory.timeline import CATEGORIES, MODEL_STATES
 
 EIGHT_BIT_STATE = 0.26  # an 8-bit AdamW keeps 2 bytes per parameter (+ block scales) instead of 8
+AUTOCAST_SHARE = 0.5  # without a counted forward under autocast: every activation assumed in 2 bytes instead of 4
+LOSS_TENSORS = 3  # the output as an fp32 loss takes it, the loss's own intermediate, and the output's gradient
 SLACK_SHARE = 0.1  # slack beyond this share of reserved memory makes expandable_segments worth naming
 TORCHAO_INSTALL = "pip install torchao (then torchao.optim.AdamW8bit)"
 
@@ -37,13 +39,18 @@ class LeverSaving:
         return asdict(self)
 
 
-def _peak_with(breakdown: Breakdown, factors: dict[str, float], extra_mb: float = 0.0) -> float:
+def _peak_with(breakdown: Breakdown, factors: dict[str, float], with_activations_mb: float = 0.0) -> float:
+    """The highest point of the step's timeline with categories scaled by `factors`, plus `with_activations_mb`
+    alive as long as the activations are (in proportion to them: freed as backward frees them)."""
     timeline = breakdown.category_timeline()
     if timeline is None:
-        peak = sum(factors.get(name, 1.0) * mb for name, mb in breakdown.categories_mb.items())
+        peak = sum(factors.get(name, 1.0) * mb for name, mb in breakdown.categories_mb.items()) + with_activations_mb
     else:
-        peak = max(timeline.totals(factors))
-    return peak + extra_mb + breakdown.unattributed_mb
+        activations = timeline.mb.get("activations") or [0.0] * len(timeline.times_ms)
+        most = max(activations, default=0.0)
+        alive = [value / most if most > 0 else 1.0 for value in activations]
+        peak = max(total + with_activations_mb * share for total, share in zip(timeline.totals(factors), alive))
+    return peak + breakdown.unattributed_mb
 
 
 def _model_states_change_mb(breakdown: Breakdown, factors: dict[str, float]) -> float:
@@ -89,10 +96,7 @@ def lever_savings(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Opt
             f"per block of {activations.blocks or 'the model'} ({len(activations.block_saved_mb)} blocks): keeps each "
             "block's input, recomputes one block at a time in backward", note=note))
     if breakdown.precision in ("fp32", "tf32"):
-        savings.append(_saving(breakdown, fit, capacity_mb, "bf16 autocast", "--precision bf16",
-                               {"activations": 0.5, "temporaries": 0.5},
-                               "activations and temporaries in 2 bytes, plus the bf16 copies of the weights autocast "
-                               "keeps during forward", extra_fixed_mb=0.5 * breakdown.categories_mb["parameters"]))
+        savings.append(_autocast_saving(breakdown, fit, capacity_mb))
         savings.append(_saving(breakdown, fit, capacity_mb, "bf16 weights", "model.to(torch.bfloat16)",
                                {name: 0.5 for name in CATEGORIES if name != "inputs"},
                                "every tensor of the step in 2 bytes (pure bf16 training; check convergence)"))
@@ -121,6 +125,35 @@ def lever_savings(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Opt
                                    "the reserved-but-unallocated slack returned (fragmentation)",
                                    note="frees reserved memory, not allocated"))
     return savings
+
+
+def _autocast_saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Optional[float]) -> LeverSaving:
+    """bf16 autocast keeps fp32 parameters, gradients and optimizer state; it saves in bf16 only what its bf16 ops
+    (matmuls, convolutions) take, while normalisations, softmax and the residual stream stay fp32, and it keeps a
+    bf16 copy of each weight those ops use until backward. The figures come from one forward under autocast when
+    the step had one (perflab/memory/step.py), else half the activations and a bf16 copy of every weight.
+
+    The temporaries at the peak: up to LOSS_TENSORS times the model's output are the loss's and the output's
+    gradient, which autocast computes in fp32 (unchanged); the rest are gradients of activations, in their dtype."""
+    full_mb = breakdown.activations.get("total_mb") or 0.0
+    under = breakdown.autocast_activations
+    temporaries_mb = breakdown.categories_mb.get("temporaries", 0.0)
+    if under and full_mb > 0:
+        share = under["total_mb"] / full_mb
+        copies_mb = under.get("parameter_copies_mb", 0.0)
+        loss_mb = min(temporaries_mb, LOSS_TENSORS * under.get("output_fp32_mb", 0.0))
+        temporaries_share = (loss_mb + share * (temporaries_mb - loss_mb)) / temporaries_mb if temporaries_mb else 1.0
+        dtypes = ", ".join(f"{name} {mb:,.1f}" for name, mb in sorted((under.get("by_dtype_mb") or {}).items()))
+        basis = (f"counted in one forward under bf16 autocast: the activations saved for backward x {share:.2f} "
+                 f"({dtypes} MiB), temporaries x {temporaries_share:.2f} (the loss stays fp32), plus "
+                 f"{copies_mb:,.1f} MiB of bf16 weight copies kept until backward")
+    else:
+        share = temporaries_share = AUTOCAST_SHARE
+        copies_mb = 0.5 * breakdown.categories_mb.get("parameters", 0.0)
+        basis = ("assumed (no forward under autocast was counted): activations and temporaries in 2 bytes, plus the "
+                 "bf16 copies of the weights autocast keeps during forward")
+    return _saving(breakdown, fit, capacity_mb, "bf16 autocast", "--precision bf16",
+                   {"activations": share, "temporaries": temporaries_share}, basis, extra_fixed_mb=copies_mb)
 
 
 def _gradients_mb(breakdown: Breakdown) -> float:

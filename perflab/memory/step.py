@@ -21,7 +21,8 @@ import torch
 from perflab.config import RunConfig
 from perflab.harness.loop import run_steps
 from perflab.harness.timers import NullTimer
-from perflab.memory.activations import ActivationAccounting
+from perflab.errors import is_out_of_memory
+from perflab.memory.activations import ActivationAccounting, saved_under_autocast
 from perflab.memory.breakdown import Breakdown
 from perflab.memory.timeline import CATEGORIES, allocator_increase_mb, category_timeline, profiler_options
 from perflab.pipeline import load, prepared, resolve_config, resolve_device
@@ -87,6 +88,8 @@ def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise:
             model_states = [*plan.eager_model.parameters(), *_optimizer_state(plan.optimizer)]
             model_states_mb = _storages_mb(model_states) + _storages_mb(p.grad for p in plan.eager_model.parameters())
             breakdown = _breakdown(cfg, device, plan, prof, saved, model_states_mb, snapshot)
+            if saved is not None:
+                _count_autocast(plan, batches, device, breakdown)
     if limit_mb is not None:
         breakdown.total_mb = limit_mb
         if breakdown.peak_mb > limit_mb:
@@ -95,6 +98,25 @@ def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise:
                 f"tried to allocate {breakdown.peak_mb - limit_mb:.2f} MiB over it; the step's peak is "
                 f"{breakdown.peak_mb:.1f} MiB")
     return breakdown
+
+
+def _count_autocast(plan, batches, device: torch.device, breakdown: Breakdown) -> None:
+    """A train step at full precision: what bf16 autocast would save for backward, from one more forward under it
+    (after the measured step, so its peak is not the step's); an out-of-memory here only loses that figure."""
+    if plan.mode != "train" or plan.autocast_dtype is not None or plan.custom_step is not None \
+            or plan.step_fn is not None:
+        return
+    batch = next(batches) if plan.batches_on_device else plan.to_device(next(batches))
+    inputs, _ = plan.gpu_transform(batch) if plan.gpu_transform is not None else batch
+    try:
+        breakdown.autocast_activations = saved_under_autocast(plan.eager_model, inputs, device).to_dict()
+    except (RuntimeError, MemoryError) as err:
+        if not is_out_of_memory(err):
+            raise
+        breakdown.notes.append("the forward under bf16 autocast ran out of memory: the bf16 estimate assumes half "
+                               "the activations")
+    finally:
+        gc.collect()
 
 
 def _record_history(snapshot: Optional[Path]) -> None:
