@@ -29,6 +29,9 @@ class Breakdown:
     autocast_activations: dict[str, Any] = field(default_factory=dict)
     timeline: Optional[dict[str, Any]] = None  # CategoryTimeline.to_dict()
     optimizer: Optional[str] = None
+    # Adam/AdamW: its state's size under torchao's 8-bit optimizer over its size now, tensor by tensor
+    # (perflab/levers/optimizer.py: small tensors stay fp32)
+    optimizer_state_8bit_share: Optional[float] = None
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -11,16 +11,16 @@ import importlib.util
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from perflab.levers.optimizer import EIGHT_BIT_BLOCK, EIGHT_BIT_MIN_NUMEL, TORCHAO_INSTALL, eight_bit_state_bytes
 from perflab.memory.activations import SavedActivations
 from perflab.memory.breakdown import Breakdown
 from perflab.memory.fit import PeakFit, largest_batch
 from perflab.memory.timeline import CATEGORIES, MODEL_STATES
 
-EIGHT_BIT_STATE = 0.26  # an 8-bit AdamW keeps 2 bytes per parameter (+ block scales) instead of 8
+EIGHT_BIT_STATE = eight_bit_state_bytes(EIGHT_BIT_MIN_NUMEL) / (4 * EIGHT_BIT_MIN_NUMEL)  # (1 + 4/256) / 4
 AUTOCAST_SHARE = 0.5  # without a counted forward under autocast: every activation assumed in 2 bytes instead of 4
 LOSS_TENSORS = 3  # the output as an fp32 loss takes it, the loss's own intermediate, and the output's gradient
 SLACK_SHARE = 0.1  # slack beyond this share of reserved memory makes expandable_segments worth naming
-TORCHAO_INSTALL = "pip install torchao (then torchao.optim.AdamW8bit)"
 
 
 @dataclass
@@ -100,12 +100,8 @@ def lever_savings(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Opt
         savings.append(_saving(breakdown, fit, capacity_mb, "bf16 weights", "model.to(torch.bfloat16)",
                                {name: 0.5 for name in CATEGORIES if name != "inputs"},
                                "every tensor of the step in 2 bytes (pure bf16 training; check convergence)"))
-    if train and breakdown.categories_mb.get("optimizer_state", 0.0) > 0:
-        have = importlib.util.find_spec("torchao") is not None
-        savings.append(_saving(breakdown, fit, capacity_mb, "8-bit optimizer state", "torchao.optim.AdamW8bit",
-                               {"optimizer_state": EIGHT_BIT_STATE},
-                               "Adam's two moments in 8 bits with block scales (about a quarter of fp32)",
-                               note="" if have else f"torchao is not installed: {TORCHAO_INSTALL}"))
+    if train and breakdown.categories_mb.get("optimizer_state", 0.0) > 0 and breakdown.optimizer in ("Adam", "AdamW"):
+        savings.append(_eight_bit_saving(breakdown, fit, capacity_mb))
     if train:
         savings.append(_saving(breakdown, fit, capacity_mb, f"FSDP over {shards} GPUs", f"--nproc {shards} "
                                "--parallel fsdp", {name: 1.0 / shards for name in MODEL_STATES},
@@ -154,6 +150,19 @@ def _autocast_saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: 
                  "bf16 copies of the weights autocast keeps during forward")
     return _saving(breakdown, fit, capacity_mb, "bf16 autocast", "--precision bf16",
                    {"activations": share, "temporaries": temporaries_share}, basis, extra_fixed_mb=copies_mb)
+
+
+def _eight_bit_saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Optional[float]) -> LeverSaving:
+    """torchao's 8-bit Adam: the optimizer state as it would hold it, tensor by tensor (a byte per value and a
+    scale per block; small tensors stay fp32), else every moment at EIGHT_BIT_STATE of its fp32 size."""
+    share = breakdown.optimizer_state_8bit_share
+    share = EIGHT_BIT_STATE if share is None else share
+    have = importlib.util.find_spec("torchao") is not None
+    return _saving(breakdown, fit, capacity_mb, "8-bit optimizer state", "--optimizer-impl 8bit",
+                   {"optimizer_state": share},
+                   f"Adam's two moments in 8 bits with an fp32 scale per block of {EIGHT_BIT_BLOCK} "
+                   f"(optimizer state x {share:.3f}; tensors under {EIGHT_BIT_MIN_NUMEL} values stay fp32)",
+                   note="" if have else f"torchao is not installed: {TORCHAO_INSTALL}")
 
 
 def _gradients_mb(breakdown: Breakdown) -> float:

@@ -21,6 +21,7 @@ import torch
 from perflab.config import RunConfig
 from perflab.harness.loop import run_steps
 from perflab.harness.timers import NullTimer
+from perflab.levers.optimizer import eight_bit_state_bytes
 from perflab.errors import is_out_of_memory
 from perflab.memory.activations import ActivationAccounting, saved_under_autocast
 from perflab.memory.breakdown import Breakdown
@@ -88,6 +89,7 @@ def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise:
             model_states = [*plan.eager_model.parameters(), *_optimizer_state(plan.optimizer)]
             model_states_mb = _storages_mb(model_states) + _storages_mb(p.grad for p in plan.eager_model.parameters())
             breakdown = _breakdown(cfg, device, plan, prof, saved, model_states_mb, snapshot)
+            breakdown.optimizer_state_8bit_share = _eight_bit_share(plan.optimizer)
             if saved is not None:
                 _count_autocast(plan, batches, device, breakdown)
     if limit_mb is not None:
@@ -98,6 +100,16 @@ def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise:
                 f"tried to allocate {breakdown.peak_mb - limit_mb:.2f} MiB over it; the step's peak is "
                 f"{breakdown.peak_mb:.1f} MiB")
     return breakdown
+
+
+def _eight_bit_share(optimizer) -> Optional[float]:
+    """An Adam/AdamW's state under torchao's 8-bit optimizer over its size now, tensor by tensor; None for others
+    (or before the state exists)."""
+    if optimizer is None or type(optimizer).__name__ not in ("Adam", "AdamW"):
+        return None
+    state = {tensor.untyped_storage().data_ptr(): tensor for tensor in _optimizer_state(optimizer)}
+    now = sum(t.numel() * t.element_size() for t in state.values())
+    return sum(eight_bit_state_bytes(t.numel(), t.element_size()) for t in state.values()) / now if now else None
 
 
 def _count_autocast(plan, batches, device: torch.device, breakdown: Breakdown) -> None:
