@@ -34,6 +34,12 @@ class LeverSaving:
     batch_allowed: Optional[int]
     basis: str  # what the estimate assumes
     note: str = ""
+    fixed_mb: Optional[float] = None  # the peak with the lever on: fixed_mb + per_sample_mb x batch
+    per_sample_mb: Optional[float] = None
+
+    def predict_mb(self, batch: int) -> Optional[float]:
+        """The peak predicted at `batch` with the lever on (None where the lever does not move the line)."""
+        return None if self.fixed_mb is None else self.fixed_mb + self.per_sample_mb * batch
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,7 +75,8 @@ def _saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Optional[
     batch = breakdown.batch_size
     new_per_sample = max(1e-9, (fit.predict_mb(batch) - frees - new_fixed) / batch) if fit else max(
         1e-9, (peak - new_fixed) / batch)
-    return LeverSaving(lever, how, peak, frees, largest_batch(new_fixed, new_per_sample, capacity_mb), basis, note)
+    return LeverSaving(lever, how, peak, frees, largest_batch(new_fixed, new_per_sample, capacity_mb), basis, note,
+                       new_fixed, new_per_sample)
 
 
 def _fit_parts(breakdown: Breakdown, fit: Optional[PeakFit]) -> tuple[float, float]:

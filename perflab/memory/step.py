@@ -96,9 +96,9 @@ def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise:
         breakdown.total_mb = limit_mb
         if breakdown.peak_mb > limit_mb:
             raise torch.OutOfMemoryError(
-                f"out of memory under the memory limit of {limit_mb:.1f} MiB ({LIMIT_ENV} or --memory-limit-mb): "
-                f"tried to allocate {breakdown.peak_mb - limit_mb:.2f} MiB over it; the step's peak is "
-                f"{breakdown.peak_mb:.1f} MiB")
+                f"out of memory under the memory limit ({LIMIT_ENV} or --memory-limit-mb): tried to allocate "
+                f"{breakdown.peak_mb - limit_mb:.2f} MiB over it; the limit is a total capacity of {limit_mb:.2f} MiB "
+                f"and the step's peak is {breakdown.peak_mb:.1f} MiB")
     return breakdown
 
 
