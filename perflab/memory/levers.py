@@ -46,15 +46,18 @@ class LeverSaving:
 
 
 def _peak_with(breakdown: Breakdown, factors: dict[str, float], with_activations_mb: float = 0.0) -> float:
-    """The highest point of the step's timeline with categories scaled by `factors`, plus `with_activations_mb`
-    alive as long as the activations are (in proportion to them: freed as backward frees them)."""
+    """The highest point of the step's timeline with categories scaled by `factors`, plus `with_activations_mb` of
+    weight copies: alive while activations are, each freed when backward makes its weight's gradient (so in the
+    share of the gradients not made yet)."""
     timeline = breakdown.category_timeline()
     if timeline is None:
         peak = sum(factors.get(name, 1.0) * mb for name, mb in breakdown.categories_mb.items()) + with_activations_mb
     else:
         activations = timeline.mb.get("activations") or [0.0] * len(timeline.times_ms)
-        most = max(activations, default=0.0)
-        alive = [value / most if most > 0 else 1.0 for value in activations]
+        gradients = timeline.mb.get("gradients") or [0.0] * len(timeline.times_ms)
+        most, most_gradients = max(activations, default=0.0), max(gradients, default=0.0)
+        alive = [(1.0 - grad / most_gradients if most_gradients > 0 else 1.0) if act > 0.01 * most else 0.0
+                 for act, grad in zip(activations, gradients)]
         peak = max(total + with_activations_mb * share for total, share in zip(timeline.totals(factors), alive))
     return peak + breakdown.unattributed_mb
 
