@@ -19,7 +19,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 PREFETCHERS = ("none", "stream")
 AUGMENT_MODES = ("cpu", "gpu", "gpu-stream")
 PIPELINES = ("serial", "streams")
-OPTIMIZER_IMPLS = ("default", "foreach", "fused")
+OPTIMIZER_IMPLS = ("default", "foreach", "fused", "8bit")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "math")
 DATA_SOURCES = ("auto", "loader", "device")
 KV_CACHES = ("dynamic", "static")
@@ -151,8 +151,9 @@ class RunConfig:
                                         "its images; drop --augment", value=("gpu", "gpu-stream"))))
     activation_checkpointing: bool = option("--activation-checkpointing", bool, "recompute activations in backward",
                                             MODEL, False, modes=TRAIN, read_by_build=True)
-    optimizer_impl: str = option("--optimizer-impl", str, "default, foreach or fused", MODEL, "default",
-                                 choices=OPTIMIZER_IMPLS, changes_numerics=("fused",), modes=TRAIN)
+    optimizer_impl: str = option("--optimizer-impl", str, "default, foreach, fused, or 8bit (torchao's 8-bit "
+                                 "Adam/AdamW: a quarter of the optimizer state)", MODEL, "default",
+                                 choices=OPTIMIZER_IMPLS, changes_numerics=("fused", "8bit"), modes=TRAIN)
     sdpa: str = option("--sdpa", str, "attention backend: auto, flash, efficient or math", MODEL, "auto",
                        choices=SDPA_BACKENDS, changes_numerics=("flash", "efficient", "math"),
                        needs_cuda=("flash", "efficient"), commands=RUN_AND_SERVE)

@@ -54,7 +54,7 @@ def handle(args: argparse.Namespace) -> int:
         raise PerflabError("perflab memory profiles one process; drop --nproc (the FSDP estimate uses --fsdp-gpus)")
     device = resolve_device(cfg.device)
     if args.probe:
-        with out_of_memory_as_result(cfg, device, ["perflab"] + args.argv):
+        with out_of_memory_as_result(cfg, device, ["perflab"] + args.argv, advise=False):  # the search's answer
             breakdown = measure_step(cfg, categorise=device.type == "cpu", limit_mb=args.memory_limit_mb)
         Path(args.probe).write_text(json.dumps({"batch": cfg.batch_size, "peak_mb": breakdown.peak_mb}))
         return 0

@@ -26,7 +26,8 @@ from typing import Any, Callable, Optional
 from perflab import options
 from perflab.config import RunConfig
 from perflab.bottlenecks import INFERENCE_QUEUE
-from perflab.errors import PerflabError
+from perflab.errors import OutOfMemoryFailure, PerflabError
+from perflab.oom import OutOfMemory
 from perflab.levers import all_levers
 from perflab.results import Result
 from perflab.tune import candidates as search
@@ -202,6 +203,8 @@ class Tuner:
             raise PerflabError(f"the starting point did not finish within --budget {self.settings.budget} "
                                f"({row['wall_s']:.0f} s; the budget is a promise, and every trial is stopped when "
                                f"it runs out): give a larger --budget (see {self.out / row['dir']}.log)")
+        if result is None and row["status"] == OOM:
+            raise self._start_out_of_memory(row)
         if result is None:
             raise PerflabError(f"the starting point did not run ({row['status']}: {row['reason']}); see "
                                f"{self.out / row['dir']}.log")
@@ -234,6 +237,15 @@ class Tuner:
                     return "no lever won: every proposed lever was tried, refused or lost"
         except BudgetSpent as stop:
             return str(stop)
+
+    def _start_out_of_memory(self, row: dict[str, Any]) -> PerflabError:
+        """The starting point did not fit: its own record (the short block, exit code 3) when its run saved one."""
+        path = self.out / row["dir"] / "result.json"
+        record = getattr(Result.load(path.parent), "out_of_memory", None) if path.is_file() else None
+        if not record:
+            return OutOfMemoryFailure(f"the starting point ran out of memory ({row['reason']}); see "
+                                      f"{self.out / row['dir']}.log", {"message": row["reason"], "device": "?"})
+        return OutOfMemory.from_dict(record).failure()
 
     def _nothing_to_try(self) -> str:
         """Why the search ends without a trial: the diagnosis's advice is what remains (e.g. remove a sync)."""
