@@ -176,12 +176,15 @@ def tensor_bytes(value: Any, depth: int = 0) -> int:
 def cache_positions(past: Any, length: int) -> int:
     """Positions a past_key_values holds room for: a static cache (transformers' StaticCache) its whole capacity,
     allocated up front; otherwise the `length` positions filled so far."""
-    capacity = getattr(past, "get_max_cache_shape", None)
-    try:
-        capacity = capacity() if callable(capacity) else None
-    except Exception:  # transformers versions differ in what a cache without layers answers
-        capacity = None
-    return capacity if isinstance(capacity, int) and capacity > 0 else max(length, 1)
+    for name in ("get_max_cache_shape", "get_max_length"):  # transformers <= 5.17, later
+        method = getattr(past, name, None)
+        try:
+            capacity = method() if callable(method) else None
+        except Exception:  # versions differ in what a cache without layers answers
+            capacity = None
+        if isinstance(capacity, int) and capacity > 0:
+            return capacity
+    return max(length, 1)
 
 
 class GenerationHook(StepHook):

@@ -26,18 +26,23 @@ def transformers_missing() -> str | None:
     return None
 
 
-def llama_config(size: DecoderSize, **overrides: Any):
-    """A transformers LlamaConfig of the same shape as `size` (a llama-family size), plain RoPE."""
+def llama_config_dict(size: DecoderSize) -> dict[str, Any]:
+    """A transformers LlamaConfig's settings (config.json's keys) for `size`, a llama-family size; plain RoPE."""
     if size.family != "llama":
-        raise PerflabError(f"a LlamaConfig needs a llama-family size, got family {size.family!r}")
+        raise PerflabError(f"a Llama config needs a llama-family size, got family {size.family!r}")
+    return dict(vocab_size=size.vocab, hidden_size=size.dim, intermediate_size=size.ffn_dim,
+                num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
+                max_position_embeddings=size.max_seq, rope_theta=size.rope_theta, rms_norm_eps=size.norm_eps,
+                tie_word_embeddings=size.tied, attention_bias=False, mlp_bias=False, hidden_act="silu")
+
+
+def llama_config(size: DecoderSize, **overrides: Any):
+    """A transformers LlamaConfig of the same shape as `size`."""
+    settings = llama_config_dict(size)
     try:
         from transformers import LlamaConfig
     except ImportError:
         raise PerflabError(f"a transformers Llama needs transformers: {INSTALL_HINT}") from None
-    settings = dict(vocab_size=size.vocab, hidden_size=size.dim, intermediate_size=size.ffn_dim,
-                    num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
-                    max_position_embeddings=size.max_seq, rope_theta=size.rope_theta, rms_norm_eps=size.norm_eps,
-                    tie_word_embeddings=size.tied, attention_bias=False, mlp_bias=False, hidden_act="silu")
     return LlamaConfig(**{**settings, **overrides})
 
 
