@@ -71,3 +71,19 @@ def test_gaps_are_idle_time_between_kernels_not_overlap():
     costs = decode_layer_costs(overlapping, steps=1, layers=1)
     assert costs.gap_us == pytest.approx(5.0) and costs.step_us == pytest.approx(22.0)
     assert costs.weight_us == pytest.approx(20.0) and costs.other_us == pytest.approx(2.0)
+
+
+def test_the_decode_regime_of_a_profiled_run_carries_the_per_layer_figures(tmp_path):
+    from types import SimpleNamespace
+    from perflab.diagnose.decode import decode_regime
+    from perflab.diagnose.findings import Context
+    from perflab.results.metrics import Generation, Metrics
+    bound = {"pct_of_bound": 45.0, "measured_ms_per_token": 0.1, "bound_ms_per_token": 0.045,
+             "measured_over_bound": 2.2, "memory_gbps": 3000.0, "memory_gbps_source": "test"}
+    generation = Generation.from_dict({"bandwidth_bound": bound, "output_len_mean": STEPS + 1.0})
+    result = SimpleNamespace(metrics=Metrics(generation=generation), levers=[], workload={"info": {"layers": LAYERS}},
+                             config={"device": "cpu", "batch_size": 1, "compile": None})
+    finding = decode_regime(Context(trace=synthetic_trace(tmp_path), profile=None, result=result))
+    per_layer = finding.evidence["per_layer_us"]
+    assert per_layer["weight_kernels"] == pytest.approx(20.0) and per_layer["dequantisation"] == pytest.approx(5.0)
+    assert finding.advice[0].startswith("per layer, 6 traced decode steps")
