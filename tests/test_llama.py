@@ -95,6 +95,32 @@ def test_llama_decode_token_by_token_equals_the_full_forward_logits(static):
     assert torch.equal(full.argmax(-1), tokens)
 
 
+def test_llama_decode_step_traces_as_one_graph_and_reads_nothing_back_per_token():
+    from tests.test_decode_step import eager_backend_session, host_syncs
+    model = llama_tiny()
+    prompt = torch.randint(0, TINY.vocab, (2, 8), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        expected = generate_greedy(open_session(model, 2, 48, CPU, torch.float32, static=True), prompt, 12)
+        session = eager_backend_session(model, batch=2)  # fullgraph: a graph break would raise
+        assert torch.equal(generate_greedy(session, prompt, 12), expected)
+        assert host_syncs(lambda: generate_greedy(session, prompt, 12)) == 0
+    torch._dynamo.reset()
+
+
+def test_generate_runs_a_llama_size_through_the_cli_and_its_static_cache_passes_the_gate(tmp_path):
+    import json
+    from perflab.cli import main
+    code = main(["run", "--workload", "generate", "--mode", "infer", "--option", "size=llama-tiny", "--option",
+                 "prompt_len=8", "--option", "output_len=6", "--batch", "2", "--kv-cache", "static",
+                 "--quality-steps", "2", "--steps", "2", "--warmup", "1", "--trials", "1", "--out",
+                 str(tmp_path / "run")])
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert code == 0 and result["quality"]["verdict"] == "pass"
+    assert result["workload"]["info"]["kv_heads"] == 2 and result["workload"]["info"]["family"] == "llama"
+    # the bound's KV bytes: 2 x 2 layers x batch 2 x 2 kv heads x 16 dims x 4 bytes
+    assert result["metrics"]["generation"]["bandwidth_bound"]["kv_bytes_per_position"] == 2 * 2 * 2 * 2 * 16 * 4
+
+
 def test_llama_logits_equal_transformers_llama_with_the_same_weights():
     pytest.importorskip("transformers")
     from transformers import LlamaForCausalLM
