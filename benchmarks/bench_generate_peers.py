@@ -4,6 +4,7 @@ quantized decode through the generation quality gate.
     python -m benchmarks.bench_generate_peers --out DIR [--quick]
     BENCH_PEERS_SHAPES=llama-1b,llama-8b BENCH_PEERS_BATCHES=1,8,32,64 python -m benchmarks.bench_generate_peers ...
     BENCH_PEERS_SYSTEMS=perflab,hf BENCH_PEERS_QUANT=int8-weight python -m benchmarks.bench_generate_peers ...
+    BENCH_PEERS_QUANT= ...        # the grid alone;  BENCH_PEERS_SYSTEMS=none ...: the quantized part alone
 
 For each shape x batch (default llama-8b at batch 1 and 8; prompt 128, 128 new tokens, greedy, bf16, random
 weights):
@@ -24,7 +25,8 @@ gate's judge and tolerances, perflab/quality/generation.py), eager on both sides
 
 The last thing printed is one table: shape x batch x system -> tokens/s, ms per step, % of the bandwidth bound
 (weights once per step + every sequence's KV reads, at the calibrated bandwidth), quality. Sized to finish in about
-8 minutes on an H100 at the defaults; without CUDA (or --quick) everything shrinks to llama-tiny on the CPU.
+8 minutes on an H100 at the defaults; past BENCH_PEERS_BUDGET_S (default 540) the cells left are skipped, so the
+table still prints inside a 10-minute call. Without CUDA (or --quick) everything shrinks to llama-tiny on the CPU.
 """
 from __future__ import annotations
 
@@ -247,6 +249,7 @@ def run_hf(rows: Rows, out: Path, cell: Cell, cuda: bool, bound_ms: Optional[flo
         traceback.print_exc()
         found.append(Row(cell, "hf via perflab", quality=f"failed: {type(err).__name__}: {err}"[:200]))
     del model, workload
+    torch._dynamo.reset()  # its compiled code (and CUDA graph pools) hold the 16 GB model otherwise
     free_memory()
     return found
 
@@ -386,8 +389,12 @@ def run(out: Path, quick: bool) -> list[dict]:
     cells, quant_cell = grid(full)
     table: list[Row] = []
     began = time.perf_counter()
+    budget_s = float(os.environ.get("BENCH_PEERS_BUDGET_S", "540"))  # the table must print inside a 600-s call
     for cell in cells:
         bound_ms = bound_ms_per_step(cell, gbps)
+        if time.perf_counter() - began > budget_s:
+            table.append(Row(cell, ",".join(systems), quality=f"skipped: past BENCH_PEERS_BUDGET_S={budget_s:g}"))
+            continue
         if "perflab" in systems:
             table.append(run_perflab(rows, out, cell, cuda))
         if "hf" in systems:
@@ -395,7 +402,9 @@ def run(out: Path, quick: bool) -> list[dict]:
         if "vllm" in systems:
             table.append(run_vllm(cell, out, bound_ms))
         print(f"[generate_peers] {cell}: done at {time.perf_counter() - began:.0f}s", flush=True)
-    if quant_cell is not None and schemes:
+    if quant_cell is not None and schemes and time.perf_counter() - began > budget_s:
+        table.append(Row(quant_cell, ",".join(schemes), quality=f"skipped: past BENCH_PEERS_BUDGET_S={budget_s:g}"))
+    elif quant_cell is not None and schemes:
         table += run_quantized(rows, out, quant_cell, cuda, schemes)
         print(f"[generate_peers] quantized: done at {time.perf_counter() - began:.0f}s", flush=True)
     for row in table:

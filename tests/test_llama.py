@@ -168,3 +168,30 @@ def test_batched_decode_bound_adds_the_kv_reads_of_every_sequence_to_one_read_of
         assert bound.decode_bound_ms(request) / 2 == pytest.approx(5.3616, abs=1e-3)
     if batch == 64:  # the KV reads (8.6 GB) are more than half the weights' (15.0 GB)
         assert batch * 1025 * 131_072 > 0.5 * weights
+
+
+def test_the_transformers_llama_example_without_transformers_says_how_to_install_it(capsys):
+    import importlib.util
+    from perflab.cli import main
+    if importlib.util.find_spec("transformers") is not None:
+        pytest.skip("transformers is installed here")
+    assert main(["run", "--workload", "examples/hf_llama.py", "--mode", "infer", "--steps", "1"]) == 2
+    assert "pip install 'perflab[models]'" in capsys.readouterr().err
+
+
+def test_the_example_runs_transformers_llama_with_a_static_cache_to_the_same_greedy_tokens():
+    pytest.importorskip("transformers")
+    import importlib.util
+    from pathlib import Path
+    from transformers import LlamaForCausalLM
+    from perflab.models.hf_llama import copy_into_hf_llama, llama_config
+    spec = importlib.util.spec_from_file_location("hf_llama_example", Path(__file__).parents[1] / "examples" / "hf_llama.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    ours = llama_tiny(6)
+    runner = example.GenerateLikeLM(copy_into_hf_llama(ours, LlamaForCausalLM(llama_config(TINY)).eval()), 40)
+    prompt = torch.randint(0, TINY.vocab, (2, 10), generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        expected = generate_greedy(open_session(ours, 2, 40, CPU, torch.float32, static=True), prompt, 12)
+        for _ in range(2):  # the second request reuses (resets) the first one's cache
+            assert torch.equal(generate_greedy(open_session(runner, 2, 40, CPU, torch.float32), prompt, 12), expected)
