@@ -64,8 +64,7 @@ def _traced_layer_costs(ctx: Context, generation: Generation) -> Optional["Decod
     if ctx.trace is None or not layers or not generation.output_len_mean:
         return None
     kernels = decode_kernels(ctx.trace)
-    requests = len(ctx.trace.annotations.start_us[ctx.trace.annotations.mask(lambda name: name == "decode")])
-    steps = requests * max(1, round(generation.output_len_mean) - 1)
+    steps = len(decode_ranges(ctx.trace)) * max(1, round(generation.output_len_mean) - 1)
     if not kernels or not steps:
         return None
     bound = generation.bandwidth_bound
@@ -286,17 +285,28 @@ def decode_layer_costs(kernels: Sequence[KernelSpan], steps: int, layers: int,
 def decode_kernels(trace: ParsedTrace) -> list[KernelSpan]:
     """The GPU kernels launched inside the host's "decode" ranges (by their launches' correlation ids; a CUDA graph's
     kernels follow its one graph launch)."""
-    ranges = trace.annotations
-    decode = ranges.mask(lambda name: name == "decode")
-    if not decode.any() or not len(trace.kernels):
+    ranges = decode_ranges(trace)
+    if not ranges or not len(trace.kernels):
         return []
-    begins, finishes = ranges.start_us[decode], ranges.end_us[decode]
     launches = trace.runtime
     request_of: dict[int, int] = {}
-    for request, (begin, finish) in enumerate(zip(begins, finishes)):
+    for request, (begin, finish) in enumerate(ranges):
         inside = (launches.start_us >= begin) & (launches.start_us <= finish) & (launches.correlation >= 0)
         request_of.update(dict.fromkeys(launches.correlation[inside].tolist(), request))
     kernels = trace.kernels
     return [KernelSpan(kernels.name(i), float(kernels.start_us[i]), float(kernels.dur_us[i]),
                        request_of[int(kernels.correlation[i])])
             for i in range(len(kernels)) if int(kernels.correlation[i]) in request_of]
+
+
+def decode_ranges(trace: ParsedTrace) -> list[tuple[float, float]]:
+    """(start, end) µs of each request's decode phase: the host's outermost "decode" ranges (a range nested in another
+    of the same name, NVTX and record_function both, is one phase)."""
+    annotations = trace.annotations
+    decode = annotations.mask(lambda name: name == "decode")
+    outermost: list[tuple[float, float]] = []
+    for begin, finish in sorted(zip(annotations.start_us[decode].tolist(), annotations.end_us[decode].tolist())):
+        if outermost and begin < outermost[-1][1]:
+            continue
+        outermost.append((begin, finish))
+    return outermost
