@@ -156,7 +156,7 @@ def perflab_settings(cell: Cell, cuda: bool, levers: bool = True, **changes: Any
     """perflab.run's settings for `cell`: bf16, static cache, compiled decode (on a CPU: fp32, static cache)."""
     compiled = {"kv_cache": "static", **({"compile": "reduce-overhead"} if cuda else {})} if levers else {}
     return {"workload": "generate", "mode": "infer", "batch_size": cell.batch, "precision": "bf16" if cuda else "fp32",
-            "steps": 2, "trials": 2, "warmup": 1, "check_quality": False, **compiled,
+            "steps": 2, "trials": 2, "warmup": 2, "check_quality": False, **compiled,
             "workload_options": {"size": cell.shape, "prompt_len": str(cell.prompt_len),
                                  "output_len": str(cell.output_len)}, **changes}
 

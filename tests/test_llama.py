@@ -112,7 +112,7 @@ def test_generate_runs_a_llama_size_through_the_cli_and_its_static_cache_passes_
     from perflab.cli import main
     code = main(["run", "--workload", "generate", "--mode", "infer", "--option", "size=llama-tiny", "--option",
                  "prompt_len=8", "--option", "output_len=6", "--batch", "2", "--kv-cache", "static",
-                 "--quality-steps", "2", "--steps", "2", "--warmup", "1", "--trials", "1", "--out",
+                 "--quality-steps", "2", "--steps", "2", "--warmup", "1", "--trials", "1", "--device", "cpu", "--out",
                  str(tmp_path / "run")])
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert code == 0 and result["quality"]["verdict"] == "pass"
