@@ -104,7 +104,7 @@ def print_scaling(summary: ScaleSummary) -> None:
 def print_predictions(summary: ScaleSummary) -> None:
     """The scaling model's table (predicted beside measured efficiency) and the links it assumed."""
     table = Table(title="scaling model (--predict)", title_justify="left")
-    for name in ("parallel", "GPUs", "nodes", "busbw GB/s", "comm ms", "exposed ms", "step ms", "efficiency",
+    for name in ("parallel", "GPUs", "nodes", "busbw GB/s", "comm ms", "exposed ms", "step ms", "predicted",
                  "measured"):
         table.add_column(name, justify="right")
     for row in summary.predictions:

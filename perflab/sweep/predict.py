@@ -18,7 +18,8 @@ prefetched, a unit's communication hides under the current unit's compute (forwa
 b = backward/U) and only the excess waits; the first all-gather and the last reduce-scatter cannot hide:
     exposed forward  = a + (U-1) x max(0, a - f)
     exposed backward = [a] + (U-1) x max(0, a + r - b) + r      ([a]: the first unit's re-gather, when resharded)
-and the optimizer steps 1/W of the parameters. Step(W) = forward + backward + optimizer + other + exposed;
+and the optimizer keeps its one-GPU time (on a shard its element work shrinks 1/W, but not its per-tensor launches,
+which lead in small models). Step(W) = forward + backward + optimizer + other + exposed;
 efficiency = step(1) / step(W). Left out: NCCL's kernels slowing the compute they overlap, stragglers, and a
 deeper prefetch than one unit (in this even model it changes nothing once the links are the limit).
 """
@@ -189,19 +190,17 @@ def predict(step: StepBreakdown, recipe: Recipe, network: Interconnect, gpus: in
     """Step time and efficiency at `gpus` GPUs (1 GPU: the measured step, no communication)."""
     per_node, nodes = network.layout(gpus)
     link = network.link_for(gpus)
-    optimizer_ms = step.optimizer_ms
     if gpus == 1:
         exposed_s = communication_s = 0.0
         detail: dict[str, float] = {}
     elif recipe.parallel == "fsdp":
         exposed_s, communication_s, detail = fsdp_exposed_s(step, recipe, link, gpus)
-        optimizer_ms = step.optimizer_ms / gpus  # each rank steps its shard
     else:
         gradient_bytes = step.parameters * BYTES[recipe.gradient_dtype]
         exposed_s, communication_s, buckets = ddp_exposed_s(gradient_bytes, recipe.bucket_mb * 2**20,
                                                              step.backward_ms / 1e3, link, gpus)
         detail = {"buckets": buckets}
-    step_ms = step.forward_ms + step.backward_ms + optimizer_ms + step.other_ms + 1e3 * exposed_s
+    step_ms = step.step_ms + 1e3 * exposed_s
     return Prediction(gpus=gpus, gpus_per_node=per_node, nodes=nodes, parallel=recipe.parallel, step_ms=step_ms,
                       communication_ms=1e3 * communication_s, exposed_ms=1e3 * exposed_s,
                       efficiency_pct=100 * step.step_ms / step_ms, busbw_gbps=link.busbw_gbps, detail=detail)
