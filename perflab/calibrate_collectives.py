@@ -180,3 +180,16 @@ def nominal_link(device: torch.device) -> Optional[dict]:
         if all(part in name for part in model.split()):
             return {"name": link, "gbps": gbps}
     return None
+
+
+def cached_collectives_named(gpu_name: Optional[str], ranks: Optional[int] = None) -> Optional[dict]:
+    """The cached collectives of a GPU by its name (a trace's deviceProperties; any torch version): at `ranks` when
+    measured there, else at the most ranks measured."""
+    if not gpu_name:
+        return None
+    found = [entry for key, entry in load_cache().items()
+             if key.startswith(f"{gpu_name} | torch ") and " | collectives over " in key]
+    if not found:
+        return None
+    exact = [entry for entry in found if entry.get("ranks") == ranks]
+    return (exact or sorted(found, key=lambda entry: entry["ranks"]))[-1]
