@@ -155,3 +155,16 @@ def test_tune_searches_the_bucket_size_and_the_prefetch_depth_over_a_few_values(
     prefetch = expand(Proposal("fsdp-prefetch", "collectives", 0.9, 40.0), LEVERS["fsdp-prefetch"],
                       RunConfig(**FSDP2, fsdp_prefetch=1), 2)
     assert [c.value for c in prefetch] == [2]
+
+
+def test_fsdp_levers_run_end_to_end_in_two_gloo_ranks(tmp_path):
+    from perflab.cli import main
+    from perflab.results import Result
+    out = tmp_path / "run"
+    assert main(["run", "--workload", "transformer", "--option", "size=tiny", "--option", "seq_len=16", "--batch", "2",
+                 "--steps", "2", "--warmup", "1", "--trials", "1", "--device", "cpu", "--nproc", "2",
+                 "--parallel", "fsdp", "--fsdp-param-dtype", "bf16", "--fsdp-reduce-dtype", "bf16",
+                 "--fsdp-prefetch", "1", "--fsdp-no-reshard-last", "1", "--no-check-quality", "--out", str(out)]) == 0
+    result = Result.load(out)
+    assert result.world_size == 2
+    assert {"fsdp-bf16-params", "fsdp-bf16-reduce", "fsdp-prefetch", "fsdp-no-reshard-last"} <= set(result.levers)
