@@ -41,3 +41,12 @@ def test_collectives_settings_are_refused_in_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.device_count() >= 2, reason="needs 2 GPUs (nvidia-h100-x2)")
+def test_two_gpus_measure_nccl_bus_bandwidth(tmp_path, monkeypatch):
+    monkeypatch.setenv("PERFLAB_CACHE_DIR", str(tmp_path))
+    assert main(["calibrate", "--collectives", "--nproc", "2", "--quick", "--max-mb", "16"]) == 0
+    (entry,) = json.loads((tmp_path / "calibration.json").read_text()).values()
+    assert entry["backend"] == "nccl" and all(value > 0 for value in entry["peak_busbw_gbps"].values())

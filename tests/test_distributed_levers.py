@@ -168,3 +168,19 @@ def test_fsdp_levers_run_end_to_end_in_two_gloo_ranks(tmp_path):
     result = Result.load(out)
     assert result.world_size == 2
     assert {"fsdp-bf16-params", "fsdp-bf16-reduce", "fsdp-prefetch", "fsdp-no-reshard-last"} <= set(result.levers)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (device kind nvidia-h100-x2)")
+def test_two_gpus_run_fsdp2_with_every_lever_and_profile_its_collectives_by_kind(tmp_path):
+    import json
+    from perflab.cli import main
+    out = tmp_path / "fsdp"
+    assert main(["profile", "--workload", "transformer", "--option", "size=tiny", "--nproc", "2", "--device", "cuda",
+                 "--parallel", "fsdp", "--precision", "bf16", "--fsdp-param-dtype", "bf16", "--fsdp-prefetch", "1",
+                 "--fsdp-no-reshard-last", "1", "--fsdp-compile-blocks", "--no-check-quality", "--batch", "4",
+                 "--steps", "8", "--warmup", "2", "--trials", "1", "--out", str(out)]) == 0
+    result = json.loads((out / "result.json").read_text())
+    by_kind = result["metrics"]["collectives"]["by_kind"]
+    assert "all_gather" in by_kind and "reduce_scatter" in by_kind
+    assert {"fsdp-compile-blocks", "fsdp-prefetch"} <= set(result["levers"])
