@@ -4,9 +4,12 @@ For resnet50 train, the transformer train and a planted activation-heavy MLP (te
 - the breakdown by category beside torch.cuda.max_memory_allocated (the measured peak) and what it left unattributed;
 - the peak fitted at three small batches, the largest batch found by probes in their own processes, and the fit's
   predicted peak there vs the peak measured there;
-- predicted savings of activation checkpointing, bf16 autocast and the 8-bit optimizer (torchao; skipped with a
-  note when it is missing) vs measured (the same step with the lever on);
-- a real out-of-memory from `perflab run` at twice the largest batch: its exit code and the short block.
+- predicted savings of activation checkpointing, bf16 autocast and the 8-bit optimizer (`--optimizer-impl 8bit`,
+  torchao; skipped with the reason when torchao is missing or the optimizer is not Adam) vs measured (the same step
+  with the lever on);
+- a real out-of-memory from `perflab run` at twice the largest batch: its exit code, whether a traceback was printed,
+  and the short block (its advice from a breakdown at half that batch).
+Prints a short table last; rows.json in DIR.
 
     python -m benchmarks.bench_memory --out DIR [--quick]
 
@@ -100,22 +103,30 @@ def record_levers(rows: Rows, name: str, cfg: RunConfig, study: MemoryStudy) -> 
         if lever not in predicted:
             rows.add(name, f"{lever} saving", None, "", "not predicted for this configuration")
             continue
-        try:
-            with_lever = measured_peak(cfg.replace(**change))
-        except Exception as err:  # a lever this workload refuses (resnet50 has no checkpointable blocks)
-            rows.add(name, f"{lever} saving", None, "", f"predicted {predicted[lever].frees_mb:.0f} MiB; not "
-                     f"measured: {str(err).splitlines()[0][:120]}")
-            continue
-        measured = base - with_lever
-        error = 100 * (predicted[lever].frees_mb - measured) / measured if measured else None
-        rows.add(name, f"{lever} saving: predicted vs measured", error and round(error, 1), "%",
-                 f"predicted {predicted[lever].frees_mb:.0f} MiB, measured {measured:.0f} MiB "
-                 f"(peak {base:.0f} -> {with_lever:.0f})")
+        _measure_lever(rows, name, cfg, lever, predicted[lever], change, base)
     eight_bit = predicted.get("8-bit optimizer state")
-    if eight_bit is not None:
-        note = ("measured: not yet (perflab has no 8-bit optimizer lever to switch on)"
-                if importlib.util.find_spec("torchao") else "torchao is not installed: pip install torchao")
-        rows.add(name, "8-bit optimizer saving (predicted)", round(eight_bit.frees_mb, 1), "MiB", note)
+    if eight_bit is None:
+        rows.add(name, "8-bit optimizer saving", None, "", f"not predicted: the optimizer is "
+                 f"{study.breakdown.optimizer} (torchao's 8-bit optimizers replace Adam/AdamW)")
+    elif importlib.util.find_spec("torchao") is None:
+        rows.add(name, "8-bit optimizer saving", None, "", f"predicted {eight_bit.frees_mb:.0f} MiB; not measured: "
+                 "torchao is not installed (pip install torchao)")
+    else:
+        _measure_lever(rows, name, cfg, "8-bit optimizer", eight_bit, dict(optimizer_impl="8bit"), base)
+
+
+def _measure_lever(rows: Rows, name: str, cfg: RunConfig, lever: str, predicted, change: dict, base: float) -> None:
+    try:
+        with_lever = measured_peak(cfg.replace(**change))
+    except Exception as err:  # a lever this workload refuses, or torchao failing here
+        rows.add(name, f"{lever} saving", None, "", f"predicted {predicted.frees_mb:.0f} MiB; not "
+                 f"measured: {str(err).splitlines()[0][:160]}")
+        return
+    measured = base - with_lever
+    error = 100 * (predicted.frees_mb - measured) / measured if measured else None
+    rows.add(name, f"{lever} saving: predicted vs measured", error and round(error, 1), "%",
+             f"predicted {predicted.frees_mb:.0f} MiB, measured {measured:.0f} MiB (peak {base:.0f} -> "
+             f"{with_lever:.0f}); {predicted.basis[:160]}")
 
 
 def real_out_of_memory(rows: Rows, name: str, cfg: RunConfig, batch: int, out: Path, limit_mb: Optional[float]) -> None:
@@ -131,9 +142,12 @@ def real_out_of_memory(rows: Rows, name: str, cfg: RunConfig, batch: int, out: P
     block = [line for line in finished.stderr.splitlines() if line.strip()]
     start = next((i for i, line in enumerate(block) if "out of memory" in line), 0)
     shown = " | ".join(block[start:start + 8])
+    traceback = "Traceback" in finished.stderr
+    from_breakdown = "predicted peak at batch" in finished.stderr
     rows.add(name, f"perflab {verb} at batch {batch}: exit code", finished.returncode, "",
-             f"{'traceback printed' if 'Traceback' in finished.stderr else 'no traceback'}; "
-             f"{time.perf_counter() - began:.0f}s; {shown[:600]}")
+             f"{'TRACEBACK printed' if traceback else 'no traceback'}; advice "
+             f"{'from a breakdown at half the batch' if from_breakdown else 'generic'}; "
+             f"{time.perf_counter() - began:.0f}s; {shown[:700]}")
     (out / f"{name}_oom.txt").write_text(finished.stdout + finished.stderr)
 
 
@@ -164,6 +178,20 @@ def run(out: Path, quick: bool) -> list[dict]:
     return rows.rows
 
 
+SUMMARY = ("measured peak", "unattributed share", "predicted vs measured peak at the largest batch",
+           "saving: predicted vs measured", "saving", "exit code", "wall time")
+
+
+def print_summary(rows: list[dict]) -> None:
+    """The short table, last: one line per case and figure that answers the area's questions."""
+    print("\nmemory summary (case | figure | value | note)", flush=True)
+    for row in rows:
+        if any(word in row["metric"] for word in SUMMARY):
+            note = row["note"].split(";")[0][:90] if row["note"] else ""
+            print(f"  {row['experiment']:<22} | {row['metric'][:58]:<58} | {row['value']} {row['unit']} | {note}",
+                  flush=True)
+
+
 if __name__ == "__main__":
     arguments = parse_args()
-    run(arguments.out, arguments.quick)
+    print_summary(run(arguments.out, arguments.quick))

@@ -124,7 +124,7 @@ def record_variant(rows: Rows, label: str, name: str, size: str, gbps: float) ->
     model = got.pop("model")
     s = model.size
     mean_positions = PROMPT + NEW_TOKENS / 2
-    step_bytes = weight_bytes_per_step(model, 1) + kv_cache_bytes(s.layers, 1, s.heads, s.head_dim,
+    step_bytes = weight_bytes_per_step(model, 1) + kv_cache_bytes(s.layers, 1, s.kv_heads, s.head_dim,
                                                                   int(mean_positions), torch.bfloat16)
     bound_ms = step_bytes / (gbps * 1e9) * 1e3
     rows.add(label, "ms per decode step", round(got["step_ms"], 4), "ms",

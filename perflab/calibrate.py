@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+import torch.utils.benchmark as benchmark
 
 from perflab.backends import set_tf32
 from perflab.results import write_json_atomic
@@ -29,6 +30,22 @@ MATMUL_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfl
 # A reduced precision whose matmul runs slower than this fraction of fp32 has no fast path on this device
 # (most CPUs emulate bf16): it is recorded as not supported rather than as a peak no kernel could reach.
 SUPPORTED_FRACTION_OF_FP32 = 0.5
+
+
+CEILING_TOO_LOW = "ceiling too low: recalibrate (`perflab calibrate`)"
+
+
+def percent_of_ceiling(achieved: Optional[float], ceiling: Optional[float], what: str
+                       ) -> tuple[Optional[float], Optional[str]]:
+    """achieved as a % of a measured ceiling (MFU, % of the bandwidth bound), or (None, why) when it is over 100%:
+    no run beats its machine's ceiling, so such a figure says the ceiling was measured too low, and is not shown."""
+    if achieved is None or not ceiling:
+        return None, None
+    pct = 100 * achieved / ceiling
+    if pct <= 100:
+        return pct, None
+    return None, (f"{CEILING_TOO_LOW}: {what} is {pct:.0f}% of the ceiling ({achieved:.3g} vs {ceiling:.3g}), which "
+                  "no run can reach; the ceiling was measured too low (or does not describe this run's kernels)")
 
 
 def cache_path() -> Path:
@@ -63,12 +80,18 @@ def _median_seconds(fn: Callable[[], None], device: torch.device, repeats: int) 
     return times[len(times) // 2]
 
 
-def measure_matmul_tflops(device: torch.device, precision: str, size: int, repeats: int = 10) -> float:
+def measure_matmul_tflops(device: torch.device, precision: str, size: int, min_run_s: float = 0.5) -> float:
+    """The matmul ceiling: torch.utils.benchmark's blocked_autorange (it synchronises CUDA and repeats the call in
+    blocks long enough for the clock to resolve), on every thread this process uses, best block taken: noise can only
+    slow a block down, and a ceiling is what the machine reaches, not its typical moment."""
     a = torch.randn(size, size, device=device).to(MATMUL_DTYPES[precision])
     b = torch.randn(size, size, device=device).to(MATMUL_DTYPES[precision])
     restore = set_tf32(precision == "tf32")
     try:
-        seconds = _median_seconds(lambda: torch.mm(a, b), device, repeats)
+        torch.mm(a, b)  # warm-up: handles, autotuning, allocator growth
+        timer = benchmark.Timer("torch.mm(a, b)", globals={"torch": torch, "a": a, "b": b},
+                                num_threads=torch.get_num_threads())
+        seconds = min(timer.blocked_autorange(min_run_time=min_run_s).times)
     finally:
         restore()
     return 2 * size**3 / seconds / 1e12
@@ -99,7 +122,8 @@ def calibrate(device: torch.device, quick: bool = False,
     are returned either way. A quick calibration never replaces a full one."""
     say = progress or (lambda _msg: None)
     cuda = device.type == "cuda"
-    size = (4096 if quick else 8192) if cuda else (512 if quick else 1024)
+    # Sizes that reach the ceiling: a CPU matmul below ~1024 spends a large part of its time outside the FMA loops
+    size = (4096 if quick else 8192) if cuda else (1024 if quick else 2048)
     precisions = ("fp32", "tf32", "bf16", "fp16") if cuda else ("fp32", "bf16")
     entry: dict = {"device": device_key(device), "matmul_size": size, "measured_utc": _now(), "tflops": {},
                    "quick": quick, "unsupported": {}}

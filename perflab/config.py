@@ -19,7 +19,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 PREFETCHERS = ("none", "stream")
 AUGMENT_MODES = ("cpu", "gpu", "gpu-stream")
 PIPELINES = ("serial", "streams")
-OPTIMIZER_IMPLS = ("default", "foreach", "fused")
+OPTIMIZER_IMPLS = ("default", "foreach", "fused", "8bit")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "math")
 DATA_SOURCES = ("auto", "loader", "device")
 KV_CACHES = ("dynamic", "static")
@@ -88,7 +88,7 @@ class RunConfig:
     device: str = option("--device", str, "auto, cuda or cpu (default: auto = cuda if present)", MEASURE, "auto",
                          choices=DEVICES, commands=RUN_AND_SERVE)
     seed: int = option("--seed", int, "random seed for weights, data order and augmentation (default: 0)", MEASURE,
-                       0, metavar="N", commands=RUN_AND_SERVE)
+                       0, minimum=0, maximum=options.MAX_SEED, metavar="N", commands=RUN_AND_SERVE)
     min_trial_s: float = option("--min-trial-s", float, "on CUDA, a run fed by a DataLoader runs each trial at "
                                 "least this many seconds (more steps than --steps if needed, in whole cycles of "
                                 "the workers), so a loader's bursts average out (default: 3; 0: exactly --steps)",
@@ -153,8 +153,9 @@ class RunConfig:
                                         "its images; drop --augment", value=("gpu", "gpu-stream"))))
     activation_checkpointing: bool = option("--activation-checkpointing", bool, "recompute activations in backward",
                                             MODEL, False, modes=TRAIN, read_by_build=True)
-    optimizer_impl: str = option("--optimizer-impl", str, "default, foreach or fused", MODEL, "default",
-                                 choices=OPTIMIZER_IMPLS, changes_numerics=("fused",), modes=TRAIN)
+    optimizer_impl: str = option("--optimizer-impl", str, "default, foreach, fused, or 8bit (torchao's 8-bit "
+                                 "Adam/AdamW: a quarter of the optimizer state)", MODEL, "default",
+                                 choices=OPTIMIZER_IMPLS, changes_numerics=("fused", "8bit"), modes=TRAIN)
     sdpa: str = option("--sdpa", str, "attention backend: auto, flash, efficient or math", MODEL, "auto",
                        choices=SDPA_BACKENDS, changes_numerics=("flash", "efficient", "math"),
                        needs_cuda=("flash", "efficient"), commands=RUN_AND_SERVE)
@@ -362,6 +363,10 @@ class JudgeConfig:
     accept_noisy: bool = option("--accept-noisy", bool, "judge the speed even when a run was taken beside other busy "
                                 "processes or did not finish cleanly; otherwise compare does not judge it and tune "
                                 "does not count such a trial's lever as lost", JUDGE, False, commands=JUDGING)
+    fail_on_not_judged: bool = option("--fail-on-not-judged", bool, "exit 1 when no verdict could be reached: "
+                                      "compare's decision is 'not judged' (contaminated timings) or 'inconclusive' "
+                                      "(too few trials, an inconclusive quality gate); in tune, when any trial was",
+                                      JUDGE, False, commands=JUDGING)
 
 
 MAX_WORKERS_PER_CPU = 4  # DataLoader workers beyond this many per CPU only contend (and may exhaust memory)

@@ -71,12 +71,20 @@ def is_users_fault(err: BaseException) -> bool:
     return not (is_out_of_memory(err) or isinstance(err, (MemoryError, PerflabError)))
 
 
+def os_error_line(err: OSError, what: str = "", target: object = None) -> str:
+    """One line for a file-system error: the path it hit (the error's own, else `target`) and the cause."""
+    path = err.filename if err.filename is not None else target
+    cause = err.strerror or str(err)
+    where = f" to {path}" if path is not None else ""
+    doing = f"cannot write {what}{where}" if what else (f"file-system error at {path}" if err.filename is not None
+                                                        else f"cannot write{where}")
+    return f"{doing}: {cause}; check the path (--out) and the free space there"
+
+
 @contextmanager
 def writing(target: object, what: str = "output") -> Iterator[None]:
     """Turn an OSError while writing `what` to `target` into one clear PerflabError line."""
     try:
         yield
     except OSError as err:
-        reason = err.strerror or str(err)
-        raise PerflabError(f"cannot write {what} to {target}: {reason}; choose a writable directory "
-                           "(--out) or free some space") from None
+        raise PerflabError(os_error_line(err, what, target)) from None

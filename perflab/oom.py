@@ -24,6 +24,7 @@ _PATTERNS = {
     "allocated_mb": (_SIZE + r" is allocated by PyTorch",),
     "slack_mb": (_SIZE + r" is reserved by PyTorch but unallocated",),
 }
+OOM_BREAKDOWN_ENV = "PERFLAB_OOM_BREAKDOWN"  # 0: the block's advice stays generic (no breakdown at half the batch)
 SLACK_SHARE = 0.1  # reserved-but-unallocated beyond this share of the device: fragmentation is worth a lever
 
 
@@ -111,7 +112,8 @@ def _levers_of(cfg: Any) -> list[str]:
     if cfg is None or not hasattr(cfg, "to_argv"):
         return []
     argv = cfg.to_argv("run")
-    skip = {"--workload", "--mode", "--batch", "--device", "--out", "--steps", "--trials", "--warmup", "--seed"}
+    skip = {"--workload", "--mode", "--batch", "--device", "--out", "--steps", "--trials", "--warmup", "--seed",
+            "--option"}
     levers, index = [], 0
     while index < len(argv):
         name = argv[index]

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import functools
 import itertools
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
@@ -22,6 +23,7 @@ RUN_COMMANDS = ("run", "profile", "sweep", "tune")  # tune takes run options as 
 LIST_COMMANDS = ("sweep",)  # commands whose sweepable options take comma-separated lists
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off"}
+MAX_SEED = 2**32 - 1  # numpy's generators (data order, augmentation, arrivals) take seeds up to this
 NONE_WORD = "none"  # in a sweep list, "none" means the option's unset value (e.g. --compile none,default)
 
 
@@ -61,6 +63,8 @@ class Option:
     const: Any = None  # the value when the flag is given without one (e.g. --compile alone -> "default")
     minimum: Optional[float] = None  # inclusive lower bound
     above: Optional[float] = None  # exclusive lower bound
+    maximum: Optional[float] = None  # inclusive upper bound
+    finite: bool = True  # a number option refuses nan and inf
     sweepable: bool = True  # a sweep may take a comma-separated list of values
     commands: tuple = RUN_COMMANDS  # which commands accept it
     in_argv: bool = True  # reproduced when a config is turned back into a command line
@@ -180,15 +184,35 @@ def check_value(declared: Option, value: Any) -> None:
         kind = {bool: "on/off (True or False)", int: "an integer", float: "a number", str: "text"}
         raise PerflabError(f"{declared.flag} must be {kind.get(declared.type, declared.type.__name__)}, "
                            f"got {value!r}")
+    if declared.type is float and not math.isfinite(value):  # inf passes every bound, NaN fails none
+        raise PerflabError(f"{declared.flag} must be a finite number, got {value!r}")
     if declared.choices and value not in declared.choices:
         raise PerflabError(f"{declared.flag} must be one of {', '.join(declared.choices)}; got {value!r}")
-    if declared.minimum is not None and value < declared.minimum:
-        if declared.type is int and declared.minimum == 1:
-            raise PerflabError(f"{declared.flag} must be a positive integer, got {value!r}")
-        raise PerflabError(f"{declared.flag} must be {declared.minimum:g} or more, got {value!r}")
-    if declared.above is not None and not value > declared.above:
-        what = "a positive number" if declared.above == 0 else f"more than {declared.above:g}"
+    if declared.type is float and declared.finite and not math.isfinite(value):
+        words = range_words(declared)
+        what = "a positive finite number" if words == "a positive number" else (
+            f"a finite number{f', {words}' if words else ''}")
         raise PerflabError(f"{declared.flag} must be {what}, got {value!r}")
+    too_low = (declared.minimum is not None and value < declared.minimum) or (
+        declared.above is not None and not value > declared.above)
+    if too_low or (declared.maximum is not None and value > declared.maximum):
+        raise PerflabError(f"{declared.flag} must be {range_words(declared)}, got {value!r}")
+
+
+def range_words(declared: Option) -> str:
+    """'a positive integer', '0 or more', 'from 0 to 4294967295': the range a number option accepts ('' if any)."""
+    low, high = declared.minimum, declared.maximum
+    if low is not None and high is not None:
+        return f"from {_number(low)} to {_number(high)}"
+    if declared.above is not None:
+        return "a positive number" if declared.above == 0 else f"more than {_number(declared.above)}"
+    if low is not None:
+        return "a positive integer" if declared.type is int and low == 1 else f"{_number(low)} or more"
+    return f"{_number(high)} or less" if high is not None else ""
+
+
+def _number(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def refusal(config: Any, name: str, device_type: str) -> Optional[str]:
@@ -236,17 +260,19 @@ def add_arguments(parser: argparse.ArgumentParser, config_class: type, command: 
         _add_argument(groups[declared.group], declared, lists and declared.sweepable)
 
 
-def _add_argument(group: Any, declared: Option, as_list: bool) -> None:
+def _add_argument(group: Any, declared: Option, as_list: bool, checked: bool = False) -> None:
+    """One option's argparse argument; `checked`: its range is checked as the command line is read (an option
+    outside a config table, which no validate() sees)."""
     common = dict(dest=declared.arg_name, default=None, help=declared.help)
     for old in declared.deprecated:  # a switch's old spelling takes no value, like the switch
         deprecated_flag(group, old, declared.flag, dest=declared.arg_name, default=None,
                         nargs=0 if declared.switch and not as_list else None,
-                        type=None if declared.switch or as_list else _converter(declared))
+                        type=None if declared.switch or as_list else _converter(declared, checked))
     if declared.key_value:
         group.add_argument(declared.flag, action="append", metavar=declared.metavar or "KEY=VALUE", **common)
     elif declared.repeatable:
-        group.add_argument(declared.flag, action="append", type=_converter(declared), metavar=declared.metavar,
-                           **common)
+        group.add_argument(declared.flag, action="append", type=_converter(declared, checked),
+                           metavar=declared.metavar, **common)
     elif as_list and declared.switch:
         group.add_argument(declared.flag, nargs="?", const="on", metavar="on,off",
                            **{**common, "help": declared.help + " (a list like on,off sweeps both)"})
@@ -261,8 +287,16 @@ def _add_argument(group: Any, declared: Option, as_list: bool) -> None:
         group.add_argument(declared.flag, nargs="?", const=declared.const, choices=declared.choices or None,
                            metavar=declared.metavar, **common)
     else:
-        group.add_argument(declared.flag, type=_converter(declared), choices=declared.choices or None,
+        group.add_argument(declared.flag, type=_converter(declared, checked), choices=declared.choices or None,
                            metavar=declared.metavar, **common)
+
+
+def add_option(parser: Any, declared: Option) -> None:
+    """Add one command-line option declared on its own (a command's setting outside any config table): argparse
+    reads it with the declaration's type, range and default, as for a table's options."""
+    declared = dataclasses.replace(declared, name=declared.name or declared.flag[2:].replace("-", "_"))
+    _add_argument(parser, declared, as_list=False, checked=True)
+    parser.set_defaults(**{declared.arg_name: declared.default})
 
 
 class DeprecatedSpelling(argparse.Action):
@@ -283,13 +317,20 @@ def deprecated_flag(parser: Any, old: str, new: str, **settings: Any) -> None:
     parser.add_argument(old, action=DeprecatedSpelling, new_flag=new, help=argparse.SUPPRESS, **settings)
 
 
-def _converter(declared: Option) -> Callable[[str], Any]:
+def _converter(declared: Option, checked: bool = False) -> Callable[[str], Any]:
+    """The argparse type of an option: its type, and with `checked` its declared range too."""
     def convert(text: str) -> Any:
         try:
-            return declared.type(text)
+            value = declared.type(text)
         except ValueError:
             kind = {int: "an integer", float: "a number"}.get(declared.type, declared.type.__name__)
             raise argparse.ArgumentTypeError(f"{declared.flag} expects {kind}, got {text!r}") from None
+        if checked:
+            try:
+                check_value(declared, value)
+            except PerflabError as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+        return value
     convert.__name__ = declared.type.__name__
     return convert
 

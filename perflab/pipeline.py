@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import random
 import sys
 import time
@@ -38,7 +39,7 @@ from perflab.levers.plan import build_plan
 from perflab.harness.progress import Reporter
 from perflab.harness.runner import measure
 from perflab.levers import Lever, check_levers
-from perflab.oom import OutOfMemory, free_after
+from perflab.oom import OOM_BREAKDOWN_ENV, OutOfMemory, free_after
 from perflab.results.metrics import Metrics
 from perflab.profile.capture import CaptureOptions, ProfilerCapture, capture_argv, whole_loader_cycles
 from perflab.profile.nsys import nsys_command, nsys_hooks, save_nsys_command
@@ -127,8 +128,8 @@ def quality_stage(prep: Prepared, reporter: Reporter) -> Optional[dict[str, Any]
     """The quality gate of a prepared run (None when it is off): baseline vs candidate from the pristine weights."""
     if prep.pristine is None:
         return None
-    reporter.note("quality gate: baseline vs candidate from the same weights and inputs")
-    return run_quality_gate(prep.pristine, prep.cfg, prep.device)
+    with reporter.stage("quality gate: baseline vs candidate from the same weights and inputs"):
+        return run_quality_gate(prep.pristine, prep.cfg, prep.device)
 
 
 def describe_workload(workload: Workload, flops_per_sample: Optional[float]) -> dict[str, Any]:
@@ -200,10 +201,12 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
 
 
 @contextmanager
-def out_of_memory_as_result(cfg: RunConfig, device: torch.device, command: Optional[Sequence[str]]) -> Iterator[None]:
+def out_of_memory_as_result(cfg: RunConfig, device: torch.device, command: Optional[Sequence[str]],
+                            advise: bool = True) -> Iterator[None]:
     """An out-of-memory inside becomes a result: its record (perflab.oom) saved as result.json with status
     "oom" in cfg.out when there is one, the cache freed, and OutOfMemoryFailure raised (the CLI prints its block
-    and exits 3); the original error stays its cause, for --debug."""
+    and exits 3); the original error stays its cause, for --debug. With `advise` (and where one process runs the
+    workload), the block's advice comes from a breakdown at half the batch (perflab/memory/advice.py)."""
     try:
         yield
     except OutOfMemoryFailure:
@@ -213,10 +216,19 @@ def out_of_memory_as_result(cfg: RunConfig, device: torch.device, command: Optio
             raise
         record = OutOfMemory.from_error(err, device, cfg)
         free_after(err)
+        if advise and breakdown_advice_wanted(cfg):
+            from perflab.memory.advice import advice_from_breakdown  # memory/ profiles through this module
+            record.advice = advice_from_breakdown(cfg, record.total_mb) or record.advice
         if cfg.out and is_primary():
             new_result(cfg.to_dict(), device, {"name": cfg.workload}, command, status="oom",
                        status_reason=record.summary(), out_of_memory=record.to_dict()).save(cfg.out)
         raise record.failure() from err
+
+
+def breakdown_advice_wanted(cfg: RunConfig) -> bool:
+    """One process runs a workload at a batch that can be halved, and PERFLAB_OOM_BREAKDOWN is not 0."""
+    return (os.environ.get(OOM_BREAKDOWN_ENV, "1") != "0" and not in_rank() and cfg.nproc == 1
+            and bool(cfg.workload) and (cfg.batch_size or 0) >= 2)
 
 
 def _communication_of_this_rank(hooks: Sequence[StepHook], result: Result) -> None:

@@ -247,3 +247,15 @@ def test_markdown_section_names_the_verdict_evidence_and_levers(tmp_path):
     text = diagnosis_markdown(diagnosis)
     assert text.startswith("## Diagnosis")
     assert "**input pipeline**" in text and "`workers`" in text and "data_wait_share_pct" in text
+
+
+def test_gpu_split_starts_at_the_first_kernel_when_the_gpu_was_still_running_work_launched_before_the_capture():
+    # compute__big_matmul: the host's two steps take 1 ms, the GPU's queue is 83 ms long; the first recorded kernels
+    # were launched before the capture (no launch call in the trace), so the first kernel's own wait is unknown and
+    # the first kernel launched inside the capture (83 ms in the queue) is the one that tells
+    diagnosis, _ = diagnose_path(FIXTURES / "gpu" / "compute__big_matmul.json.gz")
+    profile = diagnosis.profile
+    assert profile["gpu"]["busy_pct"] == pytest.approx(100, abs=0.5)  # 76% before: 40 ms of pre-capture kernel as idle
+    assert profile["gpu_start_us"] > profile["start_us"] + 40_000
+    assert any("launched before the capture" in note for note in profile["notes"])
+    assert diagnosis.operators["ops"][0]["op"] == "aten::linear"  # the host's steps, before gpu_start_us, still count

@@ -69,3 +69,16 @@ def test_batches_mostly_padding_propose_a_finer_bucket_step():
     assert "33% of the samples computed were padding" in advice and "--bucket-step (now 16)" in advice
     starved["padded_samples"] = 20  # 4%: not worth more shapes
     assert "--bucket-step" not in " ".join(diagnose_result(result).advice)
+
+
+def test_poisson_noise_in_the_schedule_is_not_read_as_admission_control():
+    """The seeded schedule offered 3,680 queries/s, not its nominal 4,000: the server took all of them, so nothing
+    was shed; against the nominal rate, 92% would have looked like a shortfall."""
+    queued = point(4000, 3660, 80.0, parts(60.0, 0.5, 12.0), fill=97.0, busy=99.0, mean_batch=31.0, passed=False)
+    queued["realised_offered_qps"] = 3680.0
+    diagnosis = diagnose_result(serve_result([queued]))
+    assert diagnosis.bottleneck == INFERENCE_QUEUE
+    assert diagnosis.evidence["realised_offered_qps"] == 3680.0 and diagnosis.evidence["offered_qps"] == 4000
+    assert "admission control" not in " ".join(diagnosis.advice)
+    queued["achieved_qps"] = 3000.0  # now a real shortfall against what was offered
+    assert "admission control: 3,680 queries/s were offered" in " ".join(diagnose_result(serve_result([queued])).advice)

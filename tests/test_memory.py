@@ -21,6 +21,7 @@ from perflab.results import Result
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = str(ROOT / "tests/planted/activation_heavy.py") + ":build"
+CONV = str(ROOT / "tests/planted/conv_bias_bn.py") + ":build"
 
 
 def model_bytes_mb(cfg: RunConfig) -> float:
@@ -82,6 +83,7 @@ def synthetic_breakdown(**changes) -> Breakdown:
                 "mb": {"parameters": [100.0] * 3, "gradients": [0.0, 0.0, 100.0], "optimizer_state": [200.0] * 3,
                        "activations": [0.0, 400.0, 100.0], "inputs": [10.0] * 3, "temporaries": [0.0, 90.0, 0.0]}}
     fields = dict(workload="w", mode="train", device="cuda:0", batch_size=10, precision="fp32", peak_mb=800.0,
+                  optimizer="AdamW",
                   peak_source="test", categories_mb={"parameters": 100.0, "gradients": 0.0, "optimizer_state": 200.0,
                                                      "activations": 400.0, "inputs": 10.0, "temporaries": 90.0},
                   source="test", reserved_mb=1000.0, total_mb=2000.0, timeline=timeline,
@@ -98,11 +100,57 @@ def test_each_lever_frees_what_the_breakdown_says_and_allows_a_larger_batch():
     assert levers["activation checkpointing"].frees_mb == pytest.approx(400 * 0.65)
     # bf16 autocast halves activations and temporaries at the peak, and keeps bf16 copies of the weights (+50)
     assert levers["bf16 autocast"].frees_mb == pytest.approx(200 + 45 - 50)
-    assert levers["8-bit optimizer state"].frees_mb == pytest.approx(200 * 0.74)
+    # torchao's 8-bit Adam: a byte per value and an fp32 scale per block of 256 instead of 4 bytes
+    assert levers["8-bit optimizer state"].frees_mb == pytest.approx(200 * (1 - (1 + 4 / 256) / 4))
     assert levers["FSDP over 4 GPUs"].frees_mb == pytest.approx(300 * 0.75)
     assert levers["expandable_segments"].frees_mb == pytest.approx(200)  # reserved 1000 - allocated 800
     assert fit.largest_batch(1300.0) == 20
     assert all(lever.batch_allowed > 20 for lever in levers.values() if lever.batch_allowed is not None)
+
+
+@pytest.mark.parametrize("workload,batch,workload_options", [(HEAVY, 512, {"size": 128}), (CONV, 64, {})])
+def test_the_bf16_autocast_saving_is_predicted_within_10_percent_of_the_measured_one(workload, batch,
+                                                                                     workload_options):
+    cfg = RunConfig(workload=workload, batch_size=batch, device="cpu", workload_options=workload_options)
+    full = measure_step(cfg)
+    under = full.autocast_activations  # one forward under bf16 autocast, counted by dtype
+    assert under["by_dtype_mb"]["bfloat16"] > 0 and under["parameter_copies_mb"] > 0
+    predicted = {lever.lever: lever for lever in lever_savings(full, None, None)}["bf16 autocast"]
+    assert "counted in one forward under bf16 autocast" in predicted.basis
+    measured = full.peak_mb - measure_step(cfg.replace(precision="bf16")).peak_mb
+    assert measured > 0.2 * full.peak_mb
+    assert predicted.frees_mb == pytest.approx(measured, rel=0.10)
+
+
+def test_the_8bit_optimizer_state_is_a_byte_a_value_plus_a_scale_a_block_and_small_tensors_stay_fp32():
+    from perflab.levers.optimizer import eight_bit_state_bytes
+
+    assert eight_bit_state_bytes(4096) == 4096 + 16 * 4  # 16 blocks of 256, one fp32 scale each
+    assert eight_bit_state_bytes(1 << 20) / (4 << 20) == pytest.approx(0.2539, abs=1e-4)
+    assert eight_bit_state_bytes(1000) == 4000 and eight_bit_state_bytes(4096 + 100) == 4 * 4196  # stay fp32
+    cfg = RunConfig(workload="transformer", batch_size=2, device="cpu")  # AdamW, biases and norms under 4096 values
+    breakdown = measure_step(cfg, categorise=False)
+    assert 0.2539 < breakdown.optimizer_state_8bit_share < 0.4
+    saving = {lever.lever: lever for lever in lever_savings(breakdown, None, None)}["8-bit optimizer state"]
+    assert saving.how == "--optimizer-impl 8bit"
+    assert saving.frees_mb == pytest.approx(breakdown.categories_mb["optimizer_state"]
+                                            * (1 - breakdown.optimizer_state_8bit_share), rel=0.05)
+
+
+def test_the_8bit_optimizer_lever_refuses_without_torchao_and_replaces_only_adam(monkeypatch):
+    import importlib.util
+
+    from perflab.errors import PerflabError
+    from perflab.levers import all_levers
+    from perflab.levers.optimizer import eight_bit_optimizer
+
+    lever = next(lever for lever in all_levers() if lever.name == "8bit-optimizer")
+    assert lever.flag == "--optimizer-impl 8bit" and lever.changes_numerics and not lever.needs_cuda
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    assert "pip install torchao" in lever.refusal(RunConfig(optimizer_impl="8bit"), None, torch.device("cpu"))
+    with pytest.raises(PerflabError, match="replaces Adam or AdamW"):
+        eight_bit_optimizer(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
 
 
 def test_perflab_memory_writes_the_breakdown_the_fit_and_the_report(tmp_path, capsys):

@@ -11,17 +11,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from perflab.config import RunConfig
+
 from perflab.errors import EXIT_OUT_OF_MEMORY, OutOfMemoryFailure, is_out_of_memory
 from perflab.oom import OutOfMemory
 
 ROOT = Path(__file__).resolve().parents[1]
 OOM_WORKLOAD = str(ROOT / "tests/planted/oom_over_batch.py") + ":build"
+HEAVY = str(ROOT / "tests/planted/activation_heavy.py") + ":build"
 FAST = ["--steps", "2", "--warmup", "1", "--trials", "1"]
 BLOCK_HEADING = "most likely to make it fit"
 
 
-def perflab(*args, cwd=None):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def perflab(*args, cwd=None, env=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     env.pop("PERFLAB_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "perflab", *args], capture_output=True, text=True, env=env,
                           cwd=cwd or ROOT, timeout=300)
@@ -141,3 +144,57 @@ def test_an_out_of_memory_in_a_rank_ends_the_run_with_exit_3(tmp_path):
     assert finished.returncode == EXIT_OUT_OF_MEMORY and "Traceback" not in finished.stderr
     assert finished.stderr.count(BLOCK_HEADING) == 1
     assert json.loads((out / "result.json").read_text())["status"] == "oom"
+
+
+def test_tune_whose_starting_point_does_not_fit_prints_its_block_and_exits_3(tmp_path):
+    finished = perflab("tune", "--workload", OOM_WORKLOAD, "--batch", "16", "--budget", "60",
+                       "--out", str(tmp_path / "tune"))
+    assert_one_block(finished)
+    assert "--batch 8" in finished.stderr
+
+
+def test_a_profiled_script_that_runs_out_of_memory_gets_the_block_and_exit_3(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n"
+                      "m = torch.nn.Linear(8, 8)\n"
+                      "for step in range(12):\n"
+                      "    m(torch.randn(4, 8)).sum().backward()\n"
+                      "    if step == 8:\n"
+                      "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 1.50 GiB.')\n")
+    finished = perflab("profile", "--out", str(tmp_path / "script"), "--", "python", str(script))
+    assert finished.returncode == EXIT_OUT_OF_MEMORY, finished.stderr
+    assert "Traceback" not in finished.stderr and "tried to allocate 1.50 GiB" in finished.stderr
+
+
+def test_the_advice_comes_from_a_breakdown_at_half_the_batch_with_each_levers_predicted_peak(tmp_path):
+    env_limit = {"PERFLAB_MEMORY_LIMIT_MB": "13"}  # the step at batch 1024 peaks near 17 MiB, at 512 near 9
+    finished = perflab("memory", "--workload", HEAVY, "--batch", "1024", "--option", "size=128",
+                       "--out", str(tmp_path / "memory"), env=env_limit)
+    assert finished.returncode == EXIT_OUT_OF_MEMORY and "Traceback" not in finished.stderr, finished.stderr
+    block = finished.stderr[finished.stderr.index("out of memory"):]
+    assert "total 13.0 MiB" in block and "a smaller batch: --batch " in block
+    smaller = int(block.split("a smaller batch: --batch ")[1].split()[0])
+    assert 512 <= smaller < 1024
+    assert "--activation-checkpointing: predicted peak at batch 1024" in block
+    assert "--precision bf16: predicted peak at batch 1024" in block and "of 13 MiB (fits)" in block
+
+
+def test_the_advice_ranks_levers_by_their_predicted_peak_and_keeps_generic_advice_when_it_cannot_explain():
+    from perflab.memory.advice import rank_advice
+    from perflab.memory.breakdown import Breakdown
+    from perflab.memory.levers import LeverSaving
+
+    half = Breakdown(workload="w", mode="train", device="cuda:0", batch_size=8, precision="fp32", peak_mb=500.0,
+                     peak_source="test", categories_mb={"parameters": 100.0, "gradients": 0.0, "optimizer_state": 0.0,
+                                                        "activations": 400.0, "inputs": 0.0, "temporaries": 0.0},
+                     source="test")
+    levers = [LeverSaving("bf16 autocast", "--precision bf16", 350.0, 150.0, 12, "", fixed_mb=100.0, per_sample_mb=30.0),
+              LeverSaving("activation checkpointing", "--activation-checkpointing", 150.0, 350.0, 50, "",
+                          fixed_mb=100.0, per_sample_mb=6.0),
+              LeverSaving("gradients set to None", "zero_grad(set_to_none=True)", 500.0, 0.0, None, "")]
+    cfg = RunConfig(batch_size=16)
+    items = rank_advice(half, levers, 16, 800.0, cfg)  # as it is: 100 + 50 x 16 = 900 MiB > 800
+    assert items[0].startswith("a smaller batch: --batch 14")
+    assert items[1].startswith("--activation-checkpointing: predicted peak at batch 16 196 MiB of 800 MiB (fits)")
+    assert items[2].startswith("--precision bf16: predicted peak at batch 16 580 MiB")
+    assert rank_advice(half, levers, 16, 1000.0, cfg) == []  # 900 MiB fits in 1000: not what ran out

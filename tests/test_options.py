@@ -145,18 +145,19 @@ def test_profiler_options_come_from_one_table_for_the_parser_the_ranks_and_scrip
     assert "--no-record-shapes" in PROFILER_OPTIONS
 
 
-def test_min_effect_and_accept_noisy_are_declared_once_for_compare_and_tune():
+def test_the_judging_options_are_declared_once_for_compare_and_tune():
     from perflab.config import JudgeConfig
     from perflab.tune.settings import TuneConfig
 
     judging = {declared.flag: declared for declared in options.options_of(JudgeConfig)}
-    assert set(judging) == {"--min-effect-pct", "--accept-noisy"}
+    assert set(judging) == {"--min-effect-pct", "--accept-noisy", "--fail-on-not-judged"}
     for command in ("compare", "tune"):
         assert all(command in declared.commands for declared in judging.values())
     assert {declared.flag: declared for declared in options.options_of(TuneConfig)
             if declared.flag in judging} == judging
-    compare = build_parser().parse_args(["compare", "a", "b", "--min-effect-pct", "5", "--accept-noisy"])
-    assert (compare.min_effect_pct, compare.accept_noisy) == (5.0, True)
+    compare = build_parser().parse_args(["compare", "a", "b", "--min-effect-pct", "5", "--accept-noisy",
+                                         "--fail-on-not-judged"])
+    assert (compare.min_effect_pct, compare.accept_noisy, compare.fail_on_not_judged) == (5.0, True, True)
 
 
 @pytest.mark.parametrize("command, old, new, dest", [

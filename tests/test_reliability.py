@@ -209,7 +209,7 @@ def test_compare_declines_to_judge_contaminated_runs_unless_told(tmp_path):
     cand.metrics.throughput_samples_per_s.median *= 3
     cand.metrics.interference = dataclasses.replace(cand.metrics.interference, busy=True, other_cpu_cores_max=1.0)
     judged = compare_results(base, cand)
-    assert judged.decision == "no significant change" and "busy machine" in judged.reasons[0]
+    assert judged.decision == "not judged" and "busy machine" in judged.reasons[0]
     assert compare_results(base, cand, accept_noisy=True).decision == "accept"
 
 
@@ -272,4 +272,4 @@ def test_mfu_is_not_shown_against_a_peak_the_run_exceeds():
     from unittest import mock
     with mock.patch("perflab.harness.runner.peak_tflops", return_value=(0.001, "calibrated")):
         flops = _flops(1e9, 1e6, torch.device("cpu"), RunConfig(precision="bf16"))
-    assert flops.mfu_pct is None and "exceeds" in flops.note
+    assert flops.mfu_pct is None and flops.note.startswith("ceiling too low: recalibrate")

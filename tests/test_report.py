@@ -53,7 +53,7 @@ def test_sweep_report_names_the_best_point_and_shows_the_plots(dirs):
 
 def test_compare_report_has_the_decision_and_the_performance_table(dirs):
     text = (dirs["compare"] / "report.md").read_text()
-    assert re.search(r"## Decision: (ACCEPT|REJECT|NO SIGNIFICANT CHANGE)", text)
+    assert re.search(r"## Decision: (ACCEPT|REJECT|NO SIGNIFICANT CHANGE|NOT JUDGED|INCONCLUSIVE)", text)
     assert "| throughput (samples/s) |" in text and "95% CI of change" in text
     assert "## Where the time went: phases" in text
 

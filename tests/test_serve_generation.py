@@ -112,7 +112,10 @@ def test_serve_generate_reports_ttft_tpot_tokens_and_goodput_per_point(tmp_path,
     assert gen["output_tokens_per_s"] == pytest.approx(gen["output_tokens"] / point["duration_s"])
     assert gen["goodput"]["goodput_requests_per_s"] == pytest.approx(
         gen["goodput"]["requests_meeting_slo_pct"] / 100 * gen["requests_per_s"])
-    assert gen["ttft_ms"]["p50"] <= gen["e2e_latency_ms"]["p50"] <= point["latency_ms"]["p50"] + 1e-6
+    assert gen["ttft_ms"]["p50"] <= gen["e2e_latency_ms"]["p50"]
+    # the last token comes out before the request is on the host (the point's latency is nearest-rank, the token
+    # figures interpolate as perflab run's do: compare the largest, which both read off one real query)
+    assert gen["e2e_latency_ms"]["max"] <= point["latency_ms"]["max"] + 1e-6
     # the engine's host time per batch: issuing (on a CPU, computing) is most of a query's compute time
     host = gen["engine_host_ms_per_batch"]
     assert set(host) == {"issue", "device_wait", "bookkeeping"} and host["device_wait"] == 0.0
@@ -134,7 +137,7 @@ def test_offline_generation_takes_full_batches(tmp_path):
 
 
 def test_generation_with_several_instances_is_refused_in_one_line(tmp_path, capsys):
-    assert main(TINY + ["--instances", "2", "--qps", "100", "--out", str(tmp_path / "x")]) == 2
+    assert main(TINY + ["--instances", "2", "--qps", "100", "--min-queries", "16", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert "one instance" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "x").exists()

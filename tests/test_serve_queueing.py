@@ -34,7 +34,20 @@ def test_poisson_arrivals_are_seeded_with_the_offered_mean_rate_and_exponential_
 
 def test_poisson_arrivals_meet_both_the_duration_and_the_query_count():
     assert len(poisson_arrivals(10.0, 1.0, min_queries=50, seed=0)) == 50
-    assert poisson_arrivals(1000.0, 2.0, min_queries=1, seed=0)[-1] < 2.0
+    arrivals = poisson_arrivals(1000.0, 2.0, min_queries=1, seed=0)
+    assert arrivals[-2] < 2.0 <= arrivals[-1], "as LoadGen: the last query is scheduled at or past the duration"
+
+
+def test_one_seeds_gaps_are_scaled_to_every_rate():
+    """LoadGen scales one seed's schedule to each rate: a search's points differ by the rate alone, not by a new
+    draw of Poisson noise at every point."""
+    slow, fast = poisson_arrivals(200.0, 1.0, 50, seed=9), poisson_arrivals(900.0, 1.0, 50, seed=9)
+    common = min(len(slow), len(fast))
+    np.testing.assert_allclose(slow[:common] * 200.0, fast[:common] * 900.0, rtol=1e-12)
+    assert len(fast) > 4 * len(slow) * 0.9, "the faster rate schedules more queries in the same duration"
+    # a long schedule extends a short one of the same seed (gaps are drawn in fixed chunks)
+    longer = poisson_arrivals(200.0, 100.0, 50, seed=9)
+    np.testing.assert_array_equal(longer[:len(slow)], slow)
 
 
 def test_sample_order_is_a_seeded_shuffle_of_every_sample():
@@ -223,10 +236,11 @@ def test_search_brackets_then_bisects_to_the_threshold():
 
 
 def test_max_qps_search_finds_the_capacity_of_a_model_with_a_fixed_service_time(tmp_path):
-    """16 queries per batch in a fixed service time S: at most 16/S queries/s. Below that, p99 stays near two
-    service times; above it, the backlog grows through the point and p99 passes the 100 ms bound."""
-    service_s, max_batch = 0.03, 16
-    result = serve(CPU_MLP, ServeConfig(find_max_qps=True, p99_ms=100, duration_s=1.5, min_queries=50,
+    """32 queries per batch in a fixed service time S: at most 32/S queries/s. Below that, p99 stays near two
+    service times; above it, the backlog grows through the point and p99 passes the 100 ms bound. 700 queries per
+    point let early stopping pass with one query late (a point needs 459 on time with none late)."""
+    service_s, max_batch = 0.02, 32
+    result = serve(CPU_MLP, ServeConfig(find_max_qps=True, p99_ms=100, duration_s=0.8, min_queries=700,
                                         max_batch=max_batch, batch_timeout_ms=2),
                    tmp_path, engines=[FixedTimeEngine(service_s)])
     record = result.metrics.serve
@@ -236,3 +250,4 @@ def test_max_qps_search_finds_the_capacity_of_a_model_with_a_fixed_service_time(
     assert record.max_qps == pytest.approx(max_batch / served_s, rel=0.10)
     tried = record.search["tried"]
     assert len(tried) == len(record.points) and any(not t["passed"] for t in tried)
+    assert all(point["passed"] == point["validity"]["valid"] for point in record.points)

@@ -19,7 +19,8 @@ from perflab.tune.settings import TuneConfig
 from perflab.tune.trial import OK, QUALITY_FAIL, TrialOutcome, trial_command
 
 START = RunConfig(workload="mlp", mode="infer", warmup=1, device="cpu")
-SERVE = ServeConfig(p99_ms=50.0, duration_s=0.2, min_queries=16, max_batch=8)
+# 500 queries a point: a search passes only VALID points, and early stopping needs 459 on time for a p99
+SERVE = ServeConfig(p99_ms=50.0, duration_s=0.2, min_queries=500, max_batch=8)
 TOLERANCE = 0.05  # the serve search's resolution: 5%
 TINY_TUNE = ["tune", "--workload", "mlp", "--device", "cpu", "--warmup", "1", "--quality-steps", "2"]
 
@@ -194,7 +195,7 @@ def test_a_serve_trial_runs_perflab_serve_with_the_serve_options_and_settings(tm
 def test_tune_max_qps_on_mlp_serves_every_measured_trial_and_records_qps(tmp_path, capsys):
     out = tmp_path / "tune"
     assert main([*TINY_TUNE, "--mode", "infer", "--objective", "max-qps", "--p99-ms", "50", "--batcher-max-batch", "8",
-                 "--duration", "0.2", "--min-queries", "16", "--exclude", "compile", "--max-trials", "3",
+                 "--duration", "0.5", "--min-queries", "500", "--exclude", "compile", "--max-trials", "3",
                  "--budget", "60s", "--out", str(out)]) == 0
     meta = json.loads((out / "tune.json").read_text())
     assert meta["objective"]["name"] == "max-qps" and meta["start"]["max_qps"] > 0
@@ -258,7 +259,7 @@ def test_tune_max_qps_on_cuda_serves_each_candidate_and_skips_what_serve_cannot_
     out = tmp_path / "tune"
     assert main(["tune", "--workload", "mlp", "--device", "cuda", "--mode", "infer", "--warmup", "2",
                  "--quality-steps", "2", "--objective", "max-qps", "--p99-ms", "10", "--batcher-max-batch", "64",
-                 "--duration", "0.5", "--min-queries", "128", "--exclude", "compile", "--budget", "90s",
+                 "--duration", "0.5", "--min-queries", "500", "--exclude", "compile", "--budget", "90s",
                  "--out", str(out)]) == 0
     meta = json.loads((out / "tune.json").read_text())
     # on the H100 (2026-11-23) mlp's diagnosis left no lever serve takes once compile was excluded: an empty

@@ -11,12 +11,12 @@ import os
 import pkgutil
 import sys
 import traceback
-from typing import Optional
+from typing import NoReturn, Optional
 
 from rich.console import Console
 from rich.markup import escape
 
-from perflab.errors import OutOfMemoryFailure, PerflabError
+from perflab.errors import OutOfMemoryFailure, PerflabError, os_error_line
 from perflab.version import __version__
 
 console = Console()
@@ -33,8 +33,21 @@ def _command_modules() -> list:
     return [module for module in modules if hasattr(module, "register")]
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """A command line perflab cannot read is one line on stderr (what was wrong, where --help is) and exit 2,
+    not argparse's usage block of every option."""
+
+    def error(self, message: str) -> NoReturn:
+        where, _, said = message.partition(": ")
+        if where.startswith("argument ") and said.startswith("--"):  # the message names the flag already
+            message = said
+        err_console.print(f"[bold red]error:[/] {escape(message)} (see `{self.prog} --help`)", highlight=False,
+                          soft_wrap=True)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="perflab",
         description="A profile-first performance lab for PyTorch training and inference.",
     )
@@ -85,6 +98,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     except PerflabError as err:
         print_error(err, debug_enabled(args))
         return getattr(err, "exit_code", 2)
+    except OSError as err:  # a full disk, a path too long, no permission: the path and the cause, in one line
+        line = os_error_line(err, target=getattr(args, "out", None))
+        print_error(PerflabError(line).with_traceback(err.__traceback__), debug_enabled(args))
+        return 2
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]: nothing partial was saved as a result")
         return 130

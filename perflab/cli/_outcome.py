@@ -33,6 +33,9 @@ def finish_run(console: Console, err_console: Console, result: Result, out: Path
         console.print(f"[bold red]quality gate failed[/]: {escape(result.quality['reason'])}; the result is "
                       "saved (tolerances: docs/quality.md)", highlight=False)
         return 1
+    if result.quality and result.quality.get("verdict") == "inconclusive":  # no pass, no fail: the run itself is fine
+        console.print(f"[yellow]quality gate inconclusive[/]: {escape(result.quality['reason'])}; the numerics of "
+                      "these levers are not verified (docs/quality.md)", highlight=False)
     return 0
 
 

@@ -83,4 +83,8 @@ def handle_script(args: argparse.Namespace, capture: Optional[CaptureOptions]) -
             console.print(f"in your script, {lever}: {escape(code)}", highlight=False)
         console.print(f"trace: [bold]{escape(str(out / result.artifacts['trace']))}[/] (open in "
                       "https://ui.perfetto.dev)")
+    if result.status == "invalid":  # NaN never passes: the script's own exit code, or 1 when it exited 0
+        err_console.print(f"[bold red]invalid run[/]: {escape(result.status_reason)}; saved in {escape(str(out))} "
+                          "(result.json marked invalid)", highlight=False)
+        return outcome.exit_code or 1
     return outcome.exit_code

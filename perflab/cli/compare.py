@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
 from perflab import options
 from perflab.cli import console
-from perflab.compare import compare_paths, regression_exceeds
+from perflab.compare import INCONCLUSIVE, NOT_JUDGED, compare_paths, regression_exceeds
 from perflab.config import JudgeConfig
 from perflab.errors import writing
 from perflab.report.compare_table import print_comparison
@@ -17,14 +19,16 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "compare", help="baseline vs candidate: changes with confidence intervals and a decision",
         description="Compare two runs (run directories or result.json files): throughput, p50/p95 latency, GPU "
-                    "utilisation, peak memory, MFU and quality, each change with a 95%% bootstrap confidence "
+                    "utilisation, peak memory, MFU and quality, each change with a 95% bootstrap confidence "
                     "interval, then accept | reject | no significant change. Saves compare.json.")
     parser.add_argument("base", metavar="BASE", help="the baseline run (directory or result.json)")
     parser.add_argument("candidate", metavar="CANDIDATE", help="the candidate run (directory or result.json)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where compare.json goes (default: runs/<timestamp>-compare)")
-    parser.add_argument("--fail-on-regression", type=float, default=None, metavar="PCT",
-                        help="exit 1 when throughput is significantly lower by more than PCT percent (CI gate)")
+    options.add_option(parser, options.Option("--fail-on-regression", float, "exit 1 when throughput is "
+                                              "significantly lower by more than PCT percent (CI gate); timings "
+                                              "that were not judged never fail it: add --fail-on-not-judged for "
+                                              "that", "compare", minimum=0, metavar="PCT"))
     parser.add_argument("--report", action="store_true", help="also write report.md and report.html in --out")
     parser.add_argument("--overwrite", action="store_true", help="reuse an --out directory that already holds a "
                         "comparison: empty it first")
@@ -52,4 +56,8 @@ def handle(args: argparse.Namespace) -> int:
         console.print(f"[bold red]regression gate: throughput {change:+.1f}% is a significant slow-down beyond "
                       f"{args.fail_on_regression:g}%[/]")
         return 1
+    if comparison.decision in (NOT_JUDGED, INCONCLUSIVE):
+        console.print(f"[yellow]{comparison.decision}[/]: {escape(comparison.reasons[0])}", highlight=False,
+                      soft_wrap=True)
+        return 1 if judging.fail_on_not_judged else 0
     return 0

@@ -38,11 +38,11 @@ def register(subparsers) -> None:
     group.add_argument("--find-max-batch", action="store_true",
                        help="find the largest batch that fits: each probe in its own process, growing from the "
                             "fit's prediction, then bisecting to within 2%%")
-    group.add_argument("--memory-limit-mb", type=float, metavar="MB", default=None,
-                       help=f"treat MB as the memory there is: a peak over it counts as out of memory (tests, "
-                            f"headroom; also {LIMIT_ENV}); default: the device's memory")
-    group.add_argument("--fsdp-gpus", type=int, default=8, metavar="N",
-                       help="the GPUs the FSDP estimate shards model states over (default: 8)")
+    options.add_option(group, options.Option("--memory-limit-mb", float, f"treat MB as the memory there is: a peak "
+                                             f"over it counts as out of memory (tests, headroom; also {LIMIT_ENV}); "
+                                             "default: the device's memory", "memory", above=0, metavar="MB"))
+    options.add_option(group, options.Option("--fsdp-gpus", int, "the GPUs the FSDP estimate shards model states "
+                                             "over (default: 8)", "memory", 8, minimum=1, metavar="N"))
     group.add_argument("--overwrite", action="store_true", help="reuse an --out directory: empty it first")
     group.add_argument("--probe", metavar="FILE", default=None, help=argparse.SUPPRESS)  # one search probe
     parser.set_defaults(handler=handle)
@@ -54,7 +54,7 @@ def handle(args: argparse.Namespace) -> int:
         raise PerflabError("perflab memory profiles one process; drop --nproc (the FSDP estimate uses --fsdp-gpus)")
     device = resolve_device(cfg.device)
     if args.probe:
-        with out_of_memory_as_result(cfg, device, ["perflab"] + args.argv):
+        with out_of_memory_as_result(cfg, device, ["perflab"] + args.argv, advise=False):  # the search's answer
             breakdown = measure_step(cfg, categorise=device.type == "cpu", limit_mb=args.memory_limit_mb)
         Path(args.probe).write_text(json.dumps({"batch": cfg.batch_size, "peak_mb": breakdown.peak_mb}))
         return 0

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
 from perflab.cli import console
 from perflab.compare import compare_results, load_result
+from perflab.compare.reproduction import REPRODUCED, reproduction
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.pipeline import run
@@ -40,9 +43,9 @@ def handle(args: argparse.Namespace) -> int:
     comparison = compare_results(original, result)
     for warning in comparison.warnings:
         console.print(f"[bold red]WARNING:[/] {warning}", highlight=False)
-    throughput = comparison.metric("throughput")
-    verdict = "reproduced (no significant change)" if comparison.decision == "no significant change" else \
-        "[yellow]did not reproduce[/]"
-    console.print(f"vs the original: throughput {throughput.change_pct:+.1f}%: {verdict}; "
-                  f"{'; '.join(comparison.reasons)}", highlight=False)
+    verdict, why = reproduction(comparison)
+    change = comparison.metric("throughput").change_pct
+    style = "green" if verdict == REPRODUCED else "yellow"
+    console.print(f"vs the original: throughput {'n/a' if change is None else f'{change:+.1f}%'}: "
+                  f"[{style}]{verdict}[/]; {escape(why)}", highlight=False)
     return 0

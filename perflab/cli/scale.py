@@ -5,16 +5,15 @@ import argparse
 import time
 from pathlib import Path
 
-from rich.table import Table
-
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, grid_from_args
 from perflab.cli._outcome import points_out_of_memory
 from perflab.cli.sweep import RichSweepProgress
 from perflab import options
 from perflab.sweep.predict import PredictConfig
-from perflab.sweep.scale import ScaleSummary, at_rank_counts, run_scale
+from perflab.sweep.scale import ScaleSummary, at_rank_counts, run_scale, trusted_efficiency
 from perflab.errors import PerflabError
+from perflab.report.fit import Column, fitted_tables
 from perflab.report.terminal import fmt
 from perflab.sweep import read_rows
 
@@ -64,6 +63,10 @@ def handle(args: argparse.Namespace) -> int:
         return code
     if all(row["status"] != "ok" for row in summary.rows):
         raise PerflabError(f"every point failed; the first: {summary.rows[0].get('error')}")
+    failed = [row["label"] for row in summary.rows if row["status"] == "ok" and row.get("quality") == "fail"]
+    if failed:  # as `perflab run` does: a measured point that computes something else is not a result
+        console.print(f"[bold red]quality gate failed[/] at {', '.join(failed)}; the points are saved", highlight=False)
+        return 1
     return 0
 
 
@@ -83,36 +86,52 @@ def rank_counts(text) -> list[int]:
 def print_scaling(summary: ScaleSummary) -> None:
     """The table of ranks, throughput, throughput per rank and efficiency; failed points; the files."""
     params = [name for name in dict.fromkeys(n for row in summary.rows for n in row["params"]) if name != "nproc"]
-    table = Table(title=f"scale · {summary.sweep.out}", title_justify="left")
-    for name in ["ranks"] + params + ["status", "samples/s", "per rank", "efficiency", "p50 ms"]:
-        table.add_column(name.replace("_size", ""), justify="right")
+    headers = ["ranks"] + [name.replace("_size", "") for name in params] + ["status (quality)", "samples/s",
+                                                                              "per rank", "efficiency", "p50 ms"]
+    rows = []
     for row in summary.rows:
         ok = row["status"] == "ok"
-        efficiency = row.get("efficiency_pct")
-        table.add_row(str(row["world_size"]), *[str(row["params"].get(name)) for name in params], row["status"],
-                      fmt(row.get("throughput")) if ok else "", fmt(row.get("per_rank_throughput")) if ok else "",
-                      f"{efficiency:.1f}%" if efficiency is not None else "", fmt(row.get("p50_ms"), 2) if ok else "")
-    console.print(table)
+        rows.append([str(row["world_size"]), *[str(row["params"].get(name)) for name in params], _status(row),
+                     fmt(row.get("throughput")) if ok else "", fmt(row.get("per_rank_throughput")) if ok else "",
+                     _efficiency(row), fmt(row.get("p50_ms"), 2) if ok else ""])
+    console.print(fitted_tables(f"scale · {summary.sweep.out}", [Column(header) for header in headers], rows,
+                                console.width))
     for row in summary.rows:
         if row["status"] != "ok":
             console.print(f"[red]{row['label']}[/]: {row.get('error')}", highlight=False)
+        for flag in row.get("flags") or []:
+            console.print(f"[yellow]{row['label']}[/]: {flag}", highlight=False)
     for path in summary.plots.values():
         console.print(f"plot: {summary.sweep.out / path}")
     console.print(f"saved [bold]{summary.sweep.out}/scale.json[/], scaling.csv and the sweep files")
 
 
+def _status(row: dict) -> str:
+    """ok, with the point's quality verdict when it has one: "ok (fail)" is a point that ran but computes wrong."""
+    quality = row.get("quality")
+    return f"{row['status']} ({quality})" if row["status"] == "ok" and quality else row["status"]
+
+
+def _efficiency(row: dict) -> str:
+    """The efficiency as a figure only when it can be trusted; the flags under the table say why not."""
+    efficiency, trusted = row.get("efficiency_pct"), trusted_efficiency(row)
+    if efficiency is None:
+        return ""
+    return f"{trusted:.1f}%" if trusted is not None else "untrusted"
+
+
 def print_predictions(summary: ScaleSummary) -> None:
     """The scaling model's table (predicted beside measured efficiency) and the links it assumed."""
-    table = Table(title="scaling model (--predict)", title_justify="left")
-    for name in ("parallel", "GPUs", "nodes", "busbw GB/s", "comm ms", "exposed ms", "step ms", "predicted",
-                 "measured"):
-        table.add_column(name, justify="right")
+    headers = ("parallel", "GPUs", "nodes x GPUs", "busbw GB/s", "comm ms", "exposed ms", "step ms", "predicted",
+               "measured")
+    rows = []
     for row in summary.predictions:
         measured = row.get("measured_efficiency_pct")
-        table.add_row(row["parallel"], str(row["gpus"]), f"{row['nodes']} x {row['gpus_per_node']}",
-                      fmt(row["busbw_gbps"], 1), fmt(row["communication_ms"], 2), fmt(row["exposed_ms"], 2),
-                      fmt(row["step_ms"], 2), f"{row['efficiency_pct']:.1f}%",
-                      f"{measured:.1f}%" if measured is not None else "")
-    console.print(table)
+        rows.append([row["parallel"], str(row["gpus"]), f"{row['nodes']} x {row['gpus_per_node']}",
+                     fmt(row["busbw_gbps"], 1), fmt(row["communication_ms"], 2), fmt(row["exposed_ms"], 2),
+                     fmt(row["step_ms"], 2), f"{row['efficiency_pct']:.1f}%",
+                     f"{measured:.1f}%" if measured is not None else ""])
+    console.print(fitted_tables("scaling model (--predict)", [Column(header) for header in headers], rows,
+                                console.width))
     for what, source in summary.assumptions.items():
         console.print(f"assumed, {what}: {source}", highlight=False)

@@ -44,8 +44,10 @@ def handle(args: argparse.Namespace) -> int:
     def show(point: dict) -> None:
         finished.append(point)
         cells = point_row(point)
-        console.print(f"  point {cells[0]}: {cells[1]} q/s offered, {cells[2]} achieved, p99 {cells[5]} ms, batch "
-                      f"{cells[7]}: {cells[-1]}", highlight=False)
+        reasons = (point.get("validity") or {}).get("reasons") or []
+        console.print(f"  point {cells[0]}: {cells[1]} q/s offered ({cells[2]} realised), {cells[3]} achieved, p99 "
+                      f"{cells[6]} ms, batch {cells[8]}: {cells[-1]}"
+                      + (f" ({escape('; '.join(reasons))})" if reasons else ""), highlight=False)
 
     name = plugin_name(cfg.workload) if is_plugin_spec(cfg.workload) else cfg.workload
     with run_dir(cfg.out, f"serve-{name}", args.overwrite) as out:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,9 +14,13 @@ from perflab.cli._outcome import points_out_of_memory
 from perflab.errors import PerflabError, writing
 from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
+from perflab.results import read_json_object
 from perflab.results.rundir import default_run_dir
 from perflab.sweep import SWEEP_JSON, SweepObserver, read_rows, run_auto_batch, run_sweep
 from perflab.cli import build_parser
+from perflab.options import Option
+
+SWEEP = "sweep"
 
 
 def register(subparsers) -> None:
@@ -28,20 +31,19 @@ def register(subparsers) -> None:
                     "out-of-memory point is recorded as 'oom' and the sweep goes on; --resume skips finished "
                     "points. Plots throughput, p50/p95 latency and peak memory against the batch size.")
     add_run_options(parser, "sweep")
-    group = parser.add_argument_group("sweep")
+    group = parser.add_argument_group(SWEEP)
     group.add_argument("--out", default=None, metavar="DIR",
                        help="sweep directory (default: runs/<timestamp>-sweep)")
     group.add_argument("--auto-batch", action="store_true",
                        help="double the batch (from --batch or the workload default) until out of memory or "
                             "throughput grows by less than --growth-pct")
-    group.add_argument("--growth-pct", type=float, default=5.0, metavar="PCT",
-                       help="auto-batch stops when doubling gains less than this (default: 5)")
-    group.add_argument("--max-auto-batch", dest="max_auto_batch", type=int, default=4096, metavar="N",
-                       help="auto-batch upper bound: the batch is not doubled past N (default: 4096; formerly "
-                            "--max-batch)")
-    options.deprecated_flag(group, "--max-batch", "--max-auto-batch", dest="max_auto_batch", type=int)
-    group.add_argument("--max-p95-ms", type=float, default=None, metavar="MS",
-                       help="also name the fastest point whose p95 step latency is at most MS")
+    options.add_option(group, Option("--growth-pct", float, "auto-batch stops when doubling gains less than this "
+                                     "(default: 5)", SWEEP, 5.0, minimum=0, metavar="PCT"))
+    options.add_option(group, Option("--max-auto-batch", int, "auto-batch upper bound: the batch is not doubled past "
+                                     "N (default: 4096; formerly --max-batch)", SWEEP, 4096, minimum=1, metavar="N",
+                                     deprecated=("--max-batch",)))
+    options.add_option(group, Option("--max-p95-ms", float, "also name the fastest point whose p95 step latency is "
+                                     "at most MS", SWEEP, above=0, metavar="MS"))
     group.add_argument("--resume", action="store_true",
                        help="continue the sweep in --out, skipping finished points; with no other options, "
                             "the options recorded in --out are used")
@@ -94,7 +96,8 @@ def recorded_sweep_args(args: argparse.Namespace) -> Optional[tuple[argparse.Nam
     meta_path = Path(args.out) / SWEEP_JSON
     if not meta_path.is_file():
         raise PerflabError(f"--resume: {args.out} holds no sweep (no {SWEEP_JSON}); check --out")
-    command = json.loads(meta_path.read_text()).get("command") or []
+    command = read_json_object(meta_path, "a sweep record", "give the sweep's options again with --resume").get(
+        "command") or []
     if command[1:2] != ["sweep"]:
         raise PerflabError(f"--resume: {meta_path} does not record how the sweep was started; "
                            "give the sweep's options again with --resume")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import time
 from dataclasses import replace
@@ -16,6 +15,7 @@ from perflab.cli import console, err_console
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.report.build import write_report
+from perflab.results import read_json_object
 from perflab.results.rundir import default_run_dir
 from perflab.serve.config import ServeConfig
 from perflab.tune import TuneConfig, tune
@@ -67,10 +67,7 @@ def _recorded_settings(out: Path) -> Optional[TuneConfig]:
     resuming it with the default objective would mix two searches in one directory."""
     path = out / TUNE_JSON
     if path.is_file():
-        try:
-            recorded = json.loads(path.read_text()).get("settings")
-        except (OSError, ValueError) as err:
-            raise PerflabError(f"--resume: cannot read {path} ({err}); give the tune's options again") from None
+        recorded = read_json_object(path, "a perflab tune record", "give the tune's options again").get("settings")
         if recorded:
             serve = recorded.pop("serve", None)
             known = {declared.name for declared in options.options_of(TuneConfig)}
@@ -117,6 +114,9 @@ def handle(args: argparse.Namespace) -> int:
                           f"continue with:\n  {escape(shlex.join(resume))}", highlight=False, soft_wrap=True)
         return 130
     _print_summary(summary, out, time.perf_counter() - began)
+    if summary.get("not_judged"):  # the last line: what the verdicts above could not rest on
+        console.print(f"[yellow]not judged[/]: {escape(summary['not_judged'])}", highlight=False, soft_wrap=True)
+        return 1 if settings.fail_on_not_judged else 0
     return 0
 
 

@@ -7,13 +7,17 @@ latencies pooled over trials (statistic: p50 or p95). A change is significant wh
 zero. The decision:
 
 1. the candidate failed its quality gate -> reject, whatever the speed;
-2. throughput significantly lower by more than the minimum effect -> reject (a regression);
-3. throughput significantly higher by more than the minimum effect -> accept;
-4. anything else -> no significant change (a speed-up inside the noise is not a win).
+2. either run's timings are contaminated (a busy machine, an unfinished run) -> not judged (unless --accept-noisy);
+3. throughput significantly lower by more than the minimum effect -> reject (a regression);
+4. throughput significantly higher by more than the minimum effect -> accept, unless the quality gate was
+   inconclusive -> inconclusive;
+5. fewer than 2 trials on a side (no interval) -> inconclusive;
+6. anything else -> no significant change (a speed-up inside the noise is not a win).
+
+A run whose throughput or latency is NaN/inf is refused: no decision can rest on it.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,11 +28,11 @@ import numpy as np
 from perflab.config import MIN_EFFECT_PCT, numerics_fields
 from perflab.cost import cost_per_million
 from perflab.errors import PerflabError
-from perflab.harness.stats import RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
+from perflab.harness.stats import NO_INTERVAL, RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
 from perflab.results.metrics import Flops, Gpu
-from perflab.results import Result, resolve_result_path, write_json_atomic
-from perflab.diagnose.summary import step_window
-from perflab.diagnose.trace import load_trace
+from perflab.results import Result, read_json_object, resolve_result_path, write_json_atomic
+from perflab.compare.kernels import kernel_changes
+from perflab.compare.refusals import refuse_non_finite
 
 COMPARE_FILE = "compare.json"
 CONFIDENCE = 0.95
@@ -36,6 +40,10 @@ RESAMPLES = RATIO_BOOTSTRAP_RESAMPLES
 METHOD = (f"{int(CONFIDENCE * 100)}% percentile-bootstrap confidence interval ({RESAMPLES} resamples, seeded) "
           "of the candidate/base ratio: throughput from per-trial values (median), latency from per-step "
           "values pooled over trials (p50, p95); significant when the interval excludes no change")
+ACCEPT, REJECT, NO_CHANGE = "accept", "reject", "no significant change"
+NOT_JUDGED = "not judged"  # contaminated timings: the speed was not judged
+INCONCLUSIVE = "inconclusive"  # the evidence cannot support a decision (no interval, an inconclusive quality gate)
+DECISIONS = (ACCEPT, REJECT, NO_CHANGE, NOT_JUDGED, INCONCLUSIVE)
 # Config fields that say where or how a run was stored, not what was measured.
 IGNORED_CONFIG = {"out", "resume_from", "checkpoint_every", "nsys"}
 # The metrics a comparison keeps of each side, so compare.json stands alone when the runs move.
@@ -57,6 +65,7 @@ class MetricChange:
     ci_high_pct: Optional[float] = None
     significant: Optional[bool] = None  # None: no interval (a single value per side)
     note: str = ""
+    interval_note: str = ""  # why there is no interval, when the values allowed none (report/interval.py)
 
     @property
     def improved(self) -> bool:
@@ -103,9 +112,10 @@ class Comparison:
 def load_comparison(path: Union[str, Path]) -> Comparison:
     path = Path(path)
     path = path / COMPARE_FILE if path.is_dir() else path
+    data = read_json_object(path, "a perflab comparison", "re-run perflab compare")
     try:
-        return Comparison.from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        return Comparison.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise PerflabError(f"{path} is not a perflab comparison ({type(err).__name__}); re-run perflab compare") from None
 
 
@@ -145,7 +155,8 @@ def _change(name: str, unit: str, better: str, base: Optional[float], cand: Opti
         return row
     base_values, cand_values, statistic = (np.asarray(samples[0], float), np.asarray(samples[1], float), samples[2])
     if base_values.size < 2 or cand_values.size < 2:
-        row.note = (note + "; " if note else "") + "one value per side: no interval (use --trials 3 or more)"
+        row.interval_note = NO_INTERVAL
+        row.note = (note + "; " if note else "") + "one value on a side: no interval (use --trials 3 or more)"
         return row
     low, high = bootstrap_ratio_ci(base_values, cand_values, statistic, CONFIDENCE)
     row.ci_low_pct, row.ci_high_pct = 100 * (low - 1), 100 * (high - 1)
@@ -254,69 +265,31 @@ def phase_changes(base: Result, cand: Result) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: -abs(row["delta_ms"]))
 
 
-def trace_path(result: Result) -> Optional[Path]:
-    if not result.path:
-        return None
-    directory = Path(result.path).parent
-    names = [result.artifacts.get("trace")] if getattr(result, "artifacts", None) else []
-    for name in names + ["trace.json", "trace.json.gz"]:
-        if name and (directory / name).is_file():
-            return directory / name
-    return None
-
-
-def kernel_ms_per_step(path: Path) -> dict[str, float]:
-    """GPU time per profiled step of each kernel name in a trace (empty for a CPU-only trace)."""
-    trace = load_trace(path)
-    kernels = trace.kernels
-    steps = max(step_window(trace)[2], 1)
-    totals = np.bincount(kernels.name_id, weights=kernels.dur_us, minlength=len(kernels.names)) if len(kernels) \
-        else np.zeros(0)
-    return {name: float(totals[i]) / 1e3 / steps for i, name in enumerate(kernels.names) if i < totals.size}
-
-
-def kernel_changes(base: Result, cand: Result, top: int = 12) -> tuple[Optional[list[dict[str, Any]]], str]:
-    """The kernels whose GPU time per step changed most, from both runs' traces (perflab.diagnose.trace)."""
-    paths = trace_path(base), trace_path(cand)
-    if not all(paths):
-        return None, "kernels: not compared (both runs need a trace: record them with `perflab profile`)"
-    try:
-        base_kernels, cand_kernels = kernel_ms_per_step(paths[0]), kernel_ms_per_step(paths[1])
-    except ImportError:
-        return None, "kernels: not compared (this perflab has no trace parser, perflab.diagnose.trace)"
-    except PerflabError as err:
-        return None, f"kernels: not compared ({err})"
-    if not base_kernels and not cand_kernels:
-        return None, "kernels: not compared (the traces hold no GPU kernels: CPU runs)"
-    rows = [{"kernel": name, "base_ms": base_kernels.get(name, 0.0), "candidate_ms": cand_kernels.get(name, 0.0),
-             "delta_ms": cand_kernels.get(name, 0.0) - base_kernels.get(name, 0.0)}
-            for name in set(base_kernels) | set(cand_kernels)]
-    rows.sort(key=lambda row: -abs(row["delta_ms"]))
-    return rows[:top], (f"kernels: GPU time per profiled step from {paths[0].name} and {paths[1].name}; "
-                        f"top {min(top, len(rows))} of {len(rows)} by absolute change")
-
-
 def decide(throughput: MetricChange, quality: Optional[dict[str, Any]], min_effect_pct: float
            ) -> tuple[str, list[str]]:
-    """accept | reject | no significant change, with the reasons in the order they were weighed."""
-    if quality and quality.get("verdict") == "fail":
-        return "reject", [f"the candidate failed the quality gate: {quality.get('reason', 'no reason recorded')}"]
+    """accept | reject | no significant change | inconclusive, with the reasons in the order they were weighed."""
+    verdict = (quality or {}).get("verdict")
+    if verdict == "fail":
+        return REJECT, [f"the candidate failed the quality gate: {quality.get('reason', 'no reason recorded')}"]
     change = throughput.change_pct or 0.0
     interval = (f"{change:+.1f}% (95% CI {throughput.ci_low_pct:+.1f}% to {throughput.ci_high_pct:+.1f}%)"
                 if throughput.ci_low_pct is not None else f"{change:+.1f}% (no interval)")
     if throughput.significant and change < -min_effect_pct:
-        return "reject", [f"throughput is significantly lower: {interval}"]
+        return REJECT, [f"throughput is significantly lower: {interval}"]
     if throughput.significant and change > min_effect_pct:
         reasons = [f"throughput is significantly higher: {interval}"]
-        if quality and quality.get("verdict") == "pass":
+        if verdict == "inconclusive":  # faster, but not shown to compute the same: no win
+            return INCONCLUSIVE, [f"the quality gate was inconclusive: {quality.get('reason', '')}"] + reasons
+        if verdict == "pass":
             reasons.append(f"quality gate passed: {quality.get('reason', '')}")
-        return "accept", reasons
+        return ACCEPT, reasons
     if throughput.significant is None:
-        return "no significant change", [f"throughput {interval}: too few trials to tell a change from noise"]
+        return INCONCLUSIVE, [f"throughput {interval}: fewer than 2 trials on a side, so no interval tells a change "
+                              "from noise (use --trials 3 or more)"]
     if throughput.significant:
-        return "no significant change", [f"throughput {interval}: significant but smaller than the "
-                                         f"{min_effect_pct:g}% minimum effect"]
-    return "no significant change", [f"throughput {interval}: the interval includes no change (inside the noise)"]
+        return NO_CHANGE, [f"throughput {interval}: significant but smaller than the {min_effect_pct:g}% minimum "
+                           "effect"]
+    return NO_CHANGE, [f"throughput {interval}: the interval includes no change (inside the noise)"]
 
 
 def _summary(result: Result) -> dict[str, Any]:
@@ -353,6 +326,7 @@ def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFE
 
     When either run was contaminated (a busy machine, an interrupted or invalid run), no change is called
     significant unless `accept_noisy`."""
+    refuse_non_finite(base, cand)
     metrics = metric_changes(base, cand)
     quality = _quality_summary(base, cand)
     decision, reasons = decide(metrics[0], cand.quality, min_effect_pct)
@@ -362,7 +336,7 @@ def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFE
         warnings.append("NOISY MEASUREMENT: " + "; ".join(contaminated))
         quality_failed = (cand.quality or {}).get("verdict") == "fail"  # a quality failure is not noise
         if not accept_noisy and not quality_failed:
-            decision = "no significant change"
+            decision = NOT_JUDGED
             reasons = [f"speed not judged: {'; '.join(contaminated)}; re-run both on a quiet machine, or pass "
                        "--accept-noisy to judge anyway"] + reasons
     if cand.quality is None and config_changes(base, cand).keys() & set(numerics_fields()):
@@ -396,5 +370,6 @@ def compare_paths(base: Union[str, Path], candidate: Union[str, Path],
     return compare_results(load_result(base), load_result(candidate), min_effect_pct, accept_noisy)
 
 
-__all__ = ["Comparison", "MetricChange", "compare_results", "compare_paths", "regression_exceeds",
+__all__ = ["ACCEPT", "REJECT", "NO_CHANGE", "NOT_JUDGED", "INCONCLUSIVE", "DECISIONS", "Comparison", "MetricChange",
+           "compare_results", "compare_paths", "regression_exceeds",
            "load_comparison", "load_result", "bootstrap_ratio_ci"]

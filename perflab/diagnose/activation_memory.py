@@ -24,9 +24,10 @@ def saved_breakdown(ctx: Context) -> Optional[dict[str, Any]]:
         return None
     study_path = Path(path).parent / MEMORY_FILE
     try:
-        return json.loads(study_path.read_text()) if study_path.is_file() else None
+        study = json.loads(study_path.read_text()) if study_path.is_file() else None
     except (OSError, ValueError):
         return None
+    return study if isinstance(study, dict) else None
 
 
 def activation_memory(ctx: Context) -> Optional[Finding]:

@@ -13,16 +13,27 @@ figure also rises when the device's launch queue is full (the host then waits fo
 between steps (device_wait_ms_per_token: from each output to the next step's start, on the device's clock) is the
 second signal: a device idle for a quarter of each step waits for the host's loop. A step that replays as one CUDA
 graph and still sits below the bound is not launch-bound: its kernels read below the bandwidth (kernel efficiency).
+
+With a profiled trace, `decode_layer_costs` says what keeps the step from the bound, per layer: the kernels that
+read weights (matrix products, dequantising ones included), the kernels that read none (attention, norms, RoPE, the
+KV write, activations: each small, each paying its own launch and ramp), standalone dequantisation (a quantized
+weight widened in memory before its product), and the GPU's idle gaps between kernels (launches the device waits
+for). The decode regime's finding carries these figures as evidence.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
 
 from perflab.bottlenecks import (COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND, DECODE_COMPUTE_BOUND, DECODE_KERNEL_EFFICIENCY,
                                  DECODE_LAUNCH_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH)
 from perflab.diagnose.findings import Context, Finding, clamp, rounded
 from perflab.levers import levers_for
 from perflab.results.metrics import BandwidthBoundSummary, DecodeCompile, Generation, Gpu
+from perflab.diagnose.trace import ParsedTrace
 
 NEAR_BOUND_PCT = 60.0  # at or above: bandwidth-bound
 FAR_FROM_BOUND_PCT = 35.0  # below, eager and small batch: launch-bound
@@ -40,7 +51,24 @@ def decode_regime(ctx: Context) -> Optional[Finding]:
     finding = classify_decode(generation, ctx.result.config, ctx.metrics.gpu, ctx.result.levers, busy)
     if finding is not None:
         finding.levers = ctx.rank_levers(finding.levers)
+        costs = _traced_layer_costs(ctx, generation)
+        if costs is not None:
+            finding.evidence["per_layer_us"] = rounded(costs.per_layer_us())
+            finding.advice.insert(0, costs.summary())
     return finding
+
+
+def _traced_layer_costs(ctx: Context, generation: Generation) -> Optional["DecodeLayerCosts"]:
+    """The per-layer costs of the profiled decode steps, when the run was profiled and says how many layers."""
+    layers = ((ctx.result.workload or {}).get("info") or {}).get("layers") if ctx.result is not None else None
+    if ctx.trace is None or not layers or not generation.output_len_mean:
+        return None
+    kernels = decode_kernels(ctx.trace)
+    steps = len(decode_ranges(ctx.trace)) * max(1, round(generation.output_len_mean) - 1)
+    if not kernels or not steps:
+        return None
+    bound = generation.bandwidth_bound
+    return decode_layer_costs(kernels, steps, int(layers), bound.bound_ms_per_token if bound else None)
 
 
 def classify_decode(generation: Generation, config: dict[str, Any], gpu: Optional[Gpu],
@@ -159,3 +187,126 @@ def _finding(cls: str, confidence: float, summary: str, evidence: dict[str, Any]
              active, advice: list[str]) -> Finding:
     return Finding(cls=cls, confidence=confidence, summary=summary, evidence=rounded(evidence),
                    levers=[name for name in levers if name not in set(active)], advice=advice)
+
+
+# ---------------------------------------------------------------------------------------------- per layer, traced
+
+# Kernels that multiply by weight matrices: cuBLAS/cuBLASLt (gemm, gemv, nvjet, xmma, cutlass), Inductor's generated
+# products (names holding "mm" with unique kernel names), torchao's int4 (tinygemm, int4pack), fp8 scaled products.
+WEIGHT_KERNEL = re.compile(r"gemm|gemv|nvjet|xmma|cutlass|tinygemm|int4pack|_mm_|_mm$|_mm\b|mm_kernel|splitk|"
+                           r"scaled_mm|matmul", re.IGNORECASE)
+# Attention kernels read the KV cache, not weights (cuDNN's and the memory-efficient kernel's names hold "cutlass").
+ATTENTION_KERNEL = re.compile(r"fmha|flash|attention|attn|sdpa|cudnn", re.IGNORECASE)
+# Kernels that only widen quantized weights (int8/fp8/int4 to bf16) in memory, before a separate product: named so,
+# Inductor's pointwise kernels of a conversion (and scale) alone, eager's dtype-converting copies. A fused kernel that
+# converts inside other work (a norm's upcast: triton_per_fused__to_copy_add_mean_...) is not one.
+DEQUANT_KERNEL = re.compile(r"dequant|unpack|^triton_poi_fused__to_copy(_mul)?_\d+$|direct_copy_kernel",
+                            re.IGNORECASE)
+TOP_OTHERS = 4
+
+
+@dataclass(frozen=True)
+class KernelSpan:
+    """One kernel of a decode step, as the trace recorded it (µs)."""
+
+    name: str
+    start_us: float
+    dur_us: float
+    request: int = 0  # which decode phase (host "decode" range) launched it: gaps are counted within one
+
+
+@dataclass
+class DecodeLayerCosts:
+    """Where a decode step's time goes, per step and per layer (µs), against the bandwidth bound."""
+
+    steps: int
+    layers: int
+    step_us: float  # first kernel start to last kernel end of each decode phase, per step
+    weight_us: float  # kernels that multiply by weights, per step
+    dequant_us: float  # standalone dequantisation kernels, per step
+    other_us: float  # kernels that read no weights, per step
+    gap_us: float  # the GPU idle between kernels, per step
+    bound_us: Optional[float] = None
+    top_others: list[tuple[str, float]] = field(default_factory=list)  # (kernel, µs per layer), largest first
+
+    def per_layer_us(self) -> dict[str, Any]:
+        per = lambda us: us / self.layers  # noqa: E731
+        return {"weight_kernels": per(self.weight_us), "non_weight_kernels": per(self.other_us),
+                "dequantisation": per(self.dequant_us), "launch_gaps": per(self.gap_us),
+                "step": per(self.step_us), "bound": per(self.bound_us) if self.bound_us else None,
+                "top_non_weight": {name: us for name, us in self.top_others}}
+
+    def largest_cost(self) -> tuple[str, float]:
+        """The biggest cost that is not reading weights: (what, µs per step)."""
+        costs = {"kernels that read no weights": self.other_us, "launch gaps": self.gap_us,
+                 "dequantisation": self.dequant_us}
+        return max(costs.items(), key=lambda item: item[1])
+
+    def summary(self) -> str:
+        """One sentence with the per-layer figures, the largest cost named first."""
+        what, us = self.largest_cost()
+        per = self.per_layer_us()
+        bound = f" ({100 * us / self.bound_us:.0f}% of the {self.bound_us / 1e3:.3g} ms bound)" if self.bound_us else ""
+        top = ", ".join(f"{name[:40]} {value:.1f}" for name, value in self.top_others[:3])
+        return (f"per layer, {self.steps} traced decode steps: weight products {per['weight_kernels']:.1f} µs, "
+                f"kernels that read no weights {per['non_weight_kernels']:.1f} µs ({top}), dequantisation "
+                f"{per['dequantisation']:.1f} µs, launch gaps {per['launch_gaps']:.1f} µs; the largest cost off the "
+                f"bound is {what}: {us / 1e3:.3g} ms per step over {self.layers} layers{bound}")
+
+
+def decode_layer_costs(kernels: Sequence[KernelSpan], steps: int, layers: int,
+                       bound_ms_per_step: Optional[float] = None) -> DecodeLayerCosts:
+    """Split the kernels of `steps` decode steps of a `layers`-layer model into weight products, dequantisation,
+    everything else, and the idle gaps between them; per step, with the bound per step for scale."""
+    ordered = sorted(kernels, key=lambda k: k.start_us)
+    weight = dequant = other = 0.0
+    others: dict[str, float] = {}
+    for kernel in ordered:
+        if WEIGHT_KERNEL.search(kernel.name) and not ATTENTION_KERNEL.search(kernel.name):
+            weight += kernel.dur_us
+        elif DEQUANT_KERNEL.search(kernel.name):
+            dequant += kernel.dur_us
+        else:
+            other += kernel.dur_us
+            others[kernel.name] = others.get(kernel.name, 0.0) + kernel.dur_us
+    gaps = span = 0.0
+    for request in sorted({k.request for k in ordered}):  # a prefill between two decode phases is no gap
+        phase = [k for k in ordered if k.request == request]
+        starts = np.array([k.start_us for k in phase])
+        ends = np.maximum.accumulate(np.array([k.start_us + k.dur_us for k in phase]))
+        gaps += float(np.clip(starts[1:] - ends[:-1], 0.0, None).sum())
+        span += float(ends[-1] - starts[0])
+    top = sorted(others.items(), key=lambda item: -item[1])[:TOP_OTHERS]
+    return DecodeLayerCosts(steps, layers, span / steps, weight / steps, dequant / steps, other / steps, gaps / steps,
+                            bound_ms_per_step * 1e3 if bound_ms_per_step else None,
+                            [(name, us / steps / layers) for name, us in top])
+
+
+def decode_kernels(trace: ParsedTrace) -> list[KernelSpan]:
+    """The GPU kernels launched inside the host's "decode" ranges (by their launches' correlation ids; a CUDA graph's
+    kernels follow its one graph launch)."""
+    ranges = decode_ranges(trace)
+    if not ranges or not len(trace.kernels):
+        return []
+    launches = trace.runtime
+    request_of: dict[int, int] = {}
+    for request, (begin, finish) in enumerate(ranges):
+        inside = (launches.start_us >= begin) & (launches.start_us <= finish) & (launches.correlation >= 0)
+        request_of.update(dict.fromkeys(launches.correlation[inside].tolist(), request))
+    kernels = trace.kernels
+    return [KernelSpan(kernels.name(i), float(kernels.start_us[i]), float(kernels.dur_us[i]),
+                       request_of[int(kernels.correlation[i])])
+            for i in range(len(kernels)) if int(kernels.correlation[i]) in request_of]
+
+
+def decode_ranges(trace: ParsedTrace) -> list[tuple[float, float]]:
+    """(start, end) µs of each request's decode phase: the host's outermost "decode" ranges (a range nested in another
+    of the same name, NVTX and record_function both, is one phase)."""
+    annotations = trace.annotations
+    decode = annotations.mask(lambda name: name == "decode")
+    outermost: list[tuple[float, float]] = []
+    for begin, finish in sorted(zip(annotations.start_us[decode].tolist(), annotations.end_us[decode].tolist())):
+        if outermost and begin < outermost[-1][1]:
+            continue
+        outermost.append((begin, finish))
+    return outermost

@@ -14,7 +14,7 @@ DOMINANT_SHARE_PCT = 50.0  # a part of the tail latency this large "dominates" i
 UNDERFILLED_PCT = 50.0  # mean batch fill below this is under-filled
 BUSY_PCT = 70.0  # an instance busier than this has little room left
 FULL_PCT = 90.0  # batches this full are limited by --batcher-max-batch
-OVERLOADED = 0.95  # achieved below this share of offered: the server does not keep up
+OVERLOADED = 0.95  # achieved below this share of the realised offered rate: the server does not keep up
 PADDED_PCT = 15.0  # padding past this share of the samples computed is worth fewer, finer buckets
 
 
@@ -29,6 +29,12 @@ def _focus_point(serve: Serve) -> Optional[dict[str, Any]]:
     if missing:
         return min(missing, key=lambda p: p["offered_qps"])
     return max(points, key=lambda p: p["offered_qps"])
+
+
+def _offered(point: dict[str, Any]) -> float:
+    """The rate the point's schedule really offered (a seeded Poisson draw is a little off its nominal rate: read
+    against the nominal one, that noise would look like queries the server failed to admit)."""
+    return point.get("realised_offered_qps") or point["offered_qps"]
 
 
 def _shares(point: dict[str, Any]) -> dict[str, float]:
@@ -49,10 +55,11 @@ def inference_queue(ctx: Context) -> Optional[Finding]:
     queue_share = shares.get("queue_wait", 0.0)
     formation_share = shares.get("batch_formation", 0.0)
     fill, busy = point["batch_fill_pct"], point["instance_busy_pct"]
-    offered, achieved = point["offered_qps"], point["achieved_qps"]
+    offered, achieved = _offered(point), point["achieved_qps"]
     ceiling = serve.estimated_samples_per_s or 0.0
     p99, bound = point["latency_ms"]["p99"], settings.p99_ms
-    evidence = {"offered_qps": offered, "achieved_qps": achieved, "p99_ms": p99, "p99_bound_ms": bound,
+    evidence = {"offered_qps": point["offered_qps"], "realised_offered_qps": point.get("realised_offered_qps"),
+                "achieved_qps": achieved, "p99_ms": p99, "p99_bound_ms": bound,
                 "tail_queue_wait_ms": point["time_ms"]["tail"].get("queue_wait"), "tail_queue_wait_pct": queue_share,
                 "tail_batch_formation_pct": formation_share,
                 "tail_dispatch_delay_ms": point["time_ms"]["tail"].get("dispatch_delay"), "batch_fill_pct": fill,
@@ -106,7 +113,7 @@ def setting_changes(serve: Serve) -> list[SettingChange]:
 
 def _setting_changes(point, settings, gpu_util) -> list[SettingChange]:
     changes = []
-    fill, busy, offered = point["batch_fill_pct"], point["instance_busy_pct"], point["offered_qps"]
+    fill, busy, offered = point["batch_fill_pct"], point["instance_busy_pct"], _offered(point)
     max_batch, timeout_ms, bound = settings.max_batch, settings.batch_timeout_ms, settings.p99_ms
     if fill >= FULL_PCT:
         changes.append(SettingChange("max_batch", 2 * max_batch, f"batches are {fill:.0f}% full: raise --batcher-max-batch "
@@ -145,7 +152,8 @@ def _advice(point, settings, serve, gpu_util, offered, achieved, ceiling) -> lis
     if offered and achieved < OVERLOADED * offered:
         cap = serve.max_qps
         limit = f" (admit at most {cap:,.0f} queries/s, the max QPS that met the bound)" if cap else ""
-        advice.append(f"admission control: {offered:,.0f} queries/s were offered but only {achieved:,.0f}/s were "
+        advice.append(f"admission control: {offered:,.0f} queries/s were offered (the schedule's realised rate) but "
+                      f"only {achieved:,.0f}/s were "
                       f"served; reject or shed queries past the sustainable rate{limit} instead of queueing them")
     if ceiling and offered > ceiling:
         advice.append(f"the offered load exceeds full-batch throughput ({ceiling:,.0f} samples/s): more GPUs or a "

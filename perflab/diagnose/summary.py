@@ -101,6 +101,7 @@ class TraceProfile:
     notes: list[str] = field(default_factory=list)
     start_us: float = 0.0  # the analysed window on the trace's clock (the operator view and the rules share it)
     end_us: float = 0.0
+    gpu_start_us: float = 0.0  # where the GPU's busy/idle split starts: start_us, or a later first kernel (notes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,31 +124,37 @@ def summarize(trace: ParsedTrace, precision: Optional[str] = None) -> TraceProfi
     """All shared numbers for the rules, from one pass over the parsed trace."""
     start, end, steps = step_window(trace)
     notes = []
+    gpu_start = start
     if trace.has_gpu:
-        start, end = _gpu_window(trace, start, end, notes)
+        gpu_start, end = _gpu_window(trace, start, end, notes)
     window_us = max(end - start, 1e-9)
     steps = max(steps, 1)
     host = _host_profile(trace, start, end, steps, window_us)
     sites = find_sync_sites(trace, start, end)
     syncs = sync_profile(sites, steps, trace.has_gpu)
-    gpu = _gpu_profile(trace, start, end, steps, window_us, sites, syncs) if trace.has_gpu else None
+    gpu = (_gpu_profile(trace, gpu_start, end, steps, max(end - gpu_start, 1e-9), sites, syncs)
+           if trace.has_gpu else None)
     return TraceProfile(device="cuda" if trace.has_gpu else "cpu", steps=steps, window_ms=window_us / 1e3,
                         step_ms=window_us / 1e3 / steps, host=host, syncs=syncs, gpu=gpu,
                         roofline=roofline_rows(trace, precision=precision), gpu_name=trace.gpu_name, notes=notes,
-                        start_us=start, end_us=end)
+                        start_us=start, end_us=end, gpu_start_us=gpu_start)
 
 
 def _gpu_window(trace: ParsedTrace, start: float, end: float, notes: list[str]) -> tuple[float, float]:
-    """Extend the window to the last GPU activity; start it at the first kernel if the GPU was still busy with
-    work launched before the capture (a long launch queue), which the trace does not show."""
+    """(start, end) of the GPU's busy/idle split: the step window extended to the last GPU activity, started at the
+    first kernel if the GPU was still busy with work launched before the capture (a long launch queue), whose
+    start the trace does not show. The host's figures keep the step window: its steps may all lie before that."""
     gpu_end = max(float(t.end_us.max()) for t in (trace.kernels, trace.memcpys) if len(t))
     end = max(end, gpu_end)
     if len(trace.kernels):
+        # how long the first kernel launched inside the capture waited in the queue: kernels launched before the
+        # capture have no launch call in the trace (their wait is NaN), so the first kernel is the wrong one to ask
         queue = _launch_queue_us(trace)
+        launched = np.flatnonzero(np.isfinite(queue)) if queue is not None else np.empty(0, dtype=np.int64)
         first = float(trace.kernels.start_us[0])
-        if queue is not None and len(queue) and queue[0] > 50.0 and first > start:
-            notes.append("the GPU was still running work launched before the capture; the window starts at the "
-                         "first recorded kernel")
+        if len(launched) and queue[launched[0]] > 50.0 and first > start:
+            notes.append("the GPU was still running work launched before the capture; its busy/idle split starts "
+                         "at the first recorded kernel")
             start = first
     return start, end
 

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import numpy as np
 import torch.distributed as dist
 
+from perflab.calibrate import percent_of_ceiling
 from perflab.distributed.rank import local_rank
 from perflab.harness.runner import aggregate
 from perflab.results.metrics import Distributed, Flops, Latency, Memory, RankFigures
@@ -118,6 +119,7 @@ def _global_flops(flops: Flops, global_throughput: float, world: int) -> Flops:
         return flops
     achieved = flops.per_sample * global_throughput / 1e12
     peak = flops.peak_tflops
-    return dataclasses.replace(flops, achieved_tflops=achieved,
-                               mfu_pct=100 * achieved / (peak * world) if peak else None,
+    mfu, over = percent_of_ceiling(achieved, peak * world if peak else None,
+                                   f"achieved TFLOP/s of {world} ranks against {world} x one device's peak")
+    return dataclasses.replace(flops, achieved_tflops=achieved, mfu_pct=mfu, note=over or flops.note,
                                peak_note=f"MFU is against {world} x one device's peak")

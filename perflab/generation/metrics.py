@@ -15,6 +15,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from perflab.calibrate import percent_of_ceiling
 from perflab.harness.stats import percentiles
 
 
@@ -212,10 +213,13 @@ def _bound_summary(requests: list[RequestTiming], bound: BandwidthBound) -> dict
     summary["host_issue_ms_per_token"] = (sum(r.issued_ms[-1] - r.issued_ms[0] for r in issued) /
                                           sum(r.output_tokens - 1 for r in issued) if issued else None)
     summary["device_wait_ms_per_token"] = device_wait_ms_per_token(decoding)
+    # the share of the bandwidth bound is the bound's time over the measured time: the bound is the ceiling
+    pct, over = percent_of_ceiling(bound_ms, measured_ms, "the decode steps' share of the memory-bandwidth bound")
     summary.update(bound_ms_per_token=bound_ms / tokens, measured_ms_per_token=measured_ms / tokens,
-                   measured_over_bound=measured_ms / bound_ms if bound_ms else None,
-                   pct_of_bound=100 * bound_ms / measured_ms if measured_ms else None,
+                   measured_over_bound=measured_ms / bound_ms if bound_ms else None, pct_of_bound=pct,
                    achieved_gbps=_achieved_gbps(decoding, bound, measured_ms))
+    if over:
+        summary["notes"].append(over)
     return summary
 
 

@@ -27,7 +27,7 @@ from perflab.models.outputs import output_field
 from perflab.workloads.generation import GenerationSpec
 from perflab.results.metrics import DecodeCompile, Generation, Speculative
 from perflab.generation.quantize import quantize_weights
-from perflab.workloads.plugin import load_user_build
+from perflab.workloads.plugin import call_user_build, load_user_build
 from perflab.models.decoder import Decoder
 from perflab.calibrate import memory_bandwidth, peak_tflops
 from perflab.models.kv_cache import kv_cache_bytes
@@ -114,7 +114,7 @@ def prepare_generation(plan, cfg) -> None:
 def load_draft(cfg, spec: GenerationSpec, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """The draft for --speculative: the user's (--draft SPEC) or the workload's built-in one; same vocabulary."""
     if cfg.draft:
-        draft = load_user_build(cfg.draft)(cfg)
+        draft = call_user_build(cfg.draft, load_user_build(cfg.draft), cfg)
         if not isinstance(draft, nn.Module):
             raise PerflabError(f"--draft {cfg.draft} returned {type(draft).__name__}, expected a torch.nn.Module "
                                "(a causal LM)")
@@ -156,7 +156,7 @@ def kv_bytes_per_position(model: nn.Module, batch: int, dtype: torch.dtype) -> O
     """Keys + values of one position for the batch, all layers; None when only a first request can tell."""
     if isinstance(model, Decoder):
         size = model.size
-        return kv_cache_bytes(size.layers, batch, size.heads, size.head_dim, 1, dtype)
+        return kv_cache_bytes(size.layers, batch, size.kv_heads, size.head_dim, 1, dtype)
     return None
 
 
@@ -171,6 +171,20 @@ def tensor_bytes(value: Any, depth: int = 0) -> int:
     if hasattr(value, "__dict__"):
         return sum(tensor_bytes(item, depth + 1) for item in vars(value).values())
     return 0
+
+
+def cache_positions(past: Any, length: int) -> int:
+    """Positions a past_key_values holds room for: a static cache (transformers' StaticCache) its whole capacity,
+    allocated up front; otherwise the `length` positions filled so far."""
+    for name in ("get_max_cache_shape", "get_max_length"):  # transformers <= 5.17, later
+        method = getattr(past, name, None)
+        try:
+            capacity = method() if callable(method) else None
+        except Exception:  # versions differ in what a cache without layers answers
+            capacity = None
+        if isinstance(capacity, int) and capacity > 0:
+            return capacity
+    return max(length, 1)
 
 
 class GenerationHook(StepHook):
@@ -188,7 +202,8 @@ class GenerationHook(StepHook):
     def after_step(self, plan, timer, step: int) -> None:
         if not self.bound.kv_bytes_per_position and getattr(self.step.target, "past", None) is not None:
             session = self.step.target  # a transformers-convention model: measure its cache once
-            self.bound.kv_bytes_per_position = tensor_bytes(session.past) // max(session.length, 1)
+            self.bound.kv_bytes_per_position = tensor_bytes(session.past) // cache_positions(session.past,
+                                                                                             session.length)
 
     def finish(self, result) -> None:
         requests = self.step.clock.timings()

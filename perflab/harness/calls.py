@@ -90,6 +90,12 @@ def floating_tensors(output: Any) -> list[torch.Tensor]:
     return [tensor for value in values for tensor in floating_tensors(value)]
 
 
+def count_non_finite(output: Any) -> int:
+    """How many NaN/inf values the floating tensors of an output (or a loss) hold: a diverged model's timings mean
+    nothing, so run and serve both read this once after they measure."""
+    return sum(int((~torch.isfinite(t.detach())).sum()) for t in floating_tensors(output))
+
+
 def output_entry(output: Any, key: str) -> Any:
     """The entry `key` of a dict/dataclass output; a PerflabError naming the entries there are if absent."""
     fields = _fields(output)

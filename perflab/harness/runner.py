@@ -10,11 +10,11 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from perflab.calibrate import peak_tflops
+from perflab.calibrate import peak_tflops, percent_of_ceiling
 from perflab.config import RunConfig
 from perflab.cost import cost_per_million
 from perflab.ranks import agree_any, agree_max
-from perflab.harness.calls import floating_tensors
+from perflab.harness.calls import count_non_finite
 from perflab.harness.data import map_tensors
 from perflab.harness.flops import count_flops_per_sample
 from perflab.hooks import StepHook
@@ -23,6 +23,7 @@ from perflab.harness.loop import run_steps
 from perflab.harness.nvml import NvmlSampler
 from perflab.harness.plan import StepPlan
 from perflab.harness.progress import Reporter
+from perflab.harness.phases import phase_shares
 from perflab.harness.stats import percentiles, summarize
 from perflab.harness.steady import (UNSTEADY_RANGE_PCT, moving_phase, reach_steady_state, steady_notes,
                                     steps_for_time, trend, unsteady_note)
@@ -30,7 +31,6 @@ from perflab.harness.timers import NullTimer, make_timer
 from perflab.results.metrics import Flops, Gpu, Latency, Memory, Metrics, SteadyState, Throughput, Trend, UnsteadyPhase
 from perflab.results import Trial
 
-PEAK_SLACK = 1.1  # achieved FLOP/s beyond 110% of the peak: the peak is not this run's ceiling
 THROUGHPUT_METHOD = "samples over wall-clock time of the timed steps, device synchronised at both ends"
 
 
@@ -141,8 +141,7 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
 
 def _non_finite_reason(plan: StepPlan) -> Optional[str]:
     """A reason when the last step's loss (train) or outputs (infer) hold NaN/inf: read once, after a trial."""
-    floating = floating_tensors(plan.last_step_value())  # tensor, tuple, dict or dataclass outputs
-    bad = sum(int((~torch.isfinite(t.detach())).sum()) for t in floating)
+    bad = count_non_finite(plan.last_step_value())  # tensor, tuple, dict or dataclass outputs
     if not bad:
         return None
     what = "loss" if plan.mode == "train" else "outputs"
@@ -211,19 +210,23 @@ def _trial(wall_s: float, steps: int, batch_size: int, timer) -> Trial:
 
 
 def aggregate(trials: list[Trial], batch_size: int) -> Metrics:
-    """Median and spread of throughput over trials; latency percentiles over all steps; phase medians."""
+    """Median and spread of throughput over trials; latency percentiles over all steps; phase means per step.
+
+    The phases and the step they share are one aggregate, the mean over every timed step of every trial: a median
+    of the trials' phase means set against the mean step (as before) let a generate run's shares reach 113.6%."""
     all_steps = [ms for trial in trials for ms in trial.step_ms]
     latency = percentiles(all_steps)
     latency.update(mean=float(np.mean(all_steps)), min=float(np.min(all_steps)), max=float(np.max(all_steps)))
     names = sorted({name for trial in trials for name in trial.phase_ms})
-    phases = {name: float(np.median([trial.phase_ms.get(name, 0.0) for trial in trials])) for name in names}
-    step_mean = latency["mean"]
-    phases["unattributed"] = max(0.0, step_mean - sum(phases.values()))
+    steps = sum(len(trial.step_ms) for trial in trials)
+    phases = {name: sum(trial.phase_ms.get(name, 0.0) * len(trial.step_ms) for trial in trials) / steps
+              for name in names}
+    phases["unattributed"] = max(0.0, latency["mean"] - sum(phases.values()))
     return Metrics(
         throughput_samples_per_s=Throughput.from_dict(summarize([trial.throughput_samples_per_s for trial in trials])),
         latency_ms=Latency.from_dict(latency),
         phases_ms=phases,
-        phase_share_pct={name: 100 * value / step_mean for name, value in phases.items()} if step_mean else {},
+        phase_share_pct=phase_shares(phases, latency["mean"]),
         batch_size=batch_size,
     )
 
@@ -242,12 +245,6 @@ def _flops(per_sample: Optional[float], throughput: float, device: torch.device,
         return Flops(note="torch.utils.flop_counter could not trace this model")
     achieved = per_sample * throughput / 1e12
     peak, source = peak_tflops(device, cfg.precision)
-    flops = Flops(per_sample=per_sample, achieved_tflops=achieved, peak_tflops=peak, peak_source=source,
-                  mfu_pct=100 * achieved / peak if peak else None)
-    if peak and achieved > PEAK_SLACK * peak:
-        # More than the measured ceiling: that ceiling does not describe the kernels this run used (on a CPU,
-        # bf16 autocast runs many ops in fp32), so a percentage of it would mean nothing.
-        flops.mfu_pct = None
-        flops.note = (f"achieved {achieved:.3g} TFLOP/s exceeds the {cfg.precision} peak ({peak:.3g}): that peak "
-                      "does not describe this run's kernels, so MFU is not shown")
-    return flops
+    mfu, over = percent_of_ceiling(achieved, peak, f"achieved TFLOP/s against the {cfg.precision} peak")
+    return Flops(per_sample=per_sample, achieved_tflops=achieved, peak_tflops=peak, peak_source=source,
+                 mfu_pct=mfu, note=over)

@@ -1,13 +1,14 @@
 """Statistics for trials: medians, spreads, percentiles and bootstrap confidence intervals."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 BOOTSTRAP_RESAMPLES = 2000
 # Comparing two runs resamples each side, and a ratio's tails are wider: more resamples steady its interval.
 RATIO_BOOTSTRAP_RESAMPLES = 4000
+NO_INTERVAL = "1 trial, no interval"  # what every report shows for fewer than 2 trials: a zero-width CI says nothing
 
 
 def percentiles(values: Sequence[float], points: Sequence[float] = (50, 95, 99)) -> dict[str, float]:
@@ -51,12 +52,13 @@ def _percentile_interval(values: np.ndarray, confidence: float) -> tuple[float, 
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
-    """Median, mean, min, max, stdev, relative spread (range over median, in %) and a 95% CI of the median."""
+    """Median, mean, min, max, stdev, relative spread (range over median, in %) and a 95% CI of the median (None
+    from a single value: one trial has no interval)."""
     array = np.asarray(values, dtype=float)
     if array.size == 0:
         raise ValueError("summarize() needs at least one value")
     median = float(np.median(array))
-    low, high = bootstrap_ci(array)
+    low, high = bootstrap_ci(array) if array.size > 1 else (None, None)
     return {
         "median": median,
         "mean": float(array.mean()),
@@ -68,3 +70,11 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
         "ci95_high": high,
         "n": int(array.size),
     }
+
+
+def interval_text(low: Optional[float], high: Optional[float], trials: Optional[int],
+                  number: Callable[[Optional[float]], str]) -> str:
+    """'95% CI 5.1–5.9' for the reports, or NO_INTERVAL when fewer than 2 trials measured it."""
+    if low is None or high is None or (trials is not None and trials < 2):
+        return NO_INTERVAL
+    return f"95% CI {number(low)}–{number(high)}"

@@ -3,6 +3,9 @@
 Each tensor autograd saves is counted once (by storage), against the innermost module running when it was
 saved; parameters and the batch's own tensors are not activations. The repeated blocks (the children of the
 largest ModuleList/Sequential) are measured too, with their inputs: what activation checkpointing would keep.
+Under autocast the bytes are counted by dtype, and the low-precision casts of parameters autocast saves (one per
+weight, cached during forward) apart from the activations: they do not grow with the batch.
+`saved_under_autocast` runs one forward under bf16 autocast (no backward) to count what autocast would save.
 """
 from __future__ import annotations
 
@@ -13,6 +16,9 @@ from typing import Any, Optional
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from perflab.harness.calls import call_model
 
 TOP_MODULES = 5
 
@@ -26,6 +32,9 @@ class SavedActivations:
     blocks: str = ""  # the container whose children are the blocks, e.g. "layers"
     block_saved_mb: list[float] = field(default_factory=list)
     block_input_mb: list[float] = field(default_factory=list)
+    by_dtype_mb: dict[str, float] = field(default_factory=dict)  # the activations by dtype, e.g. {"bfloat16": ...}
+    parameter_copies_mb: float = 0.0  # low-precision casts of parameters saved for backward (autocast's weights)
+    output_fp32_mb: float = 0.0  # the model's floating outputs at 4 bytes an element: what an fp32 loss takes
 
     def largest(self) -> Optional[tuple[str, float]]:
         return max(self.by_module_mb.items(), key=lambda item: item[1]) if self.by_module_mb else None
@@ -44,7 +53,9 @@ class SavedActivations:
 
     def to_dict(self) -> dict[str, Any]:
         return {"total_mb": self.total_mb, "by_module_mb": self.top(), "blocks": self.blocks,
-                "block_saved_mb": self.block_saved_mb, "block_input_mb": self.block_input_mb}
+                "block_saved_mb": self.block_saved_mb, "block_input_mb": self.block_input_mb,
+                "by_dtype_mb": self.by_dtype_mb, "parameter_copies_mb": self.parameter_copies_mb,
+                "output_fp32_mb": self.output_fp32_mb}
 
 
 def repeated_blocks(model: nn.Module) -> tuple[str, list[nn.Module]]:
@@ -72,6 +83,7 @@ class ActivationAccounting:
         self._stack: list[str] = []
         self._seen: set = set()
         self._by_module: dict[str, float] = defaultdict(float)
+        self._by_dtype: dict[str, float] = defaultdict(float)
         self._block_of: dict[int, int] = {}
         self._block_saved: list[float] = []
         self._block_input: list[float] = []
@@ -96,6 +108,7 @@ class ActivationAccounting:
         self._exits.close()
         self.result.total_mb = sum(self._by_module.values())
         self.result.by_module_mb = dict(self._by_module)
+        self.result.by_dtype_mb = dict(self._by_dtype)
         self.result.block_saved_mb = self._block_saved
         self.result.block_input_mb = self._block_input
 
@@ -126,7 +139,34 @@ class ActivationAccounting:
         if key in self._excluded or key in self._seen:
             return tensor  # a parameter, the batch itself, or already counted
         self._seen.add(key)
+        if _is_parameter_cast(tensor):
+            self.result.parameter_copies_mb += nbytes / 2**20
+            return tensor
+        self._by_dtype[str(tensor.dtype).removeprefix("torch.")] += nbytes / 2**20
         self._by_module[self._stack[-1]] += nbytes / 2**20
         if self._block_index:
             self._block_saved[self._block_index[-1]] += nbytes / 2**20
         return tensor
+
+
+def _is_parameter_cast(tensor: torch.Tensor) -> bool:
+    """A dtype cast of a parameter (autocast's cached weight), or a view of one (linear saves the transpose): a copy
+    whose input is a leaf."""
+    base = tensor._base if tensor._base is not None else tensor
+    grad_fn = base.grad_fn
+    if grad_fn is None or type(grad_fn).__name__ != "ToCopyBackward0" or not grad_fn.next_functions:
+        return False
+    source = grad_fn.next_functions[0][0]
+    return source is not None and type(source).__name__ == "AccumulateGrad"
+
+
+def saved_under_autocast(model: nn.Module, inputs: Any, device: torch.device,
+                         dtype: torch.dtype = torch.bfloat16) -> SavedActivations:
+    """What autocast would save for backward: one forward of `inputs` under autocast to `dtype`, counted by the
+    saved-tensor hooks; no backward (the graph is dropped with the output)."""
+    with ActivationAccounting(model) as saved, torch.autocast(device.type, dtype=dtype):
+        output = call_model(model, inputs)
+    saved.result.output_fp32_mb = sum(4 * leaf.numel() for leaf in tree_leaves(output)
+                                      if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()) / 2**20
+    del output
+    return saved.result

@@ -25,8 +25,13 @@ class Breakdown:
     reserved_mb: Optional[float] = None  # CUDA: torch.cuda.max_memory_reserved
     total_mb: Optional[float] = None  # the device's memory (or --memory-limit-mb)
     activations: dict[str, Any] = field(default_factory=dict)  # perflab.memory.activations.SavedActivations
+    # the same, counted in one forward under bf16 autocast (a train step at fp32/tf32): what bf16 would save
+    autocast_activations: dict[str, Any] = field(default_factory=dict)
     timeline: Optional[dict[str, Any]] = None  # CategoryTimeline.to_dict()
     optimizer: Optional[str] = None
+    # Adam/AdamW: its state's size under torchao's 8-bit optimizer over its size now, tensor by tensor
+    # (perflab/levers/optimizer.py: small tensors stay fp32)
+    optimizer_state_8bit_share: Optional[float] = None
     notes: list[str] = field(default_factory=list)
 
     @property

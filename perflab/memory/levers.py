@@ -11,14 +11,16 @@ import importlib.util
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from perflab.levers.optimizer import EIGHT_BIT_BLOCK, EIGHT_BIT_MIN_NUMEL, TORCHAO_INSTALL, eight_bit_state_bytes
 from perflab.memory.activations import SavedActivations
 from perflab.memory.breakdown import Breakdown
 from perflab.memory.fit import PeakFit, largest_batch
 from perflab.memory.timeline import CATEGORIES, MODEL_STATES
 
-EIGHT_BIT_STATE = 0.26  # an 8-bit AdamW keeps 2 bytes per parameter (+ block scales) instead of 8
+EIGHT_BIT_STATE = eight_bit_state_bytes(EIGHT_BIT_MIN_NUMEL) / (4 * EIGHT_BIT_MIN_NUMEL)  # (1 + 4/256) / 4
+AUTOCAST_SHARE = 0.5  # without a counted forward under autocast: every activation assumed in 2 bytes instead of 4
+LOSS_TENSORS = 3  # the output as an fp32 loss takes it, the loss's own intermediate, and the output's gradient
 SLACK_SHARE = 0.1  # slack beyond this share of reserved memory makes expandable_segments worth naming
-TORCHAO_INSTALL = "pip install torchao (then torchao.optim.AdamW8bit)"
 
 
 @dataclass
@@ -32,18 +34,32 @@ class LeverSaving:
     batch_allowed: Optional[int]
     basis: str  # what the estimate assumes
     note: str = ""
+    fixed_mb: Optional[float] = None  # the peak with the lever on: fixed_mb + per_sample_mb x batch
+    per_sample_mb: Optional[float] = None
+
+    def predict_mb(self, batch: int) -> Optional[float]:
+        """The peak predicted at `batch` with the lever on (None where the lever does not move the line)."""
+        return None if self.fixed_mb is None else self.fixed_mb + self.per_sample_mb * batch
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _peak_with(breakdown: Breakdown, factors: dict[str, float], extra_mb: float = 0.0) -> float:
+def _peak_with(breakdown: Breakdown, factors: dict[str, float], with_activations_mb: float = 0.0) -> float:
+    """The highest point of the step's timeline with categories scaled by `factors`, plus `with_activations_mb` of
+    weight copies: alive while activations are, each freed when backward makes its weight's gradient (so in the
+    share of the gradients not made yet)."""
     timeline = breakdown.category_timeline()
     if timeline is None:
-        peak = sum(factors.get(name, 1.0) * mb for name, mb in breakdown.categories_mb.items())
+        peak = sum(factors.get(name, 1.0) * mb for name, mb in breakdown.categories_mb.items()) + with_activations_mb
     else:
-        peak = max(timeline.totals(factors))
-    return peak + extra_mb + breakdown.unattributed_mb
+        activations = timeline.mb.get("activations") or [0.0] * len(timeline.times_ms)
+        gradients = timeline.mb.get("gradients") or [0.0] * len(timeline.times_ms)
+        most, most_gradients = max(activations, default=0.0), max(gradients, default=0.0)
+        alive = [(1.0 - grad / most_gradients if most_gradients > 0 else 1.0) if act > 0.01 * most else 0.0
+                 for act, grad in zip(activations, gradients)]
+        peak = max(total + with_activations_mb * share for total, share in zip(timeline.totals(factors), alive))
+    return peak + breakdown.unattributed_mb
 
 
 def _model_states_change_mb(breakdown: Breakdown, factors: dict[str, float]) -> float:
@@ -62,7 +78,8 @@ def _saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Optional[
     batch = breakdown.batch_size
     new_per_sample = max(1e-9, (fit.predict_mb(batch) - frees - new_fixed) / batch) if fit else max(
         1e-9, (peak - new_fixed) / batch)
-    return LeverSaving(lever, how, peak, frees, largest_batch(new_fixed, new_per_sample, capacity_mb), basis, note)
+    return LeverSaving(lever, how, peak, frees, largest_batch(new_fixed, new_per_sample, capacity_mb), basis, note,
+                       new_fixed, new_per_sample)
 
 
 def _fit_parts(breakdown: Breakdown, fit: Optional[PeakFit]) -> tuple[float, float]:
@@ -89,19 +106,12 @@ def lever_savings(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Opt
             f"per block of {activations.blocks or 'the model'} ({len(activations.block_saved_mb)} blocks): keeps each "
             "block's input, recomputes one block at a time in backward", note=note))
     if breakdown.precision in ("fp32", "tf32"):
-        savings.append(_saving(breakdown, fit, capacity_mb, "bf16 autocast", "--precision bf16",
-                               {"activations": 0.5, "temporaries": 0.5},
-                               "activations and temporaries in 2 bytes, plus the bf16 copies of the weights autocast "
-                               "keeps during forward", extra_fixed_mb=0.5 * breakdown.categories_mb["parameters"]))
+        savings.append(_autocast_saving(breakdown, fit, capacity_mb))
         savings.append(_saving(breakdown, fit, capacity_mb, "bf16 weights", "model.to(torch.bfloat16)",
                                {name: 0.5 for name in CATEGORIES if name != "inputs"},
                                "every tensor of the step in 2 bytes (pure bf16 training; check convergence)"))
-    if train and breakdown.categories_mb.get("optimizer_state", 0.0) > 0:
-        have = importlib.util.find_spec("torchao") is not None
-        savings.append(_saving(breakdown, fit, capacity_mb, "8-bit optimizer state", "torchao.optim.AdamW8bit",
-                               {"optimizer_state": EIGHT_BIT_STATE},
-                               "Adam's two moments in 8 bits with block scales (about a quarter of fp32)",
-                               note="" if have else f"torchao is not installed: {TORCHAO_INSTALL}"))
+    if train and breakdown.categories_mb.get("optimizer_state", 0.0) > 0 and breakdown.optimizer in ("Adam", "AdamW"):
+        savings.append(_eight_bit_saving(breakdown, fit, capacity_mb))
     if train:
         savings.append(_saving(breakdown, fit, capacity_mb, f"FSDP over {shards} GPUs", f"--nproc {shards} "
                                "--parallel fsdp", {name: 1.0 / shards for name in MODEL_STATES},
@@ -121,6 +131,48 @@ def lever_savings(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Opt
                                    "the reserved-but-unallocated slack returned (fragmentation)",
                                    note="frees reserved memory, not allocated"))
     return savings
+
+
+def _autocast_saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Optional[float]) -> LeverSaving:
+    """bf16 autocast keeps fp32 parameters, gradients and optimizer state; it saves in bf16 only what its bf16 ops
+    (matmuls, convolutions) take, while normalisations, softmax and the residual stream stay fp32, and it keeps a
+    bf16 copy of each weight those ops use until backward. The figures come from one forward under autocast when
+    the step had one (perflab/memory/step.py), else half the activations and a bf16 copy of every weight.
+
+    The temporaries at the peak: up to LOSS_TENSORS times the model's output are the loss's and the output's
+    gradient, which autocast computes in fp32 (unchanged); the rest are gradients of activations, in their dtype."""
+    full_mb = breakdown.activations.get("total_mb") or 0.0
+    under = breakdown.autocast_activations
+    temporaries_mb = breakdown.categories_mb.get("temporaries", 0.0)
+    if under and full_mb > 0:
+        share = under["total_mb"] / full_mb
+        copies_mb = under.get("parameter_copies_mb", 0.0)
+        loss_mb = min(temporaries_mb, LOSS_TENSORS * under.get("output_fp32_mb", 0.0))
+        temporaries_share = (loss_mb + share * (temporaries_mb - loss_mb)) / temporaries_mb if temporaries_mb else 1.0
+        dtypes = ", ".join(f"{name} {mb:,.1f}" for name, mb in sorted((under.get("by_dtype_mb") or {}).items()))
+        basis = (f"counted in one forward under bf16 autocast: the activations saved for backward x {share:.2f} "
+                 f"({dtypes} MiB), temporaries x {temporaries_share:.2f} (the loss stays fp32), plus "
+                 f"{copies_mb:,.1f} MiB of bf16 weight copies kept until backward")
+    else:
+        share = temporaries_share = AUTOCAST_SHARE
+        copies_mb = 0.5 * breakdown.categories_mb.get("parameters", 0.0)
+        basis = ("assumed (no forward under autocast was counted): activations and temporaries in 2 bytes, plus the "
+                 "bf16 copies of the weights autocast keeps during forward")
+    return _saving(breakdown, fit, capacity_mb, "bf16 autocast", "--precision bf16",
+                   {"activations": share, "temporaries": temporaries_share}, basis, extra_fixed_mb=copies_mb)
+
+
+def _eight_bit_saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Optional[float]) -> LeverSaving:
+    """torchao's 8-bit Adam: the optimizer state as it would hold it, tensor by tensor (a byte per value and a
+    scale per block; small tensors stay fp32), else every moment at EIGHT_BIT_STATE of its fp32 size."""
+    share = breakdown.optimizer_state_8bit_share
+    share = EIGHT_BIT_STATE if share is None else share
+    have = importlib.util.find_spec("torchao") is not None
+    return _saving(breakdown, fit, capacity_mb, "8-bit optimizer state", "--optimizer-impl 8bit",
+                   {"optimizer_state": share},
+                   f"Adam's two moments in 8 bits with an fp32 scale per block of {EIGHT_BIT_BLOCK} "
+                   f"(optimizer state x {share:.3f}; tensors under {EIGHT_BIT_MIN_NUMEL} values stay fp32)",
+                   note="" if have else f"torchao is not installed: {TORCHAO_INSTALL}")
 
 
 def _gradients_mb(breakdown: Breakdown) -> float:

@@ -21,7 +21,9 @@ import torch
 from perflab.config import RunConfig
 from perflab.harness.loop import run_steps
 from perflab.harness.timers import NullTimer
-from perflab.memory.activations import ActivationAccounting
+from perflab.levers.optimizer import eight_bit_state_bytes
+from perflab.errors import is_out_of_memory
+from perflab.memory.activations import ActivationAccounting, saved_under_autocast
 from perflab.memory.breakdown import Breakdown
 from perflab.memory.timeline import CATEGORIES, allocator_increase_mb, category_timeline, profiler_options
 from perflab.pipeline import load, prepared, resolve_config, resolve_device
@@ -87,14 +89,46 @@ def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise:
             model_states = [*plan.eager_model.parameters(), *_optimizer_state(plan.optimizer)]
             model_states_mb = _storages_mb(model_states) + _storages_mb(p.grad for p in plan.eager_model.parameters())
             breakdown = _breakdown(cfg, device, plan, prof, saved, model_states_mb, snapshot)
+            breakdown.optimizer_state_8bit_share = _eight_bit_share(plan.optimizer)
+            if saved is not None:
+                _count_autocast(plan, batches, device, breakdown)
     if limit_mb is not None:
         breakdown.total_mb = limit_mb
         if breakdown.peak_mb > limit_mb:
             raise torch.OutOfMemoryError(
-                f"out of memory under the memory limit of {limit_mb:.1f} MiB ({LIMIT_ENV} or --memory-limit-mb): "
-                f"tried to allocate {breakdown.peak_mb - limit_mb:.2f} MiB over it; the step's peak is "
-                f"{breakdown.peak_mb:.1f} MiB")
+                f"out of memory under the memory limit ({LIMIT_ENV} or --memory-limit-mb): tried to allocate "
+                f"{breakdown.peak_mb - limit_mb:.2f} MiB over it; the limit is a total capacity of {limit_mb:.2f} MiB "
+                f"and the step's peak is {breakdown.peak_mb:.1f} MiB")
     return breakdown
+
+
+def _eight_bit_share(optimizer) -> Optional[float]:
+    """An Adam/AdamW's state under torchao's 8-bit optimizer over its size now, tensor by tensor; None for others
+    (or before the state exists)."""
+    if optimizer is None or type(optimizer).__name__ not in ("Adam", "AdamW"):
+        return None
+    state = {tensor.untyped_storage().data_ptr(): tensor for tensor in _optimizer_state(optimizer)}
+    now = sum(t.numel() * t.element_size() for t in state.values())
+    return sum(eight_bit_state_bytes(t.numel(), t.element_size()) for t in state.values()) / now if now else None
+
+
+def _count_autocast(plan, batches, device: torch.device, breakdown: Breakdown) -> None:
+    """A train step at full precision: what bf16 autocast would save for backward, from one more forward under it
+    (after the measured step, so its peak is not the step's); an out-of-memory here only loses that figure."""
+    if plan.mode != "train" or plan.autocast_dtype is not None or plan.custom_step is not None \
+            or plan.step_fn is not None:
+        return
+    batch = next(batches) if plan.batches_on_device else plan.to_device(next(batches))
+    inputs, _ = plan.gpu_transform(batch) if plan.gpu_transform is not None else batch
+    try:
+        breakdown.autocast_activations = saved_under_autocast(plan.eager_model, inputs, device).to_dict()
+    except (RuntimeError, MemoryError) as err:
+        if not is_out_of_memory(err):
+            raise
+        breakdown.notes.append("the forward under bf16 autocast ran out of memory: the bf16 estimate assumes half "
+                               "the activations")
+    finally:
+        gc.collect()
 
 
 def _record_history(snapshot: Optional[Path]) -> None:

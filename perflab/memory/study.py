@@ -9,7 +9,6 @@ half of that batch as well (smaller: they fit when it does); the batch search ru
 from __future__ import annotations
 
 import gc
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -23,7 +22,7 @@ from perflab.memory.fit import PeakFit, fit_batches, fit_peaks
 from perflab.memory.levers import LeverSaving, lever_savings
 from perflab.memory.search import BatchSearch, Probe, find_largest_batch, probe_in_process
 from perflab.memory.step import measure_step, memory_limit_mb
-from perflab.results import write_json_atomic
+from perflab.results import read_json_object, write_json_atomic
 
 SNAPSHOT_FILE = "memory_snapshot.pickle"
 SEARCH_TOLERANCE = 0.02  # the bisection stops within 2% of the largest batch that fits
@@ -123,4 +122,4 @@ def _release_cached_memory() -> None:
 
 
 def load_study(directory: Path) -> dict[str, Any]:
-    return json.loads((Path(directory) / MEMORY_FILE).read_text())
+    return read_json_object(Path(directory) / MEMORY_FILE, "a perflab memory study", "re-run perflab memory")

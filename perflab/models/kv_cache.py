@@ -21,7 +21,7 @@ class DynamicKVCache:
 
     def update(self, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append (batch, heads, T, head_dim) keys and values; return everything cached."""
+        """Append (batch, kv_heads, T, head_dim) keys and values; return everything cached."""
         if self.keys is not None:
             keys, values = torch.cat([self.keys, keys], dim=2), torch.cat([self.values, values], dim=2)
         self.keys, self.values = keys, values
@@ -37,17 +37,18 @@ class DynamicKVCache:
 
 
 class StaticKVCache(nn.Module):
-    """Pre-allocated keys and values in one (2, batch, heads, max_seq, head_dim) buffer, written in place at the
+    """Pre-allocated keys and values in one (2, batch, kv_heads, max_seq, head_dim) buffer, written in place at the
     given positions by one index_copy: in a compiled decode step one kernel per layer writes both (on the H100, a
     1b step ran 224 kernels instead of 244 with separate key and value buffers, each write about 1.1 us).
 
     A buffer (not a plain attribute), so torch.compile treats it as static state it may mutate.
     """
 
-    def __init__(self, batch: int, heads: int, max_seq: int, head_dim: int, dtype: torch.dtype,
+    def __init__(self, batch: int, kv_heads: int, max_seq: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device):
         super().__init__()
-        shape = (2, batch, heads, max_seq, head_dim)
+        # only the key/value heads: with grouped-query attention, heads/kv_heads times less than one per query head
+        shape = (2, batch, kv_heads, max_seq, head_dim)
         self.register_buffer("kv", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
     @property

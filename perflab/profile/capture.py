@@ -6,6 +6,7 @@ calls `after_step`, which advances the profiler's schedule. The Chrome trace lan
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import math
 import os
@@ -17,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity
 
 from perflab import options as option_table
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, writing
 from perflab.hooks import StepHook
 from perflab.options import option
 
@@ -150,7 +151,10 @@ class ProfilerCapture(StepHook):
             self.marks.__exit__(None, None, None)
             self.marks = None
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        profiler.export_chrome_trace(str(self.trace_path))  # torch gzips when the name ends in .gz
+        with writing(self.trace_path, "the trace"):
+            before = _stamp(self.trace_path)  # an earlier run's trace (--overwrite) must not pass for this one's
+            profiler.export_chrome_trace(str(self.trace_path))  # torch gzips when the name ends in .gz
+            check_written(self.trace_path, before)
         self.written = True
         if self.trace_path.name == self.options.trace_name:  # rank 0 only: torch's matcher where it exists
             from perflab.diagnose.torch_matcher import save_torch_matches  # diagnose imports profile: no cycle
@@ -165,6 +169,40 @@ class ProfilerCapture(StepHook):
         result.notes.append(f"profiled: steps {self.options.wait + self.options.warmup + 1}-"
                             f"{self.options.steps_needed} of the first trial are in {self.trace_path.name}; "
                             "the profiler slows those steps, so compare timings with `perflab run`")
+
+
+def check_written(path: Path, before: Optional[tuple[int, int]]) -> None:
+    """Raise the OSError behind a trace the profiler failed to write. Kineto writes <path>.tmp in C++, renames it
+    when complete and says nothing when the disk is full: then `path` is missing (or still an earlier run's), and
+    appending to the cut-short .tmp names the cause (ENOSPC, EFBIG)."""
+    if path.suffix == ".gz" or (_stamp(path) not in (None, before) and _ends_json(path)):
+        return
+    partial = path.with_name(path.name + ".tmp")
+    if partial.is_file():
+        try:
+            with open(partial, "ab") as trace:  # where the profiler's write failed, this one fails too
+                trace.write(b" " * 65536)
+                trace.flush()
+                os.fsync(trace.fileno())
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, str(path)) from None
+        finally:
+            partial.unlink(missing_ok=True)
+    raise OSError(errno.EIO, "the profiler did not write it completely (is the disk full?)", str(path))
+
+
+def _stamp(path: Path) -> Optional[tuple[int, int]]:
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    return status.st_ino, status.st_mtime_ns
+
+
+def _ends_json(path: Path) -> bool:
+    with open(path, "rb") as trace:
+        trace.seek(max(0, path.stat().st_size - 64))
+        return trace.read().rstrip().endswith((b"}", b"]"))
 
 
 def rank_trace_name(name: str, rank: int) -> str:

@@ -6,7 +6,7 @@
 """
 
 from perflab.quality.gate import (  # noqa: F401
-    INFER_RTOL, TRAIN_LOSS_RTOL, ROUNDING_NOISE, NOISE_FACTOR, BASELINE, precision_tolerance,
+    INFER_RTOL, TRAIN_LOSS_RTOL, ROUNDING_NOISE, NOISE_FACTOR, MAX_NOISE_WIDENING, BASELINE, precision_tolerance,
     run_model_gate, run_candidate, with_noise_floor, gate_plan, Observed, observe_output, observe,
     top1_flips, judge_outputs, judge_losses
 )

@@ -42,6 +42,10 @@ TRAIN_LOSS_RTOL = {"fp32": 1e-4, "tf32": 2e-3, "bf16": 1e-2, "fp16": 1e-2}
 # weights nudged at fp32 rounding level, and allows NOISE_FACTOR x the largest loss delta that run shows.
 ROUNDING_NOISE = 2.0**-23
 NOISE_FACTOR = 3.0
+# How far the noise floor may widen the precision tolerance and still leave a verdict. Past this factor the training
+# is so chaotic that a broken lever's loss hides in its own noise: a delta between the precision tolerance and the
+# widened one is then "inconclusive", never a pass (docs/quality.md, "The noise floor").
+MAX_NOISE_WIDENING = 10.0
 BASELINE = "fp32 eager, no levers (TF32 off, contiguous, default optimizer), same seed, weights and inputs"
 
 
@@ -73,7 +77,7 @@ def run_model_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
     if cfg.mode == "infer":
         verdict = judge_outputs(baseline, candidate, tolerance["rtol"], tolerance["source"], workload.is_classifier)
     else:
-        verdict = judge_losses(baseline, candidate, tolerance["rtol"], tolerance["source"])
+        verdict = judge_losses(baseline, candidate, tolerance)
     verdict.update(mode=cfg.mode, baseline=BASELINE, candidate={"levers": levers, "precision": cfg.precision},
                    tolerances=tolerance, seconds=round(time.perf_counter() - began, 3))
     verdict["batches" if cfg.mode == "infer" else "steps"] = cfg.quality_steps
@@ -95,13 +99,16 @@ def run_candidate(workload, cfg, device: torch.device) -> tuple[list[str], list[
 
 
 def with_noise_floor(tolerance: dict[str, Any], baseline: list[float], nudged: list[float]) -> dict[str, Any]:
-    """Raise the loss tolerance to NOISE_FACTOR x the baseline's own sensitivity to rounding, if larger."""
+    """Raise the loss tolerance to NOISE_FACTOR x the baseline's own sensitivity to rounding, if larger; record how
+    many times the precision tolerance that is (`widening`)."""
     pairs = list(zip(baseline, nudged))
     finite = all(math.isfinite(a) and math.isfinite(b) for a, b in pairs)
     floor = max(abs(b - a) / abs(a) if a else abs(b - a) for a, b in pairs) if finite else None
-    tolerance = dict(tolerance, precision_rtol=tolerance["rtol"], noise_floor=floor, noise_factor=NOISE_FACTOR)
+    tolerance = dict(tolerance, precision_rtol=tolerance["rtol"], noise_floor=floor, noise_factor=NOISE_FACTOR,
+                     widening=1.0, max_widening=MAX_NOISE_WIDENING)
     if floor is not None and NOISE_FACTOR * floor > tolerance["rtol"]:
-        tolerance.update(rtol=NOISE_FACTOR * floor, source=f"noise floor {NOISE_FACTOR:g} x {floor:.1e}")
+        tolerance.update(rtol=NOISE_FACTOR * floor, source=f"noise floor {NOISE_FACTOR:g} x {floor:.1e}",
+                         widening=NOISE_FACTOR * floor / tolerance["rtol"])
     return tolerance
 
 
@@ -317,8 +324,11 @@ def _top1(baseline: list[Observed], candidate: list[Observed], rtol: float) -> O
             "top1_decisive_flips": decisive}
 
 
-def judge_losses(baseline: list[float], candidate: list[float], rtol: float, source: str) -> dict[str, Any]:
-    """Training verdict: any NaN/inf loss fails; then the relative delta of the final loss."""
+def judge_losses(baseline: list[float], candidate: list[float], tolerance: dict[str, Any]) -> dict[str, Any]:
+    """Training verdict: any NaN/inf loss fails; then the relative delta of the final loss against the tolerance
+    (`precision_tolerance`, maybe widened by `with_noise_floor`). A delta that passes only because the noise floor
+    widened the tolerance past MAX_NOISE_WIDENING is inconclusive."""
+    rtol, source = tolerance["rtol"], tolerance["source"]
     deltas = [abs(c - b) / abs(b) if b else abs(c - b) for b, c in zip(baseline, candidate)]
     gate_figures: dict[str, Any] = {
         "baseline_losses": baseline, "candidate_losses": candidate,
@@ -335,6 +345,12 @@ def judge_losses(baseline: list[float], candidate: list[float], rtol: float, sou
                f"relative delta {deltas[-1]:.2e}")
     if deltas[-1] > rtol:
         return _verdict("fail", f"{summary} > {rtol:.1e} ({source}) tolerance", gate_figures)
+    precision_rtol, widening = tolerance.get("precision_rtol", rtol), tolerance.get("widening", 1.0)
+    if deltas[-1] > precision_rtol and widening > MAX_NOISE_WIDENING:
+        return _verdict("inconclusive", f"{summary} is over the {precision_rtol:.1e} precision tolerance and inside "
+                        f"only the {rtol:.1e} noise floor, {widening:.0f}x wider (more than the "
+                        f"{MAX_NOISE_WIDENING:g}x bound): this training is too chaotic to tell a correct lever from a "
+                        "broken one; check the lever in --mode infer, or set --quality-loss-rtol", gate_figures)
     return _verdict("pass", f"{summary} <= {rtol:.1e} ({source})", gate_figures)
 
 

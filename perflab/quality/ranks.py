@@ -46,7 +46,7 @@ def run_distributed_quality_gate(workload, cfg, device: torch.device) -> dict[st
             nudged = observe(gate_plan(workload, single, device, levers=recipe, perturb_seed=cfg.seed + 1), inputs,
                              single)
             tolerance = with_noise_floor(tolerance, baseline, nudged)
-    verdict = judge_losses(baseline, candidate, tolerance["rtol"], tolerance["source"])
+    verdict = judge_losses(baseline, candidate, tolerance)
     verdict.update(mode=cfg.mode, baseline=BASELINE, world_size=world, steps=cfg.quality_steps,
                    candidate={"levers": levers, "precision": cfg.precision, "ranks": world},
                    tolerances=tolerance, seconds=round(time.perf_counter() - began, 3))

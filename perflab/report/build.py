@@ -1,7 +1,6 @@
 """write_report(DIR): report.md, report.html and plots for a run, a sweep or a comparison directory."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional, Union
 
@@ -11,7 +10,7 @@ from perflab.report.html import markdown_to_html
 from perflab.report.markdown import compare_markdown, run_markdown, sweep_markdown
 from perflab.report.operators import top_ops_plot
 from perflab.plots import latency_histogram, phase_breakdown_plot, sweep_plots
-from perflab.results import RESULT_FILE, Result
+from perflab.results import RESULT_FILE, Result, read_json_object
 from perflab.diagnose import is_serve_result
 from perflab.sweep import SWEEP_JSON, read_rows
 from perflab.compare import load_comparison
@@ -57,7 +56,7 @@ def _run_report(directory: Path, out: Path) -> str:
 def _sweep_report(directory: Path, out: Path) -> str:
     rows = read_rows(directory)
     meta_path = directory / SWEEP_JSON
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"axes": []}
+    meta = read_json_object(meta_path, "a sweep record", "re-run the sweep") if meta_path.is_file() else {"axes": []}
     ok = [row for row in rows if row["status"] == "ok"]
     images = _names(sweep_plots(rows, meta.get("axes") or [], out), out) if ok else {}
     environment = None

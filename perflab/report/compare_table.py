@@ -5,10 +5,11 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from perflab.compare import Comparison, MetricChange
+from perflab.compare import ACCEPT, INCONCLUSIVE, NO_CHANGE, NOT_JUDGED, REJECT, Comparison, MetricChange
 from perflab.report.terminal import fmt
 
-DECISION_STYLE = {"accept": "bold green", "reject": "bold red", "no significant change": "bold yellow"}
+DECISION_STYLE = {ACCEPT: "bold green", REJECT: "bold red", NO_CHANGE: "bold yellow", NOT_JUDGED: "bold yellow",
+                  INCONCLUSIVE: "bold yellow"}
 
 
 def _value(value, unit: str) -> str:
@@ -34,7 +35,8 @@ def comparison_table(comparison: Comparison) -> Table:
     table.add_column("signif.", justify="right", min_width=6)
     for m in comparison.metrics:
         change = "n/a" if m.change_pct is None else f"{m.change_pct:+.1f}%"
-        interval = "—" if m.ci_low_pct is None else f"{m.ci_low_pct:+.1f}% … {m.ci_high_pct:+.1f}%"
+        interval = (m.interval_note or "—") if m.ci_low_pct is None else \
+            f"{m.ci_low_pct:+.1f}% … {m.ci_high_pct:+.1f}%"
         table.add_row(f"{m.name} ({m.unit})", _value(m.base, m.unit), _value(m.candidate, m.unit), change,
                       interval, _significance(m))
     quality = comparison.quality

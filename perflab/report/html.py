@@ -23,7 +23,7 @@ pre { background: #f6f8fa; padding: 10px; overflow-x: auto; border-radius: 6px; 
 pre code { background: none; padding: 0; }
 img { max-width: 100%; height: auto; display: block; margin: 1em 0; border: 1px solid #eaeef2; }
 h2.decision-accept { color: #1a7f37; } h2.decision-reject { color: #cf222e; }
-h2.decision-no-significant-change { color: #9a6700; }
+h2.decision-no-significant-change, h2.decision-not-judged, h2.decision-inconclusive { color: #9a6700; }
 footer { margin-top: 3em; color: #656d76; font-size: 12px; }
 """
 _IMG_SRC = re.compile(r'<img src="([^"]+)"')

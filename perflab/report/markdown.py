@@ -4,9 +4,10 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from perflab.harness.phases import phase_sort_key
-from perflab.results.metrics import Metrics
+from perflab.harness.stats import interval_text
+from perflab.results.metrics import Generation, Metrics
 from perflab.report.terminal import fmt as num
-from perflab.report.terminal import memory_row, run_title
+from perflab.report.terminal import add_generation_rows, memory_row, run_title
 from perflab.results import Result
 from perflab.sweep import best_points
 from perflab.report.diagnosis import diagnosis_markdown
@@ -73,17 +74,32 @@ def _phase_rows(metrics: Metrics) -> list[list[str]]:
     return [[name, num(phases[name], 3), num(shares.get(name), 1, "%")] for name in names]
 
 
+class _Rows(list):
+    """Rows collected by the terminal's row builders (they call add_row, as on a rich Table)."""
+
+    def add_row(self, *cells: str) -> None:
+        self.append(list(cells))
+
+
+def generation_rows(generation: Generation) -> list[list[str]]:
+    """The generation figures of a run (TTFT, TPOT, ITL, tokens/s, bandwidth bound, speculative, goodput), in the
+    words of the terminal summary."""
+    rows = _Rows()
+    add_generation_rows(rows, generation)
+    return list(rows)
+
+
 def run_summary_rows(result: Result) -> list[list[str]]:
     m = result.metrics
     tp = m.throughput_samples_per_s
     lat = m.latency_ms
-    rows = [["throughput", f"{num(tp.median)} samples/s (95% CI {num(tp.ci95_low)}–"
-                           f"{num(tp.ci95_high)}; spread {num(tp.range_pct)}% over {tp.n} trials)"],
+    rows = [["throughput", f"{num(tp.median)} samples/s ({interval_text(tp.ci95_low, tp.ci95_high, tp.n, num)}; "
+                           f"spread {num(tp.range_pct)}% over {tp.n} trials)"],
             ["step latency", f"p50 {num(lat.p50, 2)} ms · p95 {num(lat.p95, 2)} ms · p99 {num(lat.p99, 2)} ms"]]
     flops = m.flops
     if flops is not None and flops.per_sample:
         mfu = f"{num(flops.mfu_pct)}% of {num(flops.peak_tflops)} TFLOP/s ({flops.peak_source})" \
-            if flops.mfu_pct is not None else f"n/a ({flops.peak_source})"
+            if flops.mfu_pct is not None else f"n/a ({flops.note or flops.peak_source})"
         rows.append(["compute", f"{num(flops.per_sample / 1e9, 3)} GFLOP/sample · "
                                 f"{num(flops.achieved_tflops, 3)} TFLOP/s achieved · MFU {mfu}"])
     memory = memory_row(m)
@@ -96,6 +112,8 @@ def run_summary_rows(result: Result) -> list[list[str]]:
     if m.cost_per_million_samples is not None:
         rows.append(["cost", f"{num(m.cost_per_million_samples, 3)} per million samples at "
                              f"{result.config.get('gpu_cost_per_hour'):g} per hour (--gpu-cost-per-hour)"])
+    if m.generation is not None:  # TTFT, TPOT, tokens/s, the share of the bandwidth bound: as the terminal shows them
+        rows += generation_rows(m.generation)
     rows.append(["levers", ", ".join(result.levers) or "none (baseline)"])
     warm = f"{num(m.warmup_s, 2)} s"
     if m.compile_s is not None:
@@ -167,7 +185,8 @@ def sweep_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], images: dic
         star = " ★" if best and row["key"] == best["key"] else ""
         point_rows.append([str(row["index"])] + [cell(row["params"].get(p)) for p in params] + [
             row["status"] + star, num(row.get("throughput")) if ok else "",
-            f"{num(row.get('throughput_ci_low'))}–{num(row.get('throughput_ci_high'))}" if ok else "",
+            interval_text(row.get("throughput_ci_low"), row.get("throughput_ci_high"), row.get("trials"),
+                          num).removeprefix("95% CI ") if ok else "",
             num(row.get("p50_ms"), 2) if ok else "", num(row.get("p95_ms"), 2) if ok else "",
             num(row.get("peak_memory_mb"), 0) if ok else "", num(row.get("gpu_util_pct")) if ok else "",
             num(row.get("mfu_pct")) if ok else "", cell(row.get("quality")) if ok else cell(row.get("error"))])
@@ -199,7 +218,8 @@ def compare_markdown(comparison, images: dict[str, str]) -> str:
         significant = {True: "yes, better" if m.improved else "yes, worse", False: "no", None: "—"}[m.significant]
         metric_rows.append([f"{m.name} ({m.unit})", num(m.base, digits), num(m.candidate, digits),
                             "n/a" if m.change_pct is None else f"{m.change_pct:+.1f}%",
-                            "—" if m.ci_low_pct is None else f"{m.ci_low_pct:+.1f}% … {m.ci_high_pct:+.1f}%",
+                            (m.interval_note or "—") if m.ci_low_pct is None else
+                            f"{m.ci_low_pct:+.1f}% … {m.ci_high_pct:+.1f}%",
                             significant, cell(m.note)])
     q = comparison.quality
     metric_rows.append(["quality", q.get("base_verdict", "—"), q.get("verdict", "—"), "", "", "",

@@ -1,7 +1,9 @@
 """A rich progress bar behind the harness's Reporter hooks."""
 from __future__ import annotations
 
-from typing import Optional
+import time
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -36,3 +38,20 @@ class RichReporter(Reporter):
 
     def note(self, message: str) -> None:
         self.progress.console.print(f"[dim]{message}[/]")
+
+    @contextmanager
+    def stage(self, description: str) -> Iterator[None]:
+        """On a terminal, a bar that pulses with the time spent until the stage ends; piped, one line as it starts
+        and one as it ends (a log gets no redrawn bar)."""
+        if not self.console.is_terminal:
+            began = time.perf_counter()
+            self.console.print(description, highlight=False)
+            yield
+            self.console.print(f"{description.split(':')[0]}: done in {time.perf_counter() - began:.1f} s",
+                               highlight=False)
+            return
+        task = self.progress.add_task(description, total=None)
+        try:
+            yield
+        finally:
+            self.progress.update(task, total=1, completed=1)

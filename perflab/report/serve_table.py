@@ -1,85 +1,104 @@
 """The terminal view of a serve result: one row per point, the max QPS, the harness's own capacity."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
+from rich.console import Console, Group
+from rich.markup import escape
 
 from perflab.environment import describe_device
+from perflab.report.fit import Column, fitted_tables
 from perflab.report.terminal import fmt
 from perflab.results import Result
 from perflab.serve.metrics import COMPONENTS
 
 
+def verdict_word(point: dict[str, Any]) -> str:
+    """VALID or INVALID, as LoadGen's summary says it (a result from before validity: pass / fail)."""
+    if "validity" not in point:
+        return "pass" if point["passed"] else "fail"
+    if point.get("loadgen"):  # MLCommons LoadGen issued the queries: its verdict decides
+        return f"{point['loadgen']['validity']} (LoadGen)"
+    return "VALID" if point["validity"]["valid"] else "INVALID"
+
+
 def _verdict(point: dict[str, Any]) -> str:
-    if point["passed"]:
-        return "[green]pass[/]"
-    if point.get("overloaded"):
-        return "[red]overloaded[/]"
-    return "[yellow]harness late[/]" if point.get("harness_late") else "[red]fail[/]"
+    word = verdict_word(point)
+    return f"[green]{word}[/]" if word.startswith(("VALID", "pass")) else f"[red]{word}[/]"
+
+
+def validity_lines(points: list[dict[str, Any]]) -> list[str]:
+    """One line per INVALID point with its reasons, and one per warning flag (plain text)."""
+    lines = []
+    for point in points:
+        validity = point.get("validity") or {}
+        judged = point.get("loadgen")
+        if judged:
+            lines.append(f"point {point['index']} LoadGen {judged['validity']}: p99 {judged.get('p99_ms', math.nan):.2f} "
+                         f"ms, early stopping {'met' if judged.get('early_stopping_met') else 'not met'}; perflab on "
+                         f"the same queries: {'VALID' if validity.get('valid') else 'INVALID'}")
+        if validity.get("reasons"):
+            lines.append(f"point {point['index']} {'perflab: ' if judged else ''}INVALID: "
+                         f"{'; '.join(validity['reasons'])}")
+        lines += [f"point {point['index']} flag: {flag}" for flag in validity.get("flags", [])]
+    return lines
 
 
 def point_row(point: dict[str, Any]) -> list[str]:
     """The cells of one point (also printed as each point finishes)."""
     lat = point["latency_ms"]
-    return [str(point["index"]), fmt(point["offered_qps"], 0), fmt(point["achieved_qps"], 0), fmt(lat["p50"], 2),
+    return [str(point["index"]), fmt(point["offered_qps"], 0), fmt(point.get("realised_offered_qps"), 0),
+            fmt(point["achieved_qps"], 0), fmt(lat["p50"], 2),
             fmt(lat["p90"], 2), fmt(lat["p99"], 2), fmt(lat["p99.9"], 2),
             f"{fmt(point['batch_mean'])} ({fmt(point['batch_fill_pct'], 0)}%)",
             fmt((point.get("gpu") or {}).get("util_mean_pct"), 0), fmt(point.get("cost_per_million_queries"), 3),
             _verdict(point)]
 
 
-POINT_COLUMNS = ("#", "offered q/s", "achieved q/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "batch (fill)",
+POINT_COLUMNS = ("#", "offered q/s", "realised q/s", "achieved q/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "batch (fill)",
                  "GPU %", "cost/1M", "verdict")
 
 
-def serve_table(result: Result) -> Table:
+def serve_table(result: Result, width: int = 200) -> Group:
     serve, cfg = result.metrics.serve, result.config
     settings = serve.settings
     levers = ", ".join(result.levers) or "none"
-    table = Table(title=f"perflab serve · {cfg['workload']} · {serve.scenario} · max batch {settings.max_batch} "
-                        f"· timeout {settings.batch_timeout_ms:g} ms · {settings.instances} instance(s) · "
-                        f"{cfg['precision']} · levers: {levers} · {describe_device(result.environment, cfg['device'])}"
-                        f" · verdict: p99 ≤ {settings.p99_ms:g} ms", title_justify="left")
-    for name in POINT_COLUMNS:
-        table.add_column(name, justify="right")
-    for point in serve.points:
-        table.add_row(*point_row(point))
-    return table
+    title = (f"perflab serve · {cfg['workload']} · {serve.scenario} · max batch {settings.max_batch} "
+             f"· timeout {settings.batch_timeout_ms:g} ms · {settings.instances} instance(s) · "
+             f"{cfg['precision']} · levers: {levers} · {describe_device(result.environment, cfg['device'])}"
+             f" · verdict: p99 ≤ {settings.p99_ms:g} ms")
+    columns = [Column(name, "left" if name == "verdict" else "right") for name in POINT_COLUMNS]
+    return fitted_tables(title, columns, [point_row(point) for point in serve.points], width)
 
 
-def tail_table(result: Result) -> Table:
+def tail_table(result: Result, width: int = 200) -> Group:
     """Where the time of the slowest 1% of queries goes, per point (mean ms of each part)."""
-    table = Table(title="where the p99 tail goes (mean ms per query at or past p99)", title_justify="left")
-    for name in ("#",) + tuple(part.replace("_", " ") for part in COMPONENTS) + ("dispatch delay p99 (batches)",):
-        table.add_column(name, justify="right")
-    for point in result.metrics.serve.points:
-        tail = point["time_ms"]["tail"]
-        table.add_row(str(point["index"]), *[fmt(tail.get(part), 2) for part in COMPONENTS],
-                      fmt((point.get("dispatch_delay_ms") or {}).get("p99_ms"), 2))
-    return table
+    headers = ("#",) + tuple(part.replace("_", " ") for part in COMPONENTS) + ("dispatch delay p99 (batches)",)
+    rows = [[str(point["index"]), *[fmt(point["time_ms"]["tail"].get(part), 2) for part in COMPONENTS],
+             fmt((point.get("dispatch_delay_ms") or {}).get("p99_ms"), 2)] for point in result.metrics.serve.points]
+    return fitted_tables("where the p99 tail goes (mean ms per query at or past p99)",
+                         [Column(name) for name in headers], rows, width)
 
 
-def generation_table(result: Result) -> Table:
+def generation_table(result: Result, width: int = 200) -> Group:
     """Per point of a generation workload: TTFT (from the scheduled arrival), TPOT, ITL, tokens/s, goodput."""
-    table = Table(title="generation per point (TTFT from each request's scheduled arrival: queue wait included)",
-                  title_justify="left")
-    for name in ("#", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "ITL p99 ms", "output tok/s",
-                 "requests/s", "goodput req/s (SLO met)"):
-        table.add_column(name, justify="right")
+    headers = ("#", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "ITL p99 ms", "output tok/s",
+               "requests/s", "goodput req/s (SLO met)")
+    rows = []
     for point in result.metrics.serve.points:
         gen = point.get("generation")
         if not gen:
             continue
         ttft, tpot, itl = (gen.get(key) or {} for key in ("ttft_ms", "tpot_ms", "itl_ms"))
         goodput = gen.get("goodput")
-        table.add_row(str(point["index"]), fmt(ttft.get("p50"), 2), fmt(ttft.get("p99"), 2), fmt(tpot.get("p50"), 2),
-                      fmt(tpot.get("p99"), 2), fmt(itl.get("p99"), 2), fmt(gen["output_tokens_per_s"], 0),
-                      fmt(gen["requests_per_s"], 1),
-                      f"{fmt(goodput['goodput_requests_per_s'], 1)} ({fmt(goodput['requests_meeting_slo_pct'], 0)}%)"
-                      if goodput else "no --slo")
-    return table
+        rows.append([str(point["index"]), fmt(ttft.get("p50"), 2), fmt(ttft.get("p99"), 2), fmt(tpot.get("p50"), 2),
+                     fmt(tpot.get("p99"), 2), fmt(itl.get("p99"), 2), fmt(gen["output_tokens_per_s"], 0),
+                     fmt(gen["requests_per_s"], 1),
+                     f"{fmt(goodput['goodput_requests_per_s'], 1)} ({fmt(goodput['requests_meeting_slo_pct'], 0)}%)"
+                     if goodput else "no --slo"])
+    return fitted_tables("generation per point (TTFT from each request's scheduled arrival: queue wait included)",
+                         [Column(name) for name in headers], rows, width)
 
 
 def capacity_text(capacity: dict[str, Any]) -> str:
@@ -96,10 +115,10 @@ def capacity_text(capacity: dict[str, Any]) -> str:
 def print_serve(console: Console, result: Result) -> None:
     """The points table, the max QPS, the capacity of the harness, the diagnosis headline and notes."""
     serve = result.metrics.serve
-    console.print(serve_table(result))
-    console.print(tail_table(result))
+    console.print(serve_table(result, console.width))
+    console.print(tail_table(result, console.width))
     if any(point.get("generation") for point in serve.points):
-        console.print(generation_table(result))
+        console.print(generation_table(result, console.width))
     if serve.search:
         found = serve.max_qps
         console.print(f"max QPS with p99 ≤ {serve.settings.p99_ms:g} ms: "
@@ -112,11 +131,8 @@ def print_serve(console: Console, result: Result) -> None:
     capacity = serve.capacity
     if capacity:
         console.print(f"harness capacity (no-op model): {capacity_text(capacity)}", highlight=False)
-    late = [str(p["index"]) for p in serve.points if p.get("harness_late")]
-    if late:
-        console.print(f"[yellow]note:[/] the batcher dispatched late on point(s) {', '.join(late)} (dispatch delay "
-                      f"p99 > {serve.settings.harness_late_ms:g} ms): they measured the harness as much as the "
-                      "model, are not valid and do not pass the search")
+    for line in validity_lines(serve.points):
+        console.print(f"[yellow]{escape(line)}[/]", highlight=False)
     diagnosis = result.diagnosis
     if diagnosis:
         console.print(f"[bold]diagnosis:[/] [bold magenta]{diagnosis['bottleneck']}[/] — {diagnosis['headline']}",

@@ -1,19 +1,20 @@
 """The terminal view of a sweep: one row per point, the best point, the plots and where everything went."""
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+from rich.console import Console, Group
 
+from perflab.report.fit import Column, fitted_tables
 from perflab.report.terminal import fmt
 from perflab.plots import value_text
 from perflab.sweep import SweepSummary
 
 
-def sweep_table(summary: SweepSummary, width: int = 200) -> Table:
+def sweep_table(summary: SweepSummary, width: int = 200) -> Group:
     """Every point: its swept values, status, quality, throughput, latency, peak memory and MFU; ★ marks the best.
 
     One column per swept option when they fit in `width`; otherwise the point's label in one column that
-    wraps, so the numbers keep their full width (a number cut to "12,…" reads as nothing)."""
+    wraps; columns that still do not fit go to a second table under the first, so every number stays whole
+    (a number cut to "12,…" reads as nothing)."""
     rows = summary.rows
     params = list(dict.fromkeys(name for row in rows for name in row["params"]))
     show_mfu = any(row.get("mfu_pct") is not None for row in rows if row["status"] == "ok")
@@ -28,18 +29,12 @@ def sweep_table(summary: SweepSummary, width: int = 200) -> Table:
     one_point_column = _width_needed({**index, **swept, **measured}) > width
     if one_point_column:
         swept = {"point": [row["label"] for row in rows]}
-    table = Table(title=f"sweep · {len(rows)} points · {summary.out}", title_justify="left")
-    table.add_column("#", justify="right", no_wrap=True)
-    for header in swept:
-        if one_point_column:
-            table.add_column(header, overflow="fold")  # the one column that wraps
-        else:
-            table.add_column(header, justify="right", no_wrap=True)
-    for header in measured:
-        table.add_column(header, justify="right", no_wrap=True)
-    for cells in zip(*index.values(), *swept.values(), *measured.values()):
-        table.add_row(*cells)
-    return table
+    columns = [Column("#"), *[Column(header, "left", wraps=True) if one_point_column else Column(header)
+                              for header in swept], *[Column(header) for header in measured]]
+    cells = [list(row) for row in zip(*index.values(), *swept.values(), *measured.values())]
+    key_columns = 2 if one_point_column else 1 + len(swept)
+    return fitted_tables(f"sweep · {len(rows)} points · {summary.out}", columns, cells, width,
+                         key_columns=key_columns if _width_needed({**index, **swept}) < width // 2 else 1)
 
 
 def _is_best(summary: SweepSummary, row: dict) -> bool:

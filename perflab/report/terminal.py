@@ -8,6 +8,7 @@ from rich.table import Table
 
 from perflab.environment import describe_device
 from perflab.harness.phases import phase_sort_key
+from perflab.harness.stats import interval_text
 from perflab.results.metrics import Generation, Latency, Metrics
 from perflab.results import Result
 
@@ -53,9 +54,9 @@ def result_table(result: Result) -> Table:
     table = Table(title=run_title(result), title_justify="left", show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value")
-    table.add_row("throughput", f"{fmt(throughput.median)} samples/s  (95% CI {fmt(throughput.ci95_low)}"
-                  f"–{fmt(throughput.ci95_high)}, spread {fmt(throughput.range_pct)}% over "
-                  f"{throughput.n} trials)")
+    interval = interval_text(throughput.ci95_low, throughput.ci95_high, throughput.n, fmt)
+    table.add_row("throughput", f"{fmt(throughput.median)} samples/s  ({interval}, spread "
+                  f"{fmt(throughput.range_pct)}% over {throughput.n} trials)")
     if m.steps_per_s is not None:  # a script run: steps found in the script, the first --warmup of them not timed
         table.add_row("steps", f"{fmt(m.steps_per_s, 2)} steps/s · {result.trials[0].steps} "
                       f"timed of {m.steps_seen} (warm-up {result.config.get('warmup')}) · "
@@ -69,7 +70,7 @@ def result_table(result: Result) -> Table:
     flops = m.flops
     if flops is not None and flops.per_sample:
         mfu = f"MFU {fmt(flops.mfu_pct)}% of {fmt(flops.peak_tflops)} TFLOP/s ({flops.peak_source})" \
-            if flops.mfu_pct is not None else f"MFU n/a: {flops.peak_source}"
+            if flops.mfu_pct is not None else f"MFU n/a: {flops.note or flops.peak_source}"
         table.add_row("compute", f"{fmt(flops.per_sample / 1e9, 3)} GFLOP/sample · "
                       f"{fmt(flops.achieved_tflops, 3)} TFLOP/s achieved · {mfu}")
     memory = memory_row(m)

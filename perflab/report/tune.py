@@ -2,13 +2,12 @@
 after, predicted against measured gain, and the recipe. report.html is rendered from the same Markdown."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
 from perflab.report.markdown import cell, config_table, environment_table, image, num, table
 from perflab.plots import phase_breakdown_plot, waterfall_plot
-from perflab.results import RESULT_FILE, Result
+from perflab.results import RESULT_FILE, Result, read_json_object
 from perflab.tune.output import objective_figure
 from perflab.tune.output import TUNE_JSON
 
@@ -126,5 +125,5 @@ def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str])
 
 def tune_report(directory: Path, out: Path) -> str:
     """The Markdown of a tune directory (its tune.json), writing its plots into `out`."""
-    meta = json.loads((directory / TUNE_JSON).read_text())
+    meta = read_json_object(directory / TUNE_JSON, "a perflab tune record", "re-run perflab tune")
     return tune_markdown(directory, meta, tune_images(directory, meta, out))

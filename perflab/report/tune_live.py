@@ -7,9 +7,9 @@ from typing import Any, Optional
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
+from perflab.report.fit import Column, fitted_tables
 from perflab.report.terminal import fmt
 from perflab.tune.driver import TuneObserver
 from perflab.tune.output import objective_figure
@@ -30,7 +30,8 @@ def _decision_text(row: dict[str, Any]) -> str:
         return "[bold]start[/]"
     if decision["kept"]:
         return "[bold green]confirmed, kept[/]" if row.get("stage") == "confirm" else "[bold green]kept[/]"
-    return f"[red]{escape(decision['verdict'])}[/]"
+    style = "red" if decision.get("judged", True) else "yellow"  # not judged is no loss: shown as such
+    return f"[{style}]{escape(decision['verdict'])}[/]"
 
 
 def _gain(row: dict[str, Any]) -> str:
@@ -66,20 +67,19 @@ class LiveTuneTable(TuneObserver):
         self.live.stop()
 
     def _render(self) -> Group:
-        table = Table(title="perflab tune", title_justify="left", show_lines=False)
-        for name, justify in (("trial", "left"), ("lever", "left"), (self.unit, "right"),
-                              ("predicted", "right"), ("measured (95% CI)", "right"), ("quality", "left"),
-                              ("decision", "left"), ("wall s", "right")):
-            table.add_column(name, justify=justify)
+        columns = [Column("trial", "left", wraps=True), Column("lever", "left", wraps=True), Column(self.unit),
+                   Column("predicted"), Column("measured (95% CI)"), Column("quality", "left", wraps=True),
+                   Column("decision", "left", wraps=True), Column("wall s")]
+        rows = []
         for row, reused in self.rows:
             predicted = row.get("predicted_gain_pct")
-            table.add_row(row["name"] + (" [dim](recorded)[/]" if reused else ""), escape(row["label"]),
-                          self._figure(row), "" if predicted is None else f"{predicted:+.0f}%", _gain(row),
-                          escape(str((row.get("decision") or {}).get("quality") or row.get("quality") or "")),
-                          _decision_text(row), fmt(row.get("wall_s"), 0))
+            rows.append([row["name"] + (" [dim](recorded)[/]" if reused else ""), escape(row["label"]),
+                         self._figure(row), "" if predicted is None else f"{predicted:+.0f}%", _gain(row),
+                         escape(str((row.get("decision") or {}).get("quality") or row.get("quality") or "")),
+                         _decision_text(row), fmt(row.get("wall_s"), 0)])
         status = Text(f"running {self.running} … ({time.perf_counter() - self.began:.0f} s so far)",
                       style="dim") if self.running else Text("")
-        return Group(table, status)
+        return Group(fitted_tables("perflab tune", columns, rows, self.console.width), status)
 
     def _figure(self, row: dict[str, Any]) -> str:
         if row["kind"] == "profile" and self.figure != "throughput":

@@ -110,16 +110,29 @@ class Result:
     def load(cls, path: Union[str, Path]) -> "Result":
         """Load a result from a run directory or a result.json file."""
         path = resolve_result_path(path)
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise PerflabError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}); "
-                               "the run may have been interrupted: re-run it") from None
-        if not isinstance(data, dict):
-            raise PerflabError(f"{path} is not a perflab result (expected a JSON object)")
+        data = read_json_object(path, "a perflab result", "the run may have been interrupted: re-run it")
         result = cls.from_dict(data, source=str(path))
         result.path = str(path)
         return result
+
+
+JSON_KINDS = {str: "a string", list: "a list", int: "a number", float: "a number", bool: "true/false",
+              type(None): "null"}
+
+
+def read_json_object(path: Union[str, Path], what: str, remedy: str) -> dict[str, Any]:
+    """The JSON object saved at `path`; PerflabError (one line: the file, what is wrong, `remedy`) when the file is
+    not JSON or holds something else (a string, a list)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise PerflabError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}); {remedy}") from None
+    except UnicodeDecodeError:
+        raise PerflabError(f"{path} is not a text file, so not {what}; {remedy}") from None
+    if not isinstance(data, dict):
+        found = JSON_KINDS.get(type(data), type(data).__name__)
+        raise PerflabError(f"{path} is not {what} (expected a JSON object, found {found}); {remedy}")
+    return data
 
 
 def resolve_result_path(path: Union[str, Path]) -> Path:
@@ -144,8 +157,10 @@ def atomic_file(path: Union[str, Path]) -> Iterator[Path]:
     try:
         yield Path(temp)
         os.replace(temp, path)
-    except BaseException:
+    except BaseException as err:
         Path(temp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:  # a failed write() names no file: name the one meant
+            err.filename = str(path)
         raise
 
 

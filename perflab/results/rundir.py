@@ -176,11 +176,11 @@ def remove_stale(path: Path, stale: dict[str, tuple[int, int]]) -> None:
 def _create_and_lock(path: Path, stack: ExitStack) -> bool:
     """Check `path`, create it if needed and take its lock (held until `stack` closes); True if it was created here.
     A refused lock raises PerflabError and never removes anything: the folder is the holder's."""
-    check_out_path(path)
-    if path.exists() and not path.is_dir():
-        raise PerflabError(f"--out {path} exists and is not a directory; choose another --out")
     created = False
     try:
+        check_out_path(path)  # a name too long for the file system fails here, in the first stat
+        if path.exists() and not path.is_dir():
+            raise PerflabError(f"--out {path} exists and is not a directory; choose another --out")
         try:
             path.mkdir(parents=True)  # atomic: of two commands started together, one creates the folder
             created = True

@@ -27,6 +27,7 @@ from torch.nn.modules import module as torch_module
 from torch.optim import optimizer as torch_optimizer
 from torch.utils.data import dataloader as torch_dataloader
 
+from perflab.harness.calls import floating_tensors
 from perflab.profile.markers import listen_for_step_ends, mark
 from perflab.script.steps import StepDetector
 from perflab.script.timeline import StepTimeline
@@ -122,6 +123,9 @@ class ScriptProbe:
         self.optimizer_steps = 0
         self.batches = 0
         self.copies = 0  # host-to-device copies timed
+        # what the last step computed, read once after the script (never inside a step: no sync there)
+        self.last_loss: Optional[torch.Tensor] = None  # the tensor the last .backward() was called on
+        self.last_output: Any = None  # the outermost model's last output, detached
         self.previous_step_listener = None
 
     def __enter__(self) -> "ScriptProbe":
@@ -211,6 +215,8 @@ class ScriptProbe:
     def _model_call_ends(self, module: torch.nn.Module, args, kwargs, output) -> None:
         if _compiling():
             return
+        if self.model_depth == 1:
+            self.last_output = _detached(output)
         if self.model_depth == 1 and self.forward_phase is not None:
             self.forward_phase.close()
             self.forward_phase = None
@@ -271,9 +277,21 @@ class ScriptProbe:
         probe = self
 
         def backward(tensor, *args, **kwargs):
+            probe.last_loss = tensor.detach()
             with probe.timeline.phase("backward"), mark("backward"):
                 return original(tensor, *args, **kwargs)
         return backward
+
+    def non_finite_reason(self) -> Optional[str]:
+        """Why the script's last step is unusable: its loss (or, without a backward, its model outputs) holds
+        NaN/inf. Read once, after the script has ended."""
+        what, value = ("loss", self.last_loss) if self.last_loss is not None else ("model outputs", self.last_output)
+        bad = sum(int((~torch.isfinite(tensor)).sum()) for tensor in floating_tensors(value)) if value is not None \
+            else 0
+        if not bad:
+            return None
+        return (f"the script's last {what} hold {bad} NaN/inf value(s): timings of a diverged model are not "
+                "meaningful (check the learning rate, the loss and the inputs; fp16 overflows at 65504)")
 
     def _step_mark_closed(self) -> None:
         self.detector.step_mark_closed()
@@ -288,3 +306,8 @@ def _leading_dim(call: Any) -> Optional[int]:
     """Dimension 0 of the first tensor in a module call's arguments (its batch size, usually)."""
     tensors = tensors_in(call)
     return int(tensors[0].shape[0]) if tensors and tensors[0].dim() > 0 else None
+
+
+def _detached(output: Any) -> Any:
+    """The floating tensors of a model's output, detached (so the autograd graph is not kept alive by perflab)."""
+    return [tensor.detach() for tensor in floating_tensors(output)]

@@ -98,6 +98,10 @@ def run_script(command: ScriptCommand, out_dir: Union[str, Path], warmup: int = 
         result.status = "interrupted"
         result.status_reason = f"interrupted (Ctrl-C) after {timeline.boundaries} steps; the figures cover those"
         result.notes.append(result.status_reason)
+    else:
+        diverged = probe.non_finite_reason()
+        if diverged:  # as `perflab run` marks a built-in workload that diverged: saved, never a valid measurement
+            result.status, result.status_reason = "invalid", diverged
     if trace_text is not None:
         result.notes.append(f"the script raised {trace_text.strip().splitlines()[-1]}")
     if profiler is not None:

@@ -35,14 +35,19 @@ class ServeConfig:
     search_tolerance_pct: float = option("--search-tolerance-pct", float, "the search stops when the bracket around "
                                          "the max QPS is narrower than this, in percent (default: 5)", LOAD, 5.0,
                                          above=0, metavar="PCT", commands=SERVE_AND_TUNE)
-    duration_s: float = option("--duration", float, "seconds of load per point (default: 1)", LOAD, 1.0, above=0,
-                               metavar="SECONDS", commands=SERVE_AND_TUNE)
-    min_queries: int = option("--min-queries", int, "queries per point at least, so a short lucky run cannot pass "
-                              "(default: 64)", LOAD, 64, minimum=1, metavar="N", commands=SERVE_AND_TUNE)
+    duration_s: float = option("--duration", float, "seconds of load per point at least: a shorter point is INVALID "
+                               "(default: 2)", LOAD, 2.0, above=0, metavar="SECONDS", commands=SERVE_AND_TUNE)
+    min_queries: int = option("--min-queries", int, "queries per point at least, so a short lucky run cannot pass; a "
+                              "p99 needs 459 with none late for early stopping to pass, 1,024 let up to 3 be late "
+                              "(default: 1024)", LOAD, 1024, minimum=1, metavar="N", commands=SERVE_AND_TUNE)
     schedule_seed: int = option("--schedule-seed", int, "seed of the Poisson arrival times (default: 0)", LOAD, 0,
-                                metavar="N", commands=SERVE)
+                                minimum=0, maximum=options.MAX_SEED, metavar="N", commands=SERVE)
     sample_seed: int = option("--sample-seed", int, "seed of the order samples are drawn in (default: 0)", LOAD, 0,
-                              metavar="N", commands=SERVE)
+                              minimum=0, maximum=options.MAX_SEED, metavar="N", commands=SERVE)
+    loadgen: bool = option("--loadgen", bool, "MLCommons LoadGen itself issues the queries and judges each point "
+                           "(its Server, Offline and SingleStream scenarios) in front of the same batcher and model: "
+                           "MLPerf-comparable numbers; needs pip install 'perflab[loadgen]'", LOAD, False,
+                           commands=SERVE)
     max_batch: Optional[int] = option("--batcher-max-batch", int, "largest batch the batcher forms (default: the "
                                       "workload's batch size on this device; formerly --max-batch)", BATCHER,
                                       minimum=1, metavar="N", commands=SERVE_AND_TUNE, deprecated=("--max-batch",))

@@ -20,6 +20,7 @@ from perflab.pipeline import (describe_workload, load, new_result, out_of_memory
                               resolve_config, resolve_device)
 from perflab.results.metrics import Serve, ServeSettings
 from perflab.results import Result
+from perflab.serve import mlcommons
 from perflab.serve.capacity import measure_capacity
 from perflab.serve.config import ServeConfig
 from perflab.serve.engine import ModelEngine, batch_shapes
@@ -73,6 +74,8 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
           on_point: Callable[[dict], None] = lambda point: None, command: Optional[list[str]] = None) -> Result:
     """Serve a workload under the scenario of `serve_cfg`; `engines` replaces the model (tests, capacity)."""
     serve_cfg.validate()
+    if serve_cfg.loadgen:
+        mlcommons.bindings()  # one line saying what to install, before any model is built
     cfg = serve_run_config(run_cfg, serve_cfg, workload)
     device = resolve_device(cfg.device)
     with out_of_memory_as_result(cfg.replace(out=str(out)) if out is not None else cfg, device, command):
@@ -121,7 +124,8 @@ def _serve(cfg: RunConfig, serve_cfg: ServeConfig, device, out: Optional[Union[s
         session.save()
         run_scenario(session, estimate)
         session.record.complete = True
-        result.status, result.status_reason = "complete", ""
+        # NaN/inf outputs make the result invalid, as `perflab run` treats a diverged model (exit 1)
+        result.status, result.status_reason = ("invalid", session.non_finite) if session.non_finite else ("complete", "")
         _diagnose(result)
         session.save()
     if prep is not None and prep.pristine is not None:  # after the model is released: the gate builds its own

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from perflab.harness.calls import call_model, count_non_finite
 from perflab.harness.plan import StepPlan
 from perflab.serve.pool import BatchCopier, SamplePool, batch_buffer, flat_tensors, rebuild
 
@@ -61,6 +62,7 @@ class ModelEngine:
         self.output_buffers: Optional[list[Optional[torch.Tensor]]] = None  # host rows, made at the first batch
         self.graphs: Optional[dict[int, tuple[torch.cuda.CUDAGraph, Any]]] = {} if graphs else None
         self.padded_samples = 0
+        self.last_results: Any = None  # the last batch's rows on the host: checked for NaN/inf after each point
         with self._on_stream():  # every row holds a real sample from the start: padding is never garbage
             self._copy_in(np.arange(max_batch) % pool.count)
         if self.cuda:
@@ -70,8 +72,13 @@ class ModelEngine:
         return torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
 
     def _forward(self, inputs: Any) -> Any:
+        """The model on a batch, called as `perflab run` calls it (dict -> keywords, tuple -> positional)."""
         with self.plan.autocast():
-            return self.plan.model(inputs)
+            return call_model(self.plan.model, inputs)
+
+    def non_finite_outputs(self) -> int:
+        """NaN/inf values in the last batch's results on the host (read after a point, never inside it)."""
+        return count_non_finite(self.last_results) if self.last_results is not None else 0
 
     def inputs(self, size: int) -> Any:
         """The model input of a batch of `size`: views of the first rows of the input buffers (made once)."""
@@ -155,6 +162,7 @@ class ModelEngine:
         return began.elapsed_time(copied) / 1000, computed.elapsed_time(done) / 1000
 
     def _hand_back(self, sample_ids: np.ndarray, host: Any) -> None:
+        self.last_results = host
         if self.on_results is not None:
             self.on_results(sample_ids, host)
 

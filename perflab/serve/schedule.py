@@ -7,24 +7,31 @@ import math
 import numpy as np
 
 
-def poisson_arrivals(rate_qps: float, duration_s: float, min_queries: int, seed: int) -> np.ndarray:
-    """Arrival times in seconds from 0: exponential gaps of mean 1/rate, until both `duration_s` has passed
-    and `min_queries` have arrived (LoadGen's two minimums)."""
+UNIT_CHUNK = 4096  # unit-rate gaps are drawn in chunks of this many, so every rate reads the same stream
+
+
+def unit_arrivals(count: int, seed: int) -> np.ndarray:
+    """The first `count` arrivals of one seed's Poisson process at 1 query/s (the first at 0). The gaps are drawn in
+    fixed chunks from one generator, so a longer schedule extends a shorter one: the same seed, scaled, gives every
+    rate the same pattern of gaps (LoadGen scales one seed's schedule to each rate)."""
     rng = np.random.default_rng(seed)
+    chunks = math.ceil(count / UNIT_CHUNK)
+    gaps = np.concatenate([rng.exponential(1.0, size=UNIT_CHUNK) for _ in range(chunks)])[:count]
+    return np.cumsum(gaps) - gaps[0]
+
+
+def poisson_arrivals(rate_qps: float, duration_s: float, min_queries: int, seed: int) -> np.ndarray:
+    """Arrival times in seconds from 0: one seed's unit-rate arrivals divided by the rate, until both `duration_s`
+    has been reached (the last query is scheduled at or past it) and `min_queries` have arrived (LoadGen's two
+    minimums). Two rates of one seed differ only by the scale: arrivals(r1) * r1 == arrivals(r2) * r2."""
     count = max(min_queries, math.ceil(rate_qps * duration_s * 1.2) + 16)
-    gaps = rng.exponential(1.0 / rate_qps, size=count)
-    times = np.cumsum(gaps) - gaps[0]  # the first query arrives at 0
-    while times[-1] < duration_s:  # rare: the draw ran short of the duration
-        more = np.cumsum(rng.exponential(1.0 / rate_qps, size=count)) + times[-1]
-        times = np.concatenate([times, more])
-    within = int(np.searchsorted(times, duration_s, side="left"))
-    return times[:max(within, min_queries)]
-
-
-def offline_arrivals(rate_hint_qps: float, duration_s: float, min_queries: int) -> np.ndarray:
-    """Every query available at 0: enough of them to keep the model busy for about `duration_s` at the
-    expected throughput `rate_hint_qps`, and at least `min_queries`."""
-    return np.zeros(max(min_queries, math.ceil(rate_hint_qps * duration_s)))
+    while True:
+        times = unit_arrivals(count, seed) / rate_qps
+        if times[-1] >= duration_s:
+            break
+        count *= 2  # rare: the draw ran short of the duration
+    reached = int(np.searchsorted(times, duration_s, side="left")) + 1  # the first query at or past the duration
+    return times[:max(reached, min_queries)]
 
 
 def sample_order(queries: int, samples: int, seed: int) -> np.ndarray:

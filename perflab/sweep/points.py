@@ -134,6 +134,7 @@ def result_row(result: Result) -> dict[str, Any]:
         "throughput": throughput.median,
         "throughput_ci_low": throughput.ci95_low,
         "throughput_ci_high": throughput.ci95_high,
+        "trials": throughput.n,
         "p50_ms": latency.p50,
         "p95_ms": latency.p95,
         "p99_ms": latency.p99,
@@ -142,6 +143,8 @@ def result_row(result: Result) -> dict[str, Any]:
         "gpu_util_pct": m.gpu.util_mean_pct if m.gpu else None,
         "mfu_pct": m.flops.mfu_pct if m.flops else None,
         "quality": (result.quality or {}).get("verdict"),
+        "quality_reason": (result.quality or {}).get("reason"),
+        "busy": bool(m.interference and m.interference.busy),  # timed beside other busy processes
         "world_size": result.world_size,
     }
 
@@ -164,6 +167,8 @@ def read_rows(path: Union[str, Path]) -> list[dict[str, Any]]:
             if number == len(lines):
                 break  # interrupted while appending: that point was not finished
             raise PerflabError(f"{path} line {number} is not valid JSON; delete that line and resume") from None
+        if not isinstance(row, dict) or "key" not in row:
+            raise PerflabError(f"{path} line {number} is not a sweep point; delete that line and resume")
         rows[row["key"]] = row
     return sorted(rows.values(), key=lambda row: row["index"])
 
@@ -235,6 +240,8 @@ class Sweep:
         try:
             recorded = json.loads(meta_path.read_text())
         except (OSError, ValueError):
+            return
+        if not isinstance(recorded, dict):
             return
         old_axes, new_axes = list(recorded.get("axes") or []), self.axes
         swept = set(old_axes) | set(new_axes)

@@ -27,7 +27,14 @@ from perflab.sweep.points import SweepObserver, SweepSummary, run_sweep, swept_a
 SCALE_JSON = "scale.json"
 SCALE_CSV = "scaling.csv"
 SCALE_COLUMNS = ["label", "status", "nproc", "world_size", "throughput", "per_rank_throughput", "efficiency_pct",
-                 "p50_ms", "peak_memory_mb"]
+                 "p50_ms", "peak_memory_mb", "quality", "flags"]
+# Linear scaling is the ceiling: N ranks cannot do more than N times the work of one, so an efficiency above it
+# says the figures are wrong, not that the ranks were fast.
+EFFICIENCY_CEILING_PCT = 100.0
+OVER_CEILING = ("over 100% cannot be right: the 1-rank point was slowed (a busy machine) or the ranks did "
+                "different work per rank; not a figure to trust")
+BUSY_POINT = "timed on a busy machine: its throughput (and efficiency) is not judged"
+BUSY_BASE = "its 1-rank point was timed on a busy machine: the efficiency is not judged"
 
 
 @dataclass
@@ -78,20 +85,43 @@ def _group_key(row: dict[str, Any]) -> str:
 
 
 def scaling_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each row with world_size, throughput per rank and efficiency against its group's 1-rank point."""
-    single = {_group_key(row): row["throughput"] for row in rows
-              if row["status"] == "ok" and row["params"]["nproc"] == 1}
+    """Each row with world_size, throughput per rank, efficiency against its group's 1-rank point, and the flags
+    that say why a point's figures cannot be trusted (a failed quality gate, a busy machine, efficiency over 100%)."""
+    single = {_group_key(row): row for row in rows if row["status"] == "ok" and row["params"]["nproc"] == 1}
     scaled = []
     for row in rows:
         world = row["params"]["nproc"] * (row["config"].get("nnodes") or 1)
-        row = dict(row, world_size=world, per_rank_throughput=None, efficiency_pct=None)
+        row = dict(row, world_size=world, per_rank_throughput=None, efficiency_pct=None, flags=[])
         base = single.get(_group_key(row))
         if row["status"] == "ok":
             row["per_rank_throughput"] = row["throughput"] / world
-            if base:
-                row["efficiency_pct"] = 100 * row["throughput"] / (world * base)
+            if base and base["throughput"]:
+                row["efficiency_pct"] = 100 * row["throughput"] / (world * base["throughput"])
+            row["flags"] = point_flags(row, base)
         scaled.append(row)
     return scaled
+
+
+def point_flags(row: dict[str, Any], base: Optional[dict[str, Any]]) -> list[str]:
+    """Why a finished point's figures cannot be taken as they stand (empty: nothing to say)."""
+    flags = []
+    if row.get("quality") in ("fail", "inconclusive"):
+        flags.append(f"quality gate {row['quality']}: {row.get('quality_reason') or 'see its result.json'}")
+    if row.get("busy"):
+        flags.append(BUSY_POINT)
+    elif base is not None and base is not row and base.get("busy"):
+        flags.append(BUSY_BASE)
+    if (row.get("efficiency_pct") or 0.0) > EFFICIENCY_CEILING_PCT:
+        flags.append(f"efficiency {row['efficiency_pct']:.0f}% {OVER_CEILING}")
+    return flags
+
+
+def trusted_efficiency(row: dict[str, Any]) -> Optional[float]:
+    """The efficiency to show as a figure: None when it is over the ceiling or was timed on a busy machine."""
+    efficiency = row.get("efficiency_pct")
+    if efficiency is None or efficiency > EFFICIENCY_CEILING_PCT or {BUSY_POINT, BUSY_BASE} & set(row["flags"]):
+        return None
+    return efficiency
 
 
 def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool = False,
@@ -106,8 +136,10 @@ def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool 
                       reporter_factory=reporter_factory)
     rows = scaling_rows(sweep.rows)
     files: dict[str, str] = {}
-    if plots and any(row["efficiency_pct"] is not None for row in rows):
-        files = {name: str(path.relative_to(sweep.out)) for name, path in scaling_plots(rows, axes, sweep.out).items()}
+    plotted = [dict(row, efficiency_pct=trusted_efficiency(row)) for row in rows]  # no untrusted figure on a plot
+    if plots and any(row["efficiency_pct"] is not None for row in plotted):
+        drawn = scaling_plots(plotted, axes, sweep.out)
+        files = {name: str(path.relative_to(sweep.out)) for name, path in drawn.items()}
     predictions, assumptions = scaling_predictions(rows, sweep.out, predict, configs[0]) if predict else ([], {})
     write_json_atomic(sweep.out / SCALE_JSON, {"kind": "scale", "axes": axes, "command": command or [],
                                                "efficiency": "throughput(N) / (N x throughput(1))",
@@ -142,7 +174,7 @@ def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     writer = csv.writer(buffer)
     writer.writerow(SCALE_COLUMNS)
     for row in rows:
-        values = {**row, "nproc": row["params"]["nproc"]}
+        values = {**row, "nproc": row["params"]["nproc"], "flags": "; ".join(row.get("flags") or [])}
         writer.writerow(["" if values.get(name) is None else values[name] for name in SCALE_COLUMNS])
     with atomic_file(path) as temp:
         temp.write_text(buffer.getvalue())

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from perflab.compare import compare_results
+from perflab.compare import INCONCLUSIVE, NOT_JUDGED, compare_results
 from perflab.results import Result
 
 ACCEPT = "accept"
@@ -26,7 +26,7 @@ class Decision:
     quality: Optional[str] = None
     reasons: list[str] = field(default_factory=list)
     noisy: list[str] = field(default_factory=list)  # why the timings are not clean (a busy machine, ...)
-    judged: bool = True  # False: noisy timings, so compare did not judge the speed
+    judged: bool = True  # False: compare reached no verdict (noisy timings, an inconclusive quality gate)
     objective: str = "throughput"  # the figure judged: throughput (compare) or max-qps (perflab/tune/objective.py)
     against_value: Optional[float] = None  # max-qps: the best's max QPS, and the candidate's
     value: Optional[float] = None
@@ -63,7 +63,7 @@ def judge(best: Result, candidate: Result, min_effect_pct: float, max_p99_ms: Op
     decision = Decision(kept=False, verdict=comparison.decision, why=comparison.reasons[0],
                         gain_pct=throughput.change_pct, ci95_pct=[throughput.ci_low_pct, throughput.ci_high_pct],
                         quality=quality, reasons=list(comparison.reasons), noisy=noisy,
-                        judged=not noisy or accept_noisy or quality == "fail")
+                        judged=comparison.decision not in (NOT_JUDGED, INCONCLUSIVE))
     if comparison.decision != ACCEPT:
         return decision
     broken = constraint_violations(candidate, max_p99_ms, max_memory_gb)
@@ -73,6 +73,19 @@ def judge(best: Result, candidate: Result, min_effect_pct: float, max_p99_ms: Op
         return decision
     decision.kept = True
     return decision
+
+
+def unjudged_line(decisions: list[dict[str, Any]]) -> Optional[str]:
+    """'2 of 3 trials not judged: <why the first was not>', or None when every measured trial was judged."""
+    measured = [d for d in decisions if d and d.get("verdict") not in NOT_MEASURED]
+    unjudged = [d for d in measured if not d.get("judged", True)]
+    if not unjudged:
+        return None
+    verdicts = ", ".join(dict.fromkeys(d.get("verdict") or NOT_JUDGED for d in unjudged))
+    return f"{len(unjudged)} of {len(measured)} trial(s) not judged ({verdicts}): {unjudged[0].get('why')}"
+
+
+NOT_MEASURED = ("refused", "oom", "error", "invalid", "timeout")
 
 
 def not_measured(status: str, reason: str) -> Decision:

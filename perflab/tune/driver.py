@@ -26,13 +26,14 @@ from typing import Any, Callable, Optional
 from perflab import options
 from perflab.config import RunConfig
 from perflab.bottlenecks import INFERENCE_QUEUE
-from perflab.errors import PerflabError
+from perflab.errors import OutOfMemoryFailure, PerflabError
+from perflab.oom import OutOfMemory
 from perflab.levers import all_levers
 from perflab.results import Result
 from perflab.tune import candidates as search
 from perflab.tune import ordering
 from perflab.tune.candidates import usable_cpus
-from perflab.tune.decision import Decision, judge, not_measured
+from perflab.tune.decision import Decision, judge, not_measured, unjudged_line
 from perflab.serve.config import ServeConfig
 from perflab.tune.objective import SERVE, judge_max_qps, max_qps_of, serve_record, serve_refusal
 from perflab.tune.journal import Journal, trial_key
@@ -191,6 +192,9 @@ class Tuner:
             reason += f"; best: {self.best_row['label']} (kept: {', '.join(kept) if kept else 'nothing'})"
         if self.unconfirmed:
             reason += "; " + "; ".join(self.unconfirmed)
+        unjudged = unjudged_line([row.get("decision") for row in self.chain])
+        if unjudged:  # "no lever won" is not a verdict on levers whose trials were never judged
+            reason += f"; {unjudged}"
         return reason
 
     def _run(self) -> str:
@@ -199,6 +203,8 @@ class Tuner:
             raise PerflabError(f"the starting point did not finish within --budget {self.settings.budget} "
                                f"({row['wall_s']:.0f} s; the budget is a promise, and every trial is stopped when "
                                f"it runs out): give a larger --budget (see {self.out / row['dir']}.log)")
+        if result is None and row["status"] == OOM:
+            raise self._start_out_of_memory(row)
         if result is None:
             raise PerflabError(f"the starting point did not run ({row['status']}: {row['reason']}); see "
                                f"{self.out / row['dir']}.log")
@@ -231,6 +237,15 @@ class Tuner:
                     return "no lever won: every proposed lever was tried, refused or lost"
         except BudgetSpent as stop:
             return str(stop)
+
+    def _start_out_of_memory(self, row: dict[str, Any]) -> PerflabError:
+        """The starting point did not fit: its own record (the short block, exit code 3) when its run saved one."""
+        path = self.out / row["dir"] / "result.json"
+        record = getattr(Result.load(path.parent), "out_of_memory", None) if path.is_file() else None
+        if not record:
+            return OutOfMemoryFailure(f"the starting point ran out of memory ({row['reason']}); see "
+                                      f"{self.out / row['dir']}.log", {"message": row["reason"], "device": "?"})
+        return OutOfMemory.from_dict(record).failure()
 
     def _nothing_to_try(self) -> str:
         """Why the search ends without a trial: the diagnosis's advice is what remains (e.g. remove a sync)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional
 
 from perflab import options
+from perflab.compare import INCONCLUSIVE
 from perflab.config import RunConfig
 from perflab.results.metrics import Serve
 from perflab.results import Result
@@ -70,6 +71,9 @@ def judge_max_qps(best: Result, candidate: Result, min_effect_pct: float) -> Dec
         return Decision(False, "reject", why, reasons=[why], **figures)
     threshold = max(resolution, min_effect_pct)
     change = f"max QPS {before:,.0f} → {after:,.0f} q/s ({gain:+.1f}%)"
+    if gain > threshold and quality == INCONCLUSIVE:
+        why = f"the quality gate was inconclusive: {(candidate.quality or {}).get('reason', '')}"
+        return Decision(False, INCONCLUSIVE, why, reasons=[why, change], judged=False, **figures)
     if gain > threshold:
         why = (f"{change}: more than the search's resolution ({resolution:g}%) and --min-effect-pct "
                f"({min_effect_pct:g}%)")

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from perflab.results import write_json_atomic
+from perflab.tune.decision import unjudged_line
 from perflab.tune.recipe import recipe
 from perflab.tune.settings import MAX_QPS
 
@@ -23,7 +24,7 @@ def chain_link(row: dict[str, Any]) -> dict[str, Any]:
     decision = row.get("decision") or {}
     link = {key: row.get(key) for key in CHAIN_KEYS}
     link.update(ci95_pct=decision.get("ci95_pct"), quality=decision.get("quality"), verdict=decision.get("verdict"),
-                kept=bool(decision.get("kept")), why=decision.get("why"))
+                kept=bool(decision.get("kept")), why=decision.get("why"), judged=decision.get("judged", True))
     if decision.get("objective") == MAX_QPS:  # what the candidate's max QPS was judged against, and how finely
         link.update(objective=MAX_QPS, against_max_qps=decision.get("against_value"),
                     resolution_pct=decision.get("resolution_pct"))
@@ -79,6 +80,7 @@ def tune_summary(tuner, stop_reason: str, command: list[str]) -> dict[str, Any]:
         "diagnoses": tuner.diagnoses,
         "chain": [chain_link(row) for row in tuner.chain],
         "notes": list(tuner.notes),
+        "not_judged": unjudged_line([row.get("decision") for row in tuner.chain]),
         "recipe": recipe(tuner.best_cfg, tuner.start, tuner.serve_cfg),
     }
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from perflab.config import RunConfig
-from perflab.oom import OutOfMemory
+from perflab.oom import OOM_BREAKDOWN_ENV, OutOfMemory
 from perflab.profile.capture import CaptureOptions, capture_argv
 from perflab.results import RESULT_FILE, Result
 from perflab.serve.config import ServeConfig
@@ -85,6 +85,7 @@ def compile_cache_env(cache_dir: Path, environ: Optional[dict[str, str]] = None)
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
     env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"
     env["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "1"
+    env[OOM_BREAKDOWN_ENV] = "0"  # a trial's OOM is an outcome tune reads, not advice: no breakdown at half the batch
     return env
 
 

@@ -94,6 +94,9 @@ def _check_contract(spec: str, workload: Workload, cfg) -> None:
                            "within a batch")
     if cfg.mode == "train" and workload.loss_fn is None:
         raise PerflabError(f"{spec}: --mode train needs Workload.loss_fn; set it or run with --mode infer")
+    if cfg.mode == "train" and not any(p.requires_grad for p in workload.model.parameters()):
+        raise PerflabError(f"{spec}: --mode train needs a model with trainable parameters and this one has none "
+                           "(nothing for the optimizer to step); run it with --mode infer")
 
 
 __all__ = ["Workload", "load_workload", "builtin_descriptions", "default_batch", "BUILTIN_MODULES"]

@@ -1,7 +1,9 @@
-"""generate: a GPT-style decoder generating tokens with a KV cache (TTFT, TPOT, share of the bandwidth bound).
+"""generate: a decoder generating tokens with a KV cache (TTFT, TPOT, share of the bandwidth bound).
 
 One timed step is one request batch: the prefill of its prompts, then one decode step per output token.
-Options: size=tiny|125m|350m|1b (default tiny on a CPU, 125m on a GPU), prompt_len and output_len (a number
+Options: size (perflab/models/decoder.py's SIZES: the GPT-style tiny|125m|350m|1b, default tiny on a CPU and 125m
+on a GPU; the Llama-shaped llama-tiny|llama-1b|llama-8b: grouped-query attention, RoPE, SwiGLU, RMSNorm, vocabulary
+128256), prompt_len and output_len (a number
 or a range low-high, drawn per request batch), weights=random|trained (trained: the decoder trained briefly on
 the synthetic language, cached on first use; the default with --speculative and no --draft, whose built-in
 draft is trained on the same language), decode_tuning=gpt-fast|autotune|off (with --compile: the decode step's
@@ -20,8 +22,9 @@ from perflab.workloads.generation import DECODE_TUNINGS, GenerationSpec, default
 from perflab.workloads.generation import Requests, collate_requests, parse_lengths
 from perflab.workloads.base import Workload
 
-DESCRIPTION = ("GPT-style decoder generating tokens with a KV cache: TTFT, TPOT, % of the memory-bandwidth bound; "
-               "options size, prompt_len, output_len, weights, decode_tuning, decode_graphs")
+DESCRIPTION = ("decoder (GPT-style, or Llama-shaped: size=llama-1b|llama-8b) generating tokens with a KV cache: TTFT, "
+               "TPOT, % of the memory-bandwidth bound; options size, prompt_len, output_len, weights, decode_tuning, "
+               "decode_graphs")
 DEFAULT_BATCH = {"cpu": 1, "cuda": 1}
 KNOWN_OPTIONS = {"size", "prompt_len", "output_len", "weights", "decode_tuning", "decode_graphs"}
 DECODE_GRAPHS = ("perflab", "inductor")
@@ -39,12 +42,17 @@ def build(cfg) -> Workload:
     if size_name not in SIZES:
         raise PerflabError(f"generate: size must be one of {', '.join(SIZES)}, got {size_name!r}")
     size = SIZES[size_name]
-    prompt_lengths = parse_lengths(opts.get("prompt_len", "128" if size_name != "tiny" else "16-32"), "prompt_len")
-    output_lengths = parse_lengths(opts.get("output_len", "128" if size_name != "tiny" else "16"), "output_len")
+    tiny = size_name.endswith("tiny")
+    prompt_lengths = parse_lengths(opts.get("prompt_len", "16-32" if tiny else "128"), "prompt_len")
+    output_lengths = parse_lengths(opts.get("output_len", "16" if tiny else "128"), "output_len")
     builtin_draft = cfg.speculative is not None and not cfg.draft
     weights = opts.get("weights", "trained" if builtin_draft else "random")
     if weights not in ("random", "trained"):
         raise PerflabError(f"generate: weights must be random or trained, got {weights!r}")
+    draft_size = DRAFT_SIZES.get(size_name)
+    if weights == "trained" and draft_size is None:
+        raise PerflabError(f"generate: size {size_name} has random weights only (the trained pair and the built-in "
+                           f"draft exist for {', '.join(DRAFT_SIZES)}): give --draft for --speculative")
     if builtin_draft and weights == "random":
         raise PerflabError("the built-in draft is trained on the synthetic language and would agree with a random "
                            "target only by chance: drop weights=random, or give your own --draft")
@@ -63,7 +71,6 @@ def build(cfg) -> Workload:
     else:
         with device:  # initialised where it runs: a 1b model's weights are drawn in a moment on a GPU
             model = Decoder(size)
-    draft_size = DRAFT_SIZES[size_name]
 
     def load_builtin_draft() -> Decoder:
         draft, how = trained_decoder(size_name, "draft", draft_size, device)
@@ -72,7 +79,8 @@ def build(cfg) -> Workload:
     language = SyntheticLanguage(size.vocab)
     spec = GenerationSpec(vocab=size.vocab, prompt_lengths=prompt_lengths, output_lengths=output_lengths,
                           eval_sequences=language.sample(EVAL_SEQUENCES, min(size.max_seq, 128), seed=99),
-                          context_limit=size.max_seq, builtin_draft=load_builtin_draft, builtin_decoder=True,
+                          context_limit=size.max_seq, builtin_draft=load_builtin_draft if draft_size else None,
+                          builtin_decoder=True,
                           decode_tuning=tuning, decode_graphs=graphs)
     return Workload(
         name="generate",

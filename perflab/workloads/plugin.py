@@ -48,14 +48,20 @@ def load_user_build(spec: str) -> Callable:
     return build
 
 
-def build_user_workload(spec: str, build: Callable, cfg) -> Workload:
-    """Call the user's build(cfg); its exceptions and a wrong return type become errors that point at it."""
+def call_user_build(spec: str, build: Callable, cfg) -> object:
+    """build(cfg) of the user's `spec`; its exceptions (a sys.exit too: it would end perflab with nothing run) become
+    a UserCodeError naming the plugin and showing the user's own frames."""
     try:
-        workload = build(cfg)
-    except Exception as err:
+        return build(cfg)
+    except (Exception, SystemExit) as err:
         if not is_users_fault(err):
             raise
-        raise UserCodeError(f"running your {spec} (build(cfg))", err) from err
+        raise UserCodeError(f"running your {spec} ({_split(spec)[1]}(cfg))", err) from err
+
+
+def build_user_workload(spec: str, build: Callable, cfg) -> Workload:
+    """Call the user's build(cfg); its exceptions and a wrong return type become errors that point at it."""
+    workload = call_user_build(spec, build, cfg)
     if not isinstance(workload, Workload):
         raise PerflabError(f"{spec}: build(cfg) {_where(build)}returned {type(workload).__name__}, expected a "
                            "perflab.Workload(model=..., dataset=..., loss_fn=...)")
@@ -85,7 +91,7 @@ def _import_file(path_text: str):
     except SyntaxError as err:
         sys.modules.pop(name, None)
         raise PerflabError(_syntax_message(f"workload file {path_text}", err)) from None
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         sys.modules.pop(name, None)
         if not is_users_fault(err):
             raise

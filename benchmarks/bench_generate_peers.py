@@ -1,0 +1,427 @@
+"""Area "generate_peers": decode at a real model's shape (Llama-3), perflab beside the engines people use, and
+quantized decode through the generation quality gate.
+
+    python -m benchmarks.bench_generate_peers --out DIR [--quick]
+    BENCH_PEERS_SHAPES=llama-1b,llama-8b BENCH_PEERS_BATCHES=1,8,32,64 python -m benchmarks.bench_generate_peers ...
+    BENCH_PEERS_SYSTEMS=perflab,hf BENCH_PEERS_QUANT=int8-weight python -m benchmarks.bench_generate_peers ...
+    BENCH_PEERS_QUANT= ...        # the grid alone;  BENCH_PEERS_SYSTEMS=none ...: the quantized part alone
+
+For each shape x batch (default llama-8b at batch 1 and 8; prompt 128, 128 new tokens, greedy, bf16, random
+weights):
+- perflab: `--workload generate --option size=SHAPE --kv-cache static --compile reduce-overhead` (the compiled step
+  captured in CUDA graphs by perflab, decode_tuning=off: the best bf16 tuning measured, docs/generate.md);
+- hf generate: transformers `LlamaForCausalLM(LlamaConfig(...))` (random, bf16, made on the GPU) timed around
+  `generate(cache_implementation="static")`, which compiles the model's one-token step itself (reduce-overhead),
+  min_new_tokens = max_new_tokens so nothing stops early; ms per step = (full generate - a one-token generate) /
+  (tokens - 1);
+- hf via perflab: the same model object through perflab's plugin path (examples/hf_llama.py: the same static cache
+  and compiled call); its tokens/s must agree with generate's within 3% (AGREE_PCT), the table says whether it does;
+- vllm: `vllm bench latency` with dummy weights (`--load-format dummy`) of the same config; run only when vllm is
+  importable. It is not on the device machine (no internet there, and its wheel, ~400 MB, is over the 64 MiB a call
+  may carry), so the table gives that reason. `peer_commands` builds the command lines without running them.
+Then, at the 8B shape and batch 1: int8-weight and int4-weight (torchao) decode through perflab, and each through the
+generation quality gate against the bf16 model (greedy next-token agreement, logits error, perplexity delta; the
+gate's judge and tolerances, perflab/quality/generation.py), eager on both sides.
+
+The last thing printed is one table: shape x batch x system -> tokens/s, ms per step, % of the bandwidth bound
+(weights once per step + every sequence's KV reads, at the calibrated bandwidth), quality. Sized to finish in about
+8 minutes on an H100 at the defaults; past BENCH_PEERS_BUDGET_S (default 540) the cells left are skipped, so the
+table still prints inside a 10-minute call. Without CUDA (or --quick) everything shrinks to llama-tiny on the CPU.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import importlib.util
+import json
+import os
+import statistics
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from benchmarks.bench_generate import measure
+from benchmarks.common import Rows, parse_args
+
+ROOT = Path(__file__).resolve().parents[1]
+AGREE_PCT = 3.0  # hf via perflab vs hf generate
+PROMPT_LEN, OUTPUT_LEN = 128, 128
+QUANT_SCHEMES = ("int8-weight", "int4-weight")
+VLLM_MISSING = ("not run: vllm is not importable here (the device machine has no internet and vllm's wheel, "
+                "~400 MB, is over the 64 MiB a call may carry)")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the grid."""
+
+    shape: str
+    batch: int
+    prompt_len: int = PROMPT_LEN
+    output_len: int = OUTPUT_LEN
+
+
+@dataclass
+class Row:
+    """One line of the final table."""
+
+    cell: Cell
+    system: str
+    tokens_per_s: Optional[float] = None
+    ms_per_step: Optional[float] = None
+    pct_of_bound: Optional[float] = None
+    quality: str = ""
+
+
+# ---------------------------------------------------------------------------------------------- peers' commands
+
+def vllm_config_dir(shape: str, root: Path) -> Path:
+    """A model folder vLLM can load with dummy weights: config.json of the shape, no tokenizer."""
+    from perflab.models.decoder import SIZES
+    from perflab.models.hf_llama import llama_config_dict
+    folder = root / f"vllm-{shape}"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
+              **llama_config_dict(SIZES[shape])}
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder
+
+
+def peer_commands(cell: Cell, model_dir: Path, out: Path, python: str = "python3") -> dict[str, list[str]]:
+    """The command line each external peer runs for `cell` (built, not run)."""
+    vllm = [python, "-m", "vllm.entrypoints.cli.main", "bench", "latency", "--model", str(model_dir),
+            "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16",
+            "--batch-size", str(cell.batch), "--input-len", str(cell.prompt_len),
+            "--output-len", str(cell.output_len), "--max-model-len", str(cell.prompt_len + cell.output_len),
+            "--num-iters-warmup", "2", "--num-iters", "5",
+            "--output-json", str(out / f"vllm-{cell.shape}-bs{cell.batch}.json")]
+    return {"vllm": vllm}
+
+
+def vllm_missing() -> Optional[str]:
+    """Why vLLM cannot run here, or None."""
+    return None if importlib.util.find_spec("vllm") is not None else VLLM_MISSING
+
+
+def run_vllm(cell: Cell, out: Path, bound_ms: Optional[float]) -> Row:
+    """vLLM's latency benchmark for `cell` in its own process; a Row saying why not when it cannot run."""
+    import subprocess
+    import sys
+    missing = vllm_missing()
+    if missing:
+        return Row(cell, "vllm", quality=missing)
+    command = peer_commands(cell, vllm_config_dir(cell.shape, out), out, sys.executable)["vllm"]
+    done = subprocess.run(command, cwd=out, timeout=300, check=False)
+    report = Path(command[command.index("--output-json") + 1])
+    if done.returncode != 0 or not report.is_file():
+        return Row(cell, "vllm", quality=f"failed: exit {done.returncode}")
+    latency_s = json.loads(report.read_text())["avg_latency"]  # one batch: prefill + output_len tokens
+    return Row(cell, "vllm", cell.batch * cell.output_len / latency_s,
+               quality="vllm bench latency (dummy weights); ms/step not separated from the prefill")
+
+
+# ---------------------------------------------------------------------------------------------- the bound
+
+def bound_ms_per_step(cell: Cell, gbps: Optional[float]) -> Optional[float]:
+    """The bandwidth bound of one decode step of `cell` in bf16, averaged over its decode steps."""
+    from perflab.generation.metrics import BandwidthBound, RequestTiming, weight_bytes_per_step
+    from perflab.models.decoder import SIZES, Decoder
+    from perflab.models.kv_cache import kv_cache_bytes
+    if not gbps:
+        return None
+    size = SIZES[cell.shape]
+    with torch.device("meta"):
+        shapes = Decoder(size).to(torch.bfloat16)
+    bound = BandwidthBound(weight_bytes_per_step(shapes, cell.batch),
+                           kv_cache_bytes(size.layers, cell.batch, size.kv_heads, size.head_dim, 1, torch.bfloat16),
+                           gbps, "")
+    request = RequestTiming(cell.batch, cell.prompt_len, [0.0] * cell.output_len, [1] * cell.output_len)
+    return bound.decode_bound_ms(request) / (cell.output_len - 1)
+
+
+# ---------------------------------------------------------------------------------------------- the systems
+
+def example_module():
+    spec = importlib.util.spec_from_file_location("hf_llama_example", ROOT / "examples" / "hf_llama.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def perflab_settings(cell: Cell, cuda: bool, levers: bool = True, **changes: Any) -> dict[str, Any]:
+    """perflab.run's settings for `cell`: bf16, static cache, compiled decode (on a CPU: fp32, static cache)."""
+    compiled = {"kv_cache": "static", **({"compile": "reduce-overhead"} if cuda else {})} if levers else {}
+    return {"workload": "generate", "mode": "infer", "batch_size": cell.batch, "precision": "bf16" if cuda else "fp32",
+            "steps": 2, "trials": 2, "warmup": 1, "check_quality": False, **compiled,
+            "workload_options": {"size": cell.shape, "prompt_len": str(cell.prompt_len),
+                                 "output_len": str(cell.output_len)}, **changes}
+
+
+def result_row(cell: Cell, system: str, result, quality: str = "") -> Row:
+    generation = result.metrics.generation
+    bound = generation.bandwidth_bound
+    return Row(cell, system, generation.output_tokens_per_s, bound.measured_ms_per_token if bound else None,
+               bound.pct_of_bound if bound else None, quality)
+
+
+def run_perflab(rows: Rows, out: Path, cell: Cell, cuda: bool, system: str = "perflab", **changes: Any
+                ) -> Optional[Row]:
+    result = measure(rows, out, f"{cell.shape} bs{cell.batch}", system, perflab_settings(cell, cuda, **changes))
+    free_memory()
+    if result is None:
+        return Row(cell, system, quality="failed (see the log)")
+    compiled = result.metrics.generation.decode_compile
+    note = f"compile {result.metrics.compile_s:.0f}s" if result.metrics.compile_s else ""
+    if compiled is not None:
+        note += f", graphs by {compiled.graphs}"
+    return result_row(cell, system, result, note or "not gated (random weights)")
+
+
+def time_hf_generate(model, cell: Cell, repeats: int = 3) -> dict[str, float]:
+    """generate(cache_implementation="static") timed whole (synchronised), after two untimed calls (compiling)."""
+    device = model.device
+    prompt = torch.randint(0, model.config.vocab_size, (cell.batch, cell.prompt_len), device=device,
+                           generator=torch.Generator(device).manual_seed(0))
+    settings = {"do_sample": False, "cache_implementation": "static", "pad_token_id": 0, "attention_mask":
+                torch.ones_like(prompt)}
+
+    def seconds(tokens: int) -> float:
+        began = time.perf_counter()
+        with torch.inference_mode():
+            produced = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, **settings)
+        synchronize(device)
+        assert produced.shape[1] == cell.prompt_len + tokens, "generate stopped early"
+        return time.perf_counter() - began
+    began = time.perf_counter()
+    for _ in range(2):
+        seconds(cell.output_len)
+    warm_s = time.perf_counter() - began
+    full = statistics.median(seconds(cell.output_len) for _ in range(repeats))
+    prefill = statistics.median(seconds(1) for _ in range(repeats))  # last: a new cache length recompiles
+    return {"full_s": full, "prefill_s": prefill, "warm_s": warm_s,
+            "tokens_per_s": cell.batch * cell.output_len / full,
+            "ms_per_step": (full - prefill) / (cell.output_len - 1) * 1e3}
+
+
+def run_hf(rows: Rows, out: Path, cell: Cell, cuda: bool, bound_ms: Optional[float]) -> list[Row]:
+    """hf generate, then the same model through perflab's plugin path."""
+    import perflab
+    example = example_module()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    try:
+        model = example.hf_llama(cell.shape, device, dtype, seed=0)
+    except Exception as err:
+        return [Row(cell, "hf generate", quality=f"not run: {err}"), Row(cell, "hf via perflab", quality="not run")]
+    found: list[Row] = []
+    experiment = f"{cell.shape} bs{cell.batch}"
+    try:
+        timed = time_hf_generate(model, cell)
+        pct = 100 * bound_ms / timed["ms_per_step"] if bound_ms else None
+        found.append(Row(cell, "hf generate", timed["tokens_per_s"], timed["ms_per_step"], pct,
+                         f"transformers {version('transformers')}; compile + warm-up {timed['warm_s']:.0f}s"))
+        rows.add(experiment, "hf generate tokens/s", timed["tokens_per_s"], "tokens/s", json.dumps(timed))
+    except Exception as err:
+        traceback.print_exc()
+        found.append(Row(cell, "hf generate", quality=f"failed: {type(err).__name__}: {err}"[:200]))
+    # the example's own static cache and compiled call stand in for perflab's levers (refused for a plugin's cache)
+    settings = perflab_settings(cell, cuda, levers=False, workload_options={"prompt_len": str(cell.prompt_len),
+                                                                            "output_len": str(cell.output_len)})
+    settings.pop("workload")
+    cfg = perflab.RunConfig(out=str(out / f"hf-via-perflab-{cell.shape}-bs{cell.batch}"), **settings)
+    sync = not generate_defers_stop_check()
+    workload = example.workload(model, cfg, cell.shape, static=True, sync_per_token=sync,
+                                prompt_len=str(cell.prompt_len), output_len=str(cell.output_len))
+    try:
+        result = perflab.run(workload, cfg, command=["benchmarks", "generate_peers", "hf via perflab"])
+        row = result_row(cell, "hf via perflab", result)
+        reference = found[0].tokens_per_s
+        if reference:
+            off = 100 * (row.tokens_per_s / reference - 1)
+            row.quality = (f"{off:+.1f}% vs hf generate: {'agrees' if abs(off) <= AGREE_PCT else 'DISAGREES'} "
+                           f"(within {AGREE_PCT:g}%){'; waits per token as generate does' if sync else ''}")
+        found.append(row)
+    except Exception as err:
+        traceback.print_exc()
+        found.append(Row(cell, "hf via perflab", quality=f"failed: {type(err).__name__}: {err}"[:200]))
+    del model, workload
+    torch._dynamo.reset()  # its compiled code (and CUDA graph pools) hold the 16 GB model otherwise
+    free_memory()
+    return found
+
+
+def generate_defers_stop_check() -> bool:
+    """Whether this transformers' generate avoids a host sync per token (its DeferredStopCheck); earlier versions
+    read `unfinished_sequences.max() == 0` after every token."""
+    try:
+        from transformers.generation import utils
+    except ImportError:
+        return False
+    return hasattr(utils, "DeferredStopCheck")
+
+
+# ---------------------------------------------------------------------------------------------- quantized
+
+def quantized_gate(shape: str, scheme: str, cuda: bool, requests: int = 2, new_tokens: int = 32) -> dict[str, Any]:
+    """The generation gate's judge of `scheme` against the bf16 model (both eager, dynamic cache): greedy
+    agreement, logits error and perplexity delta with the scheme's tolerances."""
+    from perflab.generation.decode import generate_greedy, teacher_forced_logits
+    from perflab.generation.quantize import quantize_weights
+    from perflab.generation.session import open_session
+    from perflab.models.decoder import SIZES, Decoder
+    from perflab.models.language import SyntheticLanguage, perplexity
+    from perflab.quality.generation import SCHEME_LOGITS_RTOL, SCHEME_PERPLEXITY_RTOL, judge
+    device = torch.device("cuda" if cuda else "cpu")
+    size = SIZES[shape]
+    torch.manual_seed(0)
+    with device, example_module().default_dtype(torch.bfloat16):
+        base = Decoder(size).to(torch.bfloat16).eval()
+    candidate = quantize_weights(copy.deepcopy(base), scheme)
+    language = SyntheticLanguage(size.vocab)
+    prompts = language.sample(requests, PROMPT_LEN, seed=11).to(device)
+    base_logits, cand_logits = [], []
+    with torch.inference_mode():
+        for prompt in prompts.split(1):
+            base_session = open_session(base, 1, PROMPT_LEN + new_tokens, device, torch.bfloat16)
+            reference = generate_greedy(base_session, prompt, new_tokens)
+            base_logits.append(teacher_forced_logits(base_session, prompt, reference).cpu())
+            cand_session = open_session(candidate, 1, PROMPT_LEN + new_tokens, device, torch.bfloat16)
+            cand_logits.append(teacher_forced_logits(cand_session, prompt, reference).cpu())
+            base_session.close()
+            cand_session.close()
+        evaluation = language.sample(4, 128, seed=99).to(device)
+        figures = {"baseline_logits": base_logits, "candidate_logits": cand_logits,
+                   "perplexity_baseline": perplexity(base, evaluation, batch=1),
+                   "perplexity_candidate": perplexity(candidate, evaluation, batch=1)}
+    tolerance = {"rtol": SCHEME_LOGITS_RTOL[scheme], "perplexity_rtol": SCHEME_PERPLEXITY_RTOL[scheme],
+                 "source": f"{scheme} vs bf16"}
+    del base, candidate
+    free_memory()
+    return judge(figures, tolerance, speculative=False)
+
+
+def gate_text(verdict: dict[str, Any]) -> str:
+    figures = verdict["metrics"]
+    return (f"gate vs bf16: {verdict['verdict']}; greedy agreement {100 * figures['greedy_agreement']:.1f}%, "
+            f"logits error {figures['rel_error']:.2e}, perplexity {100 * figures['perplexity_rel_delta']:+.2f}%")
+
+
+def run_quantized(rows: Rows, out: Path, cell: Cell, cuda: bool, schemes: list[str]) -> list[Row]:
+    from perflab.generation.quantize import scheme_refusal
+    found = []
+    for scheme in schemes:
+        why = scheme_refusal(scheme, torch.device("cuda" if cuda else "cpu"), "bf16" if cuda else "fp32")
+        if why:
+            found.append(Row(cell, f"perflab {scheme}", quality=f"not run: {why}"))
+            continue
+        row = run_perflab(rows, out, cell, cuda, f"perflab {scheme}", quantize=scheme)
+        try:
+            verdict = quantized_gate(cell.shape, scheme, cuda)
+            row.quality = gate_text(verdict)
+            rows.add(f"{cell.shape} bs{cell.batch}", f"{scheme} gate vs bf16", verdict["metrics"]["greedy_agreement"],
+                     "", verdict["reason"])
+        except Exception as err:
+            traceback.print_exc()
+            row.quality = f"gate failed: {type(err).__name__}: {err}"[:200]
+        found.append(row)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- the area
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version as installed
+    try:
+        return installed(package)
+    except PackageNotFoundError:
+        return "?"
+
+
+def grid(full: bool) -> tuple[list[Cell], Optional[Cell]]:
+    """The shape x batch cells (BENCH_PEERS_SHAPES, BENCH_PEERS_BATCHES) and the quantized cell (the 8B shape at
+    batch 1; BENCH_PEERS_QUANT_SHAPE)."""
+    shapes = os.environ.get("BENCH_PEERS_SHAPES", "llama-8b" if full else "llama-tiny").split(",")
+    batches = [int(b) for b in os.environ.get("BENCH_PEERS_BATCHES", "1,8" if full else "1,4").split(",")]
+    lengths = {} if full else {"prompt_len": 16, "output_len": 8}
+    cells = [Cell(shape.strip(), batch, **lengths) for shape in shapes for batch in batches]
+    quant_shape = os.environ.get("BENCH_PEERS_QUANT_SHAPE", "llama-8b" if full else "llama-tiny")
+    return cells, Cell(quant_shape, 1, **lengths) if quant_shape else None
+
+
+def format_table(table: list[Row]) -> str:
+    def number(value: Optional[float], digits: int) -> str:
+        return "—" if value is None else f"{value:,.{digits}f}"
+    lines = ["shape | batch | system | tokens/s | ms/step | % of bound | quality", "---|---|---|---|---|---|---"]
+    for row in table:
+        lines.append(f"{row.cell.shape} | {row.cell.batch} | {row.system} | {number(row.tokens_per_s, 1)} | "
+                     f"{number(row.ms_per_step, 3)} | {number(row.pct_of_bound, 1)} | {row.quality}")
+    return "\n".join(lines)
+
+
+def run(out: Path, quick: bool) -> list[dict]:
+    from perflab.calibrate import cached_ceilings, calibrate, memory_bandwidth
+    out.mkdir(parents=True, exist_ok=True)
+    rows = Rows("generate_peers", out)
+    cuda = torch.cuda.is_available()
+    full = cuda and not quick
+    device = torch.device("cuda" if cuda else "cpu")
+    if cuda and not (cached_ceilings(device) or {}).get("memory_gbps"):
+        calibrate(device, quick=True)
+    gbps, source = memory_bandwidth(device)
+    rows.add("calibrate", "device memory bandwidth", gbps, "GB/s", source)
+    systems = os.environ.get("BENCH_PEERS_SYSTEMS", "perflab,hf,vllm").split(",")
+    schemes = [s for s in os.environ.get("BENCH_PEERS_QUANT", ",".join(QUANT_SCHEMES)).split(",") if s]
+    cells, quant_cell = grid(full)
+    table: list[Row] = []
+    began = time.perf_counter()
+    budget_s = float(os.environ.get("BENCH_PEERS_BUDGET_S", "540"))  # the table must print inside a 600-s call
+    for cell in cells:
+        bound_ms = bound_ms_per_step(cell, gbps)
+        if time.perf_counter() - began > budget_s:
+            table.append(Row(cell, ",".join(systems), quality=f"skipped: past BENCH_PEERS_BUDGET_S={budget_s:g}"))
+            continue
+        if "perflab" in systems:
+            table.append(run_perflab(rows, out, cell, cuda))
+        if "hf" in systems:
+            table += run_hf(rows, out, cell, cuda, bound_ms)
+        if "vllm" in systems:
+            table.append(run_vllm(cell, out, bound_ms))
+        print(f"[generate_peers] {cell}: done at {time.perf_counter() - began:.0f}s", flush=True)
+    if quant_cell is not None and schemes and time.perf_counter() - began > budget_s:
+        table.append(Row(quant_cell, ",".join(schemes), quality=f"skipped: past BENCH_PEERS_BUDGET_S={budget_s:g}"))
+    elif quant_cell is not None and schemes:
+        table += run_quantized(rows, out, quant_cell, cuda, schemes)
+        print(f"[generate_peers] quantized: done at {time.perf_counter() - began:.0f}s", flush=True)
+    for row in table:
+        experiment = f"{row.cell.shape} bs{row.cell.batch}"
+        rows.add(experiment, f"{row.system} tokens/s", row.tokens_per_s, "tokens/s", row.quality)
+        rows.add(experiment, f"{row.system} ms per step", row.ms_per_step, "ms",
+                 f"{row.pct_of_bound:.1f}% of the bound" if row.pct_of_bound else "")
+    text = format_table(table)
+    (out / "peers.md").write_text(text + "\n")
+    print("\n" + text, flush=True)
+    return rows.rows
+
+
+def main() -> None:
+    args = parse_args()
+    run(args.out, args.quick)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""What compare refuses to judge: a run whose figures are NaN/inf (a diverged or corrupt run never passes)."""
+from __future__ import annotations
+
+import math
+
+from perflab.errors import PerflabError
+from perflab.results import Result
+
+
+def non_finite_figures(result: Result) -> list[str]:
+    """The figures of a result that are NaN/inf (throughput, per-trial throughput, latency, loss): each named."""
+    found = []
+    figures = {"throughput": result.throughput, "p50 latency": result.metrics.latency_ms.p50,
+               "p95 latency": result.metrics.latency_ms.p95}
+    figures.update({f"trial {number} throughput": trial.throughput_samples_per_s
+                    for number, trial in enumerate(result.trials, 1)})
+    numbers = (result.quality or {}).get("metrics") or {}
+    figures.update({f"quality {name}": numbers.get(name) for name in ("final_loss_candidate", "final_loss_baseline")})
+    for name, value in figures.items():
+        if isinstance(value, (int, float)) and not math.isfinite(value):
+            found.append(f"{name} is {value}")
+    if any(not math.isfinite(ms) for trial in result.trials for ms in trial.step_ms):
+        found.append("some step times are NaN/inf")
+    return found
+
+
+def refuse_non_finite(base: Result, cand: Result) -> None:
+    """Refuse (one line) to judge runs with NaN/inf figures: say which side and which figures."""
+    for side, result in (("base", base), ("candidate", cand)):
+        bad = non_finite_figures(result)
+        if bad:
+            where = f" ({result.path})" if result.path else ""
+            raise PerflabError(f"cannot judge: the {side}{where} holds NaN/inf figures ({'; '.join(bad[:3])}): a "
+                               "diverged or corrupt run is never compared; re-run it")
