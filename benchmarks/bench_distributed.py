@@ -2,10 +2,12 @@
 model's prediction, and the levers for exposed communication on a ~1B-parameter transformer.
 
     BENCH_DISTRIBUTED_PART=scaling python -m benchmarks.bench_distributed --out DIR     # ~4 min on 2 H100s
-    BENCH_DISTRIBUTED_PART=levers  python -m benchmarks.bench_distributed --out DIR     # ~6 min
+    BENCH_DISTRIBUTED_PART=levers  python -m benchmarks.bench_distributed --out DIR     # ~5 min
+    BENCH_DISTRIBUTED_PART=compile python -m benchmarks.bench_distributed --out DIR     # ~3 min
     BENCH_DISTRIBUTED_PART=issue12 python -m benchmarks.bench_distributed --out DIR     # issue 12's experiments
 
-Each part fits one 9-minute device call; the default is scaling,levers (run them in two calls when time is short).
+Each part is meant to fit one 9-minute device call (the times above are estimates, not measured); the default is
+scaling,levers, which needs two calls' worth: run one part per call.
 
 - scaling: `perflab calibrate --collectives --nproc 2` (all-reduce / reduce-scatter / all-gather, 1 MiB-1 GiB; the
   all-reduce's bus bandwidth beside NVLink 4's nominal 450 GB/s per direction, H100 SXM); `perflab scale --nproc 1,2
@@ -13,6 +15,7 @@ Each part fits one 9-minute device call; the default is scaling,levers (run them
   GPUs beside the scaling model's prediction (and its predictions past 2 GPUs, with the assumed links)
 - levers: the transformer size=1b profiled at 2 GPUs (`perflab profile --nproc 2`), DDP and FSDP2, before and after
   the levers for exposed communication: throughput, exposed-communication share, overlap, the verdict
+- compile: the FSDP2 "after" with per-block compile (--fsdp-compile-blocks), profiled the same way
 - issue12: resnet50 DDP at bucket sizes 1, 25, 100 MiB profiled, and the planted collectives-bound case
 
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 unless already set). The table
@@ -41,12 +44,12 @@ from perflab.sweep.scale import run_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 AREA = "distributed"
-PARTS = ("scaling", "levers", "issue12")
+PARTS = ("scaling", "levers", "compile", "issue12")
 PROFILE = CaptureOptions(wait=2, warmup=2, active=3, record_shapes=False, gzip=True)
 PLANTED = str(ROOT / "tests" / "planted" / "big_gradients.py") + ":build"
 PREDICT = PredictConfig(predict="2,8,64,512")
 # Before/after at 2 GPUs: each "after" is the levers for exposed communication of its wrapper, as tune would try them
-DDP_LEVERS = dict(gradient_as_bucket_view=True, static_graph=True, ddp_bucket_mb=100.0)
+DDP_LEVERS = dict(gradient_as_bucket_view=True, static_graph=True, ddp_comm_hook="bf16")
 FSDP_LEVERS = dict(fsdp_param_dtype="bf16", fsdp_prefetch=2, fsdp_no_reshard_last=1)
 
 
@@ -186,9 +189,13 @@ def part_levers(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
     fsdp = transformer.replace(parallel="fsdp")
     profiled(rows, summary, out, "1b fsdp before", fsdp)
     profiled(rows, summary, out, "1b fsdp after", fsdp.replace(**FSDP_LEVERS))
-    if not quick:  # compiling 20 blocks (one graph, reused) adds about a minute
-        profiled(rows, summary, out, "1b fsdp after + per-block compile",
-                 fsdp.replace(**FSDP_LEVERS, fsdp_compile_blocks=True, rank_timeout_s=600.0))
+
+
+def part_compile(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
+    """The FSDP2 levers with each block compiled before sharding (one graph for 20 identical blocks)."""
+    fsdp = transformer_1b(quick).replace(nproc=2, trials=1, parallel="fsdp", rank_timeout_s=600.0)
+    profiled(rows, summary, out, "1b fsdp after + per-block compile",
+             fsdp.replace(**FSDP_LEVERS, fsdp_compile_blocks=True))
 
 
 def part_issue12(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
@@ -210,7 +217,7 @@ def run(out: Path, quick: bool, parts: Optional[list[str]] = None) -> list[dict]
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     summary = Summary()
-    steps = {"scaling": part_scaling, "levers": part_levers, "issue12": part_issue12}
+    steps = {"scaling": part_scaling, "levers": part_levers, "compile": part_compile, "issue12": part_issue12}
     for part in parts:
         began = time.time()
         steps[part](rows, summary, out, quick)
@@ -220,7 +227,7 @@ def run(out: Path, quick: bool, parts: Optional[list[str]] = None) -> list[dict]
 
 
 def selected_parts() -> list[str]:
-    """BENCH_DISTRIBUTED_PART: a comma list of scaling, levers, issue12 (default: scaling,levers)."""
+    """BENCH_DISTRIBUTED_PART: a comma list of scaling, levers, compile, issue12 (default: scaling,levers)."""
     parts = [part.strip() for part in os.environ.get("BENCH_DISTRIBUTED_PART", "scaling,levers").split(",")
              if part.strip()]
     unknown = [part for part in parts if part not in PARTS]
