@@ -1,15 +1,25 @@
-"""Distributed area (2 GPUs: the device kind nvidia-h200-x2): scaling efficiency, exposed communication and
-the DDP bucket size, through `perflab scale` / `perflab profile --nproc 2` (torchrun underneath).
+"""Distributed area (2 GPUs: the device kind nvidia-h100-x2): the links, scaling at 1 and 2 GPUs against the scaling
+model's prediction, and the levers for exposed communication on a ~1B-parameter transformer.
 
-    python -m benchmarks.bench_distributed --out DIR [--quick]
+    BENCH_DISTRIBUTED_PART=scaling python -m benchmarks.bench_distributed --out DIR     # ~4 min on 2 H100s
+    BENCH_DISTRIBUTED_PART=levers  python -m benchmarks.bench_distributed --out DIR     # ~5 min
+    BENCH_DISTRIBUTED_PART=compile python -m benchmarks.bench_distributed --out DIR     # ~3 min
+    BENCH_DISTRIBUTED_PART=issue12 python -m benchmarks.bench_distributed --out DIR     # issue 12's experiments
 
-- resnet50 train bf16, DDP at 1 and 2 GPUs: throughput per GPU and scaling efficiency (goal >= 95%)
-- transformer train bf16, DDP and FSDP2 at 1 and 2 GPUs: the same
-- profiled at 2 GPUs: NCCL time per step, % overlapped with compute, exposed share of the step, for resnet50
-  DDP at --ddp-bucket-mb 1, 25 (DDP's default), 100, and the transformer with DDP and FSDP
-- planted collectives-bound case (tests/planted/big_gradients.py: 4 x 8192^2 weights on batch 8): diagnosed
+Each part is meant to fit one 9-minute device call (the times above are estimates, not measured); the default is
+scaling,levers, which needs two calls' worth: run one part per call.
 
-NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 unless already set).
+- scaling: `perflab calibrate --collectives --nproc 2` (all-reduce / reduce-scatter / all-gather, 1 MiB-1 GiB; the
+  all-reduce's bus bandwidth beside NVLink 4's nominal 450 GB/s per direction, H100 SXM); `perflab scale --nproc 1,2
+  --predict 2,8,64,512` for resnet50 DDP and the transformer size=1b with DDP and FSDP2: measured efficiency at 2
+  GPUs beside the scaling model's prediction (and its predictions past 2 GPUs, with the assumed links)
+- levers: the transformer size=1b profiled at 2 GPUs (`perflab profile --nproc 2`), DDP and FSDP2, before and after
+  the levers for exposed communication: throughput, exposed-communication share, overlap, the verdict
+- compile: the FSDP2 "after" with per-block compile (--fsdp-compile-blocks), profiled the same way
+- issue12: resnet50 DDP at bucket sizes 1, 25, 100 MiB profiled, and the planted collectives-bound case
+
+NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 unless already set). The table
+printed last sums the part up.
 """
 from __future__ import annotations
 
@@ -18,44 +28,123 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from benchmarks.common import Rows, parse_args
 from perflab import RunConfig
-from perflab.sweep.scale import run_scale
+from perflab.calibrate_collectives import cached_collectives, nominal_link
+from perflab.cli import main as perflab_main
+from perflab.diagnose.collectives import exposed_share_pct
 from perflab.pipeline import profile_run, resolve_config
 from perflab.profile.capture import CaptureOptions
+from perflab.sweep.predict import PredictConfig
+from perflab.sweep.scale import run_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 AREA = "distributed"
+PARTS = ("scaling", "levers", "compile", "issue12")
 PROFILE = CaptureOptions(wait=2, warmup=2, active=3, record_shapes=False, gzip=True)
 PLANTED = str(ROOT / "tests" / "planted" / "big_gradients.py") + ":build"
+PREDICT = PredictConfig(predict="2,8,64,512")
+# Before/after at 2 GPUs: each "after" is the levers for exposed communication of its wrapper, as tune would try them
+DDP_LEVERS = dict(gradient_as_bucket_view=True, static_graph=True, ddp_comm_hook="bf16")
+FSDP_LEVERS = dict(fsdp_param_dtype="bf16", fsdp_prefetch=2, fsdp_no_reshard_last=1)
 
 
-def measure(quick: bool) -> dict[str, Any]:
-    return dict(steps=15 if quick else 30, warmup=5 if quick else 10, trials=2 if quick else 3)
+def common(quick: bool) -> dict[str, Any]:
+    return dict(device="cuda", mode="train", precision="bf16", check_quality=False,
+                steps=8 if quick else 15, warmup=3 if quick else 5, trials=2)
 
 
-def scaling(rows: Rows, out: Path, name: str, base: list[RunConfig]) -> None:
-    """One `perflab scale` over 1 and 2 GPUs for each config in `base`; rows per point."""
-    summary = run_scale([cfg.replace(nproc=2) for cfg in base], out / name)
-    for row in summary.rows:
+def transformer_1b(quick: bool) -> RunConfig:
+    """~1.1B parameters (size=1b: 20 blocks of 2048, seq 2048, vocab 32k), 4 sequences per GPU, bf16."""
+    return RunConfig(workload="transformer", workload_options={"size": "1b"}, batch_size=4, **common(quick))
+
+
+class Summary:
+    """The rows of the last table: one per configuration measured."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, str, str, str, str]] = []
+
+    def add(self, name: str, gpus: Any, throughput: Optional[float], efficiency: Optional[float] = None,
+            exposed: Optional[float] = None, predicted: Optional[float] = None) -> None:
+        def pct(value: Optional[float]) -> str:
+            return "" if value is None else f"{value:.1f}%"
+        self.lines.append((name, str(gpus), "" if throughput is None else f"{throughput:,.1f}", pct(efficiency),
+                           pct(exposed), pct(predicted)))
+
+    def print(self) -> None:
+        header = ("experiment", "GPUs", "samples/s", "efficiency", "exposed comm", "predicted eff")
+        widths = [max(len(row[i]) for row in [header, *self.lines]) for i in range(len(header))]
+        print(f"[{AREA}] summary", flush=True)
+        for row in [header, *self.lines]:
+            print("  " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)), flush=True)
+
+
+def collectives(rows: Rows, summary: Summary) -> None:
+    """`perflab calibrate --collectives --nproc 2`: bus bandwidth per kind at each size, the peak beside NVLink's."""
+    began = time.time()
+    code = perflab_main(["calibrate", "--collectives", "--nproc", "2", "--device", "cuda"])
+    entry = cached_collectives(torch.device("cuda", 0), 2)
+    if code != 0 or entry is None:
+        rows.add("collectives", "status", None, note=f"calibrate --collectives exited {code}")
+        return
+    for kind, results in entry["results"].items():
+        for row in results:
+            rows.add(f"collectives {kind} {row['bytes'] / 2**20:g} MiB", "busbw", row["busbw_gbps"], "GB/s",
+                     note=f"algbw {row['algbw_gbps']:.1f} GB/s, {row['time_us']:.1f} us")
+        rows.add(f"collectives {kind}", "latency", entry["latency_us"][kind], "us", note="smallest message (1 MiB)")
+    link = nominal_link(torch.device("cuda", 0))
+    peak = entry["peak_busbw_gbps"]["all_reduce"]
+    if link:
+        rows.add("collectives all_reduce", "busbw_of_nominal_link", 100 * peak / link["gbps"], "%",
+                 note=f"peak all-reduce bus bandwidth {peak:.1f} GB/s vs {link['name']} {link['gbps']:g} GB/s "
+                      f"(nccl-tests' busbw compares with one direction of the link); {time.time() - began:.0f}s")
+    summary.add(f"all-reduce busbw {peak:.0f} GB/s", 2, None)
+
+
+def scaling(rows: Rows, summary: Summary, out: Path, name: str, base: list[RunConfig]) -> None:
+    """`perflab scale --nproc 1,2 --predict 2,8,64,512` for each config in `base`: measured rows, then the
+    prediction at 2 GPUs beside the measured efficiency and the predictions past 2 GPUs."""
+    began = time.time()
+    try:
+        result = run_scale([cfg.replace(nproc=2) for cfg in base], out / name, predict=PREDICT)
+    except Exception as err:  # one failing experiment must not lose the others' rows
+        rows.add(name, "status", None, note=f"failed: {type(err).__name__}: {err}"[:300])
+        return
+    for row in result.rows:
         label = f"{name} {row['label']}"
         if row["status"] != "ok":
             rows.add(label, "status", None, note=f"{row['status']}: {row.get('error')}"[:300])
             continue
         rows.add(label, "throughput", row["throughput"], "samples/s")
-        rows.add(label, "throughput_per_gpu", row["per_rank_throughput"], "samples/s")
         if row["world_size"] > 1:
-            goal = " (goal >= 95%)" if name.startswith("resnet50") else ""
-            rows.add(label, "scaling_efficiency", row["efficiency_pct"], "%", note=f"throughput(2) / (2 x throughput(1)){goal}")
+            rows.add(label, "scaling_efficiency", row["efficiency_pct"], "%", note="throughput(2) / (2 x throughput(1))")
+        else:
+            summary.add(f"{name} 1 GPU", 1, row["throughput"])
+    for prediction in result.predictions:
+        label = f"{name} {prediction['parallel']} predicted at {prediction['gpus']}"
+        measured = prediction.get("measured_efficiency_pct")
+        rows.add(label, "predicted_efficiency", prediction["efficiency_pct"], "%",
+                 note=(f"step {prediction['step_ms']:.1f} ms, exposed {prediction['exposed_ms']:.2f} ms, "
+                       f"{prediction['nodes']} x {prediction['gpus_per_node']} GPUs at {prediction['busbw_gbps']:.0f} "
+                       f"GB/s" + (f"; measured {measured:.1f}%" if measured is not None else "")))
+        if prediction["gpus"] == 2:
+            throughput = next((row["throughput"] for row in result.rows if row["world_size"] == 2
+                               and row["status"] == "ok" and row["config"].get("parallel") == prediction["parallel"]),
+                              None)
+            summary.add(f"{name} {prediction['parallel']}", 2, throughput, measured, None, prediction["efficiency_pct"])
+    for what, source in result.assumptions.items():
+        rows.add(f"{name} scaling model", "assumption", None, note=f"{what}: {source}"[:300])
+    rows.add(name, "elapsed", time.time() - began, "s")
 
 
-def profiled(rows: Rows, out: Path, name: str, cfg: RunConfig, expected: str = "") -> None:
-    """`perflab profile --nproc 2`: throughput and the worst rank's communication figures, and the verdict."""
-    run_dir = out / name
+def profiled(rows: Rows, summary: Summary, out: Path, name: str, cfg: RunConfig, expected: str = "") -> None:
+    """`perflab profile --nproc 2`: throughput, the worst rank's exposed communication, and the verdict."""
+    run_dir = out / name.replace(" ", "_")
     shutil.rmtree(run_dir, ignore_errors=True)
     began = time.time()
     try:
@@ -63,49 +152,96 @@ def profiled(rows: Rows, out: Path, name: str, cfg: RunConfig, expected: str = "
     except Exception as err:  # one failing experiment must not lose the others' rows
         rows.add(name, "status", None, note=f"failed: {type(err).__name__}: {err}"[:300])
         return
-    rows.add(name, "throughput", result.throughput, "samples/s", note=f"profiled run, {time.time() - began:.0f}s")
+    rows.add(name, "throughput", result.throughput, "samples/s", note=f"profiled run, {time.time() - began:.0f}s; "
+             f"levers: {', '.join(result.levers)}")
     comm = result.metrics.collectives
+    exposed = exposed_share_pct(comm) if comm else None
     if comm:
         rows.add(name, "nccl_ms_per_step", comm["communication_ms_per_step"], "ms")
-        rows.add(name, "overlap", comm["overlap_pct"], "%", note="NCCL time under compute kernels")
-        rows.add(name, "exposed_share_of_step", comm["exposed_share_pct"], "%",
-                 note=f"{comm['exposed_ms_per_step']:.2f} ms/step, worst rank {comm.get('worst_rank')}")
-    spread = result.metrics.distributed.straggler_spread_pct if result.metrics.distributed else None
-    rows.add(name, "straggler_spread", spread, "%")
+        rows.add(name, "overlap", comm["overlap_pct"], "%", note="NCCL time under compute kernels (worst rank)")
+        rows.add(name, "exposed_share_of_step", exposed, "%",
+                 note=f"{comm['exposed_ms_per_step']:.2f} ms/step of NCCL not under compute + "
+                      f"{comm.get('host_wait_ms_per_step') or 0:.2f} ms/step GPU idle in collectives' host ops; "
+                      f"worst rank {comm.get('worst_rank')}")
+        for kind, figures in (comm.get("by_kind") or {}).items():
+            rows.add(name, f"{kind}_busbw", figures.get("busbw_gbps"), "GB/s",
+                     note=f"{figures['ms_per_step']:.2f} ms/step, {figures['calls_per_step']:.0f} calls, "
+                          f"{figures.get('mean_message_mb') or 0:.1f} MB a call")
     if diagnosis is not None:
         match = "" if not expected else (" (expected)" if diagnosis.bottleneck == expected else f" (EXPECTED {expected})")
         rows.add(name, "verdict_confidence", diagnosis.confidence,
-                 note=f"{diagnosis.bottleneck}{match}: {diagnosis.headline}; levers: {', '.join(diagnosis.levers)}"[:300])
+                 note=f"{diagnosis.bottleneck}{match}: {diagnosis.headline}; levers: {', '.join(diagnosis.levers)}"[:400])
+    summary.add(name, 2, result.throughput, None, exposed)
 
 
-def run(out: Path, quick: bool) -> list[dict]:
+def part_scaling(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
+    collectives(rows, summary)
+    resnet = RunConfig(workload="resnet50", batch_size=128, **common(quick))
+    scaling(rows, summary, out, "resnet50", [resnet])
+    transformer = transformer_1b(quick)
+    scaling(rows, summary, out, "transformer-1b", [transformer, transformer.replace(parallel="fsdp")])
+
+
+def part_levers(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
+    transformer = transformer_1b(quick).replace(nproc=2, trials=1)
+    profiled(rows, summary, out, "1b ddp before", transformer)
+    profiled(rows, summary, out, "1b ddp after", transformer.replace(**DDP_LEVERS))
+    fsdp = transformer.replace(parallel="fsdp")
+    profiled(rows, summary, out, "1b fsdp before", fsdp)
+    profiled(rows, summary, out, "1b fsdp after", fsdp.replace(**FSDP_LEVERS))
+
+
+def part_compile(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
+    """The FSDP2 levers with each block compiled before sharding (one graph for 20 identical blocks)."""
+    fsdp = transformer_1b(quick).replace(nproc=2, trials=1, parallel="fsdp", rank_timeout_s=600.0)
+    profiled(rows, summary, out, "1b fsdp after + per-block compile",
+             fsdp.replace(**FSDP_LEVERS, fsdp_compile_blocks=True))
+
+
+def part_issue12(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
+    resnet = RunConfig(workload="resnet50", batch_size=128, **common(quick))
+    for bucket_mb in ((25.0,) if quick else (1.0, 25.0, 100.0)):
+        profiled(rows, summary, out, f"resnet50 ddp bucket {bucket_mb:g} MiB",
+                 resnet.replace(nproc=2, ddp_bucket_mb=bucket_mb, trials=1))
+    profiled(rows, summary, out, "planted big gradients",
+             RunConfig(workload=PLANTED, nproc=2, batch_size=8, steps=12, warmup=3, trials=1, device="cuda"),
+             expected="collectives")
+
+
+def run(out: Path, quick: bool, parts: Optional[list[str]] = None) -> list[dict]:
+    parts = parts or selected_parts()
     rows = Rows(AREA, out)
     if torch.cuda.device_count() < 2:
         rows.add("(area)", "status", None, note=f"needs 2 GPUs, {torch.cuda.device_count()} visible")
         return rows.rows
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    common = dict(device="cuda", mode="train", precision="bf16", **measure(quick))
-    resnet = RunConfig(workload="resnet50", batch_size=128, **common)
-    transformer = RunConfig(workload="transformer", batch_size=16, **common)
-    scaling(rows, out, "resnet50 ddp", [resnet])
-    scaling(rows, out, "transformer", [transformer, transformer.replace(parallel="fsdp")])
-    buckets = (25.0,) if quick else (1.0, 25.0, 100.0)
-    for bucket_mb in buckets:
-        profiled(rows, out, f"resnet50 ddp bucket {bucket_mb:g} MiB",
-                 resnet.replace(nproc=2, ddp_bucket_mb=bucket_mb, trials=2))
-    for parallel in ("ddp", "fsdp"):
-        profiled(rows, out, f"transformer {parallel}", transformer.replace(nproc=2, parallel=parallel, trials=2))
-    profiled(rows, out, "planted big gradients", RunConfig(workload=PLANTED, nproc=2, batch_size=8, steps=12, warmup=3,
-                                                           trials=1, device="cuda"), expected="collectives")
+    summary = Summary()
+    steps = {"scaling": part_scaling, "levers": part_levers, "compile": part_compile, "issue12": part_issue12}
+    for part in parts:
+        began = time.time()
+        steps[part](rows, summary, out, quick)
+        rows.add(f"part {part}", "elapsed", time.time() - began, "s")
+    summary.print()
     return rows.rows
+
+
+def selected_parts() -> list[str]:
+    """BENCH_DISTRIBUTED_PART: a comma list of scaling, levers, compile, issue12 (default: scaling,levers)."""
+    parts = [part.strip() for part in os.environ.get("BENCH_DISTRIBUTED_PART", "scaling,levers").split(",")
+             if part.strip()]
+    unknown = [part for part in parts if part not in PARTS]
+    if unknown:
+        raise SystemExit(f"BENCH_DISTRIBUTED_PART: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    return parts
 
 
 def main() -> int:
     args = parse_args()
+    parts = selected_parts()
     began = time.time()
-    run(args.out, args.quick)
-    print(f"[{AREA}] done in {time.time() - began:.0f}s", flush=True)
+    run(args.out, args.quick, parts)
+    print(f"[{AREA}] done in {time.time() - began:.0f}s ({', '.join(parts)})", flush=True)
     return 0
 
 

@@ -26,6 +26,7 @@ KV_CACHES = ("dynamic", "static")
 QUANT_SCHEMES = ("int8-weight", "fp8", "int4-weight")
 PARALLEL_KINDS = ("ddp", "fsdp")
 COMM_HOOKS = ("bf16", "fp16")
+FSDP_DTYPES = ("fp32", "bf16")  # MixedPrecisionPolicy's param_dtype (bf16 only) and reduce_dtype
 
 MEASURE = "workload and measurement"
 DATA_PATH = "data-path levers"
@@ -43,6 +44,7 @@ INFER = ("infer",)
 
 NEEDS_RANKS = "needs --nproc 2 or more (a setting of the data-parallel wrapper)"
 ONE_PROCESS = "runs in one process; drop --nproc"
+FSDP_ONLY = "is an FSDP setting; add --parallel fsdp (and --nproc 2 or more)"
 SECOND_STREAM = "a captured step cannot also run work on a second stream; drop --augment gpu-stream/--pipeline"
 
 
@@ -237,6 +239,43 @@ class RunConfig:
                                          True, negatable=True, conflicts=(
                                              Conflict("parallel", "--no-reshard-after-forward is an FSDP setting; "
                                                       "add --parallel fsdp", value="ddp"),))
+    broadcast_buffers: bool = option("--broadcast-buffers", bool, "DDP: copy rank 0's buffers (BatchNorm running "
+                                     "statistics) to every rank before each forward (--no-...: skip that collective; "
+                                     "each rank keeps its own statistics) (default: on)", DISTRIBUTED, True,
+                                     negatable=True, modes=TRAIN, conflicts=(
+                                         Conflict("nproc", "--no-broadcast-buffers " + NEEDS_RANKS, value=1),
+                                         Conflict("parallel", "--no-broadcast-buffers is a DDP setting",
+                                                  value="fsdp")))
+    fsdp_param_dtype: Optional[str] = option("--fsdp-param-dtype", str, "FSDP2 MixedPrecisionPolicy: parameters "
+                                             "all-gathered and computed in bf16 (half the all-gather bytes; the "
+                                             "sharded fp32 parameters stay the master copy) (default: the model's "
+                                             "dtype)", DISTRIBUTED, choices=FSDP_DTYPES[1:], changes_numerics=True,
+                                             conflicts=(Conflict("parallel", "--fsdp-param-dtype " + FSDP_ONLY,
+                                                                 value="ddp"),))
+    fsdp_reduce_dtype: Optional[str] = option("--fsdp-reduce-dtype", str, "FSDP2 MixedPrecisionPolicy: the dtype "
+                                              "gradients are reduce-scattered in: bf16 halves the bytes, fp32 sums "
+                                              "exactly (default: fp32 with --fsdp-param-dtype bf16, as torchtitan; "
+                                              "else the parameters' dtype)", DISTRIBUTED, choices=FSDP_DTYPES,
+                                              changes_numerics=("bf16",), conflicts=(
+                                                  Conflict("parallel", "--fsdp-reduce-dtype " + FSDP_ONLY,
+                                                           value="ddp"),))
+    fsdp_no_reshard_last: int = option("--fsdp-no-reshard-last", int, "FSDP: the last N blocks keep their gathered "
+                                       "parameters after forward (backward needs them first, so gathering them "
+                                       "again is pure waiting; more memory) (default: 0)", DISTRIBUTED, 0,
+                                       minimum=0, metavar="N", conflicts=(
+                                           Conflict("parallel", "--fsdp-no-reshard-last " + FSDP_ONLY, value="ddp"),))
+    fsdp_prefetch: int = option("--fsdp-prefetch", int, "FSDP2: issue the all-gathers of the next N blocks in "
+                                "forward (and the previous N in backward) ahead of time "
+                                "(set_modules_to_forward_prefetch / set_modules_to_backward_prefetch; torch >= "
+                                "2.5) (default: 0, FSDP's implicit one-block prefetch)", DISTRIBUTED, 0, minimum=0,
+                                metavar="N", conflicts=(
+                                    Conflict("parallel", "--fsdp-prefetch " + FSDP_ONLY, value="ddp"),))
+    fsdp_compile_blocks: bool = option("--fsdp-compile-blocks", bool, "compile each block before sharding it "
+                                       "(torchtitan's per-block compile: each block's kernels fused, FSDP's hooks "
+                                       "between blocks eager)", DISTRIBUTED, False, conflicts=(
+                                           Conflict("parallel", "--fsdp-compile-blocks " + FSDP_ONLY, value="ddp"),
+                                           Conflict("compile", "--fsdp-compile-blocks compiles every block already; "
+                                                    "drop --compile")))
     grad_accum: int = option("--grad-accum", int, "accumulate gradients over N steps and step the optimizer on the "
                              "last; with --nproc, the first N-1 skip the all-reduce (no_sync) (default: 1)",
                              DISTRIBUTED, 1, minimum=1, metavar="N", modes=TRAIN, conflicts=(

@@ -44,7 +44,9 @@ def test_a_class_rule_ranks_its_levers_by_their_declared_ranks_and_situations():
     assert levers_for(bottlenecks.MEMORY_BANDWIDTH) == ["compile"]
     assert levers_for(bottlenecks.LAUNCH_OVERHEAD, {bottlenecks.TRAINING}) == [
         "compile", "fused-optimizer", "foreach-optimizer"]  # a step that syncs cannot be graphed
-    assert levers_for(bottlenecks.COLLECTIVES, {bottlenecks.FSDP}) == ["fsdp-no-reshard", "grad-accum"]
+    assert levers_for(bottlenecks.COLLECTIVES, {bottlenecks.FSDP}) == [
+        "fsdp-prefetch", "fsdp-no-reshard-last", "fsdp-bf16-reduce", "grad-accum", "fsdp-bf16-params", "fsdp-no-reshard",
+        "fsdp-compile-blocks"]
 
 
 def test_every_lever_a_rule_names_is_a_lever_addressing_that_class():
@@ -82,7 +84,8 @@ RULE_LISTS_BEFORE = [
     (bottlenecks.LAUNCH_OVERHEAD, {bottlenecks.NO_HOST_SYNCS, bottlenecks.TRAINING},
      ["cuda-graphs", "compile", "fused-optimizer", "foreach-optimizer"]),
     (bottlenecks.COLLECTIVES, {bottlenecks.DDP},
-     ["ddp-bucket-size", "gradient-as-bucket-view", "static-graph", "grad-accum", "bf16-comm-hook"]),
+     ["ddp-bucket-size", "gradient-as-bucket-view", "static-graph", "grad-accum", "bf16-comm-hook",
+      "no-broadcast-buffers"]),
     (bottlenecks.INFERENCE_QUEUE, set(), ["compile", "cuda-graphs"]),
 ]
 DECODE_LISTS_BEFORE = [

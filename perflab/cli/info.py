@@ -7,6 +7,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from perflab.calibrate import calibrate, cached_ceilings, datasheet_ceilings
+from perflab.cli._collectives import handle_collectives
+from perflab.distributed.rank import RANK_MODE_FLAG
 from perflab.cli import console
 from perflab.environment import collect_environment
 from perflab.errors import PerflabError
@@ -27,6 +29,15 @@ def register(subparsers) -> None:
     cal = subparsers.add_parser("calibrate", help="measure this machine's ceilings (matmul, memory, H2D) once")
     cal.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     cal.add_argument("--quick", action="store_true", help="smaller sizes: faster, slightly lower peaks")
+    cal.add_argument("--collectives", action="store_true", help="measure all-reduce, reduce-scatter and all-gather "
+                     "between --nproc ranks of this node (1 MiB to 1 GiB on GPUs): algorithm and bus bandwidth as "
+                     "nccl-tests reports them, cached for the diagnosis and `perflab scale --predict`")
+    cal.add_argument("--nproc", type=int, default=None, metavar="N", help="--collectives: ranks (GPUs) to measure "
+                     "between (default: every visible GPU)")
+    cal.add_argument("--max-mb", type=float, default=None, metavar="MB", help="--collectives: the largest message "
+                     "in MiB (default: 1024)")
+    cal.add_argument("--out", default=None, help=argparse.SUPPRESS)  # rank mode: where rank 0 writes the entry
+    cal.add_argument(RANK_MODE_FLAG, dest="rank_mode", action="store_true", help=argparse.SUPPRESS)
     cal.set_defaults(handler=handle_calibrate)
 
 
@@ -80,6 +91,10 @@ def _ceilings_text(entry: dict) -> str:
 
 
 def handle_calibrate(args: argparse.Namespace) -> int:
+    if args.collectives or args.rank_mode:
+        return handle_collectives(args)
+    if args.nproc is not None or args.max_mb is not None:
+        raise PerflabError("--nproc and --max-mb are settings of `perflab calibrate --collectives`; add --collectives")
     device = resolve_device(args.device)
     with console.status("calibrating") as status:
         entry = calibrate(device, quick=args.quick, progress=lambda msg: status.update(f"calibrating: {msg}"))

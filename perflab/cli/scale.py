@@ -9,6 +9,8 @@ from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, grid_from_args
 from perflab.cli._outcome import points_out_of_memory
 from perflab.cli.sweep import RichSweepProgress
+from perflab import options
+from perflab.sweep.predict import PredictConfig
 from perflab.sweep.scale import ScaleSummary, at_rank_counts, run_scale, trusted_efficiency
 from perflab.errors import PerflabError
 from perflab.report.fit import Column, fitted_tables
@@ -27,10 +29,18 @@ def register(subparsers) -> None:
     group = parser.add_argument_group("scale")
     group.add_argument("--out", default=None, metavar="DIR", help="directory (default: runs/<timestamp>-scale)")
     group.add_argument("--resume", action="store_true", help="continue in --out, skipping finished points")
+    options.add_arguments(parser, PredictConfig, "scale")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    model = PredictConfig(**options.changes_from_args(PredictConfig, args, "scale"))
+    options.validate(model)
+    if model.predict is None and model != PredictConfig():
+        raise PerflabError("--gpus-per-node, --intra-node-gbps and the --inter-node-* settings are the scaling "
+                           "model's: add --predict N,M,...")
+    if model.predict is not None:
+        model.counts()  # a bad list is refused before anything runs
     counts = rank_counts(args.nproc)
     # the grid is validated at the largest count (DDP settings need ranks); the 1-rank points drop them
     args.nproc = str(max(counts))
@@ -38,13 +48,16 @@ def handle(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-scale"
     try:
         with RichSweepProgress() as progress:
-            summary = run_scale(configs, out, resume=args.resume, observer=progress, command=["perflab"] + args.argv)
+            summary = run_scale(configs, out, resume=args.resume, observer=progress, command=["perflab"] + args.argv,
+                                predict=model if model.predict is not None else None)
     except KeyboardInterrupt:
         done = len(read_rows(out)) if (out / "sweep.jsonl").exists() else 0
         err_console.print(f"[yellow]interrupted[/]: {done} finished point(s) are kept in {out}; run `perflab scale "
                           f"--resume --out {out}` with the same options to continue")
         return 130
     print_scaling(summary)
+    if summary.predictions or summary.assumptions:
+        print_predictions(summary)
     code = points_out_of_memory(err_console, summary.rows)
     if code is not None:
         return code
@@ -105,3 +118,20 @@ def _efficiency(row: dict) -> str:
     if efficiency is None:
         return ""
     return f"{trusted:.1f}%" if trusted is not None else "untrusted"
+
+
+def print_predictions(summary: ScaleSummary) -> None:
+    """The scaling model's table (predicted beside measured efficiency) and the links it assumed."""
+    headers = ("parallel", "GPUs", "nodes x GPUs", "busbw GB/s", "comm ms", "exposed ms", "step ms", "predicted",
+               "measured")
+    rows = []
+    for row in summary.predictions:
+        measured = row.get("measured_efficiency_pct")
+        rows.append([row["parallel"], str(row["gpus"]), f"{row['nodes']} x {row['gpus_per_node']}",
+                     fmt(row["busbw_gbps"], 1), fmt(row["communication_ms"], 2), fmt(row["exposed_ms"], 2),
+                     fmt(row["step_ms"], 2), f"{row['efficiency_pct']:.1f}%",
+                     f"{measured:.1f}%" if measured is not None else ""])
+    console.print(fitted_tables("scaling model (--predict)", [Column(header) for header in headers], rows,
+                                console.width))
+    for what, source in summary.assumptions.items():
+        console.print(f"assumed, {what}: {source}", highlight=False)

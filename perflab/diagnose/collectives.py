@@ -1,17 +1,22 @@
 """Collectives: communication the step waits for. From each rank's trace (perflab/diagnose/communication.py),
-the NCCL time not overlapped by compute; the worst rank counts, since every rank waits for it. The rule
-fires on its own evidence whatever other rules say: exposed communication above THRESHOLD_PCT of the step.
+the NCCL time not overlapped by compute, plus the GPU idle while the host waits in a collective or an FSDP hook; the
+worst rank counts, since every rank waits for it. The rule fires on its own evidence whatever other rules say:
+exposed communication above THRESHOLD_PCT of the step. It names, per rank, the overlap; per kind of collective, the
+calls, message sizes and the bus bandwidth achieved against the peak `perflab calibrate --collectives` measured; and
+leads with the lever that hides what is exposed.
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
 from perflab.bottlenecks import COLLECTIVES, DDP, FSDP
+from perflab.calibrate_collectives import cached_collectives_named
 from perflab.diagnose.communication import communication_profile
 from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
 from perflab.levers import levers_for
 
 THRESHOLD_PCT = 10.0  # exposed (non-overlapped) communication, share of the step time
+NEAR_PEAK_PCT = 70.0  # a collective at this share of the measured peak bus bandwidth is limited by its bytes
 
 
 def communication(ctx: Context) -> Optional[dict[str, Any]]:
@@ -23,22 +28,77 @@ def communication(ctx: Context) -> Optional[dict[str, Any]]:
     return profile.to_dict() if profile is not None else None
 
 
+def exposed_share_pct(comm: dict[str, Any]) -> float:
+    """NCCL time not under compute, plus the GPU idle while the host waits on a collective, over the step."""
+    host_wait = comm.get("host_wait_ms_per_step") or 0.0
+    step = comm.get("step_ms") or 0.0
+    return comm["exposed_share_pct"] + (100 * host_wait / step if step else 0.0)
+
+
+def lead_lever(parallel: str, by_kind: dict[str, dict], peak_gbps: Optional[float]) -> tuple[Optional[str], str]:
+    """The lever that should hide the exposed communication, and why: DDP's all-reduce near the link's peak is
+    limited by its bytes (bf16 hook), else by when it starts (bucket size); FSDP's all-gathers are hidden by
+    prefetch, a reduce-scatter that leads by bf16 reduction."""
+    lead_kind = next(iter(by_kind), None)
+    if parallel == "fsdp":
+        if lead_kind == "reduce_scatter":
+            return "fsdp-bf16-reduce", "the gradient reduce-scatter leads: send it in bf16"
+        return "fsdp-prefetch", ("the parameter all-gathers lead: prefetch the next blocks, keep the last blocks "
+                                 "gathered (--fsdp-no-reshard-last 1)")
+    busbw = (by_kind.get("all_reduce") or {}).get("busbw_gbps")
+    if busbw and peak_gbps and 100 * busbw / peak_gbps >= NEAR_PEAK_PCT:
+        return "bf16-comm-hook", (f"the all-reduce runs at {100 * busbw / peak_gbps:.0f}% of the measured peak: "
+                                  "its bytes are the limit; halve them")
+    return "ddp-bucket-size", "the all-reduce waits for backward to finish: smaller buckets start it earlier"
+
+
 def collectives(ctx: Context) -> Optional[Finding]:
     """A finding when exposed communication is at least THRESHOLD_PCT of the step, with the DDP/FSDP levers."""
     comm = communication(ctx)
-    if not comm or comm["exposed_share_pct"] < THRESHOLD_PCT:
+    if not comm:
         return None
-    share = comm["exposed_share_pct"]
-    levers = levers_for(COLLECTIVES, {FSDP if ctx.config("parallel") == "fsdp" else DDP})
+    share = exposed_share_pct(comm)
+    if share < THRESHOLD_PCT:
+        return None
+    parallel = ctx.config("parallel") or "ddp"
+    by_kind = comm.get("by_kind") or {}
+    measured = cached_collectives_named(ctx.trace.gpu_name if ctx.trace else None, comm.get("group_size"))
+    peak = (measured or {}).get("peak_busbw_gbps", {}).get("all_reduce")
+    levers = levers_for(COLLECTIVES, {FSDP if parallel == "fsdp" else DDP})
+    lead, why = lead_lever(parallel, by_kind, peak)
+    if lead in levers:
+        levers = [lead] + [name for name in levers if name != lead]
     evidence = {"exposed_communication_pct_of_step": share, "exposed_ms_per_step": comm["exposed_ms_per_step"],
-                "communication_ms_per_step": comm["communication_ms_per_step"], "overlap_pct": comm["overlap_pct"]}
+                "host_wait_on_communication_ms_per_step": comm.get("host_wait_ms_per_step") or 0.0,
+                "communication_ms_per_step": comm["communication_ms_per_step"], "overlap_pct": comm["overlap_pct"],
+                "collectives": by_kind}
     if "worst_rank" in comm:
         evidence["worst_rank"] = comm["worst_rank"]
+        evidence["overlap_pct_per_rank"] = {str(rank["rank"]): rank["overlap_pct"] for rank in comm["per_rank"]}
+    if peak:
+        evidence["peak_busbw_gbps"] = peak
+        evidence["peak_busbw_source"] = f"perflab calibrate --collectives over {measured['ranks']} ranks"
     return Finding(cls=COLLECTIVES, confidence=clamp(0.45 + share / 100),
-                   summary=f"the step waits {comm['exposed_ms_per_step']:.2f} ms ({share:.0f}%) on communication "
-                           f"not overlapped with compute ({comm['overlap_pct']:.0f}% of NCCL time overlapped)",
+                   summary=f"exposed communication: the step waits {share:.0f}% of its time on collectives "
+                           f"({_kinds_text(by_kind, peak)}; {comm['overlap_pct']:.0f}% of NCCL time overlapped); "
+                           f"{why}",
                    evidence=rounded(evidence), levers=ctx.rank_levers(levers),
                    advice=["more compute per all-reduce: a larger per-GPU batch, or --grad-accum N",
                            "check the topology (NVLink vs PCIe) with nvidia-smi topo -m"],
                    expected_gain_pct=gain(share),
                    gain_basis="exposed communication per step (the most that full overlap can hide)")
+
+
+def _kinds_text(by_kind: dict[str, dict], peak: Optional[float]) -> str:
+    """'all_reduce 12.0 ms/step, 25.0 MB, 180 GB/s bus (48% of peak)' for the two leading kinds."""
+    parts = []
+    for kind, figures in list(by_kind.items())[:2]:
+        text = f"{kind} {figures['ms_per_step']:.2f} ms/step"
+        if figures.get("mean_message_mb") is not None:
+            text += f", {figures['mean_message_mb']:.1f} MB a call"
+        if figures.get("busbw_gbps") is not None:
+            text += f", {figures['busbw_gbps']:.0f} GB/s bus"
+            if peak:
+                text += f" ({100 * figures['busbw_gbps'] / peak:.0f}% of the measured peak)"
+        parts.append(text)
+    return "; ".join(parts) or "NCCL kernels"

@@ -4,6 +4,13 @@ the exposed (non-overlapped) communication per step, which the step waits for.
 NCCL kernels are matched by name prefix, whatever the NCCL version calls them: `ncclKernel_*` (NCCL 2.x),
 `ncclDevKernel_*` (NCCL >= 2.19, which HolisticTraceAnalysis missed: its issues #208, #247) and any other
 `nccl*`, with or without a `void ` / namespace prefix as some CUPTI versions print them.
+
+Per kind of collective (all-reduce, all-gather, reduce-scatter, ...): calls and ms per step, the mean message and
+the bus bandwidth it achieved (nccl-tests' convention, perflab/calibrate_collectives.py) where the profiler recorded
+the message sizes on the kernels. A kernel's time includes waiting for the slowest peer, so the achieved figure is
+a lower bound of what the link did. The GPU idle while the host is inside a collective or an FSDP hook (FSDP2
+all-gathers wait on the host) is exposed communication too: `host_wait_ms_per_step`, which the idle split of the
+trace summary gives this cause rather than "launch / framework overhead".
 """
 from __future__ import annotations
 
@@ -13,11 +20,24 @@ from typing import Any, Optional
 
 import numpy as np
 
-from perflab.diagnose.intervals import intervals_of
+from perflab.calibrate_collectives import KINDS as BUS_KINDS, bus_factor
+from perflab.diagnose.intervals import Intervals, intervals_of
 from perflab.diagnose.trace import ParsedTrace
 
 NCCL_KERNEL = re.compile(r"^\s*(?:void\s+)?(?:[A-Za-z_]\w*::)*nccl", re.IGNORECASE)
 TOP_COLLECTIVES = 5
+# Host ops and ranges of a collective: the c10d ops, the profiler's nccl:* / record_param_comms records, FSDP's hooks
+# (not DDP's forward range, which holds the whole forward)
+COMMUNICATION_HOST_OP = re.compile(r"^(c10d::|nccl:|record_param_comms|FSDP::)")
+# Kernel names and c10d collective names -> one kind; checked in order (reduce_scatter before reduce)
+KIND_PATTERNS = (("all_reduce", re.compile(r"all_?reduce", re.IGNORECASE)),
+                 ("all_gather", re.compile(r"all_?gather", re.IGNORECASE)),
+                 ("reduce_scatter", re.compile(r"reduce_?scatter", re.IGNORECASE)),
+                 ("broadcast", re.compile(r"broadcast", re.IGNORECASE)),
+                 ("all_to_all", re.compile(r"all_?to_?all", re.IGNORECASE)),
+                 ("send_recv", re.compile(r"send|recv", re.IGNORECASE)))
+DTYPE_BYTES = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "double": 8, "long": 8, "int": 4,
+               "byte": 1, "char": 1, "bool": 1, "short": 2}
 
 
 def is_nccl_kernel(name: str) -> bool:
@@ -39,6 +59,10 @@ class CommunicationProfile:
     exposed_share_pct: float
     nccl_kernels_per_step: float
     top_collectives: dict[str, float] = field(default_factory=dict)  # kernel name -> ms per step
+    # kind -> calls_per_step, ms_per_step, mean_message_mb and busbw_gbps (None where no size was recorded)
+    by_kind: dict[str, dict[str, Optional[float]]] = field(default_factory=dict)
+    host_wait_ms_per_step: float = 0.0  # GPU idle while the host is in a collective or an FSDP hook
+    group_size: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,7 +94,76 @@ def communication_profile(trace: ParsedTrace) -> Optional[CommunicationProfile]:
         exposed_share_pct=100 * exposed_ms / step_ms if step_ms else 0.0,
         nccl_kernels_per_step=float(nccl.sum()) / steps,
         top_collectives=_top_collectives(kernels, nccl, steps),
+        by_kind=collectives_by_kind(trace, nccl, steps),
+        host_wait_ms_per_step=host_wait_us(trace, start, end) / 1e3 / steps,
+        group_size=_group_size(trace),
     )
+
+
+def collective_kind(name: str) -> str:
+    """all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, send_recv, or other, from a kernel's or a
+    c10d op's name (ncclDevKernel_ReduceScatter_Sum_f32_RING_LL -> reduce_scatter)."""
+    for kind, pattern in KIND_PATTERNS:
+        if pattern.search(name):
+            return kind
+    return "other"
+
+
+def message_bytes(kind: str, args: dict[str, Any]) -> Optional[float]:
+    """The whole tensor's bytes of one recorded collective (nccl-tests' S: the all-reduced buffer, the gathered
+    output, the scattered input), or None when the profiler did not record its sizes."""
+    size = DTYPE_BYTES.get(str(args.get("dtype") or "").lower())
+    elements = [args.get("In msg nelems"), args.get("Out msg nelems")]
+    elements = [float(n) for n in elements if isinstance(n, (int, float))]
+    if size is None or not elements:
+        return None
+    return max(elements) * size if kind in ("all_gather", "reduce_scatter") else elements[0] * size
+
+
+def collectives_by_kind(trace: ParsedTrace, nccl: np.ndarray, steps: int) -> dict[str, dict[str, Optional[float]]]:
+    """Per kind: calls and ms per step, the mean message (MB) and the achieved bus bandwidth (GB/s)."""
+    kernels = trace.kernels
+    group = _group_size(trace) or 2
+    totals: dict[str, dict[str, float]] = {}
+    for index in np.flatnonzero(nccl):
+        args = trace.collectives.get(int(kernels.correlation[index]), {})
+        kind = collective_kind(str(args.get("Collective name") or kernels.name(index)))
+        entry = totals.setdefault(kind, {"calls": 0, "us": 0.0, "sized_us": 0.0, "bytes": 0.0, "bus_bytes": 0.0})
+        duration = float(kernels.dur_us[index])
+        entry["calls"] += 1
+        entry["us"] += duration
+        sent = message_bytes(kind, args)
+        if sent is not None and duration > 0:
+            ranks = int(args.get("Group size") or group)
+            entry["sized_us"] += duration
+            entry["bytes"] += sent
+            entry["bus_bytes"] += sent * bus_factor(kind if kind in BUS_KINDS else "all_gather", ranks)
+    return {kind: {"calls_per_step": entry["calls"] / steps, "ms_per_step": entry["us"] / 1e3 / steps,
+                   "mean_message_mb": entry["bytes"] / 2**20 / entry["calls"] if entry["sized_us"] else None,
+                   "busbw_gbps": entry["bus_bytes"] / entry["sized_us"] / 1e3 if entry["sized_us"] else None}
+            for kind, entry in sorted(totals.items(), key=lambda item: -item[1]["us"])}
+
+
+def communication_host(trace: ParsedTrace) -> Intervals:
+    """When the host is inside a collective's op or an FSDP hook (the idle split's "waiting on communication")."""
+    def is_communication(name: str) -> bool:
+        return bool(COMMUNICATION_HOST_OP.match(name))
+    return Intervals.of(intervals_of(trace.cpu_ops, trace.cpu_ops.mask(is_communication)),
+                        intervals_of(trace.annotations, trace.annotations.mask(is_communication)))
+
+
+def host_wait_us(trace: ParsedTrace, start: float, end: float) -> float:
+    """The time no kernel runs while the host is inside a collective's op or an FSDP hook, within [start, end]."""
+    idle = intervals_of(trace.kernels).clip(start, end).complement(start, end)
+    return communication_host(trace).clip(start, end).overlap(idle)
+
+
+def _group_size(trace: ParsedTrace) -> Optional[int]:
+    sizes = [args.get("Group size") for args in trace.collectives.values() if args.get("Group size")]
+    if sizes:
+        return int(max(sizes))
+    world = (trace.distributed or {}).get("world_size")
+    return int(world) if world else None
 
 
 def _top_collectives(kernels, nccl: np.ndarray, steps: int) -> dict[str, float]:

@@ -11,15 +11,15 @@ import numpy as np
 from perflab.diagnose.intervals import Intervals, intervals_of
 from perflab.diagnose.phases import COMPUTE_PHASES, PHASES, loader_intervals, phase_intervals
 from perflab.diagnose.sync_sites import SyncProfile, SyncSite, find_sync_sites, sync_profile, sync_shadow
-from perflab.diagnose.communication import is_nccl_kernel
+from perflab.diagnose.communication import communication_host, is_nccl_kernel
 from perflab.diagnose.trace import EventTable, ParsedTrace
 from perflab.diagnose.roofline import roofline_rows
 
 SHORT_KERNEL_US = 10.0
 LARGE_CPU_OP_US = 20.0
 LOCKSTEP_HOST_FRACTION = 0.8  # GPU work >= this x the host's unblocked time: the host would run ahead without syncs
-IDLE_CAUSES = ("waiting for data", "waiting on H2D copies", "host-device syncs", "launch / framework overhead",
-               "other")
+IDLE_CAUSES = ("waiting for data", "waiting on H2D copies", "host-device syncs", "waiting on communication",
+               "launch / framework overhead", "other")
 
 _COMPUTE_KERNEL = re.compile(r"gemm|cutlass|wgmma|xmma|\bmma|conv(?!ert)|winograd|implicit|flash|fmha|attention|"
                              r"triton_tem|triton_mm|dot_kernel|cublas", re.IGNORECASE)
@@ -296,7 +296,8 @@ def _idle_split(trace: ParsedTrace, gaps: Intervals, sync_shadow: Intervals) -> 
     """Split the time with no kernel running by what the host was doing, in priority order.
 
     Data wait (the `data` phase), then host-to-device copies (the h2d phase or an H2D copy in flight), then syncs,
-    then launch/framework work (any CPU op or runtime call), then other. A sync's share runs from the start of the
+    then a collective's host op or an FSDP hook (communication), then launch/framework work (any CPU op or runtime
+    call), then other. A sync's share runs from the start of the
     op that synced until the first kernel after the host got control back: the host drained the queue, so the GPU
     waits for everything the host does until its next launch lands, launches included.
     """
@@ -304,8 +305,9 @@ def _idle_split(trace: ParsedTrace, gaps: Intervals, sync_shadow: Intervals) -> 
     data = phase_intervals(trace, ("data",))
     h2d = Intervals.of(phase_intervals(trace, ("h2d",)), intervals_of(mc, mc.mask(lambda n: "HtoD" in n)))
     host_busy = Intervals.of(intervals_of(trace.cpu_ops), intervals_of(rt), phase_intervals(trace, COMPUTE_PHASES))
+    # a host inside a collective or an FSDP hook waits on communication, which is not launch overhead
     layers = [("waiting for data", data), ("waiting on H2D copies", h2d), ("host-device syncs", sync_shadow),
-              ("launch / framework overhead", host_busy)]
+              ("waiting on communication", communication_host(trace)), ("launch / framework overhead", host_busy)]
     covered = Intervals(np.empty(0), np.empty(0))
     previous = np.zeros(len(gaps))
     split = {}

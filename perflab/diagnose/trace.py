@@ -25,6 +25,7 @@ SHAPED_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::co
 GPU_CATEGORIES = {"kernel": "kernels", "gpu_memcpy": "memcpys", "gpu_memset": "memsets"}
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 RANGE_PREFIXES = ("ProfilerStep#", "enumerate(DataLoader)#")  # ranges the profiler itself opens
+COLLECTIVE_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size")
 
 
 @dataclass
@@ -88,6 +89,9 @@ class ParsedTrace:
     # External id -> (Input Dims, Input type) of every CPU op that recorded shapes: the operator view's FLOPs/bytes
     inputs: dict[int, tuple[list, list]] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # correlation id -> what the profiler recorded of a collective on its kernel (COLLECTIVE_ARGS: its name,
+    # element counts in and out, dtype, group size): the message sizes of the communication analysis
+    collectives: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def has_gpu(self) -> bool:
@@ -132,6 +136,7 @@ class _TraceReader:
         self.tables = {kind: _Collector() for kind in
                        ("kernels", "memcpys", "memsets", "runtime", "cpu_ops", "annotations", "python")}
         self.shapes: dict[int, OpShapes] = {}
+        self.collectives: dict[int, dict[str, Any]] = {}
         self.inputs: dict[int, tuple[list, list]] = {}
         self.peak_allocated = 0.0
         self.peak_reserved = 0.0
@@ -172,6 +177,8 @@ class _TraceReader:
         start, dur = float(event.get("ts", 0.0)), float(event.get("dur", 0.0))
         if kind == "kernels":
             extra = float(args.get("stream", 0) or 0)
+            if "In msg nelems" in args and corr >= 0:
+                self.collectives[corr] = {key: args.get(key) for key in COLLECTIVE_ARGS}
         elif kind == "memcpys":
             extra = float(args.get("bytes", 0) or 0)
         elif kind == "cpu_op":
@@ -234,4 +241,5 @@ def load_trace(path: Union[str, Path]) -> ParsedTrace:
     metadata = {key: top[key] for key in ("schemaVersion", "record_shapes", "displayTimeUnit") if key in top}
     metadata["events"] = reader.events
     return ParsedTrace(path=str(path), shapes=reader.shapes, inputs=reader.inputs, devices=devices, memory_peaks=peaks,
-                       distributed=top.get("distributedInfo"), metadata=metadata, **tables)
+                       distributed=top.get("distributedInfo"), metadata=metadata, collectives=reader.collectives,
+                       **tables)

@@ -121,16 +121,34 @@ def launch(cfg: RunConfig, command: str, out: Path, extra: Sequence[str] = (),
            recorded_command: Optional[list[str]] = None) -> Optional[Result]:
     """Start the ranks of `perflab <command>` for a resolved config and return rank 0's gathered result
     (None on a node other than node 0: node 0 writes the result)."""
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
     check_launch(cfg)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    _torchrun(cfg, rank_argv(cfg, command, out, extra))
+    if cfg.node_rank != 0:
+        return None
+    result = Result.load(out)
+    result.command = list(recorded_command if recorded_command is not None else sys.argv)
+    result.save(out)
+    return result
+
+
+def start_ranks(cfg: RunConfig, rank_args: Sequence[str]) -> None:
+    """Check, then run `python -m perflab <rank_args>` in cfg.nproc ranks per node through torchrun, until every
+    rank has finished; the first rank's failure is raised as one RankFailedError. `rank_args` ends in rank mode
+    (RANK_MODE_FLAG); `perflab calibrate --collectives` starts its ranks here too."""
+    check_launch(cfg)
+    _torchrun(cfg, rank_args)
+
+
+def _torchrun(cfg: RunConfig, rank_args: Sequence[str]) -> None:
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     with tempfile.TemporaryDirectory(prefix="perflab-torchrun-") as log_dir, _launcher_environment(cfg):
         args = torchrun.parse_args(torchrun_argv(cfg, log_dir))
         # set after parsing: torchrun's parser would read the rank's --nproc as an abbreviation of its own
-        args.training_script_args = rank_argv(cfg, command, out, extra)
+        args.training_script_args = list(rank_args)
         try:
             torchrun.run(args)
         except ChildFailedError as err:
@@ -142,12 +160,6 @@ def launch(cfg: RunConfig, command: str, out: Path, extra: Sequence[str] = (),
                 raise PerflabError(f"the rendezvous port is in use ({cfg.rdzv_endpoint or 'local'}): choose "
                                    "another --rdzv-endpoint port") from None
             raise
-    if cfg.node_rank != 0:
-        return None
-    result = Result.load(out)
-    result.command = list(recorded_command if recorded_command is not None else sys.argv)
-    result.save(out)
-    return result
 
 
 def rank_failure(err) -> RankFailedError:

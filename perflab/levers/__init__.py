@@ -56,6 +56,9 @@ class TuneHints:
     # A big one-flag lever (9-11x seen from one flag): tune screens it whether or not the diagnosis names it, in
     # this order among such levers (perflab/tune/screening.py); None: screened only when proposed.
     screen_always: Optional[int] = None
+    # A numeric option's values for tune to try, each in its own trial (the DDP bucket size, FSDP's prefetch depth);
+    # empty: the lever's one value.
+    values: tuple = ()
 
 
 @dataclass(frozen=True)

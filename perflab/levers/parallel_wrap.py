@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -19,7 +19,7 @@ def wrap_ddp(plan) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [plan.device.index] if plan.device.type == "cuda" else None
-    wrapped = DistributedDataParallel(plan.model, device_ids=device_ids, **plan.parallel_options)
+    wrapped = DistributedDataParallel(plan.model, device_ids=device_ids, **plan.parallel_options)  # DDP's own names
     plan.model = wrapped
     plan.skip_gradient_sync = wrapped.no_sync
 
@@ -51,19 +51,71 @@ def shard_blocks(model: nn.Module) -> Iterator[nn.Module]:
             yield from shard_blocks(child)
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def mixed_precision_policy(param_dtype: Optional[str], reduce_dtype: Optional[str]):
+    """FSDP2's MixedPrecisionPolicy, or None when neither dtype is set; bf16 parameters reduce in fp32 unless told
+    otherwise (torchtitan's recipe: the gradient sum stays exact)."""
+    if param_dtype is None and reduce_dtype is None:
+        return None
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+    except ImportError:
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy
+    if reduce_dtype is None and param_dtype is not None:
+        reduce_dtype = "fp32"
+    return MixedPrecisionPolicy(param_dtype=DTYPES.get(param_dtype), reduce_dtype=DTYPES.get(reduce_dtype))
+
+
+def has_explicit_prefetch() -> bool:
+    """FSDP2's set_modules_to_forward_prefetch / set_modules_to_backward_prefetch (torch >= 2.5)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import FSDPModule
+        except ImportError:
+            return False
+    return hasattr(FSDPModule, "set_modules_to_forward_prefetch")
+
+
+def set_prefetch(blocks: list[nn.Module], depth: int) -> None:
+    """Block i all-gathers blocks i+1..i+depth when its forward starts, and i-1..i-depth in its backward."""
+    for index, block in enumerate(blocks):
+        ahead = blocks[index + 1:index + 1 + depth]
+        behind = blocks[max(0, index - depth):index][::-1]
+        if ahead:
+            block.set_modules_to_forward_prefetch(ahead)
+        if behind:
+            block.set_modules_to_backward_prefetch(behind)
+
+
 def wrap_fsdp(plan) -> None:
-    """fully_shard every block, then the root; the optimizer is rebuilt over the sharded parameters."""
+    """fully_shard every block (compiled first with --fsdp-compile-blocks), then the root; the last N blocks keep
+    their parameters after forward, explicit prefetch when asked; the optimizer is rebuilt over the shards."""
     from torch.distributed.device_mesh import init_device_mesh
 
     fully_shard = fully_shard_function()
+    settings = plan.parallel_options
     mesh = init_device_mesh(plan.device.type, (dist.get_world_size(),))
-    options = {"mesh": mesh, "reshard_after_forward": plan.parallel_options.get("reshard_after_forward", True)}
+    options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": settings.get("reshard_after_forward", True)}
+    policy = mixed_precision_policy(settings.get("param_dtype"), settings.get("reduce_dtype"))
+    if policy is not None:
+        options["mp_policy"] = policy
     names = {id(param): name for name, param in plan.model.named_parameters()}
     # FLOPs are counted on an unsharded replica without storage: a sharded model's forward all-gathers
     plan.eager_model = copy.deepcopy(plan.model).to("meta")
-    for block in list(shard_blocks(plan.model)):
-        fully_shard(block, **options)
+    blocks = list(shard_blocks(plan.model))
+    keep_from = len(blocks) - settings.get("no_reshard_last", 0)
+    for index, block in enumerate(blocks):
+        if settings.get("compile_blocks"):
+            block.compile()  # in place, before sharding: the hooks fully_shard adds stay outside the graph
+        fully_shard(block, **{**options, "reshard_after_forward": False if index >= keep_from else
+                              options["reshard_after_forward"]})
     fully_shard(plan.model, **options)
+    if settings.get("prefetch"):
+        set_prefetch(blocks, settings["prefetch"])
     if plan.optimizer is not None:
         plan.optimizer = _rebuild_over(plan.optimizer, names, dict(plan.model.named_parameters()))
     model = plan.model

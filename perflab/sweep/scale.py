@@ -13,11 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
+import torch
+
 from perflab import options
+from perflab.calibrate_collectives import cached_collectives, nominal_link
 from perflab.plots import scaling_plots
 from perflab.config import DISTRIBUTED, RunConfig
 from perflab.harness.progress import Reporter
-from perflab.results import atomic_file, write_json_atomic
+from perflab.results import Result, atomic_file, write_json_atomic
+from perflab.sweep.predict import PredictConfig, interconnect, predict_rows
 from perflab.sweep.points import SweepObserver, SweepSummary, run_sweep, swept_axes
 
 SCALE_JSON = "scale.json"
@@ -40,6 +44,8 @@ class ScaleSummary:
     sweep: SweepSummary
     rows: list[dict[str, Any]]  # the sweep's rows with world_size, per_rank_throughput, efficiency_pct
     plots: dict[str, str] = field(default_factory=dict)
+    predictions: list[dict[str, Any]] = field(default_factory=list)  # --predict: perflab/sweep/predict.py
+    assumptions: dict[str, str] = field(default_factory=dict)  # the links the predictions assumed
 
 
 def distributed_fields() -> list[str]:
@@ -120,8 +126,10 @@ def trusted_efficiency(row: dict[str, Any]) -> Optional[float]:
 
 def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool = False,
               observer: Optional[SweepObserver] = None, command: Optional[list[str]] = None, plots: bool = True,
-              reporter_factory: Callable[[], Reporter] = Reporter) -> ScaleSummary:
-    """Run every config at its --nproc (and at 1 rank), then compute and save the scaling efficiency."""
+              reporter_factory: Callable[[], Reporter] = Reporter,
+              predict: Optional[PredictConfig] = None) -> ScaleSummary:
+    """Run every config at its --nproc (and at 1 rank), then compute and save the scaling efficiency; with
+    `predict`, the scaling model's step time and efficiency at its GPU counts (and at the measured ones)."""
     configs = with_single_rank(configs)
     axes = ["nproc"] + [name for name in swept_axes(configs) if name != "nproc"]
     sweep = run_sweep(configs, out, axes=axes, resume=resume, observer=observer, command=command, plots=plots,
@@ -132,11 +140,28 @@ def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool 
     if plots and any(row["efficiency_pct"] is not None for row in plotted):
         drawn = scaling_plots(plotted, axes, sweep.out)
         files = {name: str(path.relative_to(sweep.out)) for name, path in drawn.items()}
+    predictions, assumptions = scaling_predictions(rows, sweep.out, predict, configs[0]) if predict else ([], {})
     write_json_atomic(sweep.out / SCALE_JSON, {"kind": "scale", "axes": axes, "command": command or [],
                                                "efficiency": "throughput(N) / (N x throughput(1))",
-                                               "rows": [_scale_record(row) for row in rows], "plots": files})
+                                               "rows": [_scale_record(row) for row in rows], "plots": files,
+                                               "predictions": predictions, "assumptions": assumptions})
     _write_csv(sweep.out / SCALE_CSV, rows)
-    return ScaleSummary(sweep, rows, files)
+    return ScaleSummary(sweep, rows, files, predictions, assumptions)
+
+
+def scaling_predictions(rows: Sequence[dict[str, Any]], out: Path, settings: PredictConfig, cfg: RunConfig
+                        ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The scaling model from each group's 1-rank point, with the links it assumed."""
+    device = torch.device("cuda", 0) if cfg.device != "cpu" and torch.cuda.is_available() else torch.device("cpu")
+    network = interconnect(settings, cached_collectives(device), nominal_link(device))
+    singles = {_group_key(row): Result.load(out / row["dir"]) for row in rows
+               if row["status"] == "ok" and row["params"]["nproc"] == 1 and row.get("dir")}
+    predictions = predict_rows(list(rows), singles, network, settings.counts(), _group_key)
+    assumptions = {"within a node": network.intra.source, "between nodes": network.inter.source,
+                   "gpus per node": str(network.gpus_per_node),
+                   "model": "alpha-beta collectives; DDP buckets overlap backward; FSDP2 units prefetch one ahead "
+                            "(docs/distributed.md, perflab/sweep/predict.py)"}
+    return predictions, assumptions
 
 
 def _scale_record(row: dict[str, Any]) -> dict[str, Any]:

@@ -186,6 +186,9 @@ def expand(proposal: Proposal, lever: Any, best: RunConfig, cpu_count: int) -> l
     if lever.option == "compile":
         return [Candidate(proposal, "compile", mode, ALTERNATIVES) for mode in compile_modes(proposal, best)
                 if mode != current]
+    if lever.tune.values:
+        return [Candidate(proposal, lever.option, value, ALTERNATIVES) for value in lever.tune.values
+                if value != current]
     if lever.option == "pin_memory" and best.pin_memory is None and best.device == "cuda":
         return []  # unset means pinned on CUDA already: the candidate would measure the same config
     if lever.value is None or lever.is_active(best):

@@ -2,7 +2,10 @@
 
 Its blocks are the GPT block generation uses too (perflab/models/gpt.py): causal self-attention goes through
 F.scaled_dot_product_attention, so `--sdpa flash|efficient|math` picks its kernel. Each block can be
-checkpointed (`--activation-checkpointing`: recompute its activations in backward instead of storing them). Options: seq_len, layers, dim, heads, vocab.
+checkpointed (`--activation-checkpointing`: recompute its activations in backward instead of storing them). Options: seq_len, layers, dim, heads, vocab,
+and size: a preset of the shared decoder's sizes (perflab/models/decoder.py), e.g. size=1b (20 blocks of width 2048,
+16 heads, vocabulary 32k, 2048 tokens: ~1.1B parameters, a step long enough for communication to hide behind);
+the other options, when given, override the preset's.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import Dataset
 
 from perflab.errors import PerflabError
+from perflab.models.decoder import SIZES
 from perflab.models.gpt import Block
 from perflab.workloads.base import Workload
 from perflab.workloads.settings import ByDevice, resolve_settings, setting
@@ -80,11 +84,26 @@ OPTIONS = (
     setting("dim", int, "model width (a multiple of heads)", ByDevice(512, 64), minimum=1),
     setting("heads", int, "attention heads", ByDevice(8, 4), minimum=1),
     setting("vocab", int, "vocabulary size", ByDevice(8192, 512), minimum=2),
+    setting("size", str, "a preset of the shared decoder's sizes (layers, dim, heads, vocab, seq_len); 1b is ~1.1B "
+            "parameters for sharding (use --batch 4 or less per GPU, bf16); the options above override it",
+            choices=tuple(SIZES)),
 )
+PRESET_KEYS = ("seq_len", "layers", "dim", "heads", "vocab")
+
+
+def preset_settings(given: dict, size_name) -> dict:
+    """The given settings over the preset's shape (SIZES[size]); without a size, the given settings."""
+    if size_name is None:
+        return dict(given)
+    size = SIZES[size_name]
+    preset = {"seq_len": size.max_seq, "layers": size.layers, "dim": size.dim, "heads": size.heads,
+              "vocab": size.vocab}
+    return {**preset, **{key: value for key, value in given.items() if key in PRESET_KEYS}}
 
 
 def build(cfg) -> Workload:
-    opts = resolve_settings(OPTIONS, cfg.workload_options, cfg.device)
+    given = cfg.workload_options
+    opts = resolve_settings(OPTIONS, preset_settings(given, given.get("size")), cfg.device)
     seq_len, layers, dim, heads, vocab = (opts[key] for key in ("seq_len", "layers", "dim", "heads", "vocab"))
     if dim % heads:
         raise PerflabError(f"transformer: dim ({dim}) must be a multiple of heads ({heads})")
@@ -99,6 +118,6 @@ def build(cfg) -> Workload:
         supports_activation_checkpointing=True,
         uses_attention=True,
         default_data="device",
-        info={"seq_len": seq_len, "layers": layers, "dim": dim, "heads": heads, "vocab": vocab,
+        info={"size": given.get("size"), "seq_len": seq_len, "layers": layers, "dim": dim, "heads": heads, "vocab": vocab,
               "activation_checkpointing": cfg.activation_checkpointing},
     )
