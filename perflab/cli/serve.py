@@ -11,6 +11,7 @@ from perflab.cli._options import add_run_options
 from perflab.cli._outcome import finish_run
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
+from perflab.report.progress import RichReporter
 from perflab.report.serve_table import point_row, print_serve
 from perflab.results.rundir import run_dir
 from perflab.serve import ServeConfig, serve, serve_run_config
@@ -50,12 +51,12 @@ def handle(args: argparse.Namespace) -> int:
                       + (f" ({escape('; '.join(reasons))})" if reasons else ""), highlight=False)
 
     name = plugin_name(cfg.workload) if is_plugin_spec(cfg.workload) else cfg.workload
-    with run_dir(cfg.out, f"serve-{name}", args.overwrite) as out:
+    with run_dir(cfg.out, f"serve-{name}", args.overwrite) as out, RichReporter(console) as reporter:
         console.print(f"[dim]serving {escape(cfg.workload)} ({serve_cfg.scenario}) into {out}: warm-up, the harness's "
                       "own capacity, then the points[/]", highlight=False)
         try:
             result = serve(run_cfg.replace(out=str(out)), serve_cfg, out, on_point=show,
-                           command=["perflab"] + args.argv)
+                           command=["perflab"] + args.argv, reporter=reporter)
         except KeyboardInterrupt:
             if not finished:
                 raise  # nothing finished: run_dir removes the directory it created

@@ -71,20 +71,22 @@ def _load_pool(workload: Workload, seed: int) -> tuple[Any, int]:
 
 def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, Path]] = None,
           workload: Union[Workload, str, None] = None, engines: Optional[list[Engine]] = None,
-          on_point: Callable[[dict], None] = lambda point: None, command: Optional[list[str]] = None) -> Result:
-    """Serve a workload under the scenario of `serve_cfg`; `engines` replaces the model (tests, capacity)."""
+          on_point: Callable[[dict], None] = lambda point: None, command: Optional[list[str]] = None,
+          reporter: Optional[Reporter] = None) -> Result:
+    """Serve a workload under the scenario of `serve_cfg`; `engines` replaces the model (tests, capacity);
+    `reporter` shows the quality gate's progress."""
     serve_cfg.validate()
     if serve_cfg.loadgen:
         mlcommons.bindings()  # one line saying what to install, before any model is built
     cfg = serve_run_config(run_cfg, serve_cfg, workload)
     device = resolve_device(cfg.device)
     with out_of_memory_as_result(cfg.replace(out=str(out)) if out is not None else cfg, device, command):
-        return _serve(cfg, serve_cfg, device, out, workload, engines, on_point, command)
+        return _serve(cfg, serve_cfg, device, out, workload, engines, on_point, command, reporter or Reporter())
 
 
 def _serve(cfg: RunConfig, serve_cfg: ServeConfig, device, out: Optional[Union[str, Path]],
            workload: Union[Workload, str, None], engines: Optional[list[Engine]], on_point: Callable[[dict], None],
-           command: Optional[list[str]]) -> Result:
+           command: Optional[list[str]], reporter: Reporter) -> Result:
     workload = load(workload, cfg)
     if not workload.supports_inference:
         raise PerflabError(f"{workload.name} is a training-only workload: it has no inference mode to serve; "
@@ -129,7 +131,7 @@ def _serve(cfg: RunConfig, serve_cfg: ServeConfig, device, out: Optional[Union[s
         _diagnose(result)
         session.save()
     if prep is not None and prep.pristine is not None:  # after the model is released: the gate builds its own
-        result.quality = quality_stage(prep, Reporter())        # baseline and candidate
+        result.quality = quality_stage(prep, reporter)  # baseline and candidate
         session.save()
     return result
 
