@@ -6,7 +6,9 @@ For resnet50 train, the transformer train and a planted activation-heavy MLP (te
   predicted peak there vs the peak measured there;
 - predicted savings of activation checkpointing, bf16 autocast and the 8-bit optimizer (`--optimizer-impl 8bit`,
   torchao; skipped with the reason when torchao is missing or the optimizer is not Adam) vs measured (the same step
-  with the lever on);
+  with the lever on), at a batch where activations dominate: the largest the fit predicts under half the device,
+  at most SAVING_BATCH_CAP times the breakdown's (at a small batch the workspace and autocast's weight copies,
+  which the levers do not shrink, decide the sign);
 - a real out-of-memory from `perflab run` at twice the largest batch: its exit code, whether a traceback was printed,
   and the short block (its advice from a breakdown at half that batch).
 Prints a short table last; rows.json in DIR.
@@ -38,6 +40,7 @@ from perflab.report.build import write_report
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = str(ROOT / "tests/planted/activation_heavy.py") + ":build"
 TOLERANCE = 0.05  # the search stops within 5% of the largest batch: fewer probes, the same check of the fit
+SAVING_BATCH_CAP = 8  # the savings' batch: at most 8 x the breakdown's
 BUDGET_S = 420  # past this, the remaining cases only get their breakdown (the area must end within 8 minutes)
 
 
@@ -75,9 +78,14 @@ def record_breakdown(rows: Rows, name: str, study: MemoryStudy) -> None:
     if fit is None:
         rows.add(name, "fit", None, "", "; ".join(breakdown.notes))
         return
-    rows.add(name, "fit", round(fit.per_sample_mb, 4), "MiB/sample",
+    rows.add(name, f"fit ({fit.model})", round(fit.per_sample_mb, 4), "MiB/sample",
              f"fixed {fit.fixed_mb:.1f} MiB over batches {fit.batches}; predicted largest batch "
              f"{study.predicted_largest_batch} under {study.capacity_mb and round(study.capacity_mb)} MiB")
+    raw = study.raw_fit
+    if raw is not None:
+        rows.add(name, "fit (max_memory_allocated, evidence)", round(raw.per_sample_mb, 4), "MiB/sample",
+                 f"fixed {raw.fixed_mb:.1f} MiB through peaks {[round(p) for p in raw.peaks_mb]} at {raw.batches}; "
+                 f"predicted largest batch {raw.largest_batch(study.capacity_mb)}")
 
 
 def record_search(rows: Rows, name: str, study: MemoryStudy) -> Optional[int]:
@@ -89,21 +97,37 @@ def record_search(rows: Rows, name: str, study: MemoryStudy) -> Optional[int]:
     if search.largest_fits and search.largest_peak_mb and study.fit is not None:
         predicted = study.fit.predict_mb(search.largest_fits)
         error = 100 * (predicted - search.largest_peak_mb) / search.largest_peak_mb
+        raw = f"; the max_memory_allocated line: {study.raw_fit.predict_mb(search.largest_fits):.0f} MiB" \
+            if study.raw_fit is not None else ""
         rows.add(name, "predicted vs measured peak at the largest batch", round(error, 2), "%",
-                 f"predicted {predicted:.0f} MiB, measured {search.largest_peak_mb:.0f} MiB")
+                 f"predicted {predicted:.0f} MiB ({study.fit.model}), measured {search.largest_peak_mb:.0f} MiB{raw}")
     return search.largest_fits
+
+
+def saving_batch(cfg: RunConfig, study: MemoryStudy) -> int:
+    """Where the savings are measured: the largest batch the peak model puts under half the capacity, capped."""
+    half = study.fit.largest_batch(0.5 * study.capacity_mb) if study.fit is not None and study.capacity_mb else None
+    return max(cfg.batch_size, min(half or cfg.batch_size, SAVING_BATCH_CAP * cfg.batch_size))
 
 
 def record_levers(rows: Rows, name: str, cfg: RunConfig, study: MemoryStudy) -> None:
     predicted = {lever.lever: lever for lever in study.levers}
-    base = study.breakdown.peak_mb
+    batch = saving_batch(cfg, study)
+    at = cfg.replace(batch_size=batch)
+    try:
+        base = study.breakdown.peak_mb if batch == cfg.batch_size else measured_peak(at)
+    except Exception as err:  # the baseline does not fit at this batch after all
+        rows.add(name, f"savings at batch {batch}", None, "", f"not measured: {str(err).splitlines()[0][:160]}")
+        return
+    rows.add(name, "savings' batch", batch, "", f"baseline peak there {base:.0f} MiB measured, "
+             f"{study.fit.predict_mb(batch):.0f} MiB predicted" if study.fit else "")
     trials = [("activation checkpointing", dict(activation_checkpointing=True)),
               ("bf16 autocast", dict(precision="bf16"))]
     for lever, change in trials:
         if lever not in predicted:
             rows.add(name, f"{lever} saving", None, "", "not predicted for this configuration")
             continue
-        _measure_lever(rows, name, cfg, lever, predicted[lever], change, base)
+        _measure_lever(rows, name, at, study, lever, predicted[lever], change, base)
     eight_bit = predicted.get("8-bit optimizer state")
     if eight_bit is None:
         rows.add(name, "8-bit optimizer saving", None, "", f"not predicted: the optimizer is "
@@ -112,21 +136,27 @@ def record_levers(rows: Rows, name: str, cfg: RunConfig, study: MemoryStudy) -> 
         rows.add(name, "8-bit optimizer saving", None, "", f"predicted {eight_bit.frees_mb:.0f} MiB; not measured: "
                  "torchao is not installed (pip install torchao)")
     else:
-        _measure_lever(rows, name, cfg, "8-bit optimizer", eight_bit, dict(optimizer_impl="8bit"), base)
+        _measure_lever(rows, name, at, study, "8-bit optimizer", eight_bit, dict(optimizer_impl="8bit"), base)
 
 
-def _measure_lever(rows: Rows, name: str, cfg: RunConfig, lever: str, predicted, change: dict, base: float) -> None:
+def _measure_lever(rows: Rows, name: str, cfg: RunConfig, study: MemoryStudy, lever: str, predicted, change: dict,
+                   base: float) -> None:
+    """The lever's saving at cfg's batch: predicted (the peak model's line less the lever's) vs measured."""
+    batch = cfg.batch_size
+    frees = (study.fit.predict_mb(batch) - predicted.predict_mb(batch)
+             if study.fit is not None and predicted.predict_mb(batch) is not None else predicted.frees_mb)
     try:
         with_lever = measured_peak(cfg.replace(**change))
     except Exception as err:  # a lever this workload refuses, or torchao failing here
-        rows.add(name, f"{lever} saving", None, "", f"predicted {predicted.frees_mb:.0f} MiB; not "
+        rows.add(name, f"{lever} saving at batch {batch}", None, "", f"predicted {frees:.0f} MiB; not "
                  f"measured: {str(err).splitlines()[0][:160]}")
         return
     measured = base - with_lever
-    error = 100 * (predicted.frees_mb - measured) / measured if measured else None
-    rows.add(name, f"{lever} saving: predicted vs measured", error and round(error, 1), "%",
-             f"predicted {predicted.frees_mb:.0f} MiB, measured {measured:.0f} MiB (peak {base:.0f} -> "
-             f"{with_lever:.0f}); {predicted.basis[:160]}")
+    error = 100 * (frees - measured) / measured if measured else None
+    rows.add(name, f"{lever} saving at batch {batch}: predicted vs measured", error and round(error, 1), "%",
+             f"predicted {frees:.0f} MiB, measured {measured:.0f} MiB (peak {base:.0f} -> {with_lever:.0f}); at "
+             f"the breakdown's batch {study.breakdown.batch_size} predicted {predicted.frees_mb:.0f} MiB; "
+             f"{predicted.basis[:160]}")
 
 
 def real_out_of_memory(rows: Rows, name: str, cfg: RunConfig, batch: int, out: Path, limit_mb: Optional[float]) -> None:

@@ -106,6 +106,11 @@ def test_each_lever_frees_what_the_breakdown_says_and_allows_a_larger_batch():
     assert levers["expandable_segments"].frees_mb == pytest.approx(200)  # reserved 1000 - allocated 800
     assert fit.largest_batch(1300.0) == 20
     assert all(lever.batch_allowed > 20 for lever in levers.values() if lever.batch_allowed is not None)
+    # at a larger batch: the per-sample part scaled as the growing categories are where highest (activations 400,
+    # inputs 10, temporaries 90 -> 200 + 10 + 45 of 500), the weight copies on the fixed part
+    bf16 = levers["bf16 autocast"]
+    assert bf16.per_sample_mb == pytest.approx(50 * 255 / 500) and bf16.fixed_mb == pytest.approx(300 + 50)
+    assert fit.predict_mb(40) - bf16.predict_mb(40) == pytest.approx(2300 - (350 + 40 * 25.5))
 
 
 @pytest.mark.parametrize("workload,batch,workload_options", [(HEAVY, 512, {"size": 128}), (CONV, 64, {})])
@@ -158,7 +163,10 @@ def test_perflab_memory_writes_the_breakdown_the_fit_and_the_report(tmp_path, ca
     assert main(["memory", "--workload", HEAVY, "--batch", "32", "--out", str(out)]) == 0
     study = json.loads((out / "memory.json").read_text())
     assert set(study["breakdown"]["categories_mb"]) == set(CATEGORIES)
-    assert study["fit"]["batches"] == [32, 8, 16] or sorted(study["fit"]["batches"]) == [8, 16, 32]
+    assert sorted(study["fit"]["batches"]) == [8, 16, 32]
+    assert study["peak_model"] == study["fit"]["model"] == "categories"  # every fit point categorised (profiler)
+    assert study["fit"]["model_states_mb"] > 0 and len(study["fit"]["measured_mb"]) == 3
+    assert study["raw_fit"]["model"] == "max_memory_allocated" and sorted(study["raw_fit"]["batches"]) == [8, 16, 32]
     assert {lever["lever"] for lever in study["levers"]} >= {"activation checkpointing", "bf16 autocast"}
     html = (out / "report.html").read_text()
     assert "data:image/png;base64" in html and "What each lever would free" in html
@@ -181,3 +189,56 @@ def test_the_activation_memory_finding_uses_the_saved_breakdown(tmp_path):
     assert finding.advice[1].startswith("FSDP over 8 GPUs (--nproc 8 --parallel fsdp) frees 262 MiB")
     assert finding.advice[2].startswith("activation checkpointing (--activation-checkpointing) frees 260 MiB")
     assert finding.levers[:2] == ["activation-checkpointing", "bf16"]
+
+
+H100_PEAKS = json.loads((ROOT / "tests/fixtures/h100_memory_peaks.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", sorted(H100_PEAKS))
+def test_the_category_model_predicts_the_h100_peak_at_the_largest_batch_within_5_percent(case):
+    from perflab.memory.fit import CATEGORY_MODEL, category_fit
+
+    recorded = H100_PEAKS[case]  # the breakdown's categories where the growing ones peaked, the probes' peaks
+    categories = recorded["categories_at_growing_peak_mb"]
+    breakdown = synthetic_breakdown(batch_size=recorded["batch_size"], peak_mb=recorded["peak_mb"],
+                                    categories_mb=categories, timeline={"times_ms": [0.0],
+                                                                        "mb": {k: [v] for k, v in categories.items()}})
+    fit = category_fit([breakdown])
+    assert fit.model == CATEGORY_MODEL
+    largest = recorded["largest_fits"]
+    measured = recorded["probes_ok"][str(largest)]
+    assert fit.predict_mb(largest) == pytest.approx(measured, rel=0.05)
+    raw = fit_peaks(recorded["raw_fit"]["batches"], recorded["raw_fit"]["peaks_mb"])  # the old model, as evidence
+    assert case == "mlp_activation_heavy" or abs(raw.predict_mb(largest) / measured - 1) > 0.4
+
+
+def test_the_category_model_fits_the_growing_categories_not_the_workspace():
+    from perflab.memory.fit import category_fit
+
+    def step(batch, workspace_mb):
+        growing = 50.0 * batch
+        return synthetic_breakdown(batch_size=batch, peak_mb=300 + growing + workspace_mb,
+                                   categories_mb={"parameters": 100.0, "gradients": 0.0, "optimizer_state": 200.0,
+                                                  "activations": growing, "inputs": 0.0, "temporaries": 0.0},
+                                   timeline=None)
+    steps = [step(2, 2000.0), step(4, 1000.0), step(8, 1500.0)]  # workspace that does not follow the batch
+    fit = category_fit(steps)
+    assert fit.fixed_mb == pytest.approx(300.0) and fit.per_sample_mb == pytest.approx(50.0)
+    assert fit.measured_mb == [2400.0, 1500.0, 2200.0] and fit.batches == [2, 4, 8]
+
+
+def test_activations_the_profiler_counted_as_temporaries_move_to_activations_so_checkpointing_sees_them():
+    from perflab.memory.breakdown import count_saved_activations
+
+    timeline = {"times_ms": [0.0, 1.0, 2.0],
+                "mb": {"parameters": [100.0] * 3, "gradients": [0.0, 0.0, 100.0], "optimizer_state": [200.0] * 3,
+                       "activations": [0.0] * 3, "inputs": [10.0] * 3, "temporaries": [0.0, 490.0, 100.0]}}
+    breakdown = synthetic_breakdown(timeline=timeline, categories_mb={
+        "parameters": 100.0, "gradients": 0.0, "optimizer_state": 200.0, "activations": 0.0, "inputs": 10.0,
+        "temporaries": 490.0})
+    count_saved_activations(breakdown)  # the hooks counted 400 MiB saved for backward
+    assert breakdown.categories_mb["activations"] == 400.0 and breakdown.categories_mb["temporaries"] == 90.0
+    assert breakdown.timeline["mb"]["activations"] == [0.0, 400.0, 100.0]
+    fit = fit_peaks([5, 10], [550.0, 800.0])
+    levers = {lever.lever: lever for lever in lever_savings(breakdown, fit, capacity_mb=1300.0)}
+    assert levers["activation checkpointing"].frees_mb == pytest.approx(400 * 0.65)

@@ -1,9 +1,11 @@
 """What each memory lever would free, computed from the breakdown, and the batch each would then allow.
 
 A lever scales categories of the step's memory timeline (activations x 0.5 for bf16, optimizer state x ~0.26 for
-an 8-bit optimizer, model states / N for FSDP ...); its predicted peak is the new timeline's highest point, so a
-lever that shrinks memory which is not alive at the peak frees nothing. The batch it would allow moves the fixed
-part of the fit by the model states it frees and puts the rest on the per-sample part.
+an 8-bit optimizer, model states / N for FSDP ...); its predicted peak at the step's batch is the new timeline's
+highest point, so a lever that shrinks memory which is not alive at the peak frees nothing. Its line over batch
+(`fixed_mb + per_sample_mb x batch`, what it frees at a larger batch and the batch it would allow) is the category
+model's (perflab/memory/fit.py) with the model states it frees taken off the fixed part, the weight copies it adds
+put on it, and the per-sample part scaled as the growing categories are where they are highest.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any, Optional
 from perflab.levers.optimizer import EIGHT_BIT_BLOCK, EIGHT_BIT_MIN_NUMEL, TORCHAO_INSTALL, eight_bit_state_bytes
 from perflab.memory.activations import SavedActivations
 from perflab.memory.breakdown import Breakdown
-from perflab.memory.fit import PeakFit, largest_batch
+from perflab.memory.fit import GROWING, PeakFit, category_fit, growing_moment, largest_batch
 from perflab.memory.timeline import CATEGORIES, MODEL_STATES
 
 EIGHT_BIT_STATE = eight_bit_state_bytes(EIGHT_BIT_MIN_NUMEL) / (4 * EIGHT_BIT_MIN_NUMEL)  # (1 + 4/256) / 4
@@ -62,32 +64,30 @@ def _peak_with(breakdown: Breakdown, factors: dict[str, float], with_activations
     return peak + breakdown.unattributed_mb
 
 
-def _model_states_change_mb(breakdown: Breakdown, factors: dict[str, float]) -> float:
-    timeline = breakdown.category_timeline()
-    highest = ({name: max(timeline.mb[name]) for name in MODEL_STATES} if timeline is not None
-               else {name: breakdown.categories_mb.get(name, 0.0) for name in MODEL_STATES})
-    return sum((factors.get(name, 1.0) - 1.0) * highest[name] for name in MODEL_STATES)
+def _line_with(breakdown: Breakdown, fit: Optional[PeakFit], factors: dict[str, float],
+               extra_fixed_mb: float) -> tuple[float, float]:
+    """The lever's line: the model states it changes and the weight copies it adds on the fixed part; the
+    per-sample part scaled as the growing categories are at their highest moment (where a large batch peaks)."""
+    fixed, per_sample = _fit_parts(breakdown, fit)
+    moment = growing_moment(breakdown)
+    growing = sum(moment.get(name, 0.0) for name in GROWING)
+    share = (sum(factors.get(name, 1.0) * moment.get(name, 0.0) for name in GROWING) / growing) if growing > 0 else 1.0
+    states_change = sum((factors.get(name, 1.0) - 1.0) * moment.get(name, 0.0) for name in MODEL_STATES)
+    return fixed + states_change + extra_fixed_mb, max(1e-9, per_sample * share)
 
 
 def _saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Optional[float], lever: str, how: str,
             factors: dict[str, float], basis: str, extra_fixed_mb: float = 0.0, note: str = "") -> LeverSaving:
     peak = _peak_with(breakdown, factors, extra_fixed_mb)
-    frees = breakdown.peak_mb - peak
-    fixed, per_sample = _fit_parts(breakdown, fit)
-    new_fixed = fixed + _model_states_change_mb(breakdown, factors) + extra_fixed_mb
-    batch = breakdown.batch_size
-    new_per_sample = max(1e-9, (fit.predict_mb(batch) - frees - new_fixed) / batch) if fit else max(
-        1e-9, (peak - new_fixed) / batch)
-    return LeverSaving(lever, how, peak, frees, largest_batch(new_fixed, new_per_sample, capacity_mb), basis, note,
-                       new_fixed, new_per_sample)
+    new_fixed, new_per_sample = _line_with(breakdown, fit, factors, extra_fixed_mb)
+    return LeverSaving(lever, how, peak, breakdown.peak_mb - peak, largest_batch(new_fixed, new_per_sample, capacity_mb),
+                       basis, note, new_fixed, new_per_sample)
 
 
 def _fit_parts(breakdown: Breakdown, fit: Optional[PeakFit]) -> tuple[float, float]:
-    """The fixed and per-sample parts: the fit's, else model states as fixed and the rest per sample."""
-    if fit is not None:
-        return fit.fixed_mb, fit.per_sample_mb
-    fixed = breakdown.model_states_mb
-    return fixed, max(0.0, breakdown.peak_mb - fixed) / max(1, breakdown.batch_size)
+    """The fixed and per-sample parts: the fit's, else the category model of this one step."""
+    model = fit if fit is not None else category_fit([breakdown])
+    return model.fixed_mb, model.per_sample_mb
 
 
 def lever_savings(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Optional[float],

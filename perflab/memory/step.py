@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from perflab.config import RunConfig
 from perflab.harness.loop import run_steps
@@ -24,7 +25,7 @@ from perflab.harness.timers import NullTimer
 from perflab.levers.optimizer import eight_bit_state_bytes
 from perflab.errors import is_out_of_memory
 from perflab.memory.activations import ActivationAccounting, saved_under_autocast
-from perflab.memory.breakdown import Breakdown
+from perflab.memory.breakdown import Breakdown, count_saved_activations
 from perflab.memory.timeline import CATEGORIES, allocator_increase_mb, category_timeline, profiler_options
 from perflab.pipeline import load, prepared, resolve_config, resolve_device
 
@@ -46,11 +47,23 @@ def _synchronize(device: torch.device) -> None:
 
 def _storages_mb(tensors) -> float:
     seen = {}
-    for tensor in tensors:
-        if isinstance(tensor, torch.Tensor):
-            storage = tensor.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
+    for tensor in _plain_tensors(tensors):
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values()) / 2**20
+
+
+def _plain_tensors(tensors):
+    """The tensors, with a wrapper subclass (torchao's 8-bit optimizer state) replaced by the tensors it holds: a
+    wrapper's own storage cannot be read."""
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        if is_traceable_wrapper_subclass(tensor):
+            names, _ = tensor.__tensor_flatten__()
+            yield from _plain_tensors(getattr(tensor, name) for name in names)
+        else:
+            yield tensor
 
 
 def _optimizer_state(optimizer) -> list[torch.Tensor]:
@@ -61,7 +74,7 @@ def _optimizer_state(optimizer) -> list[torch.Tensor]:
 
 
 def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise: bool = True,
-                 limit_mb: Optional[float] = None) -> Breakdown:
+                 limit_mb: Optional[float] = None, count_autocast: bool = True) -> Breakdown:
     """Profile one step of `config` for memory; raise torch.OutOfMemoryError when the peak is over the limit."""
     cfg = resolve_config(config.replace(check_quality=False, out=None), None)
     device = resolve_device(cfg.device)
@@ -90,7 +103,7 @@ def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise:
             model_states_mb = _storages_mb(model_states) + _storages_mb(p.grad for p in plan.eager_model.parameters())
             breakdown = _breakdown(cfg, device, plan, prof, saved, model_states_mb, snapshot)
             breakdown.optimizer_state_8bit_share = _eight_bit_share(plan.optimizer)
-            if saved is not None:
+            if saved is not None and count_autocast:
                 _count_autocast(plan, batches, device, breakdown)
     if limit_mb is not None:
         breakdown.total_mb = limit_mb
@@ -175,13 +188,15 @@ def _breakdown(cfg: RunConfig, device: torch.device, plan, prof, saved, model_st
         categories = _own_accounting(plan, saved, model_states_mb, peak_mb)
         how = "perflab's own accounting (saved-tensor hooks; model, gradient and optimizer sizes)" + (
             f"; {how}" if how else "")
-    return Breakdown(workload=cfg.workload, mode=cfg.mode, device=str(device), batch_size=cfg.batch_size,
-                     precision=cfg.precision, peak_mb=peak_mb, peak_source=peak_source,
-                     categories_mb={name: categories.get(name, 0.0) for name in CATEGORIES}, source=how,
-                     reserved_mb=reserved_mb, total_mb=total_mb,
-                     activations=saved.result.to_dict() if saved is not None else {},
-                     timeline=timeline.to_dict() if timeline is not None else None,
-                     optimizer=type(plan.optimizer).__name__ if plan.optimizer is not None else None, notes=notes)
+    breakdown = Breakdown(workload=cfg.workload, mode=cfg.mode, device=str(device), batch_size=cfg.batch_size,
+                          precision=cfg.precision, peak_mb=peak_mb, peak_source=peak_source,
+                          categories_mb={name: categories.get(name, 0.0) for name in CATEGORIES}, source=how,
+                          reserved_mb=reserved_mb, total_mb=total_mb,
+                          activations=saved.result.to_dict() if saved is not None else {},
+                          timeline=timeline.to_dict() if timeline is not None else None,
+                          optimizer=type(plan.optimizer).__name__ if plan.optimizer is not None else None, notes=notes)
+    count_saved_activations(breakdown)
+    return breakdown
 
 
 def _own_accounting(plan, saved, model_states_mb: float, peak_mb: float) -> dict[str, float]:

@@ -2,8 +2,9 @@
 
     study = memory_study(cfg, out, find_max_batch=True)
 
-The breakdown is one step at cfg's batch (perflab/memory/step.py); the fit measures the peak at a quarter and a
-half of that batch as well (smaller: they fit when it does); the batch search runs each probe in its own process
+The breakdown is one step at cfg's batch (perflab/memory/step.py); the fit categorises one step at a quarter and a
+half of that batch as well (smaller: they fit when it does) and predicts the peak from the categories that grow with
+the batch (perflab/memory/fit.py), the line through the measured peaks kept beside it; the batch search runs each probe in its own process
 (perflab/memory/search.py), starting from the fit's prediction; the levers come from the breakdown and the fit.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.memory.breakdown import MEMORY_FILE, Breakdown
-from perflab.memory.fit import PeakFit, fit_batches, fit_peaks
+from perflab.memory.fit import PeakFit, category_fit, fit_batches, fit_peaks
 from perflab.memory.levers import LeverSaving, lever_savings
 from perflab.memory.search import BatchSearch, Probe, find_largest_batch, probe_in_process
 from perflab.memory.step import measure_step, memory_limit_mb
@@ -27,6 +28,9 @@ from perflab.results import read_json_object, write_json_atomic
 SNAPSHOT_FILE = "memory_snapshot.pickle"
 SEARCH_TOLERANCE = 0.02  # the bisection stops within 2% of the largest batch that fits
 GROWTH_FROM_PREDICTION = 1.1  # from the fit's prediction the search grows gently; from no prediction it doubles
+# the search starts a little under the prediction: the model leaves the workspace out, so it predicts a peak a few
+# percent low (2-3% on an H100) and a largest batch a few percent high
+START_UNDER_PREDICTION = 0.9
 
 
 @dataclass
@@ -36,6 +40,7 @@ class MemoryStudy:
     capacity_mb: Optional[float]
     levers: list[LeverSaving]
     search: Optional[BatchSearch] = None
+    raw_fit: Optional[PeakFit] = None  # the line through max_memory_allocated: evidence beside the category model
     command: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
 
@@ -47,8 +52,12 @@ class MemoryStudy:
         search = self.search.to_dict() if self.search is not None else None
         if search is not None and self.fit is not None and self.search.largest_fits:
             search["predicted_peak_at_largest_mb"] = self.fit.predict_mb(self.search.largest_fits)
+            if self.raw_fit is not None:
+                search["raw_fit_peak_at_largest_mb"] = self.raw_fit.predict_mb(self.search.largest_fits)
         return {"kind": "memory", "command": self.command, "breakdown": self.breakdown.to_dict(),
-                "fit": self.fit.to_dict() if self.fit is not None else None, "capacity_mb": self.capacity_mb,
+                "fit": self.fit.to_dict() if self.fit is not None else None,
+                "peak_model": self.fit.model if self.fit is not None else None,
+                "raw_fit": self.raw_fit.to_dict() if self.raw_fit is not None else None, "capacity_mb": self.capacity_mb,
                 "predicted_largest_batch": self.predicted_largest_batch, "search": search,
                 "levers": [lever.to_dict() for lever in self.levers], "files": self.files}
 
@@ -83,28 +92,28 @@ def memory_study(cfg: RunConfig, out: Path, find_max_batch: bool = False, limit_
     note(f"one step at batch {cfg.batch_size}, profiled for memory")
     breakdown = measure_step(cfg, snapshot=out / SNAPSHOT_FILE if on_cuda else None, limit_mb=limit_mb)
     files = {"snapshot": SNAPSHOT_FILE} if (out / SNAPSHOT_FILE).is_file() else {}
-    batches = fit_batches(cfg.batch_size)
-    peaks = {cfg.batch_size: breakdown.peak_mb}
-    for batch in batches:
-        if batch not in peaks:
-            note(f"the peak at batch {batch}, for the fit")
+    steps = {cfg.batch_size: breakdown}
+    for batch in fit_batches(cfg.batch_size):
+        if batch not in steps:
+            note(f"the peak at batch {batch}, categorised, for the fit")
             try:
-                peaks[batch] = measure_step(cfg.replace(batch_size=batch), categorise=not on_cuda).peak_mb
+                steps[batch] = measure_step(cfg.replace(batch_size=batch), count_autocast=False)
             except PerflabError as err:  # e.g. BatchNorm refuses a batch this small: fit on the others
                 breakdown.notes.append(f"no fit point at batch {batch}: {str(err).splitlines()[0]}")
-    fit = fit_peaks(list(peaks), list(peaks.values())) if len(peaks) >= 2 else None
-    growing = breakdown.peak_mb - breakdown.model_states_mb
-    if growing < 0.5 * breakdown.peak_mb:
-        breakdown.notes.append(f"model states set most of the peak at batch {cfg.batch_size} ({100 * growing / breakdown.peak_mb:.0f}% "
-                               "grows with the batch): where the peak moves to forward/backward at larger batches the "
-                               "fit underestimates it; measure at a larger --batch")
+    raw_fit = fit_peaks(list(steps), [step.peak_mb for step in steps.values()]) if len(steps) >= 2 else None
+    fit = category_fit(list(steps.values()))
+    unattributed = breakdown.unattributed_mb
+    if unattributed > 0.1 * breakdown.peak_mb:
+        breakdown.notes.append(f"{unattributed:,.0f} MiB of the peak at batch {cfg.batch_size} is outside the categories "
+                               "(cuDNN/cuBLAS workspace, allocator rounding): the peak model leaves it out")
     capacity = capacity_mb(breakdown, limit_mb)
     study = MemoryStudy(breakdown, fit, capacity, lever_savings(breakdown, fit, capacity, shards,
                                                                 checkpointing_supported), command=command or [],
-                        files=files)
+                        files=files, raw_fit=raw_fit)
     if find_max_batch:
         predicted = study.predicted_largest_batch
-        start = predicted if predicted and predicted > cfg.batch_size else cfg.batch_size * 2
+        start = int(START_UNDER_PREDICTION * predicted) if predicted and predicted > cfg.batch_size else cfg.batch_size * 2
+        start = max(start, cfg.batch_size + 1)
         note(f"the largest batch: each probe in its own process, from batch {start}")
         _release_cached_memory()  # the probes' processes need the device memory this one cached
         study.search = find_largest_batch(lambda batch: probe_in_process(cfg, batch, limit_mb), start,

@@ -57,8 +57,9 @@ def memory_markdown(study: dict[str, Any], image: Optional[str]) -> str:
     fit = study.get("fit")
     if fit:
         lines += ["", "## The peak at other batches", "",
-                  f"peak ≈ {fit['fixed_mb']:,.1f} MiB + {fit['per_sample_mb']:,.3f} MiB × batch (least squares over "
-                  f"batches {', '.join(map(str, fit['batches']))}); capacity {_mb(study.get('capacity_mb'))} MiB; "
+                  f"peak ≈ {fit['fixed_mb']:,.1f} MiB + {fit['per_sample_mb']:,.3f} MiB × batch "
+                  f"({fit.get('basis') or 'least squares over batches ' + ', '.join(map(str, fit['batches']))}); "
+                  f"capacity {_mb(study.get('capacity_mb'))} MiB; "
                   f"predicted largest batch: {study.get('predicted_largest_batch') or '—'}."]
     search = study.get("search")
     if search:
