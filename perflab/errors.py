@@ -43,7 +43,8 @@ class UserCodeError(PerflabError):
 
 EXIT_OUT_OF_MEMORY = 3  # the exit code of a run that did not fit in memory (docs/memory.md)
 # the CPU allocator's words for the same thing ("DefaultCPUAllocator: can't allocate memory: ...")
-_OOM_WORDS = ("out of memory", "can't allocate memory")
+# cuBLAS and cuDNN report a device that is full through their own status when they create a handle or workspace
+_OOM_WORDS = ("out of memory", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
 
 
 class OutOfMemoryFailure(PerflabError):

@@ -198,3 +198,10 @@ def test_the_advice_ranks_levers_by_their_predicted_peak_and_keeps_generic_advic
     assert items[1].startswith("--activation-checkpointing: predicted peak at batch 16 196 MiB of 800 MiB (fits)")
     assert items[2].startswith("--precision bf16: predicted peak at batch 16 580 MiB")
     assert rank_advice(half, levers, 16, 1000.0, cfg) == []  # 900 MiB fits in 1000: not what ran out
+
+
+def test_cublas_failing_to_allocate_its_handle_on_a_full_device_is_an_out_of_memory():
+    # seen on the H100: a memory probe at batch 866 of resnet50 ended in this, not in torch's OutOfMemoryError
+    full = RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+    assert is_out_of_memory(full)
+    assert not is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_INVALID_VALUE when calling `cublasSgemm`"))
