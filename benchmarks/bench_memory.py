@@ -13,7 +13,7 @@ For resnet50 train, the transformer train and a planted activation-heavy MLP (te
   and the short block (its advice from a breakdown at half that batch).
 Prints a short table last; rows.json in DIR.
 
-    python -m benchmarks.bench_memory --out DIR [--quick]
+    python -m benchmarks.bench_memory --out DIR [--quick]        (BENCH_MEMORY_ONLY=resnet50_train,...: those cases)
 
 --quick (or no CUDA) runs tiny sizes on the CPU under a fake memory limit: a check of the machinery, not a
 measurement.
@@ -51,9 +51,11 @@ def cases(quick: bool) -> list[tuple[str, RunConfig, bool]]:
                 ("transformer_train", RunConfig(workload="transformer", batch_size=4, device="cpu"), False),
                 ("resnet50_train", RunConfig(workload="resnet50", batch_size=8, device="cpu",
                                              workload_options={"image_res": 32}), False)]
-    return [("mlp_activation_heavy", RunConfig(workload=HEAVY, batch_size=4096, device="cuda"), True),
-            ("transformer_train", RunConfig(workload="transformer", batch_size=16, device="cuda"), True),
-            ("resnet50_train", RunConfig(workload="resnet50", batch_size=64, device="cuda"), True)]
+    chosen = [("mlp_activation_heavy", RunConfig(workload=HEAVY, batch_size=4096, device="cuda"), True),
+              ("transformer_train", RunConfig(workload="transformer", batch_size=16, device="cuda"), True),
+              ("resnet50_train", RunConfig(workload="resnet50", batch_size=64, device="cuda"), True)]
+    only = os.environ.get("BENCH_MEMORY_ONLY")  # comma-separated case names: one device call per case if need be
+    return [case for case in chosen if not only or case[0] in only.split(",")]
 
 
 def measured_peak(cfg: RunConfig) -> float:

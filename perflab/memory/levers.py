@@ -96,7 +96,7 @@ def lever_savings(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Opt
     train = breakdown.mode == "train"
     savings: list[LeverSaving] = []
     activations = SavedActivations(**breakdown.activations) if breakdown.activations else SavedActivations()
-    checkpointed = activations.checkpointed_mb()
+    checkpointed = activations.checkpointed_mb(breakdown.categories_mb.get("temporaries", 0.0))
     if train and checkpointed is not None and activations.total_mb > 0:
         note = "" if checkpointing_supported is not False else (
             "this workload declares no checkpointable blocks: wrap its blocks in torch.utils.checkpoint")
