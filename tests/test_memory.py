@@ -244,3 +244,12 @@ def test_activations_the_profiler_counted_as_temporaries_move_to_activations_so_
     levers = {lever.lever: lever for lever in lever_savings(breakdown, fit, capacity_mb=1300.0)}
     # 4 block inputs (40), and the recomputed block (100) beyond the 90 MiB of temporaries at the peak (10)
     assert levers["activation checkpointing"].frees_mb == pytest.approx(400 - 40 - 10)
+
+
+def test_the_batch_search_grows_past_a_start_beyond_its_old_cap_until_a_probe_runs_out_of_memory():
+    from perflab.memory.search import Probe, find_largest_batch
+    limit = 200_000  # on the H100 an MLP's search started at 121,030 and stopped there (the cap was 65,536)
+    search = find_largest_batch(lambda batch: Probe(batch, "ok" if batch <= limit else "oom"), 121_030,
+                                growth=1.1, tolerance=0.03)
+    assert search.smallest_oom is not None and search.smallest_oom > limit
+    assert limit * 0.97 <= search.largest_fits <= limit

@@ -73,10 +73,11 @@ def _perflab_root() -> str:
 
 
 def find_largest_batch(run_probe: Callable[[int], Probe], start: int, known_fits: Optional[int] = None,
-                       growth: float = 2.0, tolerance: float = 0.0, max_batch: int = 1 << 16,
+                       growth: float = 2.0, tolerance: float = 0.0, max_batch: int = 1 << 24,
                        on_probe: Callable[[Probe], None] = lambda probe: None) -> BatchSearch:
     """Grow from `start` by `growth` until a probe runs out of memory, then bisect; `tolerance` (a share of the
-    largest fit) stops the bisection early. `known_fits` is a batch already known to fit."""
+    largest fit) stops the bisection early. `known_fits` is a batch already known to fit. `max_batch` only stops a
+    growth that never runs out of memory (on the H100 a cap of 65,536 ended an MLP's search at its first probe)."""
     search = BatchSearch(largest_fits=known_fits)
     batch = max(1, start)
 
