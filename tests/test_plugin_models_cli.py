@@ -2,30 +2,14 @@
 errors from the user's own code: exit 2, what perflab was doing, only the user's frames (--debug: all)."""
 import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from perflab.cli import main
+from tests.cli_process import ROOT, load, perflab_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = "tests/plugins/dict_model.py"
 TINY = ["--steps", "2", "--warmup", "1", "--trials", "1", "--batch", "4", "--device", "cpu"]
-
-
-def perflab_cli(*args):
-    """`python -m perflab ARGS` in a real subprocess, from the repository root, without PERFLAB_DEBUG."""
-    environment = {key: value for key, value in os.environ.items() if key != "PERFLAB_DEBUG"}
-    environment["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "perflab", *args], cwd=ROOT, env=environment,
-                          capture_output=True, text=True, timeout=300)
-
-
-def load(out):
-    return json.loads((Path(out) / "result.json").read_text())
 
 
 @pytest.fixture(autouse=True)

@@ -1,29 +1,12 @@
 """perflab serve calls the model by the rule `perflab run` uses (dict batches as keywords, tuples as positional
 arguments; dataclass outputs), shows a failing forward as run does (what perflab was doing, the user's frames,
 exit 2) and never passes NaN/inf outputs (the result is invalid, exit 1)."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 from perflab.cli import main
+from tests.cli_process import ROOT, load, perflab_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = "tests/plugins/dict_model.py"
 SHORT = ["--device", "cpu", "--warmup", "1", "--batcher-max-batch", "4", "--duration", "0.5", "--min-queries", "40"]
-
-
-def perflab_cli(*args):
-    """`python -m perflab ARGS` in a real subprocess, from the repository root, without PERFLAB_DEBUG."""
-    environment = {key: value for key, value in os.environ.items() if key != "PERFLAB_DEBUG"}
-    environment["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "perflab", *args], cwd=ROOT, env=environment,
-                          capture_output=True, text=True, timeout=300)
-
-
-def load(out):
-    return json.loads((Path(out) / "result.json").read_text())
 
 
 def test_the_default_driving_workload_is_served_with_its_dict_batches(tmp_path):
