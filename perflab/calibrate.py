@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-import torch.utils.benchmark as benchmark
 
 from perflab.backends import set_tf32
 from perflab.results import write_json_atomic
@@ -84,6 +83,8 @@ def measure_matmul_tflops(device: torch.device, precision: str, size: int, min_r
     """The matmul ceiling: torch.utils.benchmark's blocked_autorange (it synchronises CUDA and repeats the call in
     blocks long enough for the clock to resolve), on every thread this process uses, best block taken: noise can only
     slow a block down, and a ceiling is what the machine reaches, not its typical moment."""
+    # imported here: torch.utils.benchmark loads cpp_extension, which warns on stderr on machines without CUDA
+    import torch.utils.benchmark as benchmark
     a = torch.randn(size, size, device=device).to(MATMUL_DTYPES[precision])
     b = torch.randn(size, size, device=device).to(MATMUL_DTYPES[precision])
     restore = set_tf32(precision == "tf32")
