@@ -56,6 +56,7 @@ class Candidate:
     option: str  # the RunConfig field
     value: Any
     search: str  # once | ladder | alternatives | batch
+    also: tuple[tuple[str, Any], ...] = ()  # options changed with it (checkpointing with a larger batch: one pair)
 
     @property
     def lever(self) -> str:
@@ -63,12 +64,14 @@ class Candidate:
 
     @property
     def label(self) -> str:
+        if self.also:
+            return "+".join([self.lever, *(f"{option.replace('_', '-')}={value}" for option, value in self.also)])
         if self.search == ONCE:
             return self.lever
         return f"{self.lever}={'default' if self.value is None else self.value}"
 
     def apply(self, cfg: RunConfig) -> RunConfig:
-        return cfg.replace(**{self.option: self.value})
+        return cfg.replace(**{self.option: self.value, **dict(self.also)})
 
 
 def _field(finding: Any, name: str) -> Any:

@@ -37,6 +37,7 @@ from perflab.tune.decision import Decision, judge, not_measured, unjudged_line
 from perflab.serve.config import ServeConfig
 from perflab.tune.objective import SERVE, judge_max_qps, max_qps_of, serve_record, serve_refusal
 from perflab.tune.journal import Journal, trial_key
+from perflab.tune.memory_trade import checkpointed_batch, trade_verdict
 from perflab.tune.retry import NoiseRetries
 from perflab.tune.screening import SCREEN, Screener, gain_pct
 from perflab.tune.settings import MAX_QPS, TuneConfig, strict_tolerances
@@ -390,7 +391,37 @@ class Tuner:
             else:
                 break
         self.settled.add(search.BATCH_LEVER)  # searched: not again, whatever it kept
+        if out_of_memory is not None:  # memory stopped the batch: checkpointing may buy a larger one
+            kept_any = self._trade_memory_for_batch(good, out_of_memory) or kept_any
         return kept_any
+
+    def _trade_memory_for_batch(self, good: int, out_of_memory: int) -> bool:
+        """Activation checkpointing with the larger batch it allows (perflab/tune/memory_trade.py), tried as one
+        candidate against the best; kept only when it wins. Its outcome, kept or why not, is a note."""
+        lever = "activation-checkpointing"
+        if self.best_cfg.mode != "train" or self.best_cfg.activation_checkpointing or lever in self.settings.exclude \
+                or lever in self.settled and lever not in self.lost:
+            return False
+        proposal = search.Proposal(lever, "batch size (--tune-batch) ran out of memory", None, None)
+        probe = search.Candidate(proposal, "activation_checkpointing", True, search.BATCH)
+        if not self._can_try(probe):  # the lever is refused here (no checkpointable blocks, inference)
+            return False
+        batch, basis = checkpointed_batch(self.best_cfg, good, out_of_memory)
+        batch = min(batch, BATCH_LIMIT)
+        label = f"{lever}+batch-size={batch}"
+        if batch <= good:
+            self.skipped[label] = f"checkpointing allows no batch above {good} ({basis})"
+            self.observer.note(f"not trying {label}: {self.skipped[label]}")
+            return False
+        self._check_budget()
+        pair = search.Candidate(proposal, "activation_checkpointing", True, search.BATCH, also=(("batch_size", batch),))
+        kept = self._try(pair, {"trade": {"batch_ran": good, "batch_out_of_memory": out_of_memory,
+                                          "batch_tried": batch, "basis": basis}})
+        row = self.chain[-1]
+        row["trade"]["verdict"] = trade_verdict(row, good)
+        self.notes.append(row["trade"]["verdict"] + f"; {basis}")
+        self.settled.add(lever)
+        return kept
 
     def _can_try(self, candidate: search.Candidate, estimate_cost: bool = True) -> bool:
         """Whether the candidate can run here (and, with `estimate_cost`, a compile mode's full trial fits the budget

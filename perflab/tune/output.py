@@ -16,7 +16,8 @@ OBJECTIVE_FIGURES = {"throughput": ("throughput", "samples/s"), MAX_QPS: ("max_q
 TUNE_JSON = "tune.json"
 CHAIN_KEYS = ("name", "lever", "label", "bottleneck", "proposed_by", "finding_confidence", "predicted_step_share_pct",
               "predicted_gain_pct", "measured_gain_pct", "status", "throughput", "max_qps", "p99_ms", "peak_memory_mb",
-              "wall_s", "warmup_s", "compile_s", "against", "dir", "stage", "screened_gain_pct", "screen_trial")
+              "wall_s", "warmup_s", "compile_s", "against", "dir", "stage", "screened_gain_pct", "screen_trial",
+              "trade")
 
 
 def chain_link(row: dict[str, Any]) -> dict[str, Any]:
