@@ -184,11 +184,9 @@ def check_value(declared: Option, value: Any) -> None:
         kind = {bool: "on/off (True or False)", int: "an integer", float: "a number", str: "text"}
         raise PerflabError(f"{declared.flag} must be {kind.get(declared.type, declared.type.__name__)}, "
                            f"got {value!r}")
-    if declared.type is float and not math.isfinite(value):  # inf passes every bound, NaN fails none
-        raise PerflabError(f"{declared.flag} must be a finite number, got {value!r}")
     if declared.choices and value not in declared.choices:
         raise PerflabError(f"{declared.flag} must be one of {', '.join(declared.choices)}; got {value!r}")
-    if declared.type is float and declared.finite and not math.isfinite(value):
+    if declared.type is float and declared.finite and not math.isfinite(value):  # inf passes every bound, NaN none
         words = range_words(declared)
         what = "a positive finite number" if words == "a positive number" else (
             f"a finite number{f', {words}' if words else ''}")

@@ -288,7 +288,8 @@ def test_calibrate_times_the_matmul_with_benchmark_blocks_on_every_thread_and_ke
             seen["min_run_time"] = min_run_time
             return type("Measurement", (), {"times": [0.004, 0.002, 0.003]})()
 
-    monkeypatch.setattr(calibrate.benchmark, "Timer", FakeTimer)
+    import torch.utils.benchmark  # calibrate imports it where it times the matmul
+    monkeypatch.setattr(torch.utils.benchmark, "Timer", FakeTimer)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
     tflops = calibrate.measure_matmul_tflops(torch.device("cpu"), "fp32", 64)
     assert seen["num_threads"] == 7 and seen["min_run_time"] > 0 and "torch.mm" in seen["stmt"]
