@@ -205,3 +205,14 @@ def test_cublas_failing_to_allocate_its_handle_on_a_full_device_is_an_out_of_mem
     full = RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
     assert is_out_of_memory(full)
     assert not is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_INVALID_VALUE when calling `cublasSgemm`"))
+
+
+def test_the_advice_falls_back_to_a_quarter_of_the_batch_when_half_of_it_does_not_fit_either(tmp_path):
+    # at 2048 the step peaks near 33 MiB and at 1024 near 17, over the 13 MiB limit; at 512 near 9 it fits
+    finished = perflab("memory", "--workload", HEAVY, "--batch", "2048", "--option", "size=128",
+                       "--out", str(tmp_path / "memory"), env={"PERFLAB_MEMORY_LIMIT_MB": "13"})
+    assert finished.returncode == EXIT_OUT_OF_MEMORY and "Traceback" not in finished.stderr, finished.stderr
+    block = finished.stderr[finished.stderr.index("out of memory"):]
+    assert "--activation-checkpointing: predicted peak at batch 2048" in block, block
+    smaller = int(block.split("a smaller batch: --batch ")[1].split()[0])
+    assert 512 <= smaller < 1024

@@ -1,4 +1,5 @@
-"""What would make a run that ran out of memory fit, computed from a breakdown at half its batch.
+"""What would make a run that ran out of memory fit, computed from a breakdown at half its batch (or a quarter, an
+eighth, when that does not fit either).
 
     items = advice_from_breakdown(cfg, tried_at=record)   # [] when no breakdown can be had, or it cannot explain
 
@@ -21,6 +22,9 @@ from perflab.memory.step import measure_step, memory_limit_mb
 from perflab.pipeline import load
 
 ADVICE_ITEMS = 3
+# the fractions of the failed batch a breakdown is tried at, in turn: on the H100 the step at half of twice the
+# largest batch that fits, profiled for memory, ran out of memory too, and the advice stayed generic
+BREAKDOWN_DIVISORS = (2, 4, 8)
 # levers the advice never names: nothing to switch on (perflab already does it), or several GPUs are needed
 NOT_ADVISED = ("gradients set to None", "bf16 weights")
 
@@ -31,20 +35,29 @@ def _gib(mb: float) -> str:
 
 def advice_from_breakdown(cfg: RunConfig, total_mb: Optional[float]) -> list[str]:
     """Two or three changes, most likely to fit first, each with its predicted peak at cfg's batch against the
-    memory there is; [] where no breakdown can be had at half the batch or it does not explain the OOM."""
+    memory there is; [] where no breakdown can be had at a half, a quarter or an eighth of the batch, or it does not
+    explain the OOM."""
     batch = cfg.batch_size or 0
     capacity = memory_limit_mb() or total_mb
     if batch < 2 or capacity is None:
         return []
-    try:
-        breakdown = measure_step(cfg.replace(batch_size=batch // 2))
-    except (RuntimeError, MemoryError, PerflabError) as err:  # half the batch does not fit either, or cannot run
-        if isinstance(err, PerflabError) or is_out_of_memory(err):
-            return []
-        raise
-    finally:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
+    breakdown = None
+    for divisor in BREAKDOWN_DIVISORS:  # half first; a profiled step needs more than the plain one, so smaller next
+        if batch // divisor < 1:
+            break
+        try:
+            breakdown = measure_step(cfg.replace(batch_size=batch // divisor))
+            break
+        except (RuntimeError, MemoryError, PerflabError) as err:
+            if isinstance(err, PerflabError):  # cannot run at all at a smaller batch
+                return []
+            if not is_out_of_memory(err):
+                raise
+        finally:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+    if breakdown is None:
+        return []
     supported = load(None, cfg).supports_activation_checkpointing if cfg.mode == "train" else None
     return rank_advice(breakdown, lever_savings(breakdown, None, capacity, checkpointing_supported=supported), batch,
                        capacity, cfg)
