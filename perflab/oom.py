@@ -143,8 +143,13 @@ def advice(record: OutOfMemory, cfg: Any) -> list[str]:
 
 
 def free_after(err: BaseException) -> None:
-    """Let go of the tensors the failed step's frames still hold, then return the cached blocks to the device."""
-    traceback.clear_frames(err.__traceback__)
+    """Let go of the tensors the failed step's frames still hold (through every exception it was raised from or
+    during), then return the cached blocks to the device."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        traceback.clear_frames(err.__traceback__)
+        err = err.__cause__ or err.__context__
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()

@@ -49,10 +49,11 @@ def advice_from_breakdown(cfg: RunConfig, total_mb: Optional[float]) -> list[str
             breakdown = measure_step(cfg.replace(batch_size=batch // divisor))
             break
         except (RuntimeError, MemoryError, PerflabError) as err:
+            if is_out_of_memory(err):  # torch's error, or measure_step's own OutOfMemoryFailure: smaller next
+                continue
             if isinstance(err, PerflabError):  # cannot run at all at a smaller batch
                 return []
-            if not is_out_of_memory(err):
-                raise
+            raise
         finally:
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.empty_cache()
