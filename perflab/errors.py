@@ -53,8 +53,9 @@ class OutOfMemoryFailure(PerflabError):
 
     exit_code = EXIT_OUT_OF_MEMORY
 
-    def __init__(self, message: str, record: dict):
+    def __init__(self, message: str, record: dict, advise: bool = False):
         self.record = record
+        self.advise = advise  # its advice is still to come from a breakdown (perflab.pipeline.with_breakdown_advice)
         super().__init__(message)
 
 

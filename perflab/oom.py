@@ -104,8 +104,8 @@ class OutOfMemory:
     def from_dict(cls, data: dict[str, Any]) -> "OutOfMemory":
         return cls(**{key: data[key] for key in cls.__dataclass_fields__ if key in data})
 
-    def failure(self) -> OutOfMemoryFailure:
-        return OutOfMemoryFailure(self.block(), self.to_dict())
+    def failure(self, advise: bool = False) -> OutOfMemoryFailure:
+        return OutOfMemoryFailure(self.block(), self.to_dict(), advise)
 
 
 def _levers_of(cfg: Any) -> list[str]:

@@ -173,7 +173,13 @@ def run(workload: Union[Workload, str, None] = None, config: Optional[RunConfig]
     if needs_launch(cfg):
         return _launch(workload, cfg, "run", command)
     device = resolve_device(cfg.device)
-    reporter = reporter or Reporter()
+    with with_breakdown_advice(cfg, device, command):
+        return _run_here(workload, cfg, device, reporter or Reporter(), command, hooks)
+
+
+def _run_here(workload: Union[Workload, str, None], cfg: RunConfig, device: torch.device, reporter: Reporter,
+              command: Optional[list[str]], hooks: Sequence[StepHook]) -> Result:
+    """run() in this process: the pipeline's stages, an out-of-memory turned into a result."""
     with out_of_memory_as_result(cfg, device, command):
         workload = load(workload, cfg)
         hooks = [*hooks, *config_hooks(cfg)]
@@ -206,7 +212,7 @@ def out_of_memory_as_result(cfg: RunConfig, device: torch.device, command: Optio
     """An out-of-memory inside becomes a result: its record (perflab.oom) saved as result.json with status
     "oom" in cfg.out when there is one, the cache freed, and OutOfMemoryFailure raised (the CLI prints its block
     and exits 3); the original error stays its cause, for --debug. With `advise` (and where one process runs the
-    workload), the block's advice comes from a breakdown at half the batch (perflab/memory/advice.py)."""
+    workload), the failure asks with_breakdown_advice, around the caller, for advice from a breakdown at a smaller batch."""
     try:
         yield
     except OutOfMemoryFailure:
@@ -216,13 +222,33 @@ def out_of_memory_as_result(cfg: RunConfig, device: torch.device, command: Optio
             raise
         record = OutOfMemory.from_error(err, device, cfg)
         free_after(err)
-        if advise and breakdown_advice_wanted(cfg):
-            from perflab.memory.advice import advice_from_breakdown  # memory/ profiles through this module
-            record.advice = advice_from_breakdown(cfg, record.total_mb) or record.advice
-        if cfg.out and is_primary():
-            new_result(cfg.to_dict(), device, {"name": cfg.workload}, command, status="oom",
-                       status_reason=record.summary(), out_of_memory=record.to_dict()).save(cfg.out)
-        raise record.failure() from err
+        _save_out_of_memory(record, cfg, device, command)
+        raise record.failure(advise and breakdown_advice_wanted(cfg)) from err  # with_breakdown_advice gives it
+
+
+@contextmanager
+def with_breakdown_advice(cfg: RunConfig, device: torch.device, command: Optional[Sequence[str]]) -> Iterator[None]:
+    """Around a whole run, outside the frames that ran out of memory: once those have finished, what they held can
+    be let go of (inside them, the frame that holds the plan is still executing), and the advice of an OOM that asks
+    for it comes from a breakdown at a smaller batch (perflab/memory/advice.py); result.json is saved again."""
+    try:
+        yield
+    except OutOfMemoryFailure as failure:
+        if not failure.advise:
+            raise
+        free_after(failure)
+        from perflab.memory.advice import advice_from_breakdown  # memory/ profiles through this module
+        record = OutOfMemory.from_dict(failure.record)
+        record.advice = advice_from_breakdown(cfg, record.total_mb) or record.advice
+        _save_out_of_memory(record, cfg, device, command)
+        raise record.failure() from failure.__cause__
+
+
+def _save_out_of_memory(record: OutOfMemory, cfg: RunConfig, device: torch.device,
+                        command: Optional[Sequence[str]]) -> None:
+    if cfg.out and is_primary():
+        new_result(cfg.to_dict(), device, {"name": cfg.workload}, command, status="oom",
+                   status_reason=record.summary(), out_of_memory=record.to_dict()).save(cfg.out)
 
 
 def breakdown_advice_wanted(cfg: RunConfig) -> bool:

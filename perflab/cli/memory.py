@@ -15,7 +15,7 @@ from perflab.errors import PerflabError
 from perflab.memory.search import Probe
 from perflab.memory.step import LIMIT_ENV, measure_step
 from perflab.memory.study import MemoryStudy, memory_study
-from perflab.pipeline import load, out_of_memory_as_result, resolve_config, resolve_device
+from perflab.pipeline import load, out_of_memory_as_result, resolve_config, resolve_device, with_breakdown_advice
 from perflab.report.build import write_report
 from perflab.results.rundir import run_dir
 
@@ -61,7 +61,8 @@ def handle(args: argparse.Namespace) -> int:
     name = Path(cfg.workload.split(":")[0]).stem if ":" in cfg.workload else cfg.workload
     supported = load(None, cfg).supports_activation_checkpointing if cfg.mode == "train" else None
     with run_dir(args.out, f"memory-{name}", args.overwrite) as out:
-        with out_of_memory_as_result(cfg.replace(out=str(out)), device, ["perflab"] + args.argv):
+        saved, command = cfg.replace(out=str(out)), ["perflab"] + args.argv
+        with with_breakdown_advice(saved, device, command), out_of_memory_as_result(saved, device, command):
             study = memory_study(cfg, out, args.find_max_batch, args.memory_limit_mb, args.fsdp_gpus, supported,
                                  ["perflab"] + args.argv, note=lambda text: console.print(f"[dim]{escape(text)}[/]"),
                                  on_probe=_show_probe)

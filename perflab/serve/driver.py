@@ -17,7 +17,7 @@ from perflab.errors import PerflabError
 from perflab.harness.data import make_loader
 from perflab.harness.progress import Reporter
 from perflab.pipeline import (describe_workload, load, new_result, out_of_memory_as_result, prepared, quality_stage,
-                              resolve_config, resolve_device)
+                              resolve_config, resolve_device, with_breakdown_advice)
 from perflab.results.metrics import Serve, ServeSettings
 from perflab.results import Result
 from perflab.serve import mlcommons
@@ -80,7 +80,8 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
         mlcommons.bindings()  # one line saying what to install, before any model is built
     cfg = serve_run_config(run_cfg, serve_cfg, workload)
     device = resolve_device(cfg.device)
-    with out_of_memory_as_result(cfg.replace(out=str(out)) if out is not None else cfg, device, command):
+    saved = cfg.replace(out=str(out)) if out is not None else cfg
+    with with_breakdown_advice(saved, device, command), out_of_memory_as_result(saved, device, command):
         return _serve(cfg, serve_cfg, device, out, workload, engines, on_point, command, reporter or Reporter())
 
 
