@@ -212,7 +212,8 @@ def out_of_memory_as_result(cfg: RunConfig, device: torch.device, command: Optio
     """An out-of-memory inside becomes a result: its record (perflab.oom) saved as result.json with status
     "oom" in cfg.out when there is one, the cache freed, and OutOfMemoryFailure raised (the CLI prints its block
     and exits 3); the original error stays its cause, for --debug. With `advise` (and where one process runs the
-    workload), the failure asks with_breakdown_advice, around the caller, for advice from a breakdown at a smaller batch."""
+    workload), the failure asks with_breakdown_advice, around the caller, for advice from a breakdown at a smaller
+    batch."""
     try:
         yield
     except OutOfMemoryFailure:
