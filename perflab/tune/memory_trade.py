@@ -13,6 +13,9 @@ from typing import Any, Optional
 
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
+from perflab.memory.levers import lever_savings
+from perflab.memory.step import measure_step, memory_limit_mb
+from perflab.memory.study import capacity_mb
 
 CHECKPOINTING = "activation checkpointing"  # perflab.memory.levers' name of the lever
 UNDER_PREDICTION = 0.9  # the model leaves the workspace out: its largest batch comes out a few percent high
@@ -27,10 +30,6 @@ def checkpointed_batch(cfg: RunConfig, good: int, out_of_memory: int) -> tuple[i
     """The batch to try with activation checkpointing on (uncapped), and what the estimate rests on."""
     if cfg.device != "cpu":
         return _conservative(good, "no memory breakdown in the tuning process on CUDA")
-    from perflab.memory.levers import lever_savings
-    from perflab.memory.step import measure_step, memory_limit_mb
-    from perflab.memory.study import capacity_mb
-
     limit = memory_limit_mb()
     try:
         breakdown = measure_step(cfg.replace(batch_size=good, activation_checkpointing=False), limit_mb=limit)
