@@ -157,7 +157,10 @@ def distributed_rows(metrics: Metrics) -> list[tuple[str, str]]:
 
 def phase_table(result: Result) -> Table:
     m = result.metrics
-    table = Table(title="step-time breakdown (mean per step)", title_justify="left")
+    title = "step-time breakdown (mean per step)"
+    # as wide as its title and caption, so neither wraps inside a narrow three-column table
+    table = Table(title=title, title_justify="left", caption_justify="left",
+                  min_width=max(len(title), len(result.timing.get("phases", ""))) + 4)
     table.add_column("phase")
     table.add_column("ms", justify="right")
     table.add_column("share", justify="right")
