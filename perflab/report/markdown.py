@@ -7,7 +7,7 @@ from perflab.harness.phases import phase_sort_key
 from perflab.harness.stats import interval_text
 from perflab.results.metrics import Generation, Metrics
 from perflab.report.terminal import fmt as num
-from perflab.report.terminal import add_generation_rows, memory_row, run_title
+from perflab.report.terminal import add_generation_rows, memory_row, no_ceiling, run_title
 from perflab.results import Result
 from perflab.sweep import best_points
 from perflab.report.diagnosis import diagnosis_markdown
@@ -99,7 +99,7 @@ def run_summary_rows(result: Result) -> list[list[str]]:
     flops = m.flops
     if flops is not None and flops.per_sample:
         mfu = f"{num(flops.mfu_pct)}% of {num(flops.peak_tflops)} TFLOP/s ({flops.peak_source})" \
-            if flops.mfu_pct is not None else f"n/a ({flops.note or flops.peak_source})"
+            if flops.mfu_pct is not None else f"n/a ({flops.note or no_ceiling(flops.peak_source)})"
         rows.append(["compute", f"{num(flops.per_sample / 1e9, 3)} GFLOP/sample · "
                                 f"{num(flops.achieved_tflops, 3)} TFLOP/s achieved · MFU {mfu}"])
     memory = memory_row(m)

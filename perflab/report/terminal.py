@@ -70,7 +70,7 @@ def result_table(result: Result) -> Table:
     flops = m.flops
     if flops is not None and flops.per_sample:
         mfu = f"MFU {fmt(flops.mfu_pct)}% of {fmt(flops.peak_tflops)} TFLOP/s ({flops.peak_source})" \
-            if flops.mfu_pct is not None else f"MFU n/a: {flops.note or _no_ceiling(flops.peak_source)}"
+            if flops.mfu_pct is not None else f"MFU n/a: {flops.note or no_ceiling(flops.peak_source)}"
         table.add_row("compute", f"{fmt(flops.per_sample / 1e9, 3)} GFLOP/sample · "
                       f"{fmt(flops.achieved_tflops, 3)} TFLOP/s achieved · {mfu}")
     memory = memory_row(m)
@@ -180,6 +180,6 @@ def print_result(console: Console, result: Result) -> None:
         console.print(f"saved [bold]{result.path}[/]")
 
 
-def _no_ceiling(source: str) -> str:
+def no_ceiling(source: str) -> str:
     """'none: run `perflab calibrate` ...' (the source of a ceiling there is none of) as what to do."""
     return (source or "no ceiling").removeprefix("none: ")
