@@ -80,7 +80,7 @@ def _show_probe(probe: Probe) -> None:
 
 
 def _mb(value) -> str:
-    return "—" if value is None else f"{value:,.1f}"
+    return "—" if value is None else f"{round(value, 1) + 0.0:,.1f}"  # + 0.0: no "-0.0" for a change that rounds to 0
 
 
 def print_study(study: MemoryStudy) -> None:
