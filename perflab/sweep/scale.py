@@ -136,11 +136,12 @@ def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool 
                       reporter_factory=reporter_factory)
     rows = scaling_rows(sweep.rows)
     files: dict[str, str] = {}
-    plotted = [dict(row, efficiency_pct=trusted_efficiency(row)) for row in rows]  # no untrusted figure on a plot
-    if plots and any(row["efficiency_pct"] is not None for row in plotted):
-        drawn = scaling_plots(plotted, axes, sweep.out)
+    # no untrusted efficiency on a plot, nor beside a prediction as the measured figure
+    trusted = [dict(row, efficiency_pct=trusted_efficiency(row)) for row in rows]
+    if plots and any(row["efficiency_pct"] is not None for row in trusted):
+        drawn = scaling_plots(trusted, axes, sweep.out)
         files = {name: str(path.relative_to(sweep.out)) for name, path in drawn.items()}
-    predictions, assumptions = scaling_predictions(rows, sweep.out, predict, configs[0]) if predict else ([], {})
+    predictions, assumptions = scaling_predictions(trusted, sweep.out, predict, configs[0]) if predict else ([], {})
     write_json_atomic(sweep.out / SCALE_JSON, {"kind": "scale", "axes": axes, "command": command or [],
                                                "efficiency": "throughput(N) / (N x throughput(1))",
                                                "rows": [_scale_record(row) for row in rows], "plots": files,
