@@ -132,6 +132,6 @@ def print_predictions(summary: ScaleSummary) -> None:
                      fmt(row["step_ms"], 2), f"{row['efficiency_pct']:.1f}%",
                      f"{measured:.1f}%" if measured is not None else ""])
     console.print(fitted_tables("scaling model (--predict)", [Column(header) for header in headers], rows,
-                                console.width))
+                                console.width, key_columns=2))  # a row is a recipe at a GPU count
     for what, source in summary.assumptions.items():
         console.print(f"assumed, {what}: {source}", highlight=False)
