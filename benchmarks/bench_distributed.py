@@ -5,6 +5,7 @@ model's prediction, and the levers for exposed communication on a ~1B-parameter 
     BENCH_DISTRIBUTED_PART=levers  python -m benchmarks.bench_distributed --out DIR     # ~5 min
     BENCH_DISTRIBUTED_PART=compile python -m benchmarks.bench_distributed --out DIR     # ~3 min
     BENCH_DISTRIBUTED_PART=issue12 python -m benchmarks.bench_distributed --out DIR     # issue 12's experiments
+    BENCH_DISTRIBUTED_PART=fixtures python -m benchmarks.bench_distributed --out DIR    # ~1 min: 2-rank traces
 
 Each part is meant to fit one 9-minute device call (the times above are estimates, not measured); the default is
 scaling,levers, which needs two calls' worth: run one part per call.
@@ -17,6 +18,8 @@ scaling,levers, which needs two calls' worth: run one part per call.
   the levers for exposed communication: throughput, exposed-communication share, overlap, the verdict
 - compile: the FSDP2 "after" with per-block compile (--fsdp-compile-blocks), profiled the same way
 - issue12: resnet50 DDP at bucket sizes 1, 25, 100 MiB profiled, and the planted collectives-bound case
+- fixtures: small 2-rank profiles recorded for tests/fixtures/traces/ranks (each rank's trace and rank 0's
+  result.json): the planted big-gradients case under DDP and a small transformer under FSDP2
 
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 unless already set). The table
 printed last sums the part up.
@@ -44,8 +47,9 @@ from perflab.sweep.scale import run_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 AREA = "distributed"
-PARTS = ("scaling", "levers", "compile", "issue12")
+PARTS = ("scaling", "levers", "compile", "issue12", "fixtures")
 PROFILE = CaptureOptions(wait=2, warmup=2, active=3, record_shapes=False, gzip=True)
+FIXTURE_PROFILE = CaptureOptions(wait=1, warmup=1, active=2, record_shapes=True, gzip=True)
 PLANTED = str(ROOT / "tests" / "planted" / "big_gradients.py") + ":build"
 PREDICT = PredictConfig(predict="2,8,64,512")
 # Before/after at 2 GPUs: each "after" is the levers for exposed communication of its wrapper, as tune would try them
@@ -208,6 +212,31 @@ def part_issue12(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
              expected="collectives")
 
 
+def part_fixtures(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
+    """Two small 2-rank profiles kept whole under out/fixtures/<case>/ for the CPU tests of the communication
+    diagnosis: each rank's trace and rank 0's result.json (with the gathered collectives)."""
+    cases = {
+        "ddp__big_gradients": RunConfig(workload=PLANTED, nproc=2, batch_size=8, steps=8, warmup=2, trials=1,
+                                        device="cuda", check_quality=False),
+        "fsdp__transformer_125m": RunConfig(workload="transformer", workload_options={"size": "125m", "seq_len": "512"},
+                                            nproc=2, parallel="fsdp", batch_size=8, precision="bf16", steps=8, warmup=2,
+                                             trials=1, device="cuda", check_quality=False),
+    }
+    for name, cfg in cases.items():
+        run_dir = out / "fixtures" / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        try:
+            result, diagnosis, _ = profile_run(cfg.workload, resolve_config(cfg, None), run_dir, FIXTURE_PROFILE)
+        except Exception as err:  # one failing case must not lose the other
+            rows.add(name, "status", None, note=f"failed: {type(err).__name__}: {err}"[:300])
+            continue
+        comm = result.metrics.collectives
+        rows.add(name, "exposed_share_of_step", exposed_share_pct(comm) if comm else None, "%",
+                 note=f"{diagnosis.bottleneck if diagnosis else 'no diagnosis'}; files: "
+                      f"{', '.join(sorted(path.name for path in run_dir.iterdir()))}"[:300])
+        summary.add(f"fixture {name}", 2, result.throughput, None, exposed_share_pct(comm) if comm else None)
+
+
 def run(out: Path, quick: bool, parts: Optional[list[str]] = None) -> list[dict]:
     parts = parts or selected_parts()
     rows = Rows(AREA, out)
@@ -217,7 +246,8 @@ def run(out: Path, quick: bool, parts: Optional[list[str]] = None) -> list[dict]
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     summary = Summary()
-    steps = {"scaling": part_scaling, "levers": part_levers, "compile": part_compile, "issue12": part_issue12}
+    steps = {"scaling": part_scaling, "levers": part_levers, "compile": part_compile, "issue12": part_issue12,
+             "fixtures": part_fixtures}
     for part in parts:
         began = time.time()
         steps[part](rows, summary, out, quick)
@@ -227,7 +257,7 @@ def run(out: Path, quick: bool, parts: Optional[list[str]] = None) -> list[dict]
 
 
 def selected_parts() -> list[str]:
-    """BENCH_DISTRIBUTED_PART: a comma list of scaling, levers, compile, issue12 (default: scaling,levers)."""
+    """BENCH_DISTRIBUTED_PART: a comma list of the PARTS (default: scaling,levers)."""
     parts = [part.strip() for part in os.environ.get("BENCH_DISTRIBUTED_PART", "scaling,levers").split(",")
              if part.strip()]
     unknown = [part for part in parts if part not in PARTS]

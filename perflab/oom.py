@@ -25,6 +25,7 @@ _PATTERNS = {
     "slack_mb": (_SIZE + r" is reserved by PyTorch but unallocated",),
 }
 OOM_BREAKDOWN_ENV = "PERFLAB_OOM_BREAKDOWN"  # 0: the block's advice stays generic (no breakdown at half the batch)
+KEPT_TRACEBACK = "kept_traceback"  # the attribute free_after keeps a let-go traceback's text in
 SLACK_SHARE = 0.1  # reserved-but-unallocated beyond this share of the device: fragmentation is worth a lever
 
 
@@ -143,13 +144,41 @@ def advice(record: OutOfMemory, cfg: Any) -> list[str]:
 
 
 def free_after(err: BaseException) -> None:
-    """Let go of the tensors the failed step's frames still hold (through every exception it was raised from or
-    during), then return the cached blocks to the device."""
+    """Let go of the tensors the failed step still holds, then return the cached blocks to the device.
+
+    Clearing the frames of the tracebacks (of every exception it was raised from or during) is not enough: a
+    cleared frame still holds its function, and torch's module call is a closure (`_call_impl.<locals>.inner`)
+    over that layer's input, so every layer's activation stayed alive while a traceback did (135 GiB of 139 on an
+    H200, and the breakdown at half the batch ran out of memory too). So the tracebacks go as well; their text is
+    kept on each exception (`kept_traceback`) for --debug."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        traceback.clear_frames(err.__traceback__)
+        if err.__traceback__ is not None:
+            setattr(err, KEPT_TRACEBACK, "".join(traceback.format_exception(type(err), err, err.__traceback__,
+                                                                            chain=False)))
+            traceback.clear_frames(err.__traceback__)
+            err.__traceback__ = None
         err = err.__cause__ or err.__context__
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+def kept_traceback(err: BaseException) -> str:
+    """The traceback text of err and what it was raised from, as Python prints it, read from the text free_after
+    kept where it let go of a traceback."""
+    chain: list[BaseException] = []
+    while err is not None and all(err is not seen for seen in chain):
+        chain.append(err)
+        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
+    parts = []
+    for inner, outer in zip(reversed(chain), [*reversed(chain[:-1]), None]):
+        text = getattr(inner, KEPT_TRACEBACK, None) if inner.__traceback__ is None else None
+        parts.append(text or "".join(traceback.format_exception(type(inner), inner, inner.__traceback__,
+                                                                chain=False)))
+        if outer is not None:
+            parts.append("\nThe above exception was the direct cause of the following exception:\n\n"
+                         if outer.__cause__ is inner else
+                         "\nDuring handling of the above exception, another exception occurred:\n\n")
+    return "".join(parts)

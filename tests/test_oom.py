@@ -61,6 +61,30 @@ def test_debug_still_shows_the_traceback(tmp_path):
                        "--debug")
     assert finished.returncode == EXIT_OUT_OF_MEMORY
     assert "Traceback" in finished.stderr and "OutOfMemoryError" in finished.stderr
+    # the tracebacks were let go of to free the step's memory; their text still names the frame that failed
+    assert "oom_over_batch.py" in finished.stderr and "in forward" in finished.stderr
+    assert "The above exception was the direct cause" in finished.stderr
+
+
+def test_an_out_of_memory_lets_go_of_every_layers_input_before_the_breakdown_runs(monkeypatch):
+    # torch's module call is a closure over its input, and a cleared frame still holds its function: while a
+    # traceback of the failed step lived, every layer's input did (135 GiB of an H200's 139), and the breakdown at
+    # half the batch ran out of memory too
+    import gc
+
+    from perflab import pipeline
+    seen: list[int] = []
+
+    def count_batch_tensors(cfg, total_mb):
+        gc.collect()
+        seen.append(sum(1 for o in gc.get_objects() if type(o) is torch.Tensor and o.dim() == 2
+                        and o.shape[0] == 64))
+        return []
+
+    monkeypatch.setattr("perflab.memory.advice.advice_from_breakdown", count_batch_tensors)
+    with pytest.raises(OutOfMemoryFailure):
+        pipeline.run(None, RunConfig(workload=OOM_WORKLOAD, batch_size=64, device="cpu", trials=1, steps=2, warmup=1))
+    assert seen == [0]
 
 
 def test_profile_out_of_memory_is_a_result(tmp_path):

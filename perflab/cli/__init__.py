@@ -10,13 +10,13 @@ import importlib
 import os
 import pkgutil
 import sys
-import traceback
 from typing import NoReturn, Optional
 
 from rich.console import Console
 from rich.markup import escape
 
 from perflab.errors import OutOfMemoryFailure, PerflabError, os_error_line
+from perflab.oom import kept_traceback
 from perflab.version import __version__
 
 console = Console()
@@ -71,9 +71,8 @@ def debug_enabled(args: argparse.Namespace) -> bool:
 
 def print_error(err: PerflabError, debug: bool) -> None:
     """The error's message; with debug, the full traceback (and what caused it) first."""
-    if debug:
-        err_console.print(escape("".join(traceback.format_exception(type(err), err, err.__traceback__))),
-                          highlight=False, soft_wrap=True, markup=True)
+    if debug:  # an out-of-memory's tracebacks were let go of, to free the step's memory: their kept text
+        err_console.print(escape(kept_traceback(err)), highlight=False, soft_wrap=True, markup=True)
     prefix = "" if isinstance(err, OutOfMemoryFailure) else "[bold red]error:[/] "  # its block says what it is
     err_console.print(f"{prefix}{escape(str(err))}", highlight=False, soft_wrap=True)
 
