@@ -8,6 +8,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+# The launcher's pid, in every rank's environment: a rank whose parent it no longer is exits
+# (distributed/rank.py), and the interference probe counts the launcher's other ranks as this run's own work
+LAUNCHER_PID_ENV = "PERFLAB_LAUNCHER_PID"
+
 
 def in_rank() -> bool:
     """True inside a rank that perflab launched (the process group is up)."""

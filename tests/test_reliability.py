@@ -17,6 +17,7 @@ from perflab.cli import main
 from perflab.compare import compare_results
 from perflab.config import RunConfig
 from perflab.harness.interference import LoadProbe
+from perflab.ranks import LAUNCHER_PID_ENV
 from perflab.results import Result
 
 TINY = ["--workload", "mlp", "--device", "cpu", "--batch", "8", "--warmup", "1", "--option", "hidden=16",
@@ -193,6 +194,34 @@ def test_load_probe_sees_another_process_busy_during_a_trial():
     finally:
         os.kill(pid, signal.SIGKILL)
     assert load.other_cpu_cores is not None and load.other_cpu_cores > 0.5 and load.busy
+
+
+def test_load_probe_in_a_rank_counts_its_sibling_ranks_as_this_runs_own_work(monkeypatch, tmp_path):
+    # a launcher outside our process tree with a busy "rank" under it: seen from another rank of the same launcher,
+    # that is not other work (tune --nproc 2 had every trial "not judged": each rank saw the other spinning)
+    script = tmp_path / "launcher.py"
+    script.write_text("import subprocess, sys, time\n"
+                      "subprocess.Popen([sys.executable, '-c', 'import time\\nend = time.time() + 4\\n"
+                      "while time.time() < end: pass'])\n"
+                      "time.sleep(5)\n")
+    started = subprocess.run(["sh", "-c", f'"{sys.executable}" "{script}" >/dev/null 2>&1 & echo $!'],
+                             capture_output=True, text=True, check=True)
+    launcher = int(started.stdout.strip())
+    try:
+        time.sleep(0.5)
+        monkeypatch.setenv(LAUNCHER_PID_ENV, str(launcher))
+        probe = LoadProbe(None)
+        probe.begin()
+        time.sleep(1.0)
+        in_the_launchers_job = probe.end()
+        monkeypatch.delenv(LAUNCHER_PID_ENV)
+        probe.begin()
+        time.sleep(1.0)
+        outside_it = probe.end()
+    finally:
+        os.kill(launcher, signal.SIGKILL)  # its spinning child ends by itself within 4 s
+    assert in_the_launchers_job.other_cpu_cores < 0.5 and not in_the_launchers_job.busy
+    assert outside_it.other_cpu_cores > 0.5 and outside_it.busy
 
 
 def test_compare_declines_to_judge_contaminated_runs_unless_told(tmp_path):

@@ -23,8 +23,9 @@ import torch
 
 from perflab import options
 from perflab.config import RunConfig
-from perflab.distributed.rank import LAUNCHER_PID_ENV, RANK_MODE_FLAG, TIMEOUT_ENV
+from perflab.distributed.rank import RANK_MODE_FLAG, TIMEOUT_ENV
 from perflab.errors import PerflabError
+from perflab.ranks import LAUNCHER_PID_ENV
 from perflab.results import Result
 from perflab.levers import active_levers
 import perflab

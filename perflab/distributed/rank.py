@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 
 from perflab.errors import PerflabError
+from perflab.ranks import LAUNCHER_PID_ENV
 
 RANK_MODE_FLAG = "--nproc-rank-mode"
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 TIMEOUT_ENV = "PERFLAB_RANK_TIMEOUT_S"  # --rank-timeout, set by the launcher for its ranks
-LAUNCHER_PID_ENV = "PERFLAB_LAUNCHER_PID"  # the launcher's pid: a rank whose parent it no longer is exits
 DEFAULT_TIMEOUT_S = 300.0
 
 

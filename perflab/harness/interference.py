@@ -2,8 +2,8 @@
 
 Timings taken beside another busy process are not clean, and a low spread does not prove they are (a
 steady neighbour slows every trial alike). So around each trial perflab reads, from /proc, how much CPU
-time processes other than this one and its children (DataLoader workers) used, and from NVML, which
-other processes hold the GPU; plus the 1-minute load average against the core count. A run whose trials
+time processes other than this run's used (its own: this process and its children, the DataLoader workers, and in
+a multi-GPU run the launcher's other ranks), and from NVML, which other processes hold the GPU; plus the 1-minute load average against the core count. A run whose trials
 saw more than BUSY_CORES of other CPU work, or another process on its GPU, is marked `busy` and says so.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from perflab.ranks import LAUNCHER_PID_ENV
 from perflab.results.metrics import Interference
 
 BUSY_CORES = 0.5  # other processes' CPU use, in cores, above which a trial counts as contaminated
@@ -40,25 +41,42 @@ def _process_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def _own_ticks() -> int:
-    """CPU jiffies of this process and its live children (DataLoader workers)."""
-    me = os.getpid()
-    total = _process_ticks(me)
+def _job_root() -> int:
+    """The process this run's own processes descend from: in a rank, the launcher that started every rank (its
+    sibling ranks are the same run, not other work); else this process."""
+    return int(os.environ.get(LAUNCHER_PID_ENV) or os.getpid())
+
+
+def _job_pids() -> set[int]:
+    """This run's processes: the job root and every live descendant (ranks, DataLoader workers)."""
+    root = _job_root()
+    children: dict[int, list[int]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return total
+        return {root, os.getpid()}
     for entry in entries:
-        if not entry.isdigit() or int(entry) == me:
+        if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as stream:
-                fields = stream.read().rsplit(")", 1)[1].split()
-        except OSError:
+                parent = int(stream.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if int(fields[1]) == me:  # parent pid
-            total += int(fields[11]) + int(fields[12])
-    return total
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = {root, os.getpid()}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _own_ticks() -> int:
+    """CPU jiffies of this run's processes: this one and its children (DataLoader workers), and in a rank the
+    launcher's other ranks too."""
+    return sum(_process_ticks(pid) for pid in _job_pids())
 
 
 def gpu_neighbours(device_index: Optional[int]) -> list[int]:
@@ -72,7 +90,8 @@ def gpu_neighbours(device_index: Optional[int]) -> list[int]:
         processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
     except Exception:  # NVML missing or not permitted (containers): no evidence either way
         return []
-    return sorted({p.pid for p in processes if p.pid != os.getpid()})
+    own = _job_pids()
+    return sorted({p.pid for p in processes if p.pid not in own})
 
 
 @dataclass
@@ -122,8 +141,8 @@ def summarize_load(loads: list[TrialLoad]) -> Interference:
         load_per_core_max=max((load.load_per_core for load in loads), default=None),
         gpu_neighbours=sorted({pid for load in loads for pid in load.gpu_neighbours}),
         threshold_cores=BUSY_CORES,
-        method="CPU time of other processes during each trial (/proc/stat minus this process and its "
-               "children), 1-minute load average per core, other processes on the GPU (NVML)",
+        method="CPU time of other processes during each trial (/proc/stat minus this run's processes: this one, "
+               "its children and its sibling ranks), 1-minute load average per core, other processes on the GPU (NVML)",
     )
 
 
