@@ -65,6 +65,21 @@ def test_the_big_one_flag_levers_are_screened_when_the_diagnosis_is_silent_about
     assert set(order[:2]) == {"compile", "cuda-graphs"} and order.index("fused-optimizer") > order.index("workers")
 
 
+def test_a_finding_that_explains_a_large_share_has_its_levers_screened_before_the_unnamed_big_ones():
+    # 2 GPUs, 19 s a trial: the all-reduce levers came after bf16, compile and CUDA graphs and were never reached
+    from perflab.levers import all_levers
+    from perflab.tune import candidates as search
+    levers = {lever.name: lever for lever in all_levers()}
+    comm = ["ddp-bucket-size", "bf16-comm-hook", "grad-accum"]
+    start = START.replace(nproc=2)
+    large = diagnosis_of(("collectives", 0.8, comm, {"expected_gain_pct": 37.0}))
+    order = [p.lever for p in screening.screening_order(search.proposals(large, levers), levers, start)]
+    assert order[:3] == comm and order.index("grad-accum") < order.index("compile")
+    small = diagnosis_of(("collectives", 0.8, comm, {"expected_gain_pct": 5.0}))
+    order = [p.lever for p in screening.screening_order(search.proposals(small, levers), levers, start)]
+    assert order.index("compile") < order.index("ddp-bucket-size")  # a small finding: the big levers first
+
+
 def test_a_screened_win_the_budget_cannot_confirm_is_reported_as_such_and_not_kept(tmp_path):
     # start 30 s (full trials) + profile + screens of 2 s: a 30-s confirmation no longer fits a 70-s budget
     trials = Timed({("compile", "default"): 3.0}, screen_s=2.0, full_s=30.0)

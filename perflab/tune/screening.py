@@ -7,10 +7,11 @@
                 gate) judged by compare against the best so far; only a confirmed win is kept
 
 Successive halving with two rungs: every candidate gets the cheap rung, only winners the expensive one. The
-order of the screens puts the big one-flag levers the diagnosis named first, then the other big ones even where
-the diagnosis is silent about them (INSURANCE: a short screen is cheap next to an 11x that a bandwidth-bound model
-gets from --compile alone), then the diagnosis's other levers, then every other lever its classes suggest. A screen that did not win
-is a loss (the diagnosis is told); a win the budget left no room to confirm is reported as such, never kept.
+order of the screens puts the big one-flag levers the diagnosis named first, then the levers named by a finding
+that explains a large share of the step, then the other big ones even where the diagnosis is silent about them
+(INSURANCE: a short screen is cheap next to an 11x that a bandwidth-bound model gets from --compile alone), then
+the diagnosis's other levers, then every other lever its classes suggest. A screen that did not win is a loss (the
+diagnosis is told); a win the budget left no room to confirm is reported as such, never kept.
 """
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ SCREEN_WIN_PCT = 5.0  # a single trial's gain must pass this (or 2 x --min-effec
 # The levers that declare themselves screened whatever the diagnosis says (TuneHints.screen_always), in their order.
 INSURANCE = tuple(lever.name for lever in sorted((lever for lever in all_levers() if lever.tune.screen_always),
                                                   key=lambda lever: lever.tune.screen_always))
+# A finding that explains this share of the step (+25% if it were removed) has the levers it named screened before
+# the insurance it did not name: on 2 GPUs (19 s a trial) a step waiting 37% of its time on all-reduces had its
+# 150 s spent on bf16, compile and CUDA graphs, and the bucket size and the bf16 hook were never reached.
+BIG_FINDING_SHARE_PCT = 20.0
 INSURANCE_SOURCE = "insurance (a big one-flag lever, screened whether or not the diagnosis names it)"
 
 
@@ -51,7 +56,8 @@ def win_threshold_pct(min_effect_pct: float) -> float:
 
 def screening_order(proposals: list[search.Proposal], levers_by_name: dict[str, Any], best: RunConfig
                     ) -> list[search.Proposal]:
-    """The big levers the findings named, then the other INSURANCE levers, then the findings' other levers, then the
+    """The big levers the findings named, then the levers named by a finding that explains a large share of
+    the step (BIG_FINDING_SHARE_PCT), then the other INSURANCE levers, then the findings' other levers, then the
     rest; tune's ordering rules (layout after precision, ...) apply within each group. Compile is not put behind
     the cheap levers here, as in a one-stage search: its screen costs one measured compile, and it is a big lever."""
     named = [p for p in proposals if p.named]
@@ -64,8 +70,10 @@ def screening_order(proposals: list[search.Proposal], levers_by_name: dict[str, 
 
     def group(proposal: search.Proposal) -> int:
         if proposal.lever in INSURANCE:
-            return 0 if proposal.named else 1
-        return 2 if proposal.named else 3
+            return 0 if proposal.named else 2
+        if proposal.named and (proposal.expected_share_pct or 0.0) >= BIG_FINDING_SHARE_PCT:
+            return 1
+        return 3 if proposal.named else 4
     return sorted(arranged, key=group)  # stable: each group keeps the arranged order
 
 
