@@ -133,3 +133,31 @@ def test_gpu_idle_while_the_host_waits_in_an_fsdp_hook_is_communication_not_laun
     assert diagnosis.evidence["exposed_communication_pct_of_step"] == pytest.approx(65.0)
     assert diagnosis.evidence["collectives"]["all_gather"]["mean_message_mb"] == pytest.approx(4e7 / 2**20, rel=1e-2)
     assert diagnosis.levers[:2] == ["fsdp-prefetch", "fsdp-no-reshard-last"]
+
+
+RANKS = Path(__file__).parent / "fixtures" / "traces" / "ranks"  # 2-rank profiles recorded on 2 H200s
+
+
+@pytest.mark.parametrize("case, kinds, first_levers", [
+    ("ddp__big_gradients", {"all_reduce"}, {"ddp-bucket-size", "bf16-comm-hook", "grad-accum"}),
+    ("fsdp__transformer_125m", {"all_gather", "reduce_scatter"}, {"fsdp-prefetch", "fsdp-no-reshard-last"}),
+])
+def test_recorded_two_gpu_traces_are_diagnosed_as_exposed_communication(case, kinds, first_levers, tmp_path,
+                                                                         monkeypatch):
+    # `BENCH_DISTRIBUTED_PART=fixtures python -m benchmarks.bench_distributed` on nvidia-h100-x2 (came as 2x H200)
+    monkeypatch.setenv("PERFLAB_CACHE_DIR", str(tmp_path))  # no calibrated peak here: the bus bandwidth stands alone
+    folder = RANKS / case
+    result = Result.load(folder)
+    per_rank = [communication_profile(load_trace(folder / name)) for name in ("trace.json.gz", "trace.rank1.json.gz")]
+    recorded = {row["rank"]: row for row in result.metrics.collectives["per_rank"]}
+    for rank, profile in enumerate(per_rank):  # each rank's figures, read again from its own trace
+        assert profile.group_size == 2 and set(profile.by_kind) == kinds
+        assert profile.exposed_share_pct == pytest.approx(recorded[rank]["exposed_share_pct"], abs=0.1)
+    diagnosis = diagnose(folder / "trace.json.gz", result)
+    assert diagnosis.bottleneck == "collectives"
+    evidence = diagnosis.evidence
+    assert set(evidence["overlap_pct_per_rank"]) == {"0", "1"}
+    assert set(evidence["collectives"]) == kinds and all(kind in diagnosis.headline for kind in kinds)
+    assert all(evidence["collectives"][kind]["busbw_gbps"] > 0 for kind in kinds)
+    assert first_levers <= set(diagnosis.levers[:len(first_levers) + 2])
+    assert "launch" not in diagnosis.headline  # the FSDP step waiting in collectives is not framework overhead
