@@ -65,6 +65,18 @@ def test_the_big_one_flag_levers_are_screened_when_the_diagnosis_is_silent_about
     assert set(order[:2]) == {"compile", "cuda-graphs"} and order.index("fused-optimizer") > order.index("workers")
 
 
+def test_when_nothing_the_diagnosis_proposed_wins_every_other_lever_is_screened_and_a_win_kept(tmp_path):
+    # the planted nonzero router on an H200: the sync diagnosis's levers and the big ones lost, tune stopped with
+    # "no lever won" after 76 s of 180, and the fused optimizer (never proposed) gave 1.38x
+    trials = Timed({("optimizer_impl", "fused"): 1.38})
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("host-device sync", 0.9, [])), budget="10m", screening=True)
+    entry = screened(summary, "fused-optimizer")
+    assert entry["outcome"] == "confirmed: kept" and summary["kept"] == ["fused-optimizer"]
+    assert summary["speedup"] == pytest.approx(1.38)
+    sync_levers = [s["label"] for s in summary["screened"]]
+    assert sync_levers.index("fused-optimizer") > sync_levers.index("compile=default")  # after the proposed ones
+
+
 def test_a_finding_that_explains_a_large_share_has_its_levers_screened_before_the_unnamed_big_ones():
     # 2 GPUs, 19 s a trial: the all-reduce levers came after bf16, compile and CUDA graphs and were never reached
     from perflab.levers import all_levers
