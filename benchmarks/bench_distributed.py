@@ -4,6 +4,7 @@ model's prediction, and the levers for exposed communication on a ~1B-parameter 
     BENCH_DISTRIBUTED_PART=scaling python -m benchmarks.bench_distributed --out DIR     # ~4 min on 2 H100s
     BENCH_DISTRIBUTED_PART=levers  python -m benchmarks.bench_distributed --out DIR     # ~5 min
     BENCH_DISTRIBUTED_PART=compile python -m benchmarks.bench_distributed --out DIR     # ~3 min
+    BENCH_DISTRIBUTED_PART=after python -m benchmarks.bench_distributed --out DIR       # scaling with the levers on
     BENCH_DISTRIBUTED_PART=issue12 python -m benchmarks.bench_distributed --out DIR     # issue 12's experiments
     BENCH_DISTRIBUTED_PART=fixtures python -m benchmarks.bench_distributed --out DIR    # ~1 min: 2-rank traces
 
@@ -16,6 +17,9 @@ scaling,levers, which needs two calls' worth: run one part per call.
   GPUs beside the scaling model's prediction (and its predictions past 2 GPUs, with the assumed links)
 - levers: the transformer size=1b profiled at 2 GPUs (`perflab profile --nproc 2`), DDP and FSDP2, before and after
   the levers for exposed communication: throughput, exposed-communication share, overlap, the verdict
+- after: `perflab scale --nproc 1,2` of the transformer size=1b with the levers of `levers` on (DDP and FSDP2): the
+  unprofiled scaling efficiency after the levers, against the same 1-GPU point (the levers need ranks: scale's
+  1-rank point drops them)
 - compile: the FSDP2 "after" with per-block compile (--fsdp-compile-blocks), profiled the same way
 - issue12: resnet50 DDP at bucket sizes 1, 25, 100 MiB profiled, and the planted collectives-bound case
 - fixtures: small 2-rank profiles recorded for tests/fixtures/traces/ranks (each rank's trace and rank 0's
@@ -47,7 +51,7 @@ from perflab.sweep.scale import run_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 AREA = "distributed"
-PARTS = ("scaling", "levers", "compile", "issue12", "fixtures")
+PARTS = ("scaling", "levers", "after", "compile", "issue12", "fixtures")
 PROFILE = CaptureOptions(wait=2, warmup=2, active=3, record_shapes=False, gzip=True)
 FIXTURE_PROFILE = CaptureOptions(wait=1, warmup=1, active=2, record_shapes=True, gzip=True)
 PLANTED = str(ROOT / "tests" / "planted" / "big_gradients.py") + ":build"
@@ -195,6 +199,12 @@ def part_levers(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
     profiled(rows, summary, out, "1b fsdp after", fsdp.replace(**FSDP_LEVERS))
 
 
+def part_after(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
+    transformer = transformer_1b(quick)
+    scaling(rows, summary, out, "transformer-1b after levers",
+            [transformer.replace(parallel="ddp", **DDP_LEVERS), transformer.replace(parallel="fsdp", **FSDP_LEVERS)])
+
+
 def part_compile(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
     """The FSDP2 levers with each block compiled before sharding (one graph for 20 identical blocks)."""
     fsdp = transformer_1b(quick).replace(nproc=2, trials=1, parallel="fsdp", rank_timeout_s=600.0)
@@ -246,8 +256,8 @@ def run(out: Path, quick: bool, parts: Optional[list[str]] = None) -> list[dict]
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     summary = Summary()
-    steps = {"scaling": part_scaling, "levers": part_levers, "compile": part_compile, "issue12": part_issue12,
-             "fixtures": part_fixtures}
+    steps = {"scaling": part_scaling, "levers": part_levers, "after": part_after, "compile": part_compile,
+             "issue12": part_issue12, "fixtures": part_fixtures}
     for part in parts:
         began = time.time()
         steps[part](rows, summary, out, quick)
