@@ -73,12 +73,15 @@ def test_an_out_of_memory_lets_go_of_every_layers_input_before_the_breakdown_run
     import gc
 
     from perflab import pipeline
+
+    def batch_tensors() -> set[int]:
+        gc.collect()
+        return {id(o) for o in gc.get_objects() if type(o) is torch.Tensor and o.dim() == 2 and o.shape[0] == 64}
+    before = batch_tensors()  # earlier tests' tensors of that shape: alive before this run, so their ids are taken
     seen: list[int] = []
 
     def count_batch_tensors(cfg, total_mb):
-        gc.collect()
-        seen.append(sum(1 for o in gc.get_objects() if type(o) is torch.Tensor and o.dim() == 2
-                        and o.shape[0] == 64))
+        seen.append(len(batch_tensors() - before))
         return []
 
     monkeypatch.setattr("perflab.memory.advice.advice_from_breakdown", count_batch_tensors)

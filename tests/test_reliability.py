@@ -220,8 +220,9 @@ def test_load_probe_in_a_rank_counts_its_sibling_ranks_as_this_runs_own_work(mon
         outside_it = probe.end()
     finally:
         os.kill(launcher, signal.SIGKILL)  # its spinning child ends by itself within 4 s
-    assert in_the_launchers_job.other_cpu_cores < 0.5 and not in_the_launchers_job.busy
-    assert outside_it.other_cpu_cores > 0.5 and outside_it.busy
+    # the spinning rank's core is counted only from outside the job (whatever else the machine runs meanwhile)
+    assert outside_it.other_cpu_cores - in_the_launchers_job.other_cpu_cores > 0.6
+    assert outside_it.busy
 
 
 def test_compare_declines_to_judge_contaminated_runs_unless_told(tmp_path):
