@@ -10,12 +10,16 @@ For each shape x batch (default llama-8b at batch 1 and 8; prompt 128, 128 new t
 weights):
 - perflab: `--workload generate --option size=SHAPE --kv-cache static --compile reduce-overhead` (the compiled step
   captured in CUDA graphs by perflab, decode_tuning=off: the best bf16 tuning measured, docs/generate.md);
-- hf generate: transformers `LlamaForCausalLM(LlamaConfig(...))` (random, bf16, made on the GPU) timed around
-  `generate(cache_implementation="static")`, which compiles the model's one-token step itself (reduce-overhead),
-  min_new_tokens = max_new_tokens so nothing stops early; ms per step = (full generate - a one-token generate) /
-  (tokens - 1);
-- hf via perflab: the same model object through perflab's plugin path (examples/hf_llama.py: the same static cache
-  and compiled call); its tokens/s must agree with generate's within 3% (AGREE_PCT), the table says whether it does;
+- hf generate: transformers `LlamaForCausalLM(LlamaConfig(...))` (random, bf16, made on the GPU) timed by this bench
+  around `generate(cache_implementation="static")`, which compiles the model's one-token step itself
+  (reduce-overhead), min_new_tokens = max_new_tokens so nothing stops early; ms per step = (full generate - a
+  one-token generate) / (tokens - 1);
+- hf via perflab: the same model object and the same generate call through perflab's plugin path, timed whole by
+  perflab (examples/hf_llama.py, loop=generate: the loop path); its tokens/s and ms per step must agree with
+  generate's within 3% (AGREE_PCT), the table says whether they do;
+- hf step via perflab: the same model's one-token step as generate calls it (the same static cache and compiled
+  call), through perflab's decode loop (loop=step: the step path): the model's own speed; the table says how much
+  generate's own loop adds per token over it (perflab/diagnose/generation_loop.py);
 - vllm: `vllm bench latency` with dummy weights (`--load-format dummy`) of the same config; run only when vllm is
   importable. It is not on the device machine (no internet there, and its wheel, ~400 MB, is over the 64 MiB a call
   may carry), so the table gives that reason. `peer_commands` builds the command lines without running them.
@@ -162,9 +166,12 @@ def perflab_settings(cell: Cell, cuda: bool, levers: bool = True, **changes: Any
 
 
 def result_row(cell: Cell, system: str, result, quality: str = "") -> Row:
+    """A perflab run's row: ms per step is its time per output token after the first (the bound's measured figure,
+    or the mean TPOT where no bandwidth is known), as diagnose/generation_loop.py compares the two paths by it."""
+    from perflab.diagnose.generation_loop import ms_per_token  # the same per-token figure as the finding's
     generation = result.metrics.generation
     bound = generation.bandwidth_bound
-    return Row(cell, system, generation.output_tokens_per_s, bound.measured_ms_per_token if bound else None,
+    return Row(cell, system, generation.output_tokens_per_s, ms_per_token(generation),
                bound.pct_of_bound if bound else None, quality)
 
 
@@ -181,18 +188,17 @@ def run_perflab(rows: Rows, out: Path, cell: Cell, cuda: bool, system: str = "pe
     return result_row(cell, system, result, note or "not gated (random weights)")
 
 
-def time_hf_generate(model, cell: Cell, repeats: int = 3) -> dict[str, float]:
-    """generate(cache_implementation="static") timed whole (synchronised), after two untimed calls (compiling)."""
+def time_hf_generate(generate, model, cell: Cell, repeats: int = 3) -> dict[str, float]:
+    """transformers' generate timed whole by this bench (synchronised), after two untimed calls (compiling):
+    `generate(input_ids, max_new_tokens)` is examples/hf_llama.generate_call, the call perflab's loop path times too."""
     device = model.device
     prompt = torch.randint(0, model.config.vocab_size, (cell.batch, cell.prompt_len), device=device,
                            generator=torch.Generator(device).manual_seed(0))
-    settings = {"do_sample": False, "cache_implementation": "static", "pad_token_id": 0, "attention_mask":
-                torch.ones_like(prompt)}
 
     def seconds(tokens: int) -> float:
         began = time.perf_counter()
         with torch.inference_mode():
-            produced = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, **settings)
+            produced = generate(prompt, tokens)
         synchronize(device)
         assert produced.shape[1] == cell.prompt_len + tokens, "generate stopped early"
         return time.perf_counter() - began
@@ -207,48 +213,116 @@ def time_hf_generate(model, cell: Cell, repeats: int = 3) -> dict[str, float]:
             "ms_per_step": (full - prefill) / (cell.output_len - 1) * 1e3}
 
 
-def run_hf(rows: Rows, out: Path, cell: Cell, cuda: bool, bound_ms: Optional[float]) -> list[Row]:
-    """hf generate, then the same model through perflab's plugin path."""
+def generate_row(cell: Cell, timed: dict[str, float], bound_ms: Optional[float], transformers_version: str) -> Row:
+    """transformers' own timing of generate: the reference the loop path must agree with."""
+    pct = 100 * bound_ms / timed["ms_per_step"] if bound_ms else None
+    return Row(cell, "hf generate", timed["tokens_per_s"], timed["ms_per_step"], pct,
+               f"transformers {transformers_version}; compile + warm-up {timed['warm_s']:.0f}s")
+
+
+def off_pct(reference: Row, row: Row) -> dict[str, float]:
+    """How far `row` is from `reference`, in %, on each figure both have (tokens/s, ms per step)."""
+    pairs = (("tokens/s", row.tokens_per_s, reference.tokens_per_s),
+             ("ms/step", row.ms_per_step, reference.ms_per_step))
+    return {name: 100 * (mine / theirs - 1) for name, mine, theirs in pairs if mine and theirs}
+
+
+def agrees(reference: Row, row: Row) -> Optional[bool]:
+    """Whether `row` agrees with `reference` within AGREE_PCT on every figure both have; None without any."""
+    offs = off_pct(reference, row)
+    return all(abs(off) <= AGREE_PCT for off in offs.values()) if offs else None
+
+
+def agreement_note(reference: Row, row: Row) -> str:
+    offs = off_pct(reference, row)
+    if not offs:
+        return "no reference: hf generate has no figures"
+    verdict = "agrees" if agrees(reference, row) else "DISAGREES"
+    return (", ".join(f"{name} {off:+.1f}%" for name, off in offs.items()) +
+            f" vs hf generate: {verdict} (within {AGREE_PCT:g}%)")
+
+
+def overhead_note(step: Any, loop: Any) -> str:
+    """What generate's own loop adds per token over the model's step (diagnose/generation_loop.py), in words."""
+    from perflab.diagnose.generation_loop import loop_overhead  # the finding's figures, read by the table
+    if isinstance(step, str) or isinstance(loop, str):
+        return "the model's step alone, through perflab's decode loop"
+    overhead = loop_overhead(step.metrics.generation, loop.metrics.generation)
+    if overhead is None:
+        return "the model's step alone, through perflab's decode loop"
+    return (f"the model's step alone; generate's own loop adds {overhead.ms_per_token:+.3f} ms per token "
+            f"({overhead.pct_of_step:+.1f}% of the step)")
+
+
+def hf_rows(cell: Cell, reference: Row, loop: Any, step: Any, sync: bool) -> list[Row]:
+    """The hf rows of a cell from what ran: transformers' own timing of generate (`reference`), generate timed whole
+    by perflab (`loop`: the loop path) and the model's step through perflab's decode loop (`step`: the step path),
+    each a perflab Result or the text of why it did not run. Builds the rows without running anything."""
+    rows = [reference]
+    if isinstance(loop, str):
+        rows.append(Row(cell, "hf via perflab", quality=loop))
+    else:
+        row = result_row(cell, "hf via perflab", loop)
+        row.quality = agreement_note(reference, row) + "; generate timed whole (the loop path)"
+        rows.append(row)
+    if isinstance(step, str):
+        rows.append(Row(cell, "hf step via perflab", quality=step))
+    else:
+        row = result_row(cell, "hf step via perflab", step)
+        row.quality = overhead_note(step, loop) + ("; waits per token as generate does" if sync else "")
+        rows.append(row)
+    return rows
+
+
+def run_hf_through_perflab(example, model, out: Path, cell: Cell, cuda: bool, loop: str, sync: bool = False) -> Any:
+    """The same model object through perflab's plugin path (examples/hf_llama.py with `loop`): a Result, or why not.
+    The example's own static cache and compiled call stand in for perflab's levers (refused for a plugin's cache)."""
     import perflab
+    settings = perflab_settings(cell, cuda, levers=False, workload_options={"prompt_len": str(cell.prompt_len),
+                                                                            "output_len": str(cell.output_len)})
+    settings.pop("workload")
+    folder = "hf-via-perflab" if loop == "generate" else "hf-step-via-perflab"
+    cfg = perflab.RunConfig(out=str(out / f"{folder}-{cell.shape}-bs{cell.batch}"), **settings)
+    try:
+        workload = example.workload(model, cfg, cell.shape, static=True, sync_per_token=sync,
+                                    prompt_len=str(cell.prompt_len), output_len=str(cell.output_len), loop=loop)
+        return perflab.run(workload, cfg, command=["benchmarks", "generate_peers", f"hf {loop} via perflab"])
+    except Exception as err:
+        traceback.print_exc()
+        return f"failed: {type(err).__name__}: {err}"[:200]
+
+
+def run_hf(rows: Rows, out: Path, cell: Cell, cuda: bool, bound_ms: Optional[float]) -> list[Row]:
+    """hf generate timed by this bench, then the same model through perflab: generate timed whole (must agree), and
+    its one-token step through perflab's decode loop (what generate's own loop adds per token)."""
     example = example_module()
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     try:
         model = example.hf_llama(cell.shape, device, dtype, seed=0)
     except Exception as err:
-        return [Row(cell, "hf generate", quality=f"not run: {err}"), Row(cell, "hf via perflab", quality="not run")]
-    found: list[Row] = []
+        return [Row(cell, "hf generate", quality=f"not run: {err}"), Row(cell, "hf via perflab", quality="not run"),
+                Row(cell, "hf step via perflab", quality="not run")]
     experiment = f"{cell.shape} bs{cell.batch}"
     try:
-        timed = time_hf_generate(model, cell)
-        pct = 100 * bound_ms / timed["ms_per_step"] if bound_ms else None
-        found.append(Row(cell, "hf generate", timed["tokens_per_s"], timed["ms_per_step"], pct,
-                         f"transformers {version('transformers')}; compile + warm-up {timed['warm_s']:.0f}s"))
+        timed = time_hf_generate(example.generate_call(model, static=True), model, cell)
+        reference = generate_row(cell, timed, bound_ms, version("transformers"))
         rows.add(experiment, "hf generate tokens/s", timed["tokens_per_s"], "tokens/s", json.dumps(timed))
     except Exception as err:
         traceback.print_exc()
-        found.append(Row(cell, "hf generate", quality=f"failed: {type(err).__name__}: {err}"[:200]))
-    # the example's own static cache and compiled call stand in for perflab's levers (refused for a plugin's cache)
-    settings = perflab_settings(cell, cuda, levers=False, workload_options={"prompt_len": str(cell.prompt_len),
-                                                                            "output_len": str(cell.output_len)})
-    settings.pop("workload")
-    cfg = perflab.RunConfig(out=str(out / f"hf-via-perflab-{cell.shape}-bs{cell.batch}"), **settings)
+        reference = Row(cell, "hf generate", quality=f"failed: {type(err).__name__}: {err}"[:200])
     sync = not generate_defers_stop_check()
-    workload = example.workload(model, cfg, cell.shape, static=True, sync_per_token=sync,
-                                prompt_len=str(cell.prompt_len), output_len=str(cell.output_len))
-    try:
-        result = perflab.run(workload, cfg, command=["benchmarks", "generate_peers", "hf via perflab"])
-        row = result_row(cell, "hf via perflab", result)
-        reference = found[0].tokens_per_s
-        if reference:
-            off = 100 * (row.tokens_per_s / reference - 1)
-            row.quality = (f"{off:+.1f}% vs hf generate: {'agrees' if abs(off) <= AGREE_PCT else 'DISAGREES'} "
-                           f"(within {AGREE_PCT:g}%){'; waits per token as generate does' if sync else ''}")
-        found.append(row)
-    except Exception as err:
-        traceback.print_exc()
-        found.append(Row(cell, "hf via perflab", quality=f"failed: {type(err).__name__}: {err}"[:200]))
-    del model, workload
+    loop = run_hf_through_perflab(example, model, out, cell, cuda, "generate")
+    free_memory()
+    step = run_hf_through_perflab(example, model, out, cell, cuda, "step", sync)
+    found = hf_rows(cell, reference, loop, step, sync)
+    if not isinstance(loop, str) and not isinstance(step, str):
+        from perflab.diagnose.generation_loop import loop_overhead  # the finding's figures, for the log
+        overhead = loop_overhead(step.metrics.generation, loop.metrics.generation)
+        if overhead is not None:
+            rows.add(experiment, "generate's own loop per token", overhead.ms_per_token, "ms",
+                     f"{overhead.pct_of_step:.1f}% of the step")
+    del model
     torch._dynamo.reset()  # its compiled code (and CUDA graph pools) hold the 16 GB model otherwise
     free_memory()
     return found

@@ -1,15 +1,25 @@
-"""A transformers LlamaForCausalLM at one of perflab's Llama shapes, generating through perflab's plugin path the way
-`generate(cache_implementation="static")` runs it: a StaticCache allocated once per request batch, the prefill eager,
-every one-token step through the model's own compiled call (`get_compiled_call`: torch.compile with its
-generation_config's compile settings, reduce-overhead: CUDA graphs).
+"""A transformers LlamaForCausalLM at one of perflab's Llama shapes, generating through perflab's plugin path in one of
+two ways (`--option loop=...`):
+
+- `loop=generate` (default): the user's own loop, `model.generate(..., cache_implementation="static")`, timed whole
+  by perflab (the loop path, perflab/generation/loop_timing.py): what a user of generate gets, its per-token Python
+  work (logits processors, stopping criteria, cache bookkeeping) included;
+- `loop=step`: the model's one-token step as generate calls it, through perflab's decode loop (the step path): a
+  StaticCache allocated once per request batch, the prefill eager, every one-token step through the model's own
+  compiled call (`get_compiled_call`: torch.compile with its generation_config's compile settings, reduce-overhead:
+  CUDA graphs). The model's own speed, without generate's loop; with both runs, `perflab compare` says how much the
+  loop adds per token.
 
     perflab run --workload examples/hf_llama.py --mode infer --precision bf16 --option size=llama-1b --batch 8
+    perflab run --workload examples/hf_llama.py --mode infer --precision bf16 --option size=llama-1b --batch 8 \
+                --option loop=step
 
 Random weights (nothing is downloaded): `size` is llama-tiny (CPU default), llama-1b (GPU default) or llama-8b, the
 shapes of perflab's `--workload generate --option size=...` (perflab/models/decoder.py). `static=0` leaves the model's
-own growing cache and eager calls. `sync_per_token=1` waits for each token before the next step, as generate does in
-transformers versions that check after every token whether all sequences finished (later ones defer that check).
-Needs `pip install 'perflab[models]'`. benchmarks/bench_generate_peers.py times this beside generate() itself.
+own growing cache and eager calls (generate without cache_implementation). `sync_per_token=1` (loop=step) waits for
+each token before the next step, as generate does in transformers versions that check after every token whether all
+sequences finished (later ones defer that check). Needs `pip install 'perflab[models]'`.
+benchmarks/bench_generate_peers.py times both beside transformers' own timing of generate().
 """
 from __future__ import annotations
 
@@ -33,8 +43,10 @@ OPTIONS = (
     setting("output_len", str, "tokens generated per request: a number or a range", ByDevice("128", "16")),
     setting("static", int, "1: StaticCache + compiled one-token steps, as generate(cache_implementation='static')",
             ByDevice(1, 0), choices=(0, 1)),
-    setting("sync_per_token", int, "1: wait for each token before the next step (generate's per-token stop check)",
-            0, choices=(0, 1)),
+    setting("sync_per_token", int, "1 (loop=step): wait for each token before the next step (generate's per-token "
+            "stop check)", 0, choices=(0, 1)),
+    setting("loop", str, "what perflab times: generate (model.generate itself, whole) or step (the model's one-token "
+            "step as generate calls it, through perflab's decode loop)", "generate", choices=("generate", "step")),
 )
 
 
@@ -113,22 +125,48 @@ class GenerateLikeLM(nn.Module):
         return output
 
 
+def generate_call(model: nn.Module, static: bool):
+    """`generate_fn(input_ids, max_new_tokens)`: model.generate as a user calls it, greedy, exactly max_new_tokens
+    tokens (min_new_tokens too: random weights may draw the end-of-sequence token), with a static cache (and generate's
+    own compiled one-token steps on a GPU) when `static`."""
+    settings = {"do_sample": False, "pad_token_id": 0, **({"cache_implementation": "static"} if static else {})}
+
+    def generate(input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        return model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                              min_new_tokens=max_new_tokens, **settings)
+    return generate
+
+
+def check_loop_options(loop: str, sync_per_token: bool) -> None:
+    if loop == "generate" and sync_per_token:
+        raise perflab.PerflabError("--option sync_per_token=1 applies to loop=step: with loop=generate, generate "
+                                   "itself decides when it waits; drop sync_per_token or add --option loop=step")
+
+
 def workload(model: nn.Module, cfg, size_name: str, static: bool, sync_per_token: bool, prompt_len: str,
-             output_len: str) -> perflab.Workload:
-    """The plugin-path Workload of an (already built) transformers Llama."""
+             output_len: str, loop: str = "generate") -> perflab.Workload:
+    """The plugin-path Workload of an (already built) transformers Llama: generate timed whole (loop="generate") or
+    its one-token step through perflab's decode loop (loop="step")."""
     size = SIZES[size_name]
+    check_loop_options(loop, sync_per_token)
+    common = dict(name=f"hf-{size_name}", prompt_len=prompt_len, output_len=output_len, context_limit=size.max_seq)
+    cache = ", static cache + compiled steps" if static else ""
+    if loop == "generate":
+        return causal_lm_workload(model, size.vocab, cfg, generate_fn=generate_call(model, static), **common,
+                                  description=f"transformers LlamaForCausalLM at {size_name}'s shape, "
+                                              f"model.generate timed whole{cache}")
     longest = parse_lengths(prompt_len, "prompt_len")[1] + parse_lengths(output_len, "output_len")[1]
     runner = GenerateLikeLM(model, longest, sync_per_token) if static else model
-    return causal_lm_workload(runner, size.vocab, cfg, name=f"hf-{size_name}", prompt_len=prompt_len,
-                              output_len=output_len, context_limit=size.max_seq,
-                              description=f"transformers LlamaForCausalLM at {size_name}'s shape" +
-                                          (", static cache + compiled steps as generate()" if static else ""))
+    return causal_lm_workload(runner, size.vocab, cfg, **common,
+                              description=f"transformers LlamaForCausalLM at {size_name}'s shape, its step through "
+                                          f"perflab's decode loop{cache + ' as generate()' if static else ''}")
 
 
 def build(cfg) -> perflab.Workload:
     options = resolve_settings(OPTIONS, cfg.workload_options, cfg.device)
     device = torch.device("cuda" if cfg.device == "cuda" else "cpu")
     dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    check_loop_options(options["loop"], bool(options["sync_per_token"]))  # before building a model of gigabytes
     model = hf_llama(options["size"], device, dtype, cfg.seed)
     return workload(model, cfg, options["size"], bool(options["static"]), bool(options["sync_per_token"]),
-                    options["prompt_len"], options["output_len"])
+                    options["prompt_len"], options["output_len"], options["loop"])

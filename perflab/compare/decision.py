@@ -33,6 +33,7 @@ from perflab.results.metrics import Flops, Gpu
 from perflab.results import Result, read_json_object, resolve_result_path, write_json_atomic
 from perflab.compare.kernels import kernel_changes
 from perflab.compare.refusals import refuse_non_finite
+from perflab.diagnose.generation_loop import loop_overhead_between
 
 COMPARE_FILE = "compare.json"
 CONFIDENCE = 0.95
@@ -90,6 +91,9 @@ class Comparison:
     kind: str = "compare"
     noisy: list[str] = field(default_factory=list)  # why the timings are not clean (busy machine, ...)
     accept_noisy: bool = False
+    # what the difference itself shows, as diagnosis findings (a generation loop's own work per token: a run of the
+    # model's step beside a run of the workload's own loop, diagnose/generation_loop.py)
+    findings: list[dict[str, Any]] = field(default_factory=list)
 
     def metric(self, name: str) -> MetricChange:
         return next(m for m in self.metrics if m.name == name)
@@ -343,10 +347,12 @@ def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFE
         reasons.append("no quality check recorded for the candidate: its numerics were not verified "
                        "(run it with --check-quality)")
     kernels, kernel_note = kernel_changes(base, cand)
+    loop = loop_overhead_between(base.metrics.generation, cand.metrics.generation)
     return Comparison(base=_summary(base), candidate=_summary(cand), metrics=metrics, decision=decision,
                       reasons=reasons, warnings=warnings, config_changes=config_changes(base, cand),
                       phases=phase_changes(base, cand), kernels=kernels, kernel_note=kernel_note,
-                      quality=quality, min_effect_pct=min_effect_pct, noisy=contaminated, accept_noisy=accept_noisy)
+                      quality=quality, min_effect_pct=min_effect_pct, noisy=contaminated, accept_noisy=accept_noisy,
+                      findings=[loop.to_dict()] if loop is not None else [])
 
 
 def _quality_summary(base: Result, cand: Result) -> dict[str, Any]:

@@ -73,7 +73,11 @@ def _traced_layer_costs(ctx: Context, generation: Generation) -> Optional["Decod
 
 def classify_decode(generation: Generation, config: dict[str, Any], gpu: Optional[Gpu],
                     active: list[str] = (), gpu_busy_pct: Optional[float] = None) -> Optional[Finding]:
-    """The decode regime of a generation run from its metrics, with the bound as evidence; None without a bound."""
+    """The decode regime of a generation run from its metrics, with the bound as evidence; None without a bound, and
+    None for a loop timed whole (timed_path "loop"): its time per token mixes the model's step with the loop's own
+    work, so the regime is judged on the step path, and the loop's share by generation_loop.loop_overhead."""
+    if generation.timed_path == "loop":
+        return None
     bound = generation.bandwidth_bound
     pct = bound.pct_of_bound if bound is not None else None
     if pct is None:

@@ -6,6 +6,7 @@
     decode.py           greedy decoding, timed per token
     speculative.py      speculative decoding (draft proposes K, target verifies in one forward)
     metrics.py          TTFT, TPOT, ITL, goodput; bytes per decode step and the bandwidth bound
+    loop_timing.py      a workload's own generation loop (generate_fn, e.g. model.generate) timed whole: the loop path
     quantize.py         torchao weight quantization (optional extra)
     plan.py             how generation plugs into the harness (settings, step, hook)
 

@@ -5,7 +5,8 @@ GenerationSettings that the levers fill in (static cache, compile mode, quantiza
 lever has spoken, `prepare_generation` builds the step in one fixed order: weights to their stored dtype,
 quantization, caches (and the draft), compiled decode. The step (GenerationStep) runs one request batch per
 timed-loop step: the prefill and every decode step, timed per token by a TokenClock; a StepHook turns the
-clock's records into result.metrics.generation.
+clock's records into result.metrics.generation. A workload that declares its own loop (GenerationSpec.generate_fn)
+is timed through that loop instead, whole (loop_timing.py: the loop path).
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from perflab.models.decoder import Decoder
 from perflab.calibrate import memory_bandwidth, peak_tflops
 from perflab.models.kv_cache import kv_cache_bytes
 from perflab.generation.compiled_decode import cudagraph_skips
+from perflab.generation.loop_timing import (GenerationLoopHook, GenerationLoopStep, check_loop_lengths,
+                                            config_kv_bytes_per_position)
 
 
 @dataclass
@@ -100,15 +103,37 @@ def prepare_generation(plan, cfg) -> None:
         return open_session(of, plan.batch_size, positions, plan.device, dtype, settings.static_cache,
                             settings.compile_mode, largest_compiled, spec.decode_tuning, cfg.sdpa,
                             spec.decode_graphs)
+    if spec.generate_fn is not None:
+        check_loop_lengths(spec.output_lengths)
     step = GenerationStep(target=session(model, largest_compiled=k + 1 if k else 1), clock=TokenClock(plan.device))
     if k:
         draft = load_draft(cfg, spec, plan.device, dtype)
         step.draft, step.k = session(draft), k
-    plan.custom_step = step
     plan.cleanups.append(step.close)
-    plan.hooks.append(GenerationHook(step, bandwidth_bound(model, spec, plan, dtype), parse_slo(cfg.slo), cfg))
+    bound, slo = bandwidth_bound(model, spec, plan, dtype), parse_slo(cfg.slo)
+    if spec.generate_fn is not None:
+        time_own_loop(plan, spec, step, model, dtype, bound, slo, cfg)
+        return
+    plan.custom_step = step
+    plan.hooks.append(GenerationHook(step, bound, slo, cfg))
     if k:
         plan.notes.append("speculative decoding reads the accepted count on the host once per round")
+
+
+def time_own_loop(plan, spec: GenerationSpec, step: GenerationStep, model: nn.Module, dtype: torch.dtype,
+                  bound: BandwidthBound, slo: dict[str, float], cfg) -> None:
+    """The loop path: the workload's generate_fn timed whole (loop_timing.py); the step path stays behind it for the
+    quality gate. The loop's cache lives inside it, so the bound's KV bytes come from the model's config."""
+    if not bound.kv_bytes_per_position:
+        kv = config_kv_bytes_per_position(model, plan.batch_size, dtype)
+        bound.kv_bytes_per_position = kv or 0
+        bound.notes = ["KV cache bytes from the model's config (layers x key/value heads x head dim)" if kv else
+                       "KV cache bytes unknown (no transformers-style config): the bound counts the weights alone"]
+    loop = GenerationLoopStep(spec.generate_fn, plan.device, step)
+    plan.custom_step = loop
+    plan.hooks.append(GenerationLoopHook(loop, bound, slo, cfg))
+    plan.notes.append("generation: the workload's own loop (generate_fn) timed whole, two calls per request batch "
+                      "(N tokens, then 1), the device synchronised around each")
 
 
 def load_draft(cfg, spec: GenerationSpec, device: torch.device, dtype: torch.dtype) -> nn.Module:
@@ -209,6 +234,7 @@ class GenerationHook(StepHook):
         requests = self.step.clock.timings()
         trial_walls = [(trial.steps, trial.wall_s) for trial in result.trials]
         generation = Generation.from_dict(summarize_requests(requests, trial_walls, self.bound, self.slo))
+        generation.timed_path = "step"
         generation.levers = {"kv_cache": self.cfg.kv_cache, "compile": self.cfg.compile,
                              "quantize": self.cfg.quantize, "speculative": self.cfg.speculative}
         generation.decode_compile = DecodeCompile.from_dict(self.decode_compile(result))

@@ -6,11 +6,13 @@ appears everywhere in the same place.
 from __future__ import annotations
 
 # Measured phases in step order; "checkpoint" is timed only on checkpointing steps, and "unattributed" is the
-# step time no phase covers (computed after the trial, not timed).
-PHASE_ORDER = ("data_wait", "h2d", "augment", "prefill", "decode", "forward", "backward", "optimizer", "step",
-               "checkpoint", "unattributed")
+# step time no phase covers (computed after the trial, not timed). "generate" and "first_token" are a workload's own
+# generation loop called whole, for all of a request's tokens and for one (perflab/generation/loop_timing.py).
+PHASE_ORDER = ("data_wait", "h2d", "augment", "prefill", "decode", "generate", "first_token", "forward", "backward",
+               "optimizer", "step", "checkpoint", "unattributed")
 # The phases whose host time is the model's own work (not waiting for data or copying it).
-COMPUTE_PHASES = ("augment", "prefill", "decode", "forward", "backward", "optimizer", "step")
+COMPUTE_PHASES = ("augment", "prefill", "decode", "generate", "first_token", "forward", "backward", "optimizer",
+                  "step")
 # The profiler/NVTX range of a phase, where it differs from the phase name (traces already recorded use "data").
 _MARKER_NAMES = {"data_wait": "data"}
 

@@ -8,11 +8,14 @@ import torch
 from perflab.bottlenecks import (COMPUTE_BOUND, DECODE_LAUNCH_BOUND, INFERENCE_QUEUE, LAUNCH_OVERHEAD,
                                  MEMORY_BANDWIDTH, UNFUSED_CHAINS)
 from perflab.levers import COMPILES, Address, Lever, TuneHints
+from perflab.levers.generation import own_loop_refusal
 
 
 def _refuse(cfg, workload, device) -> Optional[str]:
     if cfg.warmup < 2:
         return "compilation must stay out of the numbers: use --warmup 2 or more"
+    if workload.generation is not None and workload.generation.generate_fn is not None:
+        return own_loop_refusal(cfg, workload, device)
     if workload.generation is not None and cfg.kv_cache != "static":
         return "compiling the decode step needs fixed shapes: add --kv-cache static"
     return None

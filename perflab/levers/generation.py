@@ -20,6 +20,16 @@ def needs_generation(cfg, workload, device) -> Optional[str]:
     return None
 
 
+def own_loop_refusal(cfg, workload, device) -> Optional[str]:
+    """A workload that times its own generation loop (GenerationSpec.generate_fn) decides its cache, compilation and
+    decoding itself: perflab's decode-loop levers do not reach inside it."""
+    if workload.generation is not None and workload.generation.generate_fn is not None:
+        return ("this workload times its own generation loop (generate_fn), which keeps its own cache and decoding: "
+                "set them in that loop (transformers: generate(cache_implementation='static'), assistant_model=...), "
+                "or build the workload without generate_fn to time the model's step through perflab's decode loop")
+    return None
+
+
 def _needs_builtin_decoder(cfg, workload, device) -> Optional[str]:
     if not workload.generation.builtin_decoder:
         return ("this model keeps its own cache (the transformers calling convention); the static cache is the "
@@ -58,7 +68,8 @@ LEVERS = [
                   "with the decode step compiled (mode='reduce-overhead')",
           when_lost="the static KV cache lost: launching is not what limits this decode step; read fewer bytes per "
                     "token (quantized weights) or make more tokens per read (speculative decoding)",
-          tune=TuneHints(ONE_TRIAL), checks=first_refusal(needs_generation, _needs_builtin_decoder)),
+          tune=TuneHints(ONE_TRIAL),
+          checks=first_refusal(needs_generation, own_loop_refusal, _needs_builtin_decoder)),
     _quantize_lever("int8-weight", "int8 weight-only quantization (torchao): half the bytes of bf16 per decode step",
                     "torchao (pip install 'perflab[quant]'), a generation workload",
                     (Address(MEMORY_BANDWIDTH, 1, DECODE_BANDWIDTH_BOUND),
@@ -74,12 +85,13 @@ LEVERS = [
                     (Address(MEMORY_BANDWIDTH, 2, DECODE_BANDWIDTH_BOUND),),
                     "torchao.quantization.quantize_(model, int4_weight_only(group_size=128)) on a bf16 CUDA model"),
     Lever("speculative", "speculative", None, "speculative decoding: a draft proposes K tokens, the target "
-          "verifies them in one forward", "a generation workload; a draft (built-in or --draft)",
+          "verifies them in one forward",
+          "a generation workload timed through perflab's decode loop (no generate_fn); a draft (built-in or --draft)",
           (Address(MEMORY_BANDWIDTH, 4, DECODE_BANDWIDTH_BOUND),
            Address(MEMORY_BANDWIDTH, 2, DECODE_KERNEL_EFFICIENCY)),
           56, _set("speculative_k", lambda cfg: cfg.speculative),
           in_code="model.generate(..., assistant_model=draft) (transformers assisted generation)",
           when_lost="speculative decoding lost: the target rejects too many of the draft's tokens, or the draft "
                     "costs too much: a smaller draft, or fewer tokens per guess (a smaller K)",
-          tune=TuneHints(ONE_TRIAL), checks=needs_generation),
+          tune=TuneHints(ONE_TRIAL), checks=first_refusal(needs_generation, own_loop_refusal)),
 ]

@@ -68,6 +68,8 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
                                                         for k in comparison.kernels[:5]), highlight=False)
     else:
         console.print(f"[dim]{comparison.kernel_note}[/]")
+    for finding in comparison.findings:
+        console.print(f"finding ({finding['cls']}): {finding['summary']}", highlight=False)
     style = DECISION_STYLE[comparison.decision]
     body = "\n".join(f"• {reason}" for reason in comparison.reasons)
     console.print(Panel(body, title=f"decision: {comparison.decision.upper()}", border_style=style.split()[-1],

@@ -98,10 +98,14 @@ def result_table(result: Result) -> Table:
 
 def add_generation_rows(table: Table, generation: Generation) -> None:
     """TTFT, TPOT, ITL, tokens/s, the share of the bandwidth bound, speculative and goodput figures."""
-    ttft, tpot, itl = (figure or Latency() for figure in (generation.ttft_ms, generation.tpot_ms, generation.itl_ms))
-    table.add_row("generation", f"TTFT p50 {fmt(ttft.p50, 2)} ms · TPOT p50 {fmt(tpot.p50, 3)} ms · "
-                  f"ITL p99 {fmt(itl.p99, 3)} ms · {fmt(generation.output_tokens_per_s)} tokens/s · "
-                  f"{fmt(generation.requests_per_s, 2)} requests/s")
+    ttft, tpot = (figure or Latency() for figure in (generation.ttft_ms, generation.tpot_ms))
+    # a loop timed whole observes no gap between two tokens (generation/loop_timing.py): no ITL to show
+    itl = "" if generation.itl_ms is None else f"ITL p99 {fmt(generation.itl_ms.p99, 3)} ms · "
+    table.add_row("generation", f"TTFT p50 {fmt(ttft.p50, 2)} ms · TPOT p50 {fmt(tpot.p50, 3)} ms · {itl}"
+                  f"{fmt(generation.output_tokens_per_s)} tokens/s · {fmt(generation.requests_per_s, 2)} requests/s")
+    if generation.timed_path == "loop":
+        table.add_row("timed", "the workload's own generation loop, called whole: TTFT = a call for 1 token, TPOT = "
+                      "(a call for N tokens - a call for 1) / (N - 1), the loop's own work per token included")
     bound = generation.bandwidth_bound
     if bound is not None and bound.pct_of_bound is not None:
         table.add_row("bandwidth bound", f"{fmt(bound.pct_of_bound)}% of the bound: {fmt(bound.measured_ms_per_token, 3)}"

@@ -277,6 +277,9 @@ class DecodeCompile(Section):
 class Generation(Section):
     """Per-request figures of a token-generating run (generation/metrics.summarize_requests)."""
 
+    # what was timed: "step" (perflab's decode loop over the model's one-token step, generation/decode.py) or "loop"
+    # (the workload's own generation loop called whole, e.g. transformers' generate: generation/loop_timing.py)
+    timed_path: Optional[str] = None
     requests: Optional[int] = None
     request_batches: Optional[int] = None
     output_tokens: Optional[int] = None

@@ -46,6 +46,10 @@ def load_requests(workload: Workload, count: int, device: torch.device) -> Reque
 
 def check_generation_serving(workload: Workload, instances: int) -> None:
     """Refuse what a generation workload cannot serve, in one line."""
+    if workload.generation.generate_fn is not None:
+        raise PerflabError(f"{workload.name} times its own generation loop (generate_fn), which takes whole request "
+                           "batches and returns when they are done: perflab serve batches requests through its own "
+                           "decode loop, so build the workload without generate_fn to serve it")
     if instances > 1:
         raise PerflabError(f"{workload.name} generates with KV caches that live on the model itself, so it is served "
                            "by one instance: drop --instances")

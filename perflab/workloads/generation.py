@@ -52,6 +52,10 @@ class GenerationSpec:
     builtin_decoder: bool = False  # the model is perflab's Decoder (static cache and compiled decode apply)
     decode_tuning: str = DEFAULT_DECODE_TUNING  # the decode step's Inductor settings by name (DECODE_TUNINGS)
     decode_graphs: str = "perflab"  # who captures a compile mode's CUDA graphs: perflab (decode_graph.py) or inductor
+    # The workload's own generation loop, `generate_fn(input_ids, max_new_tokens)` (e.g. a wrapper of transformers'
+    # model.generate): when given, perflab times it whole (the loop path, perflab/generation/loop_timing.py) instead
+    # of running its own decode loop over the model's step. It must make exactly max_new_tokens tokens per sequence.
+    generate_fn: Optional[Callable[[torch.Tensor, int], Any]] = None
 
 
 def parse_lengths(text: str, name: str) -> tuple[int, int]:
