@@ -35,11 +35,12 @@ PERPLEXITY_RTOL = {"fp32": 1e-4, "tf32": 1e-3, "bf16": 1e-2, "fp16": 1e-2}
 SCHEME_PERPLEXITY_RTOL = {"int8-weight": 2e-2, "fp8": 5e-2, "int4-weight": 1e-1}
 # A baseline whose next-token predictions are nearly uniform cannot judge a candidate's greedy tokens, logits or
 # perplexity: its top-1 token wins by less than any rounding, and random layers amplify a weight's rounding (int8's
-# ~1% per weight: 0.3% of the logits of llama-tiny trained on the synthetic language, 3-4% at 2-16 random Llama layers of
-# width 1024-4096 on a CPU, 19% at llama-8b's 32 random layers on the H200). Random weights give such predictions (the
-# top-1 token of 128,256 gets about 1e-5). A position is confident where the baseline gives its own greedy token at
-# least CONFIDENT_TOP1_PROB (more than every other token together); with fewer than MIN_CONFIDENT_SHARE of the positions
-# confident, a failed check is inconclusive, never a pass. llama-tiny trained briefly: 90% of positions confident.
+# ~1% per weight: 0.3-0.4% of the logits of llama-tiny trained on the synthetic language, 3-5% at 2-16 random Llama
+# layers of width 1024-4096 on a CPU, 19% at llama-8b's 32 random layers on the H200). Random weights give such
+# predictions (llama-8b's random logits spread by about 1.3 over 128,256 tokens: a few tenths of a percent for the
+# greedy token). A position is confident where the baseline gives its own greedy token at least CONFIDENT_TOP1_PROB
+# (more than every other token together); with fewer than MIN_CONFIDENT_SHARE of the positions confident, a failed
+# check is inconclusive, never a pass. llama-tiny trained briefly: about 90% of positions confident.
 CONFIDENT_TOP1_PROB = 0.5
 MIN_CONFIDENT_SHARE = 0.5
 BASELINE = "fp32 weights, dynamic KV cache, eager, plain greedy decoding; same seed, weights and prompts"
