@@ -61,3 +61,20 @@ def test_quantizing_a_copy_leaves_the_reference_model_untouched():
     linears = [m for m in quantized.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(isinstance(m.weight, torchao.quantization.Int8Tensor) for m in linears)
     assert quantized.head in linears and not isinstance(quantized.token_embedding.weight, torchao.quantization.Int8Tensor)
+
+
+def test_torchao_decode_tuning_is_the_inductor_config_torchao_recommends_for_its_quantized_models():
+    import torch._inductor.config as inductor_config
+    from torchao.quantization.utils import recommended_inductor_config_setter
+    from perflab.workloads.generation import DECODE_TUNINGS
+    saved = inductor_config.save_config()
+    try:
+        before = inductor_config.get_config_copy()
+        recommended_inductor_config_setter()
+        after = inductor_config.get_config_copy()
+    finally:
+        inductor_config.load_config(saved)
+    changed = {key for key in after if after[key] != before[key]}
+    tuning = DECODE_TUNINGS["torchao"]
+    assert changed and changed <= set(tuning) and all(after[key] == value for key, value in tuning.items())
+

@@ -7,9 +7,10 @@ on a GPU; the Llama-shaped llama-tiny|llama-1b|llama-8b: grouped-query attention
 or a range low-high, drawn per request batch), weights=random|trained (trained: the decoder trained briefly on
 the synthetic language, cached on first use, every size but llama-8b; the default with --speculative and no --draft,
 whose built-in draft is trained on the same language; the quality gate needs it to judge --quantize: a random
-model's predictions are too flat), decode_tuning=gpt-fast|autotune|off (with --compile: the decode step's
-Inductor settings: gpt-fast's, the default with --quantize; autotune: gpt-fast's plus a wider search of reduction
-configs; off: the compile mode's alone, cuBLAS multiplying the matrices, the default for plain weights;
+model's predictions are too flat), decode_tuning=gpt-fast|autotune|torchao|mm-templates|off (with --compile: the
+decode step's Inductor settings: gpt-fast's, the default with --quantize; autotune: gpt-fast's plus a wider search of
+reduction configs; torchao: torchao's recommended ones; mm-templates: Inductor's Triton matmul templates, autotuned;
+off: the compile mode's alone, cuBLAS multiplying the matrices, the default for plain weights;
 perflab/generation/compiled_decode.py), decode_graphs=perflab|inductor (with a compile
 mode that captures CUDA graphs, on a GPU: perflab captures the compiled step, the default; inductor: Inductor's
 cudagraph trees do). docs/generate.md has the levers and the metrics.
