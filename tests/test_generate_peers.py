@@ -48,3 +48,58 @@ def test_bound_of_a_grid_cell_is_the_weights_once_plus_every_sequences_kv_reads(
     expected_ms = (127 * weights + 8 * 131_072 * positions) / (gbps * 1e9) * 1e3 / 127
     assert peers.bound_ms_per_step(CELL, gbps) == pytest.approx(expected_ms)
     assert peers.bound_ms_per_step(CELL, None) is None
+
+
+def test_a_quantized_variant_is_a_scheme_with_tunings_graphs_or_attention_changes():
+    from benchmarks.peers_quantized import parse_variant
+    variant = parse_variant("int8-weight+torchao+inductor-graphs")
+    assert variant.scheme == "int8-weight" and variant.name == "int8-weight+torchao+inductor-graphs"
+    assert variant.options == {"decode_tuning": "torchao", "decode_graphs": "inductor"} and variant.settings == {}
+    bf16 = parse_variant(" bf16+gpt-fast+sdpa-efficient")
+    assert bf16.scheme is None and bf16.settings == {"sdpa": "efficient"} and bf16.options["decode_tuning"] == "gpt-fast"
+    with pytest.raises(ValueError, match="changes are a decode tuning"):
+        parse_variant("int8-weight+fast")
+    with pytest.raises(ValueError, match="starts with one of bf16"):
+        parse_variant("int3")
+
+
+def test_the_diagnostic_preset_starts_with_the_bf16_reference_and_names_only_valid_variants():
+    from benchmarks import peers_quantized
+    parsed = peers_quantized.parse_variants("diagnostic")
+    assert parsed[0].scheme is None and {"int8-weight", "int4-weight"} <= {v.scheme for v in parsed}
+    assert [v.name for v in peers_quantized.parse_variants("bf16, int8-weight")] == ["bf16", "int8-weight"]
+    assert "BENCH_PEERS_QUANT=diagnostic" in peers_quantized.__doc__
+
+
+def test_the_gate_model_is_the_cells_random_shape_unless_named():
+    from benchmarks.peers_quantized import parse_gate
+    assert peers.__name__ and parse_gate("", CELL) == ("llama-8b", "random")
+    assert parse_gate("none", CELL) is None
+    assert parse_gate("llama-1b:trained", CELL) == ("llama-1b", "trained")
+    with pytest.raises(ValueError, match="SHAPE:trained"):
+        parse_gate("llama-1b:pretrained", CELL)
+
+
+def test_the_table_gives_each_row_as_a_multiple_of_its_cells_bf16_row():
+    quant = peers.Cell("llama-8b", 1)
+    table = [peers.Row(quant, "perflab bf16", 200.0, 5.0, 79.5, ttft_ms=13.0),
+             peers.Row(quant, "perflab int8-weight", 300.0, 2.5, 70.0, ttft_ms=33.0),
+             peers.Row(CELL, "hf generate", 800.0, 9.0, 60.0)]
+    lines = peers.format_table(table).splitlines()
+    assert lines[0].endswith("TTFT ms | tokens/s x bf16 | step x bf16 | quality")
+    assert "| 33.0 | 1.50x | 2.00x |" in lines[3]
+    assert "| — | — | — |" in lines[4]  # no bf16 perflab row in that cell
+
+
+def test_a_profiled_variant_reports_microseconds_per_layer_by_kind_of_kernel(tmp_path):
+    from types import SimpleNamespace
+    from benchmarks.peers_quantized import kernel_split
+    from tests.test_decode_layers import LAYERS, synthetic_trace
+    synthetic_trace(tmp_path)  # writes decode.json: 2 requests x 3 decode steps of 2 layers
+    generation = SimpleNamespace(output_len_mean=4, bandwidth_bound=SimpleNamespace(bound_ms_per_token=0.04))
+    result = SimpleNamespace(metrics=SimpleNamespace(generation=generation), workload={"info": {"layers": LAYERS}})
+    split = kernel_split(tmp_path / "decode.json", result)
+    assert split["weight_kernels"] == pytest.approx(20.0) and split["dequantisation"] == pytest.approx(5.0)
+    assert split["bound"] == pytest.approx(20.0)
+    text = peers.format_kernel_split([peers.Row(peers.Cell("llama-8b", 1), "perflab int8-weight", kernels=split)])
+    assert text.splitlines()[-1].startswith("perflab int8-weight |") and "| 5.0 |" in text
