@@ -117,10 +117,11 @@ def run_variant(rows: Rows, out: Path, cell: Cell, cuda: bool, variant: Variant,
     changes: dict[str, Any] = dict(variant.settings, quantize=variant.scheme, options=variant.options)
     if profile:
         from perflab.profile.capture import CaptureOptions, ProfilerCapture
-        # the first trial's second request is recorded (the first pays the capture's own start); a third trial
-        # keeps the median off the profiled one
+        # the first trial's second request is recorded (the first warms the profiler up); a third trial
+        # keeps the median off the profiled one. No module ranges: their hooks would make Dynamo re-check (and, with
+        # Inductor's graphs, recompile) the compiled step, and the split needs kernels only.
         capture = ProfilerCapture(run_dir_of(out, f"{cell.shape} bs{cell.batch}", system),
-                                  CaptureOptions(wait=1, warmup=0, active=1, record_shapes=False))
+                                  CaptureOptions(wait=0, warmup=1, active=1, record_shapes=False), with_modules=False)
         hooks, changes["trials"] = [capture], 3
     row = run_perflab(rows, out, cell, cuda, system, hooks=hooks, **changes)
     if profile and row.result is not None and capture.written:
