@@ -103,3 +103,26 @@ def test_a_profiled_variant_reports_microseconds_per_layer_by_kind_of_kernel(tmp
     assert split["bound"] == pytest.approx(20.0)
     text = peers.format_kernel_split([peers.Row(peers.Cell("llama-8b", 1), "perflab int8-weight", kernels=split)])
     assert text.splitlines()[-1].startswith("perflab int8-weight |") and "| 5.0 |" in text
+
+
+def test_a_gemlite_variant_is_refused_with_the_reason_where_its_kernels_cannot_run(tmp_path):
+    pytest.importorskip("torchao")
+    from benchmarks.common import Rows
+    from benchmarks.peers_quantized import parse_variant, run_variant
+    variant = parse_variant("int8-weight+gemlite")
+    assert variant.gemlite and variant.scheme == "int8-weight"
+    with pytest.raises(ValueError, match="gemlite takes int4-weight, int8-weight"):
+        parse_variant("bf16+gemlite")
+    row = run_variant(Rows("t", tmp_path), tmp_path, peers.Cell("llama-tiny", 1, 8, 4), False, variant, profile=False)
+    assert row.tokens_per_s is None and row.quality == "not run: gemlite's kernels are Triton kernels for a GPU"
+
+
+def test_a_gemlite_variant_asks_torchao_for_its_gemlite_config_only_while_it_runs():
+    pytest.importorskip("torchao")
+    from benchmarks.peers_quantized import parse_variant, torchao_config_for
+    from perflab.generation import quantize
+    with torchao_config_for(parse_variant("int4-weight+gemlite")):
+        config = quantize.quantization_config("int4-weight")
+        assert (type(config).__name__, config.bit_width, config.group_size) == ("UIntxWeightOnlyConfig", 4, 128)
+        assert config.set_inductor_config is False and quantize.quantization_config("int8-weight").bit_width == 8
+    assert type(quantize.quantization_config("int4-weight")).__name__ == "Int4WeightOnlyConfig"
