@@ -17,19 +17,19 @@ one request, and the table's kernel split gives per layer: the weight products, 
 standalone dequantisation and the GPU's idle gaps, beside the bound (perflab/diagnose/decode.py).
 
 The diagnostic of issue 28 (on the H200: int8 0.88x and int4 1.23x of bf16's tokens/s at llama-8b) is the preset
-BENCH_PEERS_QUANT=diagnostic (DIAGNOSTIC_VARIANTS, most telling first), one device call on an H100 in about 8 minutes
-(no variant starts past BENCH_PEERS_BUDGET_S; the table still prints):
+BENCH_PEERS_QUANT=diagnostic (PRESETS), one device call on an H100 in about 8 minutes (estimated from the H200's
+38-78 s per 8B run; no variant starts past BENCH_PEERS_BUDGET_S, and the table still prints); `diagnostic-more` is the
+second call, for the settings that matter less if the first call's kernels explain the gap:
 
     BENCH_PEERS_SYSTEMS=none BENCH_PEERS_QUANT=diagnostic BENCH_PEERS_QUANT_PROFILE=1 BENCH_PEERS_QUANT_GATE=none \
     BENCH_PEERS_BUDGET_S=390 python -m benchmarks.bench_generate_peers --out OUT
 
 bf16 against bf16+gpt-fast: whether Inductor's generated matrix-vector products (what int8 compiles to by default)
-read slower than cuBLAS's at this shape; int4 against int4+gemlite: whether tinygemm is what holds int4 back; int8
-against int8+mm-templates, int8+gemlite and int8+torchao: whether Triton's matmul templates, gemlite's GEMV or
-torchao's Inductor settings read int8 faster; +sdpa-efficient: what Inductor's generated attention costs;
-+inductor-graphs: what perflab's own capture gives; TTFT against ms/step: how much of a scheme's tokens/s its eager
-prefill takes; the kernel split: which kernels hold each step. The gemlite rows need gemlite installed (they say so
-otherwise).
+read slower than cuBLAS's at this shape; int4 against int4+gemlite and int8 against int8+gemlite: whether tinygemm and
+Inductor's products are what hold the schemes back, against gemlite's GEMV (the gemlite rows need gemlite installed,
+and say so otherwise); TTFT against ms/step: how much of a scheme's tokens/s its eager prefill takes; the kernel
+split: which kernels hold each step. diagnostic-more: int8 with Triton's matmul templates or torchao's Inductor
+settings, SDPA's attention instead of Inductor's generated one, Inductor's CUDA graphs instead of perflab's.
 """
 from __future__ import annotations
 
@@ -50,9 +50,13 @@ from benchmarks.bench_generate_peers import (NOT_GATED, PROMPT_LEN, Cell, Row, e
 from benchmarks.common import Rows
 
 DEFAULT_VARIANTS = "int8-weight,int4-weight"
-DIAGNOSTIC_VARIANTS = ("bf16,int8-weight,int4-weight,bf16+gpt-fast,int4-weight+gemlite,int8-weight+mm-templates,"
-                       "int8-weight+gemlite,int8-weight+torchao,int8-weight+sdpa-efficient,int8-weight+inductor-graphs")
-PRESETS = {"diagnostic": DIAGNOSTIC_VARIANTS}  # BENCH_PEERS_QUANT=NAME runs the preset's variants
+# BENCH_PEERS_QUANT=NAME runs a preset's variants; each fits one device call on an H100 and starts with its bf16
+# reference (the x-bf16 columns compare within a call, on one card)
+PRESETS = {
+    "diagnostic": "bf16,int8-weight,int4-weight,bf16+gpt-fast,int4-weight+gemlite,int8-weight+gemlite",
+    "diagnostic-more": "bf16,int8-weight+mm-templates,int8-weight+torchao,int8-weight+sdpa-efficient,"
+                       "int8-weight+inductor-graphs",
+}
 SCHEMES = ("bf16", "int8-weight", "int4-weight", "fp8")  # bf16: the weights as they are
 # A variant's changes besides decode tunings: (run settings, workload options)
 CHANGES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {

@@ -65,8 +65,10 @@ def test_a_quantized_variant_is_a_scheme_with_tunings_graphs_or_attention_change
 
 def test_the_diagnostic_preset_starts_with_the_bf16_reference_and_names_only_valid_variants():
     from benchmarks import peers_quantized
-    parsed = peers_quantized.parse_variants("diagnostic")
-    assert parsed[0].scheme is None and {"int8-weight", "int4-weight"} <= {v.scheme for v in parsed}
+    for preset in peers_quantized.PRESETS:  # each starts with the bf16 reference its x-bf16 columns divide by
+        parsed = peers_quantized.parse_variants(preset)
+        assert parsed[0].name == "bf16" and "int8-weight" in {v.scheme for v in parsed}
+    assert "int4-weight" in {v.scheme for v in peers_quantized.parse_variants("diagnostic")}
     assert [v.name for v in peers_quantized.parse_variants("bf16, int8-weight")] == ["bf16", "int8-weight"]
     assert "BENCH_PEERS_QUANT=diagnostic" in peers_quantized.__doc__
 
