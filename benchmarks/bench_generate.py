@@ -26,7 +26,7 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -84,13 +84,19 @@ def chosen(experiment: str, variants: list[tuple[str, dict[str, Any]]], only: st
     return [(label, changes) for label, changes in variants if any(part in f"{experiment} {label}" for part in parts)]
 
 
-def measure(rows: Rows, out: Path, experiment: str, label: str, settings: dict[str, Any]) -> Optional[perflab.Result]:
-    """One perflab.run; its result.json saved under out; None (and a row saying why) when it fails."""
-    run_dir = out / slug(f"{experiment} {label}")
+def run_dir_of(out: Path, experiment: str, label: str) -> Path:
+    return out / slug(f"{experiment} {label}")
+
+
+def measure(rows: Rows, out: Path, experiment: str, label: str, settings: dict[str, Any],
+            hooks: Sequence[Any] = ()) -> Optional[perflab.Result]:
+    """One perflab.run (wearing `hooks`, e.g. a profiler capture); its result.json saved under out; None (and a row
+    saying why) when it fails."""
+    run_dir = run_dir_of(out, experiment, label)
     began = time.perf_counter()
     try:
         result = perflab.run(settings["workload"], perflab.RunConfig(out=str(run_dir), **settings),
-                             command=["benchmarks", experiment, label])
+                             command=["benchmarks", experiment, label], hooks=hooks)
     except Exception as err:  # a failed variant is a finding; the area goes on
         traceback.print_exc()
         rows.add(experiment, f"{label} tokens/s", None, "tokens/s", f"failed: {type(err).__name__}: {err}"[:300])

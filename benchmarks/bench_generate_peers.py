@@ -5,6 +5,8 @@ quantized decode through the generation quality gate.
     BENCH_PEERS_SHAPES=llama-1b,llama-8b BENCH_PEERS_BATCHES=1,8,32,64 python -m benchmarks.bench_generate_peers ...
     BENCH_PEERS_SYSTEMS=perflab,hf BENCH_PEERS_QUANT=int8-weight python -m benchmarks.bench_generate_peers ...
     BENCH_PEERS_QUANT= ...        # the grid alone;  BENCH_PEERS_SYSTEMS=none ...: the quantized part alone
+    BENCH_PEERS_QUANT=bf16,int8-weight+torchao,... BENCH_PEERS_QUANT_PROFILE=1 ...   # its variants, profiled
+    BENCH_PEERS_SYSTEMS=none BENCH_PEERS_QUANT=diagnostic BENCH_PEERS_QUANT_PROFILE=1 ...  # issue 28's (peers_quantized.py)
 
 For each shape x batch (default llama-8b at batch 1 and 8; prompt 128, 128 new tokens, greedy, bf16, random
 weights):
@@ -23,18 +25,21 @@ weights):
 - vllm: `vllm bench latency` with dummy weights (`--load-format dummy`) of the same config; run only when vllm is
   importable. It is not on the device machine (no internet there, and its wheel, ~400 MB, is over the 64 MiB a call
   may carry), so the table gives that reason. `peer_commands` builds the command lines without running them.
-Then, at the 8B shape and batch 1: int8-weight and int4-weight (torchao) decode through perflab, and each through the
-generation quality gate against the bf16 model (greedy next-token agreement, logits error, perplexity delta; the
-gate's judge and tolerances, perflab/quality/generation.py), eager on both sides.
+Then, at the 8B shape and batch 1 (BENCH_PEERS_QUANT_SHAPE), the quantized part (benchmarks/peers_quantized.py):
+int8-weight and int4-weight (torchao) decode through perflab, or the variants BENCH_PEERS_QUANT names (bf16 and
+quantized steps with other Inductor settings, graphs or attention; profiled: µs per layer by kind of kernel), then
+each scheme through the generation quality gate against the bf16 model (greedy next-token agreement, logits error,
+perplexity delta; the gate's judge and tolerances, perflab/quality/generation.py), eager on both sides; on random
+weights the gate says it is inconclusive and why (BENCH_PEERS_QUANT_GATE=llama-1b:trained judges a trained model).
 
 The last thing printed is one table: shape x batch x system -> tokens/s, ms per step, % of the bandwidth bound
-(weights once per step + every sequence's KV reads, at the calibrated bandwidth), quality. Sized to finish in about
+(weights once per step + every sequence's KV reads, at the calibrated bandwidth), TTFT, tokens/s and ms per step
+against the cell's bf16 perflab row, quality; with BENCH_PEERS_QUANT_PROFILE=1 a kernel split per layer before it. Sized to finish in about
 8 minutes on an H100 at the defaults; past BENCH_PEERS_BUDGET_S (default 540) the cells left are skipped, so the
 table still prints inside a 10-minute call. Without CUDA (or --quick) everything shrinks to llama-tiny on the CPU.
 """
 from __future__ import annotations
 
-import copy
 import gc
 import importlib.util
 import json
@@ -42,9 +47,9 @@ import os
 import statistics
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -53,8 +58,8 @@ from benchmarks.common import Rows, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 AGREE_PCT = 3.0  # hf via perflab vs hf generate
+NOT_GATED = "not gated (random weights)"
 PROMPT_LEN, OUTPUT_LEN = 128, 128
-QUANT_SCHEMES = ("int8-weight", "int4-weight")
 VLLM_MISSING = ("not run: vllm is not importable here (the device machine has no internet and vllm's wheel, "
                 "~400 MB, is over the 64 MiB a call may carry)")
 
@@ -79,6 +84,9 @@ class Row:
     ms_per_step: Optional[float] = None
     pct_of_bound: Optional[float] = None
     quality: str = ""
+    ttft_ms: Optional[float] = None
+    kernels: Optional[dict[str, Any]] = None  # µs per layer by kind of kernel (a profiled run)
+    result: Any = field(default=None, repr=False, compare=False)  # perflab's Result, when perflab ran it
 
 
 # ---------------------------------------------------------------------------------------------- peers' commands
@@ -156,13 +164,15 @@ def example_module():
     return module
 
 
-def perflab_settings(cell: Cell, cuda: bool, levers: bool = True, **changes: Any) -> dict[str, Any]:
-    """perflab.run's settings for `cell`: bf16, static cache, compiled decode (on a CPU: fp32, static cache)."""
+def perflab_settings(cell: Cell, cuda: bool, levers: bool = True, options: Optional[dict[str, str]] = None,
+                     **changes: Any) -> dict[str, Any]:
+    """perflab.run's settings for `cell`: bf16, static cache, compiled decode (on a CPU: fp32, static cache); `options`
+    adds workload options, `changes` replace settings."""
     compiled = {"kv_cache": "static", **({"compile": "reduce-overhead"} if cuda else {})} if levers else {}
     return {"workload": "generate", "mode": "infer", "batch_size": cell.batch, "precision": "bf16" if cuda else "fp32",
             "steps": 2, "trials": 2, "warmup": 2, "check_quality": False, **compiled,
             "workload_options": {"size": cell.shape, "prompt_len": str(cell.prompt_len),
-                                 "output_len": str(cell.output_len)}, **changes}
+                                 "output_len": str(cell.output_len), **(options or {})}, **changes}
 
 
 def result_row(cell: Cell, system: str, result, quality: str = "") -> Row:
@@ -171,21 +181,23 @@ def result_row(cell: Cell, system: str, result, quality: str = "") -> Row:
     from perflab.diagnose.generation_loop import ms_per_token  # the same per-token figure as the finding's
     generation = result.metrics.generation
     bound = generation.bandwidth_bound
+    ttft = generation.ttft_ms.p50 if generation.ttft_ms else None
     return Row(cell, system, generation.output_tokens_per_s, ms_per_token(generation),
-               bound.pct_of_bound if bound else None, quality)
+               bound.pct_of_bound if bound else None, quality, ttft_ms=ttft, result=result)
 
 
-def run_perflab(rows: Rows, out: Path, cell: Cell, cuda: bool, system: str = "perflab", **changes: Any
-                ) -> Optional[Row]:
-    result = measure(rows, out, f"{cell.shape} bs{cell.batch}", system, perflab_settings(cell, cuda, **changes))
+def run_perflab(rows: Rows, out: Path, cell: Cell, cuda: bool, system: str = "perflab", hooks: Sequence[Any] = (),
+                **changes: Any) -> Row:
+    result = measure(rows, out, f"{cell.shape} bs{cell.batch}", system, perflab_settings(cell, cuda, **changes),
+                     hooks=hooks)
     free_memory()
     if result is None:
         return Row(cell, system, quality="failed (see the log)")
     compiled = result.metrics.generation.decode_compile
     note = f"compile {result.metrics.compile_s:.0f}s" if result.metrics.compile_s else ""
     if compiled is not None:
-        note += f", graphs by {compiled.graphs}"
-    return result_row(cell, system, result, note or "not gated (random weights)")
+        note += f", graphs by {compiled.graphs}, tuning {compiled.decode_tuning}, SDPA {compiled.decode_sdpa}"
+    return result_row(cell, system, result, note or NOT_GATED)
 
 
 def time_hf_generate(generate, model, cell: Cell, repeats: int = 3) -> dict[str, float]:
@@ -338,73 +350,6 @@ def generate_defers_stop_check() -> bool:
     return hasattr(utils, "DeferredStopCheck")
 
 
-# ---------------------------------------------------------------------------------------------- quantized
-
-def quantized_gate(shape: str, scheme: str, cuda: bool, requests: int = 2, new_tokens: int = 32) -> dict[str, Any]:
-    """The generation gate's judge of `scheme` against the bf16 model (both eager, dynamic cache): greedy
-    agreement, logits error and perplexity delta with the scheme's tolerances."""
-    from perflab.generation.decode import generate_greedy, teacher_forced_logits
-    from perflab.generation.quantize import quantize_weights
-    from perflab.generation.session import open_session
-    from perflab.models.decoder import SIZES, Decoder
-    from perflab.models.language import SyntheticLanguage, perplexity
-    from perflab.quality.generation import SCHEME_LOGITS_RTOL, SCHEME_PERPLEXITY_RTOL, judge
-    device = torch.device("cuda" if cuda else "cpu")
-    size = SIZES[shape]
-    torch.manual_seed(0)
-    with device, example_module().default_dtype(torch.bfloat16):
-        base = Decoder(size).to(torch.bfloat16).eval()
-    candidate = quantize_weights(copy.deepcopy(base), scheme)
-    language = SyntheticLanguage(size.vocab)
-    prompts = language.sample(requests, PROMPT_LEN, seed=11).to(device)
-    base_logits, cand_logits = [], []
-    with torch.inference_mode():
-        for prompt in prompts.split(1):
-            base_session = open_session(base, 1, PROMPT_LEN + new_tokens, device, torch.bfloat16)
-            reference = generate_greedy(base_session, prompt, new_tokens)
-            base_logits.append(teacher_forced_logits(base_session, prompt, reference).cpu())
-            cand_session = open_session(candidate, 1, PROMPT_LEN + new_tokens, device, torch.bfloat16)
-            cand_logits.append(teacher_forced_logits(cand_session, prompt, reference).cpu())
-            base_session.close()
-            cand_session.close()
-        evaluation = language.sample(4, 128, seed=99).to(device)
-        figures = {"baseline_logits": base_logits, "candidate_logits": cand_logits,
-                   "perplexity_baseline": perplexity(base, evaluation, batch=1),
-                   "perplexity_candidate": perplexity(candidate, evaluation, batch=1)}
-    tolerance = {"rtol": SCHEME_LOGITS_RTOL[scheme], "perplexity_rtol": SCHEME_PERPLEXITY_RTOL[scheme],
-                 "source": f"{scheme} vs bf16"}
-    del base, candidate
-    free_memory()
-    return judge(figures, tolerance, speculative=False)
-
-
-def gate_text(verdict: dict[str, Any]) -> str:
-    figures = verdict["metrics"]
-    return (f"gate vs bf16: {verdict['verdict']}; greedy agreement {100 * figures['greedy_agreement']:.1f}%, "
-            f"logits error {figures['rel_error']:.2e}, perplexity {100 * figures['perplexity_rel_delta']:+.2f}%")
-
-
-def run_quantized(rows: Rows, out: Path, cell: Cell, cuda: bool, schemes: list[str]) -> list[Row]:
-    from perflab.generation.quantize import scheme_refusal
-    found = []
-    for scheme in schemes:
-        why = scheme_refusal(scheme, torch.device("cuda" if cuda else "cpu"), "bf16" if cuda else "fp32")
-        if why:
-            found.append(Row(cell, f"perflab {scheme}", quality=f"not run: {why}"))
-            continue
-        row = run_perflab(rows, out, cell, cuda, f"perflab {scheme}", quantize=scheme)
-        try:
-            verdict = quantized_gate(cell.shape, scheme, cuda)
-            row.quality = gate_text(verdict)
-            rows.add(f"{cell.shape} bs{cell.batch}", f"{scheme} gate vs bf16", verdict["metrics"]["greedy_agreement"],
-                     "", verdict["reason"])
-        except Exception as err:
-            traceback.print_exc()
-            row.quality = f"gate failed: {type(err).__name__}: {err}"[:200]
-        found.append(row)
-    return found
-
-
 # ---------------------------------------------------------------------------------------------- the area
 
 def synchronize(device: torch.device) -> None:
@@ -437,18 +382,47 @@ def grid(full: bool) -> tuple[list[Cell], Optional[Cell]]:
     return cells, Cell(quant_shape, 1, **lengths) if quant_shape else None
 
 
+BF16_SYSTEMS = ("perflab", "perflab bf16")  # a cell's reference for the x-bf16 columns
+
+
 def format_table(table: list[Row]) -> str:
+    """The final table; tokens/s and ms per step also as multiples of the cell's bf16 perflab row."""
     def number(value: Optional[float], digits: int) -> str:
         return "—" if value is None else f"{value:,.{digits}f}"
-    lines = ["shape | batch | system | tokens/s | ms/step | % of bound | quality", "---|---|---|---|---|---|---"]
+
+    def times(value: Optional[float]) -> str:
+        return "—" if value is None else f"{value:.2f}x"
+    lines = ["shape | batch | system | tokens/s | ms/step | % of bound | TTFT ms | tokens/s x bf16 | step x bf16 | "
+             "quality", "---|---|---|---|---|---|---|---|---|---"]
     for row in table:
+        bf16 = next((r for r in table if r.cell == row.cell and r.system in BF16_SYSTEMS and r.tokens_per_s), None)
+        tokens = row.tokens_per_s / bf16.tokens_per_s if bf16 and row.tokens_per_s else None
+        step = bf16.ms_per_step / row.ms_per_step if bf16 and bf16.ms_per_step and row.ms_per_step else None
         lines.append(f"{row.cell.shape} | {row.cell.batch} | {row.system} | {number(row.tokens_per_s, 1)} | "
-                     f"{number(row.ms_per_step, 3)} | {number(row.pct_of_bound, 1)} | {row.quality}")
+                     f"{number(row.ms_per_step, 3)} | {number(row.pct_of_bound, 1)} | {number(row.ttft_ms, 1)} | "
+                     f"{times(tokens)} | {times(step)} | {row.quality}")
     return "\n".join(lines)
+
+
+def format_kernel_split(table: list[Row]) -> str:
+    """µs per layer of each profiled row's decode steps, by kind of kernel, beside the bound per layer."""
+    lines = ["system | step | weight products | no weights (largest) | dequantisation | launch gaps | bound",
+             "---|---|---|---|---|---|---"]
+    for row in table:
+        if not row.kernels:
+            continue
+        k = row.kernels
+        largest = ", ".join(f"{name[:32]} {us:.1f}" for name, us in list(k["top_non_weight"].items())[:2])
+        bound = f"{k['bound']:.1f}" if k.get("bound") else "—"
+        lines.append(f"{row.system} | {k['step']:.1f} | {k['weight_kernels']:.1f} | {k['non_weight_kernels']:.1f} "
+                     f"({largest}) | {k['dequantisation']:.1f} | {k['launch_gaps']:.1f} | {bound}")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def run(out: Path, quick: bool) -> list[dict]:
     from perflab.calibrate import cached_ceilings, calibrate, memory_bandwidth
+    # the quantized part imports this module's cells and rows: imported when it runs
+    from benchmarks.peers_quantized import DEFAULT_VARIANTS, parse_gate, parse_variants, run_quantized
     out.mkdir(parents=True, exist_ok=True)
     rows = Rows("generate_peers", out)
     cuda = torch.cuda.is_available()
@@ -459,7 +433,7 @@ def run(out: Path, quick: bool) -> list[dict]:
     gbps, source = memory_bandwidth(device)
     rows.add("calibrate", "device memory bandwidth", gbps, "GB/s", source)
     systems = os.environ.get("BENCH_PEERS_SYSTEMS", "perflab,hf,vllm").split(",")
-    schemes = [s for s in os.environ.get("BENCH_PEERS_QUANT", ",".join(QUANT_SCHEMES)).split(",") if s]
+    variants = parse_variants(os.environ.get("BENCH_PEERS_QUANT", DEFAULT_VARIANTS))
     cells, quant_cell = grid(full)
     table: list[Row] = []
     began = time.perf_counter()
@@ -476,18 +450,25 @@ def run(out: Path, quick: bool) -> list[dict]:
         if "vllm" in systems:
             table.append(run_vllm(cell, out, bound_ms))
         print(f"[generate_peers] {cell}: done at {time.perf_counter() - began:.0f}s", flush=True)
-    if quant_cell is not None and schemes and time.perf_counter() - began > budget_s:
-        table.append(Row(quant_cell, ",".join(schemes), quality=f"skipped: past BENCH_PEERS_BUDGET_S={budget_s:g}"))
-    elif quant_cell is not None and schemes:
-        table += run_quantized(rows, out, quant_cell, cuda, schemes)
+    if quant_cell is not None and variants:
+        gate = parse_gate(os.environ.get("BENCH_PEERS_QUANT_GATE", ""), quant_cell)
+        profile = os.environ.get("BENCH_PEERS_QUANT_PROFILE", "") == "1"
+        table += run_quantized(rows, out, quant_cell, cuda, variants, profile, gate, began + budget_s)
         print(f"[generate_peers] quantized: done at {time.perf_counter() - began:.0f}s", flush=True)
     for row in table:
         experiment = f"{row.cell.shape} bs{row.cell.batch}"
         rows.add(experiment, f"{row.system} tokens/s", row.tokens_per_s, "tokens/s", row.quality)
         rows.add(experiment, f"{row.system} ms per step", row.ms_per_step, "ms",
                  f"{row.pct_of_bound:.1f}% of the bound" if row.pct_of_bound else "")
+        rows.add(experiment, f"{row.system} TTFT p50", row.ttft_ms, "ms", "")
+        if row.kernels:
+            rows.add(experiment, f"{row.system} µs per layer by kernel kind", row.kernels["step"], "us",
+                     json.dumps({k: v for k, v in row.kernels.items() if k != "top_non_weight"}))
+    kernels = format_kernel_split(table)
     text = format_table(table)
-    (out / "peers.md").write_text(text + "\n")
+    (out / "peers.md").write_text((kernels + "\n\n" if kernels else "") + text + "\n")
+    if kernels:
+        print("\n" + kernels, flush=True)
     print("\n" + text, flush=True)
     return rows.rows
 

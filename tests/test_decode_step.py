@@ -311,4 +311,13 @@ def test_an_unknown_decode_tuning_exits_2_naming_the_choices(capsys):
     from perflab.cli import main
     assert main(["run", "--workload", "generate", "--mode", "infer", "--option", "size=tiny",
                  "--option", "decode_tuning=fast"]) == 2
-    assert "decode_tuning must be one of gpt-fast, autotune, off" in capsys.readouterr().err
+    assert "decode_tuning must be one of gpt-fast, autotune, torchao, mm-templates, off" in capsys.readouterr().err
+
+
+def test_every_decode_tuning_names_only_settings_this_inductor_knows():
+    # compiled_decode.inductor_options drops unknown keys (for older torch): here none may be dropped silently
+    from perflab.generation.compiled_decode import inductor_options
+    from perflab.workloads.generation import DECODE_TUNINGS
+    for name, tuning in DECODE_TUNINGS.items():
+        options = inductor_options("reduce-overhead", name, inductor_graphs=False)
+        assert tuning.items() <= options.items() and "triton.cudagraphs" not in options, name

@@ -215,7 +215,10 @@ def test_quantize_without_torchao_exits_2_naming_the_extra(monkeypatch, capsys):
     (["--compile", "--warmup", "2"], "add --kv-cache static"),
     (["--option", "size=huge"], "size must be one of"),
     (["--option", "prompt_len=9-3"], "ascending"),
-], ids=["k-zero", "draft-without-k", "bad-slo", "compile-needs-static", "unknown-size", "bad-range"])
+    (["--option", "size=llama-8b", "--option", "weights=trained"], "trained weights exist for"),
+    (["--option", "size=llama-tiny", "--speculative", "2"], "has no built-in draft"),
+], ids=["k-zero", "draft-without-k", "bad-slo", "compile-needs-static", "unknown-size", "bad-range", "8b-untrainable",
+        "llama-without-draft"])
 def test_bad_generation_inputs_exit_2_with_one_clear_line(args, message, capsys):
     assert run_cli("run", *TINY, *FAST, *args) == 2
     assert message in capsys.readouterr().err

@@ -63,12 +63,17 @@ def _traced_layer_costs(ctx: Context, generation: Generation) -> Optional["Decod
     layers = ((ctx.result.workload or {}).get("info") or {}).get("layers") if ctx.result is not None else None
     if ctx.trace is None or not layers or not generation.output_len_mean:
         return None
-    kernels = decode_kernels(ctx.trace)
-    steps = len(decode_ranges(ctx.trace)) * max(1, round(generation.output_len_mean) - 1)
+    return traced_layer_costs(ctx.trace, generation, int(layers))
+
+
+def traced_layer_costs(trace: ParsedTrace, generation: Generation, layers: int) -> Optional["DecodeLayerCosts"]:
+    """The per-layer costs of a trace's decode steps, against the run's bound; None when it traced none."""
+    kernels = decode_kernels(trace)
+    steps = len(decode_ranges(trace)) * max(1, round(generation.output_len_mean or 0) - 1)
     if not kernels or not steps:
         return None
     bound = generation.bandwidth_bound
-    return decode_layer_costs(kernels, steps, int(layers), bound.bound_ms_per_token if bound else None)
+    return decode_layer_costs(kernels, steps, layers, bound.bound_ms_per_token if bound else None)
 
 
 def classify_decode(generation: Generation, config: dict[str, Any], gpu: Optional[Gpu],

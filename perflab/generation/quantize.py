@@ -8,11 +8,13 @@ int8-weight is per-row (one scale per output channel). torchao's linear for it (
 WeightOnlyInt8Linear: `mm(x, w_int8.t().to(x.dtype)) * scale`. Eager, that converts every weight to bf16 before the
 matmul (more bytes moved than bf16 weights: slower); compiled with coordinate descent tuning, Inductor turns the
 batch-1 product into one multiply-and-reduce kernel that reads the int8 weight once (compiled_decode.py). torchao
-would switch that tuning on for the whole process when quantizing (`set_inductor_config`); it is asked not to,
-because the compiled decode step sets it for itself, and nothing else in the run should change.
+would switch that tuning on for the whole process when quantizing (`set_inductor_config`, on by default for every
+scheme, int4 included); it is asked not to, because the compiled decode step sets it for itself, and nothing else in
+the run should change (a later compile in the same process, e.g. the next sweep point, would inherit it).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional
 
 import torch
@@ -49,20 +51,17 @@ def scheme_refusal(scheme: str, device: torch.device, precision: str) -> Optiona
 
 
 def quantization_config(scheme: str) -> Any:
-    """The torchao config (new API) or factory result (old API) for `scheme`."""
+    """The torchao config (new API) or factory result (old API) for `scheme`: int4 in tinygemm's layout, and torchao
+    asked not to change Inductor's settings for the whole process (each, where this torchao's config takes it)."""
     import torchao.quantization as tq
     new_name, old_name, kwargs = SCHEMES[scheme]
     config_class = getattr(tq, new_name, None)
     if config_class is not None:
-        if scheme == "int4-weight":
-            try:
-                return config_class(**kwargs, int4_packing_format=INT4_KERNEL_FORMAT)
-            except TypeError:  # before the packing-format argument: its default layout is tinygemm's
-                return config_class(**kwargs)
-        try:
-            return config_class(**kwargs, set_inductor_config=False)
-        except TypeError:  # a config without the switch
-            return config_class(**kwargs)
+        extras = {"set_inductor_config": False}
+        if scheme == "int4-weight":  # before the packing-format argument, the default layout was tinygemm's
+            extras["int4_packing_format"] = INT4_KERNEL_FORMAT
+        accepted = inspect.signature(config_class).parameters
+        return config_class(**kwargs, **{name: value for name, value in extras.items() if name in accepted})
     factory = getattr(tq, old_name, None)
     if factory is None:
         raise PerflabError(f"this torchao ({getattr(__import__('torchao'), '__version__', '?')}) has neither "

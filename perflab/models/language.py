@@ -1,5 +1,8 @@
 """A learnable synthetic language, and the built-in target/draft pair trained on it (cached on first use).
 
+The same training gives the quality gate a reference worth judging against: a trained target predicts its next token
+with confidence, where a random one spreads its guesses almost evenly over the vocabulary (perflab/quality/generation.py).
+
 Random weights make speculative decoding meaningless (a random draft agrees with a random target by chance),
 so the built-in demonstration trains both on this language for a short while. The language uses `ACTIVE`
 token ids: three quarters of the tokens have one likely successor (a bigram), the rest a likely successor that
@@ -26,6 +29,9 @@ ACTIVE = 256  # token ids the language uses (at most the vocabulary)
 LIKELY = 0.9  # probability of the likely successor; otherwise a uniformly random active token
 TRIGRAM_SHARE = 0.25  # share of tokens whose successor depends on the two previous tokens
 RECIPE_VERSION = 1  # bump when the language or the training recipe changes: cached pairs are retrained
+# The sizes `weights=trained` trains (perflab/models/decoder.py's SIZES): AdamW in fp32 holds 16 bytes per parameter
+# (weights, gradients, two moments), 20 GB at llama-1b; llama-8b's 128 GB fit no single GPU.
+TRAINABLE_SIZES = ("tiny", "125m", "350m", "1b", "llama-tiny", "llama-1b")
 
 
 class SyntheticLanguage:

@@ -5,10 +5,12 @@ Options: size (perflab/models/decoder.py's SIZES: the GPT-style tiny|125m|350m|1
 on a GPU; the Llama-shaped llama-tiny|llama-1b|llama-8b: grouped-query attention, RoPE, SwiGLU, RMSNorm, vocabulary
 128256), prompt_len and output_len (a number
 or a range low-high, drawn per request batch), weights=random|trained (trained: the decoder trained briefly on
-the synthetic language, cached on first use; the default with --speculative and no --draft, whose built-in
-draft is trained on the same language), decode_tuning=gpt-fast|autotune|off (with --compile: the decode step's
-Inductor settings: gpt-fast's, the default with --quantize; autotune: gpt-fast's plus a wider search of reduction
-configs; off: the compile mode's alone, cuBLAS multiplying the matrices, the default for plain weights;
+the synthetic language, cached on first use, every size but llama-8b; the default with --speculative and no --draft,
+whose built-in draft is trained on the same language; the quality gate needs it to judge --quantize: a random
+model's predictions are too flat), decode_tuning=gpt-fast|autotune|torchao|mm-templates|off (with --compile: the
+decode step's Inductor settings: gpt-fast's, the default with --quantize; autotune: gpt-fast's plus a wider search of
+reduction configs; torchao: torchao's recommended ones; mm-templates: Inductor's Triton matmul templates, autotuned;
+off: the compile mode's alone, cuBLAS multiplying the matrices, the default for plain weights;
 perflab/generation/compiled_decode.py), decode_graphs=perflab|inductor (with a compile
 mode that captures CUDA graphs, on a GPU: perflab captures the compiled step, the default; inductor: Inductor's
 cudagraph trees do). docs/generate.md has the levers and the metrics.
@@ -16,7 +18,7 @@ cudagraph trees do). docs/generate.md has the levers and the metrics.
 from __future__ import annotations
 
 from perflab.errors import PerflabError
-from perflab.models.language import SyntheticLanguage, trained_decoder
+from perflab.models.language import TRAINABLE_SIZES, SyntheticLanguage, trained_decoder
 from perflab.models.decoder import DRAFT_SIZES, SIZES, Decoder
 from perflab.workloads.generation import DECODE_TUNINGS, GenerationSpec, default_decode_tuning
 from perflab.workloads.generation import Requests, collate_requests, parse_lengths
@@ -46,13 +48,16 @@ def build(cfg) -> Workload:
     prompt_lengths = parse_lengths(opts.get("prompt_len", "16-32" if tiny else "128"), "prompt_len")
     output_lengths = parse_lengths(opts.get("output_len", "16" if tiny else "128"), "output_len")
     builtin_draft = cfg.speculative is not None and not cfg.draft
+    draft_size = DRAFT_SIZES.get(size_name)
+    if builtin_draft and draft_size is None:
+        raise PerflabError(f"generate: size {size_name} has no built-in draft (those exist for "
+                           f"{', '.join(DRAFT_SIZES)}): give --draft for --speculative")
     weights = opts.get("weights", "trained" if builtin_draft else "random")
     if weights not in ("random", "trained"):
         raise PerflabError(f"generate: weights must be random or trained, got {weights!r}")
-    draft_size = DRAFT_SIZES.get(size_name)
-    if weights == "trained" and draft_size is None:
-        raise PerflabError(f"generate: size {size_name} has random weights only (the trained pair and the built-in "
-                           f"draft exist for {', '.join(DRAFT_SIZES)}): give --draft for --speculative")
+    if weights == "trained" and size_name not in TRAINABLE_SIZES:
+        raise PerflabError(f"generate: weights=trained trains {size_name} with AdamW in fp32 (16 bytes per parameter, "
+                           f"over any one GPU at this size); trained weights exist for {', '.join(TRAINABLE_SIZES)}")
     if builtin_draft and weights == "random":
         raise PerflabError("the built-in draft is trained on the synthetic language and would agree with a random "
                            "target only by chance: drop weights=random, or give your own --draft")

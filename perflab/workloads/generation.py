@@ -21,10 +21,21 @@ from perflab.models.language import SyntheticLanguage
 # gpt-fast's generate.py settings. unique_kernel_names: profiler traces name each kernel after the ops it fuses;
 # fx_graph_cache: a second process (the quality gate, a rerun) loads the compiled graph instead of compiling again.
 GPT_FAST_OPTIONS = {"coordinate_descent_tuning": True, "triton.unique_kernel_names": True, "fx_graph_cache": True}
+# torchao's own settings for its quantized models (torchao.quantization.utils.recommended_inductor_config_setter, 0.18):
+# gpt-fast's, plus coordinate descent that tries every direction from each config before it stops.
+TORCHAO_OPTIONS = {**GPT_FAST_OPTIONS, "coordinate_descent_check_all_directions": True,
+                   "force_fuse_int_mm_with_mul": True}
+# Inductor's Triton matmul templates instead of its decomposed products: without coordinate descent a (1, K) x (K, N)
+# product stays a matmul, max_autotune picks the template's block sizes by timing them, and an int8 weight's widening
+# to bf16 fuses into the template's loads (Inductor's prologue fusion) instead of being written out first.
+MM_TEMPLATE_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
+                       "triton.unique_kernel_names": True, "fx_graph_cache": True}
 # The decode step's Inductor settings by name (--option decode_tuning).
 DECODE_TUNINGS: dict[str, dict[str, Any]] = {
     "gpt-fast": GPT_FAST_OPTIONS,
     "autotune": {**GPT_FAST_OPTIONS, "max_autotune_pointwise": True},
+    "torchao": TORCHAO_OPTIONS,
+    "mm-templates": MM_TEMPLATE_OPTIONS,
     "off": {},
 }
 # The defaults: plain weights by cuBLAS (as fast as the tuned kernels in the median on the H100, the same time in
