@@ -161,3 +161,27 @@ def test_recorded_two_gpu_traces_are_diagnosed_as_exposed_communication(case, ki
     assert all(evidence["collectives"][kind]["busbw_gbps"] > 0 for kind in kinds)
     assert first_levers <= set(diagnosis.levers[:len(first_levers) + 2])
     assert "launch" not in diagnosis.headline  # the FSDP step waiting in collectives is not framework overhead
+
+
+def test_the_transfer_is_told_from_waiting_for_the_other_rank_on_recorded_traces(tmp_path, monkeypatch):
+    # FSDP2's all-gathers on rank 0 of 2 H200s ran 1.5-3 ms each, rank 1's ~74 us: rank 0's kernels held the
+    # time rank 1 took to arrive, so their bus bandwidth over the kernels' time (4 GB/s) was not the link's
+    monkeypatch.setenv("PERFLAB_CACHE_DIR", str(tmp_path))
+    folder = RANKS / "fsdp__transformer_125m"
+    traces = [folder / "trace.json.gz", folder / "trace.rank1.json.gz"]
+    summary = _gathered(tmp_path, traces)
+    all_gather = summary["by_kind"]["all_gather"]
+    assert summary["worst_rank"] == 0
+    assert all_gather["busbw_gbps"] < 10 and all_gather["transfer_busbw_gbps"] > 100
+    assert all_gather["waiting_ms_per_step"] > 0.9 * all_gather["ms_per_step"]
+    result = Result.load(folder)
+    result.metrics.collectives = summary
+    diagnosis = diagnose(traces[0], result)
+    assert diagnosis.bottleneck == "collectives" and "waiting for the other ranks to arrive" in diagnosis.headline
+    assert "most of it is rank 0 waiting for the other ranks" in diagnosis.headline
+    # DDP's ranks arrive together: the figures stand as measured and no wait is named
+    folder = RANKS / "ddp__big_gradients"
+    summary = _gathered(tmp_path, [folder / "trace.json.gz", folder / "trace.rank1.json.gz"])
+    all_reduce = summary["by_kind"]["all_reduce"]
+    assert all_reduce["waiting_ms_per_step"] < 0.25 * all_reduce["ms_per_step"]
+    assert all_reduce["transfer_busbw_gbps"] == pytest.approx(all_reduce["busbw_gbps"], rel=0.25)

@@ -35,6 +35,9 @@ def exposed_share_pct(comm: dict[str, Any]) -> float:
     return comm["exposed_share_pct"] + (100 * host_wait / step if step else 0.0)
 
 
+WAITING_SHARE = 0.25  # a kind's time in collectives spent waiting for the other ranks, named from this share
+
+
 def lead_lever(parallel: str, by_kind: dict[str, dict], peak_gbps: Optional[float]) -> tuple[Optional[str], str]:
     """The lever that should hide the exposed communication, and why: DDP's all-reduce near the link's peak is
     limited by its bytes (bf16 hook), else by when it starts (bucket size); FSDP's all-gathers are hidden by
@@ -45,7 +48,8 @@ def lead_lever(parallel: str, by_kind: dict[str, dict], peak_gbps: Optional[floa
             return "fsdp-bf16-reduce", "the gradient reduce-scatter leads: send it in bf16"
         return "fsdp-prefetch", ("the parameter all-gathers lead: prefetch the next blocks, keep the last blocks "
                                  "gathered (--fsdp-no-reshard-last 1)")
-    busbw = (by_kind.get("all_reduce") or {}).get("busbw_gbps")
+    all_reduce = by_kind.get("all_reduce") or {}
+    busbw = all_reduce.get("transfer_busbw_gbps") or all_reduce.get("busbw_gbps")  # while moving data, when known
     if busbw and peak_gbps and 100 * busbw / peak_gbps >= NEAR_PEAK_PCT:
         return "bf16-comm-hook", (f"the all-reduce runs at {100 * busbw / peak_gbps:.0f}% of the measured peak: "
                                   "its bytes are the limit; halve them")
@@ -66,6 +70,11 @@ def collectives(ctx: Context) -> Optional[Finding]:
     peak = (measured or {}).get("peak_busbw_gbps", {}).get("all_reduce")
     levers = levers_for(COLLECTIVES, {FSDP if parallel == "fsdp" else DDP})
     lead, why = lead_lever(parallel, by_kind, peak)
+    waiting = sum(figures.get("waiting_ms_per_step") or 0.0 for figures in by_kind.values())
+    if waiting >= 0.5 * comm["communication_ms_per_step"] > 0:
+        why = (f"most of it is rank {comm.get('worst_rank', 0)} waiting for the other ranks to arrive "
+               f"({waiting:.1f} ms/step): what delays the slowest rank (its own trace, trace.rank<N>.json) comes "
+               f"first; then {why}")
     if lead in levers:
         levers = [lead] + [name for name in levers if name != lead]
     evidence = {"exposed_communication_pct_of_step": share, "exposed_ms_per_step": comm["exposed_ms_per_step"],
@@ -90,15 +99,21 @@ def collectives(ctx: Context) -> Optional[Finding]:
 
 
 def _kinds_text(by_kind: dict[str, dict], peak: Optional[float]) -> str:
-    """'all_reduce 12.0 ms/step, 25.0 MB, 180 GB/s bus (48% of peak)' for the two leading kinds."""
+    """'all_reduce 12.0 ms/step, 25.0 MB, 180 GB/s bus (48% of peak)' for the two leading kinds: the bus bandwidth
+    while moving data where the ranks' traces tell it from the wait (which is named when it is a large part)."""
     parts = []
     for kind, figures in list(by_kind.items())[:2]:
         text = f"{kind} {figures['ms_per_step']:.2f} ms/step"
         if figures.get("mean_message_mb") is not None:
             text += f", {figures['mean_message_mb']:.1f} MB a call"
-        if figures.get("busbw_gbps") is not None:
-            text += f", {figures['busbw_gbps']:.0f} GB/s bus"
+        busbw = figures.get("transfer_busbw_gbps") or figures.get("busbw_gbps")
+        if busbw is not None:
+            text += f", {busbw:.0f} GB/s bus"
             if peak:
-                text += f" ({100 * figures['busbw_gbps'] / peak:.0f}% of the measured peak)"
+                text += f" ({100 * busbw / peak:.0f}% of the measured peak)"
+        waiting = figures.get("waiting_ms_per_step") or 0.0
+        if waiting >= WAITING_SHARE * figures["ms_per_step"]:
+            text += (f"; {waiting:.2f} ms/step of it waiting for the other ranks to arrive (the slowest rank sets "
+                     "the pace)")
         parts.append(text)
     return "; ".join(parts) or "NCCL kernels"

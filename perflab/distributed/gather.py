@@ -16,6 +16,7 @@ import numpy as np
 import torch.distributed as dist
 
 from perflab.calibrate import percent_of_ceiling
+from perflab.diagnose.communication import ranks_waiting
 from perflab.distributed.rank import local_rank
 from perflab.harness.runner import aggregate
 from perflab.results.metrics import Distributed, Flops, Latency, Memory, RankFigures
@@ -109,8 +110,11 @@ def collectives_summary(ranks: list[RankReport]) -> dict[str, Any]:
     """Every rank's communication profile, and the worst exposed share (the rank the step waits on)."""
     per_rank = [dict(rank.figures.collectives, rank=rank.figures.rank) for rank in ranks if rank.figures.collectives]
     worst = max(per_rank, key=lambda profile: profile["exposed_share_pct"])
-    return {"per_rank": per_rank, "worst_rank": worst["rank"],
-            **{key: worst[key] for key in worst if key not in ("rank", "top_collectives")}}
+    summary = {"per_rank": per_rank, "worst_rank": worst["rank"],
+               **{key: worst[key] for key in worst if key not in ("rank", "top_collectives")}}
+    if worst.get("by_kind"):  # the worst rank's time in collectives: the transfer told from waiting for the others
+        summary["by_kind"] = ranks_waiting([profile.get("by_kind") or {} for profile in per_rank], worst["by_kind"])
+    return summary
 
 
 def _global_flops(flops: Flops, global_throughput: float, world: int) -> Flops:
