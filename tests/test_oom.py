@@ -243,3 +243,17 @@ def test_the_advice_falls_back_to_a_quarter_of_the_batch_when_half_of_it_does_no
     assert "--activation-checkpointing: predicted peak at batch 2048" in block, block
     smaller = int(block.split("a smaller batch: --batch ")[1].split()[0])
     assert 512 <= smaller < 1024
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine: pytest -m cuda)")
+def test_a_real_out_of_memory_on_the_gpu_gets_advice_from_a_breakdown_at_a_smaller_batch(tmp_path):
+    # the activation-heavy MLP takes ~0.61 MiB a sample in fp32 (BENCHMARKS.md, issue 27): twice what fits. Before
+    # free_after let go of the tracebacks, 135 GiB stayed allocated after the failure and the advice was generic
+    total_mib = torch.cuda.get_device_properties(0).total_memory / 2**20
+    batch = int(2 * total_mib / 0.61)
+    finished = perflab("run", "--workload", HEAVY, "--batch", str(batch), "--device", "cuda", *FAST,
+                       "--out", str(tmp_path / "run"))
+    assert finished.returncode == EXIT_OUT_OF_MEMORY and "Traceback" not in finished.stderr, finished.stderr
+    block = finished.stderr[finished.stderr.index("out of memory"):]
+    assert "predicted peak" in block, block  # computed from the breakdown, not the generic advice
