@@ -36,6 +36,13 @@ def exposed_share_pct(comm: dict[str, Any]) -> float:
 
 
 WAITING_SHARE = 0.25  # a kind's time in collectives spent waiting for the other ranks, named from this share
+MOSTLY_WAITING = 0.5  # waiting for the other ranks this share of the NCCL time or more: the slowest rank comes first
+
+
+def bus_gbps(figures: dict[str, Any]) -> Optional[float]:
+    """A kind's bus bandwidth: while moving data where the ranks' traces tell it from the wait, else over the
+    kernels' time (diagnose/communication.ranks_waiting)."""
+    return figures.get("transfer_busbw_gbps") or figures.get("busbw_gbps")
 
 
 def lead_lever(parallel: str, by_kind: dict[str, dict], peak_gbps: Optional[float]) -> tuple[Optional[str], str]:
@@ -48,8 +55,7 @@ def lead_lever(parallel: str, by_kind: dict[str, dict], peak_gbps: Optional[floa
             return "fsdp-bf16-reduce", "the gradient reduce-scatter leads: send it in bf16"
         return "fsdp-prefetch", ("the parameter all-gathers lead: prefetch the next blocks, keep the last blocks "
                                  "gathered (--fsdp-no-reshard-last 1)")
-    all_reduce = by_kind.get("all_reduce") or {}
-    busbw = all_reduce.get("transfer_busbw_gbps") or all_reduce.get("busbw_gbps")  # while moving data, when known
+    busbw = bus_gbps(by_kind.get("all_reduce") or {})
     if busbw and peak_gbps and 100 * busbw / peak_gbps >= NEAR_PEAK_PCT:
         return "bf16-comm-hook", (f"the all-reduce runs at {100 * busbw / peak_gbps:.0f}% of the measured peak: "
                                   "its bytes are the limit; halve them")
@@ -71,7 +77,7 @@ def collectives(ctx: Context) -> Optional[Finding]:
     levers = levers_for(COLLECTIVES, {FSDP if parallel == "fsdp" else DDP})
     lead, why = lead_lever(parallel, by_kind, peak)
     waiting = sum(figures.get("waiting_ms_per_step") or 0.0 for figures in by_kind.values())
-    if waiting >= 0.5 * comm["communication_ms_per_step"] > 0:
+    if waiting >= MOSTLY_WAITING * comm["communication_ms_per_step"] > 0:
         why = (f"most of it is rank {comm.get('worst_rank', 0)} waiting for the other ranks to arrive "
                f"({waiting:.1f} ms/step): what delays the slowest rank (its own trace, trace.rank<N>.json) comes "
                f"first; then {why}")
@@ -106,7 +112,7 @@ def _kinds_text(by_kind: dict[str, dict], peak: Optional[float]) -> str:
         text = f"{kind} {figures['ms_per_step']:.2f} ms/step"
         if figures.get("mean_message_mb") is not None:
             text += f", {figures['mean_message_mb']:.1f} MB a call"
-        busbw = figures.get("transfer_busbw_gbps") or figures.get("busbw_gbps")
+        busbw = bus_gbps(figures)
         if busbw is not None:
             text += f", {busbw:.0f} GB/s bus"
             if peak:

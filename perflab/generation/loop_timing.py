@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from perflab.errors import PerflabError
-from perflab.generation.metrics import BandwidthBound, RequestTiming, summarize_requests
+from perflab.generation.metrics import BandwidthBound, RequestTiming, chosen_levers, summarize_requests
 from perflab.hooks import StepHook
 from perflab.models.kv_cache import kv_cache_bytes
 from perflab.results.metrics import Generation
@@ -179,7 +179,6 @@ class GenerationLoopHook(StepHook):
     def finish(self, result) -> None:
         generation = summarize_loop(self.step.samples, [trial.steps for trial in result.trials], self.bound,
                                     self.slo)
-        generation.levers = {"kv_cache": self.cfg.kv_cache, "compile": self.cfg.compile,
-                             "quantize": self.cfg.quantize, "speculative": self.cfg.speculative}
+        generation.levers = chosen_levers(self.cfg)
         result.metrics.generation = generation
         result.timing["generation"] = LOOP_METHOD

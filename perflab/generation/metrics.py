@@ -111,6 +111,11 @@ class TokenClock:
 # ---------------------------------------------------------------------------------------------- SLOs
 
 
+def chosen_levers(cfg: Any) -> dict[str, Any]:
+    """What the generation levers were set to in this run (result.metrics.generation.levers)."""
+    return {"kv_cache": cfg.kv_cache, "compile": cfg.compile, "quantize": cfg.quantize, "speculative": cfg.speculative}
+
+
 def meets_slo(request: RequestTiming, slo: dict[str, float]) -> bool:
     if "ttft" in slo and request.ttft_ms > slo["ttft"]:
         return False

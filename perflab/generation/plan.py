@@ -19,7 +19,8 @@ from torch import nn
 from perflab.errors import PerflabError
 from perflab.generation.decode import generate_greedy
 from perflab.config import parse_slo
-from perflab.generation.metrics import BandwidthBound, TokenClock, summarize_requests, weight_bytes_per_step
+from perflab.generation.metrics import (BandwidthBound, TokenClock, chosen_levers, summarize_requests,
+                                      weight_bytes_per_step)
 from perflab.workloads.generation import request_shape
 from perflab.generation.session import open_session
 from perflab.generation.speculative import SpeculativeStats, generate_speculative
@@ -235,8 +236,7 @@ class GenerationHook(StepHook):
         trial_walls = [(trial.steps, trial.wall_s) for trial in result.trials]
         generation = Generation.from_dict(summarize_requests(requests, trial_walls, self.bound, self.slo))
         generation.timed_path = "step"
-        generation.levers = {"kv_cache": self.cfg.kv_cache, "compile": self.cfg.compile,
-                             "quantize": self.cfg.quantize, "speculative": self.cfg.speculative}
+        generation.levers = chosen_levers(self.cfg)
         generation.decode_compile = DecodeCompile.from_dict(self.decode_compile(result))
         if self.step.k:
             generation.speculative = Speculative.from_dict(self.step.stats.summary(self.step.k))

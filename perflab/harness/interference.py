@@ -2,9 +2,10 @@
 
 Timings taken beside another busy process are not clean, and a low spread does not prove they are (a
 steady neighbour slows every trial alike). So around each trial perflab reads, from /proc, how much CPU
-time processes other than this run's used (its own: this process and its children, the DataLoader workers, and in
-a multi-GPU run the launcher's other ranks), and from NVML, which other processes hold the GPU; plus the 1-minute load average against the core count. A run whose trials
-saw more than BUSY_CORES of other CPU work, or another process on its GPU, is marked `busy` and says so.
+time processes other than this run's used (its own: this process and its children, the DataLoader workers,
+and in a multi-GPU run the launcher's other ranks), and from NVML, which other processes hold the GPU; plus the
+1-minute load average against the core count. A run whose trials saw more than BUSY_CORES of other CPU work, or
+another process on its GPU, is marked `busy` and says so.
 """
 from __future__ import annotations
 
@@ -32,13 +33,23 @@ def _total_busy_ticks() -> Optional[int]:
     return sum(values[:8]) - idle
 
 
-def _process_ticks(pid: int) -> int:
+def _processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, CPU jiffies used: utime + stime) of every live process, from one pass over /proc."""
     try:
-        with open(f"/proc/{pid}/stat") as stream:
-            fields = stream.read().rsplit(")", 1)[1].split()
+        entries = os.listdir("/proc")
     except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])  # utime + stime
+        return {}
+    table = {}
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stream:
+                fields = stream.read().rsplit(")", 1)[1].split()
+            table[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or unreadable
+            continue
+    return table
 
 
 def _job_root() -> int:
@@ -47,23 +58,12 @@ def _job_root() -> int:
     return int(os.environ.get(LAUNCHER_PID_ENV) or os.getpid())
 
 
-def _job_pids() -> set[int]:
+def _job_pids(processes: dict[int, tuple[int, int]]) -> set[int]:
     """This run's processes: the job root and every live descendant (ranks, DataLoader workers)."""
     root = _job_root()
     children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return {root, os.getpid()}
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stream:
-                parent = int(stream.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
+    for pid, (parent, _) in processes.items():
+        children.setdefault(parent, []).append(pid)
     found, todo = {root, os.getpid()}, [root]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -73,14 +73,13 @@ def _job_pids() -> set[int]:
     return found
 
 
-def _own_ticks() -> int:
-    """CPU jiffies of this run's processes: this one and its children (DataLoader workers), and in a rank the
-    launcher's other ranks too."""
-    return sum(_process_ticks(pid) for pid in _job_pids())
+def _own_ticks(processes: dict[int, tuple[int, int]], own: set[int]) -> int:
+    """CPU jiffies of this run's processes (`own`: _job_pids)."""
+    return sum(processes[pid][1] for pid in own if pid in processes)
 
 
-def gpu_neighbours(device_index: Optional[int]) -> list[int]:
-    """PIDs of other processes holding the GPU (NVML); empty when unknown."""
+def gpu_neighbours(device_index: Optional[int], own: set[int]) -> list[int]:
+    """PIDs of processes holding the GPU (NVML) other than `own` (this run's); empty when unknown."""
     if device_index is None:
         return []
     try:
@@ -90,7 +89,6 @@ def gpu_neighbours(device_index: Optional[int]) -> list[int]:
         processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
     except Exception:  # NVML missing or not permitted (containers): no evidence either way
         return []
-    own = _job_pids()
     return sorted({p.pid for p in processes if p.pid not in own})
 
 
@@ -116,18 +114,21 @@ class LoadProbe:
         self._start: tuple[Optional[int], int, float] = (None, 0, 0.0)
 
     def begin(self) -> None:
-        self._start = (_total_busy_ticks(), _own_ticks(), time.monotonic())
+        processes = _processes()
+        self._start = (_total_busy_ticks(), _own_ticks(processes, _job_pids(processes)), time.monotonic())
 
     def end(self) -> TrialLoad:
         total_before, own_before, began = self._start
-        total_after, own_after = _total_busy_ticks(), _own_ticks()
+        processes = _processes()
+        own = _job_pids(processes)
+        total_after, own_after = _total_busy_ticks(), _own_ticks(processes, own)
         seconds = max(time.monotonic() - began, 1e-6)
         other = None
         if total_before is not None and total_after is not None:
             other_ticks = (total_after - total_before) - (own_after - own_before)
             other = max(0.0, other_ticks / CLOCK_TICKS / seconds)
         load = os.getloadavg()[0] / self.cores if hasattr(os, "getloadavg") else 0.0
-        return TrialLoad(other, load, gpu_neighbours(self.device_index))
+        return TrialLoad(other, load, gpu_neighbours(self.device_index, own))
 
 
 def summarize_load(loads: list[TrialLoad]) -> Interference:
@@ -142,7 +143,8 @@ def summarize_load(loads: list[TrialLoad]) -> Interference:
         gpu_neighbours=sorted({pid for load in loads for pid in load.gpu_neighbours}),
         threshold_cores=BUSY_CORES,
         method="CPU time of other processes during each trial (/proc/stat minus this run's processes: this one, "
-               "its children and its sibling ranks), 1-minute load average per core, other processes on the GPU (NVML)",
+               "its children and its sibling ranks), 1-minute load average per core, other processes on the GPU "
+               "(NVML)",
     )
 
 

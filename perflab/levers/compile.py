@@ -14,8 +14,9 @@ from perflab.levers.generation import own_loop_refusal
 def _refuse(cfg, workload, device) -> Optional[str]:
     if cfg.warmup < 2:
         return "compilation must stay out of the numbers: use --warmup 2 or more"
-    if workload.generation is not None and workload.generation.generate_fn is not None:
-        return own_loop_refusal(cfg, workload, device)
+    own_loop = own_loop_refusal(cfg, workload, device)
+    if own_loop is not None:
+        return own_loop
     if workload.generation is not None and cfg.kv_cache != "static":
         return "compiling the decode step needs fixed shapes: add --kv-cache static"
     return None
