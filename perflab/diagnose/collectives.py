@@ -119,7 +119,6 @@ def _kinds_text(by_kind: dict[str, dict], peak: Optional[float]) -> str:
                 text += f" ({100 * busbw / peak:.0f}% of the measured peak)"
         waiting = figures.get("waiting_ms_per_step") or 0.0
         if waiting >= WAITING_SHARE * figures["ms_per_step"]:
-            text += (f"; {waiting:.2f} ms/step of it waiting for the other ranks to arrive (the slowest rank sets "
-                     "the pace)")
+            text += f"; {waiting:.2f} ms/step of it waiting for the other ranks"
         parts.append(text)
     return "; ".join(parts) or "NCCL kernels"

@@ -23,6 +23,8 @@ def _num(value: Any, digits: int = 1) -> str:
         return f"{value:,.{digits}f}" if abs(value) >= 0.01 or value == 0 else f"{value:.3g}"
     if isinstance(value, list):
         return ", ".join(str(v) for v in value)
+    if isinstance(value, dict) and all(str(key).isdigit() for key in value):  # per rank: {"0": 8.9} -> "rank 0: 8.9"
+        return ", ".join(f"rank {key}: {_num(figure, digits)}" for key, figure in value.items())
     if isinstance(value, dict):  # counts by source, e.g. {"aten::item": 12.0} -> "12 aten::item"
         return ", ".join(f"{_num(count, 3).rstrip('0').rstrip('.')} {key}" if isinstance(count, (int, float))
                          else f"{key}: {count}" for key, count in value.items())

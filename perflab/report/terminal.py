@@ -113,7 +113,7 @@ def add_generation_rows(table: Table, generation: Generation) -> None:
                       f"{fmt(bound.weight_bytes / 1e6, 1)} MB of weights + KV cache at {fmt(bound.memory_gbps, 0)} "
                       f"GB/s ({bound.memory_gbps_source})")
     elif bound is not None:
-        table.add_row("bandwidth bound", f"n/a: {bound.memory_gbps_source}")
+        table.add_row("bandwidth bound", f"n/a: {no_ceiling(bound.memory_gbps_source)}")
     compiled = generation.decode_compile
     if compiled is not None:
         skips, graphs = compiled.cudagraph_skips, compiled.graphs
