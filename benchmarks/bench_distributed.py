@@ -7,6 +7,7 @@ model's prediction, and the levers for exposed communication on a ~1B-parameter 
     BENCH_DISTRIBUTED_PART=after python -m benchmarks.bench_distributed --out DIR       # scaling with the levers on
     BENCH_DISTRIBUTED_PART=issue12 python -m benchmarks.bench_distributed --out DIR     # issue 12's experiments
     BENCH_DISTRIBUTED_PART=fixtures python -m benchmarks.bench_distributed --out DIR    # ~1 min: 2-rank traces
+    BENCH_DISTRIBUTED_WRAPPERS=ddp ...   # the levers and after parts for DDP alone (default: ddp,fsdp)
 
 Each part is meant to fit one 9-minute device call (the times above are estimates, not measured); the default is
 scaling,levers, which needs two calls' worth: run one part per call.
@@ -190,19 +191,32 @@ def part_scaling(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
     scaling(rows, summary, out, "transformer-1b", [transformer, transformer.replace(parallel="fsdp")])
 
 
+def wrappers() -> list[str]:
+    """BENCH_DISTRIBUTED_WRAPPERS: which wrappers the levers and after parts measure (default: ddp,fsdp)."""
+    return [name.strip() for name in os.environ.get("BENCH_DISTRIBUTED_WRAPPERS", "ddp,fsdp").split(",")]
+
+
 def part_levers(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
     transformer = transformer_1b(quick).replace(nproc=2, trials=1)
-    profiled(rows, summary, out, "1b ddp before", transformer)
-    profiled(rows, summary, out, "1b ddp after", transformer.replace(**DDP_LEVERS))
-    fsdp = transformer.replace(parallel="fsdp")
-    profiled(rows, summary, out, "1b fsdp before", fsdp)
-    profiled(rows, summary, out, "1b fsdp after", fsdp.replace(**FSDP_LEVERS))
+    if "ddp" in wrappers():
+        profiled(rows, summary, out, "1b ddp before", transformer)
+        profiled(rows, summary, out, "1b ddp after", transformer.replace(**DDP_LEVERS))
+    if "fsdp" in wrappers():
+        fsdp = transformer.replace(parallel="fsdp")
+        profiled(rows, summary, out, "1b fsdp before", fsdp)
+        profiled(rows, summary, out, "1b fsdp after", fsdp.replace(**FSDP_LEVERS))
 
 
 def part_after(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
     transformer = transformer_1b(quick)
-    scaling(rows, summary, out, "transformer-1b after levers",
-            [transformer.replace(parallel="ddp", **DDP_LEVERS), transformer.replace(parallel="fsdp", **FSDP_LEVERS)])
+    after = {"ddp": transformer.replace(parallel="ddp", **DDP_LEVERS),
+             "fsdp": transformer.replace(parallel="fsdp", **FSDP_LEVERS)}
+    scaling(rows, summary, out, "transformer-1b after levers", [after[name] for name in wrappers()])
+    if "fsdp" in wrappers():
+        # bf16 params alone (half the all-gather bytes, no prefetch past torch's own): its own scale, so that its
+        # 2-GPU row is not matched with the other FSDP2 configuration's
+        scaling(rows, summary, out, "transformer-1b fsdp bf16 params",
+                [transformer.replace(parallel="fsdp", fsdp_param_dtype="bf16")])
 
 
 def part_compile(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:

@@ -200,9 +200,15 @@ def run_perflab(rows: Rows, out: Path, cell: Cell, cuda: bool, system: str = "pe
     return result_row(cell, system, result, note or NOT_GATED)
 
 
-def time_hf_generate(generate, model, cell: Cell, repeats: int = 3) -> dict[str, float]:
-    """transformers' generate timed whole by this bench (synchronised), after two untimed calls (compiling):
-    `generate(input_ids, max_new_tokens)` is examples/hf_llama.generate_call, the call perflab's loop path times too."""
+STEADY_PCT = 2.0  # warm-up ends when two calls in a row agree this closely (or after MAX_WARM_CALLS)
+MAX_WARM_CALLS = 8
+
+
+def time_hf_generate(generate, model, cell: Cell, repeats: int = 3) -> dict[str, Any]:
+    """transformers' generate timed whole by this bench (synchronised), after untimed calls until two in a row agree
+    within STEADY_PCT (compiling, then CUDA-graph recording: two calls were not enough at batch 8 on an H100, where
+    the timed calls then ran 28% slower than perflab's later ones): `generate(input_ids, max_new_tokens)` is
+    examples/hf_llama.generate_call, the call perflab's loop path times too."""
     device = model.device
     prompt = torch.randint(0, model.config.vocab_size, (cell.batch, cell.prompt_len), device=device,
                            generator=torch.Generator(device).manual_seed(0))
@@ -215,13 +221,15 @@ def time_hf_generate(generate, model, cell: Cell, repeats: int = 3) -> dict[str,
         assert produced.shape[1] == cell.prompt_len + tokens, "generate stopped early"
         return time.perf_counter() - began
     began = time.perf_counter()
-    for _ in range(2):
-        seconds(cell.output_len)
+    warm = [seconds(cell.output_len), seconds(cell.output_len)]
+    while abs(warm[-1] / warm[-2] - 1) * 100 > STEADY_PCT and len(warm) < MAX_WARM_CALLS:
+        warm.append(seconds(cell.output_len))
     warm_s = time.perf_counter() - began
-    full = statistics.median(seconds(cell.output_len) for _ in range(repeats))
+    fulls = [seconds(cell.output_len) for _ in range(repeats)]
+    full = statistics.median(fulls)
     prefill = statistics.median(seconds(1) for _ in range(repeats))  # last: a new cache length recompiles
-    return {"full_s": full, "prefill_s": prefill, "warm_s": warm_s,
-            "tokens_per_s": cell.batch * cell.output_len / full,
+    return {"full_s": full, "prefill_s": prefill, "warm_s": warm_s, "warm_calls_s": [round(v, 4) for v in warm],
+            "full_calls_s": [round(v, 4) for v in fulls], "tokens_per_s": cell.batch * cell.output_len / full,
             "ms_per_step": (full - prefill) / (cell.output_len - 1) * 1e3}
 
 

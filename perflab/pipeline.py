@@ -189,6 +189,7 @@ def _run_here(workload: Union[Workload, str, None], cfg: RunConfig, device: torc
                 hook.start(prep.plan)
             measured = measure(prep.plan, cfg, reporter, hooks)
             levers, plan_notes = list(prep.plan.levers), list(prep.plan.notes)
+            checksum = _replica_checksum(prep.plan, cfg)
         quality = None if measured.interrupted else quality_stage(prep, reporter)
     status, reason = _status(measured.interrupted, measured.non_finite)
     result = new_result(cfg.to_dict(), device, describe_workload(workload, measured.flops_per_sample), command,
@@ -202,8 +203,17 @@ def _run_here(workload: Union[Workload, str, None], cfg: RunConfig, device: torc
         result.metrics.generation.decode_regime = finding.to_dict() if finding is not None else None
     if in_rank():
         from perflab.distributed.gather import gather_result  # collectives: only inside a rank
-        result = gather_result(result)
+        result = gather_result(result, checksum)
     return result
+
+
+def _replica_checksum(plan: StepPlan, cfg: RunConfig) -> Optional[float]:
+    """In a DDP training rank, its weights' checksum: rank 0 compares them (a lever that stops the all-reduce makes
+    the replicas differ, perflab/distributed/replicas.py); None elsewhere (FSDP's ranks hold different shards)."""
+    if not in_rank() or cfg.parallel != "ddp" or cfg.mode != "train":
+        return None
+    from perflab.distributed.replicas import weights_checksum  # distributed: only inside a rank
+    return weights_checksum(plan.model)
 
 
 @contextmanager

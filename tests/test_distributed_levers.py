@@ -184,3 +184,33 @@ def test_two_gpus_run_fsdp2_with_every_lever_and_profile_its_collectives_by_kind
     by_kind = result["metrics"]["collectives"]["by_kind"]
     assert "all_gather" in by_kind and "reduce_scatter" in by_kind
     assert {"fsdp-compile-blocks", "fsdp-prefetch"} <= set(result["levers"])
+
+
+def test_ddp_with_every_lever_still_all_reduces_on_two_gloo_ranks(tmp_path):
+    """static_graph=True once went silent after perflab's FLOP count (a backward through the unwrapped module before
+    DDP's first forward): no all-reduce at all, the replicas drifted apart, and the run looked 2x faster."""
+    from perflab.cli import main
+    from perflab.results import Result
+    out = tmp_path / "ddp"
+    assert main(["run", "--workload", "transformer", "--option", "size=tiny", "--option", "seq_len=16", "--batch", "2",
+                 "--steps", "3", "--warmup", "1", "--trials", "1", "--device", "cpu", "--nproc", "2",
+                 "--static-graph", "--gradient-as-bucket-view", "--ddp-bucket-mb", "1", "--no-check-quality",
+                 "--out", str(out)]) == 0
+    result = Result.load(out)
+    assert result.status == "complete", result.status_reason
+    assert {"static-graph", "gradient-as-bucket-view"} <= set(result.levers)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (device kind nvidia-h100-x2)")
+def test_two_gpus_run_ddp_with_every_lever_and_its_all_reduce_is_in_the_trace(tmp_path):
+    import json
+    from perflab.cli import main
+    out = tmp_path / "ddp"
+    assert main(["profile", "--workload", "transformer", "--option", "size=tiny", "--nproc", "2", "--device", "cuda",
+                 "--precision", "bf16", "--static-graph", "--gradient-as-bucket-view", "--ddp-comm-hook", "bf16",
+                 "--no-check-quality", "--batch", "4", "--steps", "8", "--warmup", "2", "--trials", "1",
+                 "--out", str(out)]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "complete", result["status_reason"]
+    assert "all_reduce" in result["metrics"]["collectives"]["by_kind"]

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from perflab.calibrate import percent_of_ceiling
 from perflab.diagnose.communication import ranks_waiting
 from perflab.distributed.rank import local_rank
+from perflab.distributed.replicas import diverged
 from perflab.harness.runner import aggregate
 from perflab.results.metrics import Distributed, Flops, Latency, Memory, RankFigures
 from perflab.results import Result, Trial
@@ -30,9 +31,10 @@ class RankReport:
     figures: RankFigures
     trials: list[dict[str, Any]]
     notes: list[str]
+    weights_checksum: Optional[float] = None  # DDP's replicas must agree (perflab/distributed/replicas.py)
 
 
-def rank_summary(result: Result) -> RankReport:
+def rank_summary(result: Result, weights_checksum: Optional[float] = None) -> RankReport:
     """What one rank sends to rank 0: its trials and the figures that differ between ranks."""
     metrics = result.metrics
     latency = metrics.latency_ms or Latency()
@@ -41,12 +43,14 @@ def rank_summary(result: Result) -> RankReport:
                           step_ms_p50=latency.p50, phases_ms=dict(metrics.phases_ms),
                           memory=metrics.memory or Memory(), gpu=metrics.gpu,
                           collectives=metrics.collectives)
-    return RankReport(figures=figures, trials=[asdict(trial) for trial in result.trials], notes=result.notes)
+    return RankReport(figures=figures, trials=[asdict(trial) for trial in result.trials], notes=result.notes,
+                      weights_checksum=weights_checksum)
 
 
-def gather_result(result: Result) -> Result:
-    """On rank 0, the merged result of every rank; on the other ranks, their own result unchanged."""
-    summary = rank_summary(result)
+def gather_result(result: Result, weights_checksum: Optional[float] = None) -> Result:
+    """On rank 0, the merged result of every rank; on the other ranks, their own result unchanged. With each DDP
+    rank's `weights_checksum`, a run whose replicas differ is invalid (its gradients were not all-reduced)."""
+    summary = rank_summary(result, weights_checksum)
     gathered: Optional[list[Any]] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(summary, gathered, dst=0)
     if gathered is None:
@@ -85,7 +89,13 @@ def merge(result: Result, ranks: list[RankReport]) -> Result:
     notes = list(dict.fromkeys(note for rank in ranks for note in rank.notes))
     timing = {**result.timing, "throughput": "all ranks' samples over the slowest rank's wall-clock time of the "
               "timed steps, per trial"}
-    return dataclasses.replace(result, trials=trials, metrics=metrics, timing=timing, notes=notes, world_size=world)
+    merged_result = dataclasses.replace(result, trials=trials, metrics=metrics, timing=timing, notes=notes,
+                                        world_size=world)
+    unsynchronised = diverged([rank.weights_checksum for rank in ranks])
+    if unsynchronised and result.status != "interrupted":
+        merged_result = dataclasses.replace(merged_result, status="invalid", status_reason=unsynchronised,
+                                            notes=notes + [unsynchronised])
+    return merged_result
 
 
 def distributed_summary(ranks: list[RankReport], cfg: dict[str, Any], global_throughput: float) -> Distributed:

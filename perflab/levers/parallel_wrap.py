@@ -19,6 +19,10 @@ def wrap_ddp(plan) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [plan.device.index] if plan.device.type == "cuda" else None
+    # FLOPs are counted on a replica without storage: a backward through the wrapped module outside DDP's forward
+    # fires DDP's gradient hooks, and with static_graph=True that leaves its reducer silent for good (no all-reduce
+    # ever again: perflab/distributed/replicas.py)
+    plan.eager_model = copy.deepcopy(plan.model).to("meta")
     wrapped = DistributedDataParallel(plan.model, device_ids=device_ids, **plan.parallel_options)  # DDP's own names
     plan.model = wrapped
     plan.skip_gradient_sync = wrapped.no_sync

@@ -49,7 +49,7 @@ class Result:
     artifacts: dict[str, str] = field(default_factory=dict)  # name -> file in the run dir (trace, ...)
     schema_version: int = SCHEMA_VERSION
     perflab_version: str = ""
-    status: str = "complete"  # complete | interrupted (Ctrl-C; finished trials kept) | invalid (NaN/inf) | oom
+    status: str = "complete"  # complete | interrupted (Ctrl-C) | invalid (NaN/inf, DDP replicas differ) | oom
     status_reason: str = ""
     out_of_memory: Optional[dict[str, Any]] = None  # status oom: perflab.oom.OutOfMemory's figures
     world_size: int = 1  # ranks that measured together (perflab run --nproc); figures are over all of them
