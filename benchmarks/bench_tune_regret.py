@@ -54,6 +54,7 @@ PLANTED_EXTRA = [(path.stem, {}, {}) for path in sorted(PLANTED.glob("*.py"))
 SINGLES_ESTIMATE_S = 170.0  # a planted workload's singles and pairs on an H100 (tiny_ops: 150 s)
 SINGLES_FILE = "singles.jsonl"
 PAIRS_FROM = 3  # the pairs of the best three single levers
+BASE_AGAIN = "fp32 eager (again)"  # the start measured once more after the rest: the noise of a single trial
 SINGLE_LIMIT_S = 240.0  # one lever's trial at most (max-autotune is left out: minutes of compiling)
 COMPILE_MODES = ("default", "reduce-overhead")
 
@@ -159,7 +160,20 @@ def singles_and_pairs(folder: Path, start: RunConfig, quick: bool) -> dict[str, 
             changes["warmup"] = max(singles[first][0].get("warmup", start.warmup),
                                     singles[second][0].get("warmup", start.warmup))
             pairs[f"{first}+{second}"] = measure(folder, f"{first}+{second}", start.replace(**changes), done)
-    return {"base": base, "singles": {label: row for label, (_, row) in singles.items()}, "pairs": pairs}
+    again = measure(folder, BASE_AGAIN, start, done)  # the yardstick's own noise: one trial each is all the rest got
+    return {"base": base, "again": again, "singles": {label: row for label, (_, row) in singles.items()},
+            "pairs": pairs}
+
+
+def noise_pct(measured: dict[str, Any]) -> Optional[float]:
+    """How far the second measurement of fp32 eager lies from the first, in %; None without both."""
+    first, second = measured["base"].get("throughput"), (measured.get("again") or {}).get("throughput")
+    return 100 * abs(second / first - 1) if first and second else None
+
+
+def above_noise(speedup: Optional[float], noise: Optional[float]) -> bool:
+    """Whether a single trial's speed-up over the single fp32-eager trial is larger than that trial's noise."""
+    return speedup is not None and (noise is None or 100 * (speedup - 1) > noise)
 
 
 def _best(rows: dict[str, dict[str, Any]], base: Optional[float]) -> tuple[Optional[str], Optional[float]]:
@@ -259,7 +273,7 @@ def run(out: Path, quick: bool) -> list[dict]:
             else:
                 print(f"=== {name}: tune left for a later call ({left:.0f} s of the deadline left)", flush=True)
         table.append(record(rows, name, budget, measured, tuned))
-    print("\nworkload | budget | best single | best pair | tune | tune took | tune/single | tune/pair | kept")
+    print("\nworkload | budget | best single | best pair | tune | tune took | tune/single | tune/pair | noise | kept")
     for line in table:
         print(line, flush=True)
     return rows.rows
@@ -289,14 +303,25 @@ def record(rows: Rows, name: str, budget: str, measured: Optional[dict[str, Any]
                  + ("" if tuned["finished"] else "; interrupted slice: run again with the same --out"))
         for entry in summary.get("screened") or []:
             rows.add(name, f"screened {entry['label']}", entry.get("screened_gain_pct"), "% gain", entry["outcome"])
-    shares = (share(speedup, single[1]), share(speedup, pair[1]))
-    rows.add(name, "tune share of best single", shares[0], "%", f"best single {single[0]} {single[1]}")
+    noise = noise_pct(measured) if measured is not None else None
+    if noise is not None:
+        rows.add(name, "fp32 eager noise", noise, "%", "two single trials of the start, first and last")
+    shares = [share(speedup, single[1]) if above_noise(single[1], noise) else None,
+              share(speedup, pair[1]) if above_noise(pair[1], noise) else None]
+    inside = f"within the noise ({noise:.0f}%)" if noise is not None else "n/a"
+    rows.add(name, "tune share of best single", shares[0], "%", f"best single {single[0]} {single[1]}" +
+             ("" if shares[0] is not None or single[1] is None else f"; {inside}"))
     rows.add(name, "tune share of best pair", shares[1], "%", f"best pair {pair[0]} {pair[1]}")
 
     def fmt(value: Optional[float], unit: str = "x") -> str:
         return "n/a" if value is None else f"{value:.2f}{unit}"
+
+    def fmt_share(value: Optional[float], reference: Optional[float]) -> str:
+        return inside if value is None and reference is not None and not above_noise(reference, noise) \
+            else fmt(value, "%")
     return (f"{name} | {budget} | {single[0]} {fmt(single[1])} | {pair[0]} {fmt(pair[1])} | {fmt(speedup)} | "
-            f"{fmt(took, ' s')} | {fmt(shares[0], '%')} | {fmt(shares[1], '%')} | {kept}")
+            f"{fmt(took, ' s')} | {fmt_share(shares[0], single[1])} | {fmt_share(shares[1], pair[1])} | "
+            f"{'n/a' if noise is None else f'{noise:.1f}%'} | {kept}")
 
 
 if __name__ == "__main__":

@@ -186,3 +186,35 @@ def test_a_resumed_tune_reuses_every_recorded_screen_and_ends_where_an_uninterru
     assert len(lines) == len({json.loads(line)["key"] for line in lines})  # no trial ran twice
     assert resumed["kept"] == whole["kept"] and resumed["best"]["label"] == whole["best"]["label"]
     assert [s["label"] for s in resumed["screened"]] == [s["label"] for s in whole["screened"]]
+
+
+def test_start_noise_is_the_wider_of_its_confidence_interval_and_a_reference_repeat():
+    # the planted nonzero router on an H200 (2026-11-26): start 5,145 (95% CI 4,842-5,722), reference 5,560
+    start = {"throughput": 5145.1, "throughput_ci95": [4841.7, 5722.0]}
+    assert screening.start_noise_pct(start, [{"throughput": 5560.2}]) == pytest.approx(8.55, abs=0.01)
+    assert screening.start_noise_pct(start, [{"throughput": 6000.0}]) == pytest.approx(16.6, abs=0.1)
+    assert screening.start_noise_pct({"throughput": 100.0, "throughput_ci95": [None, None]}, []) is None
+    assert screening.start_noise_pct({"throughput": None}, [{"throughput": 5.0}]) is None
+
+
+class NoisyStart(Timed):
+    """The start's own trials spread +-9% (its 95% CI), as the planted nonzero router's did on an H200."""
+
+    def __call__(self, cfg, kind, out, time_limit_s=None):
+        outcome = super().__call__(cfg, kind, out, time_limit_s)
+        if out.name == "00-start" and outcome.result is not None:
+            throughput = outcome.result.metrics.throughput_samples_per_s
+            throughput.ci95_low, throughput.ci95_high = 91.0, 109.0
+        return outcome
+
+
+@pytest.mark.parametrize("trials, verdict", [
+    (NoisyStart({("optimizer_impl", "fused"): 1.03}), "inconclusive: no lever won"),
+    (Timed({("optimizer_impl", "fused"): 1.03}), "no lever won"),
+])
+def test_no_lever_won_is_a_verdict_only_when_the_start_holds_stiller_than_a_screens_threshold(tmp_path, trials,
+                                                                                               verdict):
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("host-device sync", 0.9, [])), budget="10m", screening=True)
+    assert summary["kept"] == [] and summary["stop_reason"].startswith(verdict)
+    if verdict.startswith("inconclusive"):
+        assert "moves 9% from one measurement to the next, more than the +5%" in summary["stop_reason"]

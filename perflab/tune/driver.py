@@ -39,7 +39,7 @@ from perflab.tune.objective import SERVE, judge_max_qps, max_qps_of, serve_recor
 from perflab.tune.journal import Journal, trial_key
 from perflab.tune.memory_trade import checkpointed_batch, trade_verdict
 from perflab.tune.retry import NoiseRetries
-from perflab.tune.screening import SCREEN, Screener, gain_pct
+from perflab.tune.screening import SCREEN, Screener, gain_pct, start_noise_pct, win_threshold_pct
 from perflab.tune.settings import MAX_QPS, TuneConfig, strict_tolerances
 from perflab.tune.trial import (OK, OOM, PROFILE_STEPS, QUALITY_FAIL, TIMEOUT, TrialOutcome, run_trial,
                                 trial_figures)
@@ -186,6 +186,8 @@ class Tuner:
             reason = "no further lever won" + reason[len("no lever won"):]
         if kept and reason.startswith("no lever or serve setting won"):
             reason = "no further lever or serve setting won" + reason[len("no lever or serve setting won"):]
+        if not kept and reason.startswith("no lever won"):
+            reason = self._inside_the_noise(reason)
         advice = list(getattr(self.diagnosis, "advice", None) or [])
         if not kept and advice and "advises" not in reason:  # what is left to do is the user's, not a lever's
             reason += f"; the diagnosis advises: {advice[0]}"
@@ -197,6 +199,20 @@ class Tuner:
         if unjudged:  # "no lever won" is not a verdict on levers whose trials were never judged
             reason += f"; {unjudged}"
         return reason
+
+    def _inside_the_noise(self, reason: str) -> str:
+        """'no lever won' is a verdict only when the start's own throughput holds still within the gain a screen
+        must show; otherwise the search was inconclusive, and says by how much the start moved."""
+        if self.screener is None or self.baseline_row is None:
+            return reason
+        noise = start_noise_pct(self.baseline_row, self.screener.references)
+        threshold = win_threshold_pct(self.settings.min_effect_pct)
+        if noise is None or noise <= threshold:
+            return reason
+        return (f"inconclusive: {reason}, but the starting point's own throughput moves {noise:.0f}% from one "
+                f"measurement to the next, more than the +{threshold:g}% a screen must show, so a lever's gain of "
+                "that size cannot be told from the noise; steady the step first (what varies: `perflab profile`) or "
+                "give each trial longer (--min-trial-s)")
 
     def _run(self) -> str:
         row, result = self._trial(self.start, self.measure, "start", time_limit_s=self.time_left_s())

@@ -56,6 +56,22 @@ def win_threshold_pct(min_effect_pct: float) -> float:
     return max(SCREEN_WIN_PCT, 2 * min_effect_pct)
 
 
+def start_noise_pct(start: dict[str, Any], references: list[dict[str, Any]]) -> Optional[float]:
+    """How much the starting point's own throughput moves, in %: the larger of its trials' 95% CI half-width and
+    how far any screens' reference trial of it lies from it; None without a figure. A planted nonzero router on an
+    H200 measured 4,842-5,722 samples/s (+-8.6%) for its start and 5,560 for the reference: a +5% screen cannot
+    tell a lever from that."""
+    value = start.get("throughput")
+    if not value:
+        return None
+    spreads = []
+    low, high = (start.get("throughput_ci95") or [None, None])[:2]
+    if low is not None and high is not None:
+        spreads.append(100 * (high - low) / 2 / value)
+    spreads += [100 * abs(row["throughput"] / value - 1) for row in references if row.get("throughput")]
+    return max(spreads) if spreads else None
+
+
 def screening_order(proposals: list[search.Proposal], levers_by_name: dict[str, Any], best: RunConfig
                     ) -> list[search.Proposal]:
     """The big levers the findings named, then the levers named by a finding that explains a large share of
@@ -114,6 +130,7 @@ class Screener:
         self.tuner = tuner
         self.screens: list[Screened] = []  # every screen of the tune, in order
         self.reference: Optional[dict[str, Any]] = None  # the row of the round's reference trial
+        self.references: list[dict[str, Any]] = []  # every round's measured reference (the noise of the best)
         self.out_of_budget: Optional[str] = None  # why no further screen fits in the budget left
         self.pending: list[Screened] = []  # this round's wins so far, waiting for their confirmation
 
@@ -162,6 +179,7 @@ class Screener:
                           {"stage": SCREEN, "reference": True}, time_limit_s=t.time_left_s())
         if row["status"] != OK or not row.get("throughput"):
             return {**t.best_row, "wall_s": row["wall_s"]}
+        self.references.append(row)
         return row
 
     def _screen_all(self, arranged: list[search.Proposal]) -> list[Screened]:
