@@ -218,3 +218,20 @@ def test_no_lever_won_is_a_verdict_only_when_the_start_holds_stiller_than_a_scre
     assert summary["kept"] == [] and summary["stop_reason"].startswith(verdict)
     if verdict.startswith("inconclusive"):
         assert "moves 9% from one measurement to the next, more than the +5%" in summary["stop_reason"]
+
+
+def test_a_lever_whose_values_are_all_refused_for_one_reason_is_said_once_and_each_recorded():
+    from perflab.tune.driver import Tuner
+    tuner = Tuner.__new__(Tuner)  # only the refusal bookkeeping is exercised
+    tuner.skipped, notes = {}, []
+    tuner.observer = type("Observer", (), {"note": lambda self, line: notes.append(line)})()
+    staged = "--workers tunes the DataLoader, but this workload runs on batches pre-staged on the device"
+    for value in (2, 4, 8):
+        tuner._refuse(f"workers={value}", "workers", staged)
+    tuner._refuse("workers=8", "workers", staged)
+    tuner._refuse("workers-x", "workers-x", staged)  # another lever: said again
+    tuner._refuse("compile=max-autotune", "compile", "needs 300 s")
+    tuner._refuse("compile=reduce-overhead", "compile", "needs 60 s")  # another reason: said
+    assert notes == [f"not trying workers=2: {staged}", f"not trying workers-x: {staged}",
+                     "not trying compile=max-autotune: needs 300 s", "not trying compile=reduce-overhead: needs 60 s"]
+    assert set(tuner.skipped) >= {"workers=2", "workers=4", "workers=8"}

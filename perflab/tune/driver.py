@@ -453,11 +453,20 @@ class Tuner:
         if reason is None and candidate.value == "reduce-overhead" and self.best_cfg.compile == "max-autotune":
             reason = "compile=max-autotune (kept) already captures CUDA graphs"
         if reason is not None:
-            if candidate.label not in self.skipped:
-                self.skipped[candidate.label] = reason
-                self.observer.note(f"not trying {candidate.label}: {reason}")
+            self._refuse(candidate.label, candidate.lever, reason)
             return False
         return True
+
+    def _refuse(self, label: str, lever: str, reason: str) -> None:
+        """Record why `label` is not tried (tune.json's skipped); say it unless another value of the same lever was
+        refused for the same reason (workers=2, 4, 8, 16, 32 on batches staged on the device: one line, not five)."""
+        if label in self.skipped:
+            return
+        said = any(self.skipped.get(other) == reason for other in self.skipped
+                   if other == lever or other.startswith(lever + "="))
+        self.skipped[label] = reason
+        if not said:
+            self.observer.note(f"not trying {label}: {reason}")
 
     def _compile_over_budget(self, mode: str) -> Optional[str]:
         """Why a compile mode does not fit in the budget left (its trial's expected wall time is more), or None."""
