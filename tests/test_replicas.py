@@ -53,3 +53,21 @@ def test_rank_zero_marks_a_run_with_differing_replicas_invalid_and_says_why(monk
     drifted = merge(base, [_rank(0, 5.0), _rank(1, 5.5)])
     assert drifted.status == "invalid" and "weights differ" in drifted.status_reason
     assert drifted.status_reason in drifted.notes
+
+
+def test_the_meta_replica_has_the_models_shapes_and_no_storage_and_shares_nothing_with_it():
+    from perflab.levers.parallel_wrap import meta_replica
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))
+    replica = meta_replica(model)
+    assert [p.shape for p in replica.parameters()] == [p.shape for p in model.parameters()]
+    assert all(t.is_meta for t in [*replica.parameters(), *replica.buffers()])
+    assert not any(p.is_meta for p in model.parameters())  # the live model is untouched
+    assert [p.requires_grad for p in replica.parameters()] == [p.requires_grad for p in model.parameters()]
+
+
+def test_a_model_that_cannot_be_copied_gets_no_replica_and_so_no_flop_count():
+    import threading
+    from perflab.levers.parallel_wrap import meta_replica
+    model = nn.Linear(4, 4)
+    model.lock = threading.Lock()  # deepcopy cannot copy a lock
+    assert meta_replica(model) is None

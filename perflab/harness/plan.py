@@ -22,7 +22,9 @@ class StepPlan:
     batch_size: int
     data_source: str  # "loader" or "device"
     model: nn.Module  # what the loop calls (possibly compiled)
-    eager_model: nn.Module  # the same weights, uncompiled (FLOP counting, quality checks)
+    # the same weights, uncompiled (FLOP counting, quality checks); under DDP/FSDP a replica without storage, None
+    # when the model cannot be copied
+    eager_model: Optional[nn.Module]
     loss_fn: Optional[Callable] = None
     optimizer: Optional[torch.optim.Optimizer] = None
     autocast_dtype: Optional[torch.dtype] = None

@@ -22,10 +22,25 @@ def wrap_ddp(plan) -> None:
     # FLOPs are counted on a replica without storage: a backward through the wrapped module outside DDP's forward
     # fires DDP's gradient hooks, and with static_graph=True that leaves its reducer silent for good (no all-reduce
     # ever again: perflab/distributed/replicas.py)
-    plan.eager_model = copy.deepcopy(plan.model).to("meta")
+    plan.eager_model = meta_replica(plan.model)
     wrapped = DistributedDataParallel(plan.model, device_ids=device_ids, **plan.parallel_options)  # DDP's own names
     plan.model = wrapped
     plan.skip_gradient_sync = wrapped.no_sync
+
+
+def meta_replica(model: nn.Module) -> Optional[nn.Module]:
+    """A copy of `model` whose parameters and buffers live on the meta device (shapes, no storage), made without
+    copying any weight (no second model on the GPU, even for a moment); None when the model cannot be deep-copied
+    (its FLOPs are then not counted, which is all the replica is for)."""
+    memo: dict[int, Any] = {}
+    for param in model.parameters():
+        memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception:  # noqa: BLE001 - a user's model holding something uncopyable (a lock, a handle)
+        return None
 
 
 def register_compression_hook(plan, dtype: str) -> None:
@@ -109,7 +124,7 @@ def wrap_fsdp(plan) -> None:
         options["mp_policy"] = policy
     names = {id(param): name for name, param in plan.model.named_parameters()}
     # FLOPs are counted on an unsharded replica without storage: a sharded model's forward all-gathers
-    plan.eager_model = copy.deepcopy(plan.model).to("meta")
+    plan.eager_model = meta_replica(plan.model)
     blocks = list(shard_blocks(plan.model))
     keep_from = len(blocks) - settings.get("no_reshard_last", 0)
     for index, block in enumerate(blocks):

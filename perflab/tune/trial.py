@@ -34,7 +34,7 @@ PROFILE_STEPS = PROFILE_WAIT + PROFILE_WARMUP + PROFILE_ACTIVE  # a profile tria
 
 OK, QUALITY_FAIL, REFUSED, OOM, ERROR = "ok", "quality-fail", "refused", "oom", "error"
 TIMEOUT = "timeout"  # killed at its time limit: the budget left when it began
-INVALID = "invalid"  # the run finished but its numbers cannot be used (result.json status: NaN/inf)
+INVALID = "invalid"  # the run finished but its numbers cannot be used (NaN/inf, or DDP replicas that differ)
 
 
 @dataclass
