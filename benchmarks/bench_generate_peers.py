@@ -58,6 +58,7 @@ from benchmarks.common import Rows, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 AGREE_PCT = 3.0  # hf via perflab vs hf generate
+LOOP_TRIALS = 4  # the loop path's trials of 2 request batches: 8 timed generate calls, beside the reference's 7
 NOT_GATED = "not gated (random weights)"
 PROMPT_LEN, OUTPUT_LEN = 128, 128
 VLLM_MISSING = ("not run: vllm is not importable here (the device machine has no internet and vllm's wheel, "
@@ -86,7 +87,7 @@ class Row:
     quality: str = ""
     ttft_ms: Optional[float] = None
     kernels: Optional[dict[str, Any]] = None  # µs per layer by kind of kernel (a profiled run)
-    spread_pct: Optional[float] = None  # hf generate: how far apart its timed calls were (max/min - 1)
+    spread_pct: Optional[float] = None  # how far apart its repeats were (max/min - 1): generate's calls, perflab's trials
     result: Any = field(default=None, repr=False, compare=False)  # perflab's Result, when perflab ran it
 
 
@@ -252,11 +253,16 @@ def off_pct(reference: Row, row: Row) -> dict[str, float]:
     return {name: 100 * (mine / theirs - 1) for name, mine, theirs in pairs if mine and theirs}
 
 
+def too_noisy(row: Row) -> bool:
+    """Whether a row's own repeats spread wider than AGREE_PCT either way: no 3% verdict can rest on it."""
+    return (row.spread_pct or 0.0) > 2 * AGREE_PCT
+
+
 def agrees(reference: Row, row: Row) -> Optional[bool]:
     """Whether `row` agrees with `reference` within AGREE_PCT on every figure both have; None without any, or when
-    the reference's own timed calls spread wider than AGREE_PCT either way (a 3% verdict it cannot support)."""
+    either side's own repeats spread too wide for a 3% verdict (too_noisy)."""
     offs = off_pct(reference, row)
-    if not offs or (reference.spread_pct or 0.0) > 2 * AGREE_PCT:
+    if not offs or too_noisy(reference) or too_noisy(row):
         return None
     return all(abs(off) <= AGREE_PCT for off in offs.values())
 
@@ -266,9 +272,20 @@ def agreement_note(reference: Row, row: Row) -> str:
     if not offs:
         return "no reference: hf generate has no figures"
     verdict = agrees(reference, row)
-    said = (f"inconclusive: hf generate's own calls spread {reference.spread_pct:.0f}% (max/min)" if verdict is None
-            else ("agrees" if verdict else "DISAGREES") + f" (within {AGREE_PCT:g}%)")
+    if verdict is None:
+        noisy = [f"{name}'s own {what} spread {side.spread_pct:.0f}% (max/min)"
+                 for name, what, side in (("hf generate", "calls", reference), ("perflab", "trials", row))
+                 if too_noisy(side)]
+        said = "inconclusive: " + " and ".join(noisy)
+    else:
+        said = ("agrees" if verdict else "DISAGREES") + f" (within {AGREE_PCT:g}%)"
     return ", ".join(f"{name} {off:+.1f}%" for name, off in offs.items()) + f" vs hf generate: {said}"
+
+
+def trials_spread_pct(result) -> Optional[float]:
+    """How far apart a perflab run's trials are (max/min - 1 of their throughput), in %; None under two trials."""
+    values = [trial.throughput_samples_per_s for trial in result.trials if trial.throughput_samples_per_s]
+    return 100 * (max(values) / min(values) - 1) if len(values) > 1 else None
 
 
 def overhead_note(step: Any, loop: Any) -> str:
@@ -292,6 +309,7 @@ def hf_rows(cell: Cell, reference: Row, loop: Any, step: Any, sync: bool) -> lis
         rows.append(Row(cell, "hf via perflab", quality=loop))
     else:
         row = result_row(cell, "hf via perflab", loop)
+        row.spread_pct = trials_spread_pct(loop)
         row.quality = agreement_note(reference, row) + "; generate timed whole (the loop path)"
         rows.append(row)
     if isinstance(step, str):
@@ -309,6 +327,8 @@ def run_hf_through_perflab(example, model, out: Path, cell: Cell, cuda: bool, lo
     import perflab
     settings = perflab_settings(cell, cuda, levers=False, workload_options={"prompt_len": str(cell.prompt_len),
                                                                             "output_len": str(cell.output_len)})
+    if loop == "generate":  # as many timed generate calls as the reference has (LOOP_TRIALS x 2 request batches)
+        settings["trials"] = LOOP_TRIALS
     settings.pop("workload")
     folder = "hf-via-perflab" if loop == "generate" else "hf-step-via-perflab"
     cfg = perflab.RunConfig(out=str(out / f"{folder}-{cell.shape}-bs{cell.batch}"), **settings)

@@ -58,7 +58,7 @@ def perflab_result(path: str, tokens_per_s: float, ms_per_step: float):
     from perflab.results.metrics import BandwidthBoundSummary, Generation, Latency
     generation = Generation(timed_path=path, output_tokens_per_s=tokens_per_s, tpot_ms=Latency(mean=ms_per_step),
                             bandwidth_bound=BandwidthBoundSummary(measured_ms_per_token=ms_per_step, pct_of_bound=70.0))
-    return SimpleNamespace(metrics=SimpleNamespace(generation=generation))
+    return SimpleNamespace(metrics=SimpleNamespace(generation=generation), trials=[])
 
 
 def reference_row(tokens_per_s: float = 121.4, ms_per_step: float = 8.10):
@@ -201,3 +201,18 @@ def test_agreement_is_inconclusive_when_generates_own_calls_spread_wider_than_th
     assert "inconclusive: hf generate's own calls spread 15%" in peers.agreement_note(noisy, loop)
     steady = peers.Row(CELL, "hf generate", 323.3, 3.0, spread_pct=1.0)
     assert peers.agrees(steady, loop) is False
+
+
+def test_agreement_is_inconclusive_when_perflabs_own_trials_spread_too(tmp_path):
+    steady = peers.Row(CELL, "hf generate", 323.3, 3.0, spread_pct=1.0)
+    noisy_loop = peers.Row(CELL, "hf via perflab", 341.5, 2.818, spread_pct=9.0)
+    assert peers.agrees(steady, noisy_loop) is None
+    assert "inconclusive: perflab's own trials spread 9%" in peers.agreement_note(steady, noisy_loop)
+
+
+def test_a_perflab_runs_spread_is_read_from_its_trials():
+    from types import SimpleNamespace
+    trial = lambda value: SimpleNamespace(throughput_samples_per_s=value)  # noqa: E731
+    assert peers.trials_spread_pct(SimpleNamespace(trials=[trial(100.0), trial(109.0), trial(104.0)])) == \
+        pytest.approx(9.0)
+    assert peers.trials_spread_pct(SimpleNamespace(trials=[trial(100.0)])) is None
