@@ -9,18 +9,22 @@ Per workload, from fp32 eager (the starting point):
 - every applicable single lever once (one trial process each, one timed trial with a short --min-trial-s, no quality
   gate: the screen's measurement), and the pairs of the three best single levers;
 - `perflab tune` with the workload's budget (3 minutes for the planted workloads of tests/planted, 10 minutes for
-  resnet50 infer and driving train), timed from outside (its own wall time, report included);
+  resnet50 infer and driving train; resnet50 with --tune-batch, TUNE_OPTIONS), timed from outside (its own wall time,
+  report included);
+- fp32 eager once more after the rest: the yardstick's own noise (a single lever inside it gets no share);
 - tune's gain as a share of the best single lever's gain and of the best pair's (gain = speed-up - 1), and how far
   tune's wall time went past its budget.
 
 Choose workloads with BENCH_REGRET_ONLY (comma-separated names: the planted files' names, resnet50, driving; default:
 the planted ones) and the steps with BENCH_REGRET_STEP (singles, tune or both; default both). Measurements are kept
 under --out/<card>/<workload> (singles.jsonl, the tune folder; <card> is H100, H200 or cpu) and reused by a later
-call with the same --out on the same kind of card, so a workload whose tune does not fit one device call runs in slices: BENCH_REGRET_SLICE_S interrupts the tune after that many seconds
-(Ctrl-C, as a user would), and the next call resumes it (the recorded trials count against its budget); a finished
+call with the same --out on the same kind of card, so a workload whose tune does not fit one device call runs in
+slices: BENCH_REGRET_SLICE_S interrupts the tune after that many seconds (Ctrl-C, as a user would), and the next call resumes it (the recorded trials count against its budget); a finished
 tune is reported again, not rerun. BENCH_REGRET_DEADLINE_S packs one device call: a workload starts only while its
 step still fits before that many seconds, and a tune running at the deadline is sliced there. A planted workload takes
-about 6 minutes on an H100 (singles ~2.5, tune 3). The short table is printed last.
+about 6 minutes on an H100 (singles ~2.5, tune 3). On the device, copy the carried folder to a fresh --out
+(`rm -rf /tmp/reg; cp -r .devresults/regret/reg /tmp/reg`): a warm machine keeps /tmp between calls, and `cp -r`
+into an existing folder nests the copy, so the old measurements would be read. The short table is printed last.
 """
 from __future__ import annotations
 
@@ -57,6 +61,9 @@ PAIRS_FROM = 3  # the pairs of the best three single levers
 BASE_AGAIN = "fp32 eager (again)"  # the start measured once more after the rest: the noise of a single trial
 SINGLE_LIMIT_S = 240.0  # one lever's trial at most (max-autotune is left out: minutes of compiling)
 COMPILE_MODES = ("default", "reduce-overhead")
+# tune's own options per workload: resnet50 infer's 8x goal counts the batch among its levers (issue 26: "CUDA graphs,
+# max-autotune and the batch are the rest"), as a user after throughput would run it
+TUNE_OPTIONS: dict[str, dict[str, Any]] = {"resnet50": {"tune_batch": True}}
 
 
 def workloads(cuda: bool, quick: bool) -> dict[str, tuple[RunConfig, str]]:
@@ -188,7 +195,8 @@ class _Slice(Exception):
     pass
 
 
-def run_tune(folder: Path, start: RunConfig, budget: str, slice_s: Optional[float]) -> dict[str, Any]:
+def run_tune(folder: Path, start: RunConfig, budget: str, slice_s: Optional[float],
+             options: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """tune into folder/tune (resumed when a slice of it ran before); its summary and its own wall time."""
     out = folder / "tune"
     resume = (out / "tune.jsonl").is_file()
@@ -202,7 +210,8 @@ def run_tune(folder: Path, start: RunConfig, budget: str, slice_s: Optional[floa
         signal.alarm(int(slice_s))
     began = time.perf_counter()
     try:
-        summary = tune(start, TuneConfig(budget=budget, resume=resume), out, command=["benchmarks", "tune_regret"])
+        summary = tune(start, TuneConfig(budget=budget, resume=resume, **(options or {})), out,
+                       command=["benchmarks", "tune_regret"])
         finished = True
     except KeyboardInterrupt:
         summary, finished = json.loads((out / "tune.json").read_text()), False
@@ -269,7 +278,8 @@ def run(out: Path, quick: bool) -> list[dict]:
             # a whole tune in one call where it can be: a resumed slice restarts its trial in flight
             whole_s = TuneConfig(budget=budget).budget_s * 1.05 + 20
             if finished or left is None or left >= whole_s or (slice_s and left >= 60):
-                tuned = run_tune(folder, start, budget, slice_s if left is None else min(slice_s or left, left))
+                tuned = run_tune(folder, start, budget, slice_s if left is None else min(slice_s or left, left),
+                                 TUNE_OPTIONS.get(name))
             else:
                 print(f"=== {name}: tune left for a later call ({left:.0f} s of the deadline left)", flush=True)
         table.append(record(rows, name, budget, measured, tuned))
