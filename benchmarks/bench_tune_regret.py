@@ -320,15 +320,15 @@ def record(rows: Rows, name: str, budget: str, measured: Optional[dict[str, Any]
               share(speedup, pair[1]) if above_noise(pair[1], noise) else None]
     inside = f"within the noise ({noise:.0f}%)" if noise is not None else "n/a"
     rows.add(name, "tune share of best single", shares[0], "%", f"best single {single[0]} {single[1]}" +
-             ("" if shares[0] is not None or single[1] is None else f"; {inside}"))
+             (f"; {inside}" if shares[0] is None and (single[1] or 0.0) > 1.0 else ""))
     rows.add(name, "tune share of best pair", shares[1], "%", f"best pair {pair[0]} {pair[1]}")
 
     def fmt(value: Optional[float], unit: str = "x") -> str:
         return "n/a" if value is None else f"{value:.2f}{unit}"
 
     def fmt_share(value: Optional[float], reference: Optional[float]) -> str:
-        return inside if value is None and reference is not None and not above_noise(reference, noise) \
-            else fmt(value, "%")
+        gain_inside_noise = reference is not None and reference > 1.0 and not above_noise(reference, noise)
+        return inside if value is None and gain_inside_noise else fmt(value, "%")
     return (f"{name} | {budget} | {single[0]} {fmt(single[1])} | {pair[0]} {fmt(pair[1])} | {fmt(speedup)} | "
             f"{fmt(took, ' s')} | {fmt_share(shares[0], single[1])} | {fmt_share(shares[1], pair[1])} | "
             f"{'n/a' if noise is None else f'{noise:.1f}%'} | {kept}")

@@ -21,3 +21,11 @@ def test_a_best_single_beyond_the_noise_gets_tunes_share(tmp_path):
     assert "| 0.00% |" in line and "within the noise" not in line
     assert regret.noise_pct({"base": {"throughput": 1000.0}, "again": {}}) is None
     assert regret.above_noise(1.2, None) and not regret.above_noise(None, 3.0)
+
+
+def test_a_best_pair_that_slows_the_step_down_is_no_share_and_not_noise(tmp_path):
+    measured = _measured(1000.0, 1044.0, 1290.0)
+    measured["pairs"] = {"compile=default+bf16": {"throughput": 470.0, "status": "ok", "wall_s": 12.0}}
+    line = regret.record(Rows("tune_regret", tmp_path), "slower", "3m", measured, TUNED)
+    assert line.split(" | ")[7] == "n/a"  # tune / best pair: a 0.47x pair has no gain to share
+    assert line.split(" | ")[6] == "0.00%"  # tune / best single: 1.29x is beyond the 4.4% noise
