@@ -26,7 +26,7 @@ def count_flops_per_sample(plan, batch: Any) -> Optional[float]:
     if model is None:  # wrapped for data parallelism and not copyable: counting on the live model is not safe
         return None
     inputs, target = plan.to_device(batch)
-    if any(param.is_meta for param in model.parameters()):  # a replica without storage (FSDP): shapes suffice
+    if any(param.is_meta for param in model.parameters()):  # a replica without storage (DDP, FSDP): shapes suffice
         inputs, target = map_tensors((inputs, target), lambda tensor: tensor.to("meta"))
     counter = FlopCounterMode(display=False)
     try:
