@@ -221,6 +221,18 @@ def test_the_first_rank_to_fail_is_reported_not_a_peers_follow_on_error():
     assert mistake.exit_code == 2 and str(mistake) == "rank 0: --batch is too big"
 
 
+def test_a_rank_the_launcher_stopped_is_not_reported_as_the_failure():
+    # torch stamps a signalled rank in whole seconds, earlier than the nanosecond time of the failure that caused it
+    stopped = SimpleNamespace(message="Signal 15 (SIGTERM) received by PID 4343", pid=4343, exitcode=-15,
+                              timestamp=1)
+    failures = {0: _failure("ValueError: planted failure on rank 0", 1_700_000_000_500_000_000), 1: stopped}
+    assert "planted failure" in str(rank_failure(SimpleNamespace(failures=failures)))
+    crashed = SimpleNamespace(message="Signal 11 (SIGSEGV) received by PID 4343", pid=4343, exitcode=-11,
+                              timestamp=1)
+    failures = {0: _failure("RuntimeError: Connection closed by peer", 1_700_000_000_500_000_000), 1: crashed}
+    assert "SIGSEGV" in str(rank_failure(SimpleNamespace(failures=failures)))
+
+
 # ---------------------------------------------------------------------------------------------- real ranks
 
 def test_scale_runs_gloo_ranks_gathers_one_result_and_computes_efficiency(tmp_path):

@@ -164,9 +164,11 @@ def _torchrun(cfg: RunConfig, rank_args: Sequence[str]) -> None:
 
 
 def rank_failure(err) -> RankFailedError:
-    """The first rank to fail (by the time its error was recorded), as one message."""
+    """The first rank to fail (by the time its error was recorded), as one message. A rank ended by SIGTERM with no
+    error file was stopped by the launcher because another had failed: it comes last whatever its time (torch
+    records that time in whole seconds, which can sort it before the failure that caused it)."""
     failures = err.failures
-    rank = min(failures, key=lambda r: _failure_time(failures[r]))
+    rank = min(failures, key=lambda r: (_stopped_by_launcher(failures[r]), _failure_time(failures[r])))
     failure = failures[rank]
     data = failure.message if isinstance(failure.message, dict) else {}
     info = data.get("extraInfo") or {}
@@ -179,6 +181,10 @@ def rank_failure(err) -> RankFailedError:
     callstack = (info.get("py_callstack") or data["message"]).rstrip()
     return RankFailedError(f"rank {rank} (pid {failure.pid}) failed with exit code {failure.exitcode}; its "
                            f"traceback:\n{callstack}", 1)
+
+
+def _stopped_by_launcher(failure) -> bool:
+    return not isinstance(failure.message, dict) and failure.exitcode == -signal.SIGTERM
 
 
 def _failure_time(failure) -> float:

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -78,10 +78,25 @@ def exit_when_orphaned(poll_s: float = ORPHAN_POLL_S) -> None:
     threading.Thread(target=watch, daemon=True, name="perflab-orphan-watch").start()
 
 
-def run_as_rank(device: str, body: Callable[[], None]) -> int:
-    """The whole life of a rank: group up, `body`, group down. Returns the exit code; a failure goes to the
-    launcher's error file (2 for a user mistake, 1 for anything else)."""
+def run_as_rank(device: str, body: Callable[[], None]) -> NoReturn:
+    """The whole life of a rank: group up, `body`, group down, and the process ends here (`leave`). The exit code:
+    0, or a failure written to the launcher's error file (2 for a user mistake, 1 for anything else)."""
     exit_when_orphaned()
+    leave(_rank_life(device, body))
+
+
+def leave(code: int) -> NoReturn:
+    """End the rank without Python's finalization. A gloo worker thread drops its last collective (the result's
+    gather) a moment after the main thread saw it complete; when that came during finalization, its tensors' decref
+    could not take the GIL, the thread was unwound through a noexcept frame and the rank died of SIGABRT
+    ("terminate called without an active exception", 1 CI run in 15). Everything a rank writes is written and
+    flushed by now."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # noqa: SLF001 - see the docstring
+
+
+def _rank_life(device: str, body: Callable[[], None]) -> int:
     try:
         with process_group(device):
             body()
