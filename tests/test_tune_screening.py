@@ -235,3 +235,16 @@ def test_a_lever_whose_values_are_all_refused_for_one_reason_is_said_once_and_ea
     assert notes == [f"not trying workers=2: {staged}", f"not trying workers-x: {staged}",
                      "not trying compile=max-autotune: needs 300 s", "not trying compile=reduce-overhead: needs 60 s"]
     assert set(tuner.skipped) >= {"workers=2", "workers=4", "workers=8"}
+
+
+def test_a_win_too_costly_to_confirm_holds_no_budget_back_from_a_cheaper_lever_that_fits(tmp_path):
+    # compile screens as the big win, but its confirmation (full trials plus compiling, 40 s) no longer fits;
+    # the budget left still holds a plain screen and a plain confirmation, so the fused optimizer is screened and kept
+    trials = Timed({("compile", "default"): 3.0, ("optimizer_impl", "fused"): 1.5}, screen_s=2.0, full_s=10.0,
+                   compile_s=30.0)
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("launch / framework overhead", 0.9, ["compile"])),
+                        budget="80s", screening=True)
+    assert screened(summary, "compile=default")["outcome"].startswith("not confirmed: budget")
+    assert summary["kept"] == ["fused-optimizer"], (summary["screened"], summary["skipped"])
+    assert " -" not in summary["stop_reason"].split("left")[0]  # no negative time left is ever reported
+    assert summary["spent_s"] <= 80 * 1.05

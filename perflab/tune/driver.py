@@ -300,8 +300,8 @@ class Tuner:
         if self.screener is not None and self.screener.reference is not None:
             trial_s = 2 * self.screener.reference["wall_s"]  # a round: a reference and one screen at least
         if left < self.last_profile_s + trial_s:
-            raise BudgetSpent(f"budget nearly spent: {left:.0f} s left, less than a profile ({self.last_profile_s:.0f} "
-                              f"s) and one trial ({trial_s:.0f} s) take")
+            raise BudgetSpent(f"budget nearly spent: {max(0.0, left):.0f} s left, less than a profile "
+                              f"({self.last_profile_s:.0f} s) and one trial ({trial_s:.0f} s) take")
 
     def _try_levers(self) -> bool:
         """Try the proposed levers in order until one is kept (True) or none is left (False)."""

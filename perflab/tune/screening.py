@@ -246,7 +246,7 @@ class Screener:
             t.skipped.setdefault(candidate.label, "not screened: its compile time is unknown (compile=default, "
                                                   "whose compile time it is estimated from, did not finish)")
             return None
-        left = t.time_left_s() - self._confirm_reserve_s()
+        left = max(0.0, t.time_left_s() - self._confirm_reserve_s())  # past the budget: none left, not minus
         if expected_s > left:
             t.skipped.setdefault(candidate.label, f"not screened: needs about {expected_s:.0f} s and "
                                                   f"{left:.0f} s of the budget is left (after the confirmation of "
@@ -276,11 +276,15 @@ class Screener:
         return screened
 
     def _confirm_reserve_s(self) -> float:
-        """What confirming the largest win screened so far this round will take: screening more must leave it."""
-        if not self.pending:
-            return 0.0
-        top = max(self.pending, key=lambda s: s.gain_pct or 0.0)
-        return self._expected_confirm_s(top)
+        """What confirming the largest win screened so far this round will take: screening more must leave it. A
+        win whose confirmation no longer fits the budget holds nothing back (it cannot be kept whatever is left):
+        the reserve is for the largest win that can still be confirmed, and the rest may screen cheaper levers."""
+        left = self.tuner.time_left_s()
+        for win in sorted(self.pending, key=lambda s: s.gain_pct or 0.0, reverse=True):
+            expected_s = self._expected_confirm_s(win)
+            if expected_s <= left:
+                return expected_s
+        return 0.0
 
     def _why_no_win(self, row: dict[str, Any], gain: Optional[float]) -> str:
         if row["status"] != OK:
@@ -313,7 +317,7 @@ class Screener:
         expected_s = self._expected_confirm_s(screened)
         if expected_s > t.time_left_s():
             screened.outcome = (f"not confirmed: budget (a full trial needs about {expected_s:.0f} s, "
-                                f"{t.time_left_s():.0f} s left)")
+                                f"{max(0.0, t.time_left_s()):.0f} s left)")
             t.unconfirmed.append(describe(screened))
             return False
         kept = t._try(candidate, extra={"stage": CONFIRM, "screened_gain_pct": screened.gain_pct,
