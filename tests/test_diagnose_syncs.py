@@ -10,7 +10,7 @@ import pytest
 from perflab import RunConfig
 from perflab.cli import main
 from perflab.diagnose import diagnose, diagnose_path
-from perflab.diagnose.sync_sites import EXPLICIT_SYNC
+from perflab.diagnose.sync_sites import DDP_LOGGING, EXPLICIT_SYNC
 from perflab.errors import PerflabError
 from perflab.pipeline import profile_run, resolve_config
 from perflab.profile.capture import CaptureOptions
@@ -212,6 +212,32 @@ def test_an_explicit_synchronize_in_the_step_is_a_sync_without_an_op(tmp_path):
     assert syncs["by_op_per_step"] == {EXPLICIT_SYNC: 1}
     assert diagnosis.bottleneck == "host-device sync"
     assert "torch.cuda.synchronize()" in diagnosis.advice[0]
+
+
+def _ddp_step(base, corr, user_sync=False):
+    """One step under DDP: its forward range, DDP's logging syncs before the first op (as recorded on 2 H200s: 8
+    cudaEventSynchronize per iteration in its first 10), then the model's ops; `user_sync`: one more inside them."""
+    events = [_x("user_annotation", "forward", base, 1000), _x("user_annotation", "DistributedDataParallel.forward",
+                                                                base + 1, 990)]
+    events += [_x("cuda_runtime", "cudaEventSynchronize", base + 5 + 10 * n, 5) for n in range(8)]
+    events += [_x("cpu_op", "aten::mm", base + 100, 40), launch(base + 110, corr),
+               kernel("ampere_sgemm_64x64_nn", base + 120, 300, corr)]
+    if user_sync:
+        events.append(_x("cuda_runtime", "cudaEventSynchronize", base + 150, 270))
+    return events + [_x("cpu_op", "aten::mm", base + 600, 40), launch(base + 610, corr + 100),
+                     kernel("ampere_sgemm_64x64_nn", base + 620, 300, corr + 100)]
+
+
+def test_ddps_runtime_logging_syncs_are_counted_apart_and_a_users_sync_in_its_forward_is_not(tmp_path):
+    events = steps(2, 1000) + _ddp_step(0, 10) + _ddp_step(1000, 11)
+    diagnosis = diagnose(write_trace(tmp_path / "ddp.json", events))
+    syncs = diagnosis.profile["syncs"]
+    assert syncs["per_step"] == 0 and syncs["framework_per_step"] == {DDP_LOGGING: 8}
+    assert finding(diagnosis, "host-device sync") is None
+    assert any("DDP's runtime-stats logging" in note for note in diagnosis.profile["notes"])
+    events = steps(2, 1000) + _ddp_step(0, 10, user_sync=True) + _ddp_step(1000, 11, user_sync=True)
+    syncs = diagnose(write_trace(tmp_path / "user.json", events)).profile["syncs"]
+    assert syncs["per_step"] == 1 and syncs["by_op_per_step"] == {EXPLICIT_SYNC: 1}  # after the first op: the model's
 
 
 def test_a_sync_that_does_not_lead_is_a_secondary_finding_in_forward(tmp_path):

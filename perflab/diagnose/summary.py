@@ -132,6 +132,9 @@ def summarize(trace: ParsedTrace, precision: Optional[str] = None) -> TraceProfi
     host = _host_profile(trace, start, end, steps, window_us)
     sites = find_sync_sites(trace, start, end)
     syncs = sync_profile(sites, steps, trace.has_gpu)
+    for framework, per_step in syncs.framework_per_step.items():
+        notes.append(f"{per_step:g} host-device syncs per step are {framework}: not counted as the step's syncs "
+                     "(a longer run leaves them behind)")
     gpu = (_gpu_profile(trace, gpu_start, end, steps, max(end - gpu_start, 1e-9), sites, syncs)
            if trace.has_gpu else None)
     return TraceProfile(device="cuda" if trace.has_gpu else "cpu", steps=steps, window_ms=window_us / 1e3,
@@ -285,8 +288,8 @@ def _host_keeps_ahead_without_syncs(trace: ParsedTrace, kernel_busy: Intervals, 
     """Would the host stay ahead of the GPU if the syncs went? Yes when the GPU's work takes at least as long as
     the host's time not spent blocked in syncs: then the lockstep relaunch after each sync is the sync's cost,
     not launch overhead (a host slower than the GPU would leave those gaps anyway)."""
-    blocked_us = Intervals.union(np.array([s.start_us for s in sites if not s.in_loader]),
-                                 np.array([s.return_us for s in sites if not s.in_loader])).total if sites else 0.0
+    blocked_us = Intervals.union(np.array([s.start_us for s in sites if s.in_step]),
+                                 np.array([s.return_us for s in sites if s.in_step])).total if sites else 0.0
     if blocked_us <= 0:
         return False
     return kernel_busy.total >= LOCKSTEP_HOST_FRACTION * (window_us - blocked_us)

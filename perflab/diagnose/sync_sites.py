@@ -9,7 +9,11 @@ synchronize when no op encloses them; with Python stacks in the trace, also afte
 called it. On a CPU trace nothing blocks: the sites are the calls of ops that sync on CUDA (SYNC_OPS).
 
 Sites inside the DataLoader (the `data` phase, `DataLoader.__next__`) are the input pipeline's host work and are
-counted apart; on a CPU trace, so are those in the optimizer (optimizers read CPU step counters with .item()).
+counted apart; on a CPU trace, so are those in the optimizer (optimizers read CPU step counters with .item()). So
+is DDP's own bookkeeping: in its first 10 iterations, and every 100th after, DistributedDataParallel.forward reads
+the CUDA timer events of the iteration before (its runtime-stats logging, `_set_ddp_runtime_logging_sample_rate`):
+event synchronizes before the first op of its forward, gone in a steady run (seen on a profiled 2-GPU run, where
+they were named the bottleneck).
 """
 from __future__ import annotations
 
@@ -36,6 +40,9 @@ SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten
             "aten::argwhere", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
             "aten::unique_dim", "aten::unique_consecutive", "aten::bincount"}
 EXPLICIT_SYNC = "explicit synchronize (no op)"  # the site's name when no op encloses the blocking call
+EVENT_SYNC_CALLS = {"cudaEventSynchronize", "cuEventSynchronize"}
+DDP_FORWARD = "DistributedDataParallel.forward"  # the record_function range DDP puts around its forward
+DDP_LOGGING = "DDP's runtime-stats logging (its first 10 iterations, then every 100th)"
 BUSY_AGAIN_QUEUE_US = 20.0  # a kernel that waited this long after its launch found the GPU busy: the host is ahead
 
 
@@ -51,6 +58,12 @@ class SyncSite:
     phase: Optional[str]  # perflab phase around it (forward, backward, ...), None outside them
     in_loader: bool
     module: Optional[str] = None  # the nn.Module path around it (perflab's module ranges or with_stack frames)
+    framework: Optional[str] = None  # a framework's own bookkeeping (DDP_LOGGING), not the step's work
+
+    @property
+    def in_step(self) -> bool:
+        """A sync of the step's own work: neither the input pipeline's nor a framework's bookkeeping."""
+        return not self.in_loader and self.framework is None
 
 
 @dataclass
@@ -69,6 +82,7 @@ class SyncProfile:
     ms_per_step: float = 0.0  # host time from each site's start until it returned
     in_loader_per_step: float = 0.0
     in_loader_by_op_per_step: dict[str, float] = field(default_factory=dict)
+    framework_per_step: dict[str, float] = field(default_factory=dict)  # bookkeeping syncs, counted apart
 
 
 def find_sync_sites(trace: ParsedTrace, start: float, end: float) -> list[SyncSite]:
@@ -86,7 +100,7 @@ def find_sync_sites(trace: ParsedTrace, start: float, end: float) -> list[SyncSi
 
 def sync_profile(sites: list[SyncSite], steps: int, on_gpu: bool) -> SyncProfile:
     """Counts per step of the sites, by op, runtime call, Python frame and phase."""
-    in_step = [site for site in sites if not site.in_loader]
+    in_step = [site for site in sites if site.in_step]
     loader = [site for site in sites if site.in_loader]
 
     def per_step(counter: Counter) -> dict[str, float]:
@@ -105,6 +119,7 @@ def sync_profile(sites: list[SyncSite], steps: int, on_gpu: bool) -> SyncProfile
         ms_per_step=sum(site.return_us - site.start_us for site in in_step) / 1e3 / steps,
         in_loader_per_step=len(loader) / steps,
         in_loader_by_op_per_step=per_step(Counter(site.op for site in loader)),
+        framework_per_step=per_step(Counter(site.framework for site in sites if site.framework)),
     )
 
 
@@ -118,7 +133,7 @@ def sync_shadow(sites: list[SyncSite], kernels: EventTable, end: float,
     syncs), the GPU is busy again only at the first kernel that waited in the queue: until then the host relaunches
     the step from behind, in lockstep, and every gap of that relaunch is the sync's too.
     """
-    sites = [site for site in sites if not site.in_loader]
+    sites = [site for site in sites if site.in_step]
     if not sites:
         return Intervals(np.empty(0), np.empty(0))
     starts = np.array([site.start_us for site in sites])
@@ -157,10 +172,13 @@ def _gpu_sites(trace: ParsedTrace) -> list[SyncSite]:
     for key, calls in grouped.items():
         op_index = key if not isinstance(key, tuple) else None
         start = trace.cpu_ops.start_us[op_index] if op_index is not None else rt.start_us[calls[0]]
-        sites.append(context.site(
+        site = context.site(
             start=float(start), returned=float(max(rt.end_us[i] for i in calls)), tid=int(rt.tid[calls[0]]),
             op=trace.cpu_ops.name(op_index) if op_index is not None else EXPLICIT_SYNC,
-            calls=tuple(labels[i] for i in calls)))
+            calls=tuple(labels[i] for i in calls))
+        if context.is_ddp_logging(site, int(rt.tid[calls[0]])):
+            site.framework = DDP_LOGGING
+        sites.append(site)
     return sorted(sites, key=lambda site: site.start_us)
 
 
@@ -216,6 +234,22 @@ class _Context:
         self.user_frame = python.mask(is_user_frame)
         self.named_frame = python.mask(lambda n: not n.startswith(("<built-in", "nn.Module:")))
         self.modules = ModuleLookup(trace)
+        ann = trace.annotations
+        self.ddp_forward = np.flatnonzero(ann.mask(lambda n: n == DDP_FORWARD))
+
+    def is_ddp_logging(self, site: SyncSite, tid: int) -> bool:
+        """An event synchronize of no op inside DistributedDataParallel.forward, before the first aten op of that
+        forward on its thread: DDP reading its timer events (a user's sync would be inside the model's ops)."""
+        if site.op != EXPLICIT_SYNC or not set(site.calls) <= EVENT_SYNC_CALLS or not len(self.ddp_forward):
+            return False
+        ann, ops = self.trace.annotations, self.ops
+        inside = self.ddp_forward[(ann.tid[self.ddp_forward] == tid) & (ann.start_us[self.ddp_forward] <= site.start_us)
+                                  & (ann.end_us[self.ddp_forward] >= site.return_us)]
+        if not len(inside):
+            return False
+        begin, end = ann.start_us[inside[-1]], ann.end_us[inside[-1]]
+        first_op = self.aten & (ops.tid == tid) & (ops.start_us >= begin) & (ops.start_us <= end)
+        return not first_op.any() or site.return_us <= ops.start_us[first_op].min()
 
     def source_op(self, start: float, end: float, tid: int) -> Optional[int]:
         """The outermost aten op around [start, end] on this thread, else the innermost op; None without one."""
