@@ -248,3 +248,15 @@ def test_a_win_too_costly_to_confirm_holds_no_budget_back_from_a_cheaper_lever_t
     assert summary["kept"] == ["fused-optimizer"], (summary["screened"], summary["skipped"])
     assert " -" not in summary["stop_reason"].split("left")[0]  # no negative time left is ever reported
     assert summary["spent_s"] <= 80 * 1.05
+
+
+def test_a_slow_screen_is_stopped_before_it_eats_the_time_held_to_confirm_a_win(tmp_path):
+    # bf16 screens as a win; compile=default's first screen (its compile time unknown, so it runs until its limit)
+    # compiles for 100 s: it is stopped where bf16's 10-s confirmation would no longer fit, and bf16 is kept
+    trials = Timed({("precision", "bf16"): 2.0, ("compile", "default"): 3.0}, screen_s=2.0, full_s=10.0,
+                   compile_s=100.0)
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("compute bound", 0.9, ["bf16"])), budget="60s",
+                        screening=True)
+    assert screened(summary, "compile=default")["status"] == "timeout"
+    assert summary["kept"] == ["bf16"], summary["screened"]
+    assert summary["spent_s"] <= 60 * 1.05

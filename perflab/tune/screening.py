@@ -28,6 +28,8 @@ from perflab.tune.trial import OK, QUALITY_FAIL
 if TYPE_CHECKING:  # the driver owns the Screener; only its type is needed here
     from perflab.tune.driver import Tuner
 
+SCREEN_MARGIN_S = 2.0  # a screen stops this much short of the time held for a confirmation ...
+SCREEN_MARGIN_SHARE = 0.02  # ... or this share of the budget, whichever is less
 SCREEN = "screen"  # the stage of a screening trial (tune.jsonl's "stage"); a confirmation's is CONFIRM
 CONFIRM = "confirm"
 SCREEN_MIN_TRIAL_S = 1.0  # long enough for a DataLoader-fed trial to average its bursts, short next to 3 s
@@ -261,7 +263,11 @@ class Screener:
         context = t._context(candidate)
         context.update(stage=SCREEN, against=self.reference["name"],
                        reference_throughput=self.reference.get("throughput"))
-        row, _ = t._trial(cfg, t.measure, f"screen-{candidate.label}", context, time_limit_s=t.time_left_s())
+        # a screen may not eat the time held for confirming the best win so far (compile=default's first screen is
+        # its own compile-time measurement and runs until this limit); it stops a margin short of it, so that the
+        # time tune itself spends around a trial does not leave the held confirmation a moment too short
+        limit_s = max(expected_s, left - min(SCREEN_MARGIN_S, SCREEN_MARGIN_SHARE * t.settings.budget_s))
+        row, _ = t._trial(cfg, t.measure, f"screen-{candidate.label}", context, time_limit_s=limit_s)
         gain = gain_pct(row.get("throughput"), self.reference.get("throughput")) if row["status"] == OK else None
         win = gain is not None and gain >= win_threshold_pct(t.settings.min_effect_pct)
         if candidate.option == "compile" and candidate.value == "default" and row["status"] == OK:

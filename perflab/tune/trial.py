@@ -33,7 +33,7 @@ PROFILE_WAIT, PROFILE_WARMUP, PROFILE_ACTIVE = 1, 1, 3
 PROFILE_STEPS = PROFILE_WAIT + PROFILE_WARMUP + PROFILE_ACTIVE  # a profile trial's timed steps
 
 OK, QUALITY_FAIL, REFUSED, OOM, ERROR = "ok", "quality-fail", "refused", "oom", "error"
-TIMEOUT = "timeout"  # killed at its time limit: the budget left when it began
+TIMEOUT = "timeout"  # killed at its time limit: the budget it could use when it began
 INVALID = "invalid"  # the run finished but its numbers cannot be used (NaN/inf, or DDP replicas that differ)
 
 
@@ -108,8 +108,8 @@ def run_trial(cfg: RunConfig, kind: str, out: Path, time_limit_s: Optional[float
                                       timeout=time_limit_s, env=compile_cache_env(out.parent.parent /
                                                                                   COMPILE_CACHE_DIR))
         except subprocess.TimeoutExpired:
-            return TrialOutcome(TIMEOUT, time.perf_counter() - began, f"stopped after {time_limit_s:.0f} s, the "
-                                "budget left when it began", files={"log": log_path(out).name})
+            return TrialOutcome(TIMEOUT, time.perf_counter() - began, f"stopped after {time_limit_s:.0f} s, its time "
+                                "limit (the budget it could use when it began)", files={"log": log_path(out).name})
     wall_s = time.perf_counter() - began
     if finished.returncode in INTERRUPTED_EXITS:
         raise KeyboardInterrupt
