@@ -6,7 +6,8 @@ import pytest
 
 from perflab.tune import candidates as search
 from perflab.tune.ordering import arrange
-from perflab.tune.trial import PROFILE_STEPS, TIMEOUT, run_trial
+from perflab.config import RunConfig
+from perflab.tune.trial import OK, PROFILE_STEPS, TIMEOUT, run_trial
 from tests.test_tune import LEVERS, START, FakeTrials, diagnosis_of, run_tuner
 
 CUDA = START.replace(device="cuda", mode="infer")
@@ -138,6 +139,17 @@ def test_a_trial_past_its_time_limit_is_killed_and_recorded_as_a_timeout(tmp_pat
     assert outcome.status == TIMEOUT and "stopped after 0 s" in outcome.reason and outcome.result is None
     assert __import__("time").perf_counter() - began < 30
     assert Path(str(tmp_path / "slow") + ".log").read_text().startswith("$ " + sys.executable)
+
+
+def test_a_trial_stopped_at_its_limit_after_saving_a_whole_result_keeps_its_measurement(tmp_path):
+    # the run measures and saves its result in a few seconds, then takes 10 minutes to exit
+    cfg = RunConfig(workload=str(Path(__file__).parent / "fixtures/sleepy_plugin.py") + ":build", mode="train",
+                    workload_options={"exit_sleep_s": "600"}, steps=2, trials=1, warmup=1, device="cpu",
+                    batch_size=8)
+    began = __import__("time").perf_counter()
+    outcome = run_trial(cfg, "run", tmp_path / "slow-exit", time_limit_s=20)
+    assert outcome.status == OK and outcome.result is not None and outcome.result.trials, outcome.reason
+    assert 20 <= __import__("time").perf_counter() - began < 40 and outcome.wall_s >= 20
 
 
 def test_the_workers_search_reaches_the_cpus_this_process_may_use_capped_by_a_cgroup_quota(tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from perflab.config import RunConfig
+from perflab.errors import PerflabError
 from perflab.oom import OOM_BREAKDOWN_ENV, OutOfMemory
 from perflab.profile.capture import CaptureOptions, capture_argv
 from perflab.results import RESULT_FILE, Result
@@ -108,12 +109,30 @@ def run_trial(cfg: RunConfig, kind: str, out: Path, time_limit_s: Optional[float
                                       timeout=time_limit_s, env=compile_cache_env(out.parent.parent /
                                                                                   COMPILE_CACHE_DIR))
         except subprocess.TimeoutExpired:
+            saved = _measured_before_the_limit(kind, out)
+            if saved is not None:  # stopped while printing or exiting: the measurement itself is whole
+                return classify(saved, log_path(out).read_text(errors="replace"), out, time.perf_counter() - began)
             return TrialOutcome(TIMEOUT, time.perf_counter() - began, f"stopped after {time_limit_s:.0f} s, its time "
                                 "limit (the budget it could use when it began)", files={"log": log_path(out).name})
     wall_s = time.perf_counter() - began
     if finished.returncode in INTERRUPTED_EXITS:
         raise KeyboardInterrupt
     return classify(finished.returncode, log_path(out).read_text(errors="replace"), out, wall_s)
+
+
+def _measured_before_the_limit(kind: str, out: Path) -> Optional[int]:
+    """The exit code a `perflab run` trial stopped at its time limit would have given, when its result was saved
+    whole first (saved last, atomically; only the printing and the interpreter's exit were cut); None otherwise. A
+    profile trial saves its result before its trace is written and diagnosed: never whole at the limit."""
+    if kind != "run" or not (out / RESULT_FILE).is_file():
+        return None
+    try:
+        result = Result.load(out)
+    except PerflabError:
+        return None
+    if getattr(result, "status", "complete") not in ("complete", INVALID) or not result.trials:
+        return None
+    return QUALITY_FAILED_EXIT if (result.quality or {}).get("verdict") == "fail" else 0
 
 
 def classify(returncode: int, log: str, out: Path, wall_s: float) -> TrialOutcome:
