@@ -19,10 +19,10 @@ Choose workloads with BENCH_REGRET_ONLY (comma-separated names: the planted file
 the planted ones) and the steps with BENCH_REGRET_STEP (singles, tune or both; default both). Measurements are kept
 under --out/<card>/<workload> (singles.jsonl, the tune folder; <card> is H100, H200 or cpu) and reused by a later
 call with the same --out on the same kind of card, so a workload whose tune does not fit one device call runs in
-slices: BENCH_REGRET_SLICE_S interrupts the tune after that many seconds (Ctrl-C, as a user would), and the next call resumes it (the recorded trials count against its budget); a finished
-tune is reported again, not rerun. BENCH_REGRET_DEADLINE_S packs one device call: a workload starts only while its
-step still fits before that many seconds, and a tune running at the deadline is sliced there. A planted workload takes
-about 6 minutes on an H100 (singles ~2.5, tune 3). On the device, copy the carried folder to a fresh --out
+slices: BENCH_REGRET_SLICE_S interrupts the tune after that many seconds (Ctrl-C, as a user would), and the next
+call resumes it (the recorded trials count against its budget); a finished tune is reported again, not rerun.
+BENCH_REGRET_DEADLINE_S packs one device call: a workload starts only while its step still fits before that many
+seconds, and a tune running at the deadline is sliced there. A planted workload takes about 6 minutes on an H100 (singles ~2.5, tune 3). On the device, copy the carried folder to a fresh --out
 (`rm -rf /tmp/reg; cp -r .devresults/regret/reg /tmp/reg`): a warm machine keeps /tmp between calls, and `cp -r`
 into an existing folder nests the copy, so the old measurements would be read. The short table is printed last.
 """

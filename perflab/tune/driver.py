@@ -462,7 +462,7 @@ class Tuner:
         refused for the same reason (workers=2, 4, 8, 16, 32 on batches staged on the device: one line, not five)."""
         if label in self.skipped:
             return
-        said = any(self.skipped.get(other) == reason for other in self.skipped
+        said = any(why == reason for other, why in self.skipped.items()
                    if other == lever or other.startswith(lever + "="))
         self.skipped[label] = reason
         if not said:
