@@ -22,7 +22,8 @@ call with the same --out on the same kind of card, so a workload whose tune does
 slices: BENCH_REGRET_SLICE_S interrupts the tune after that many seconds (Ctrl-C, as a user would), and the next
 call resumes it (the recorded trials count against its budget); a finished tune is reported again, not rerun.
 BENCH_REGRET_DEADLINE_S packs one device call: a workload starts only while its step still fits before that many
-seconds, and a tune running at the deadline is sliced there. A planted workload takes about 6 minutes on an H100 (singles ~2.5, tune 3). On the device, copy the carried folder to a fresh --out
+seconds, and a tune running at the deadline is sliced there. A planted workload takes about 6 minutes on an H100
+(singles ~2.5, tune 3). On the device, copy the carried folder to a fresh --out
 (`rm -rf /tmp/reg; cp -r .devresults/regret/reg /tmp/reg`): a warm machine keeps /tmp between calls, and `cp -r`
 into an existing folder nests the copy, so the old measurements would be read. The short table is printed last.
 """
