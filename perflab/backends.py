@@ -28,3 +28,25 @@ def sdpa_context(backend: str) -> Callable[[], ContextManager]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     chosen = getattr(SDPBackend, BACKENDS[backend])
     return lambda: sdpa_kernel(chosen)
+
+
+def bf16_is_native(device: torch.device) -> bool:
+    """Whether `device` computes bf16 in bf16: a GPU that supports it, a CPU whose oneDNN has bf16 instructions
+    (AVX-512 BF16, AMX). On an AVX2-only CPU oneDNN converts to fp32 and back, so bf16 costs time and temporaries
+    instead of saving them (ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA lower what it may use)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return True
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN
+        return False
+
+
+def cpu_capability() -> str:
+    """The instruction set ATen's CPU kernels use here (AVX2, AVX512 ...), as torch reports it."""
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # torch < 2.1
+        return "unknown"

@@ -4,18 +4,25 @@ embeds them."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Sequence
-
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from perflab.harness.phases import phase_sort_key
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PHASE_COLORS = {"data_wait": "#d62728", "h2d": "#ff7f0e", "augment": "#bcbd22", "forward": "#1f77b4",
                 "backward": "#2ca02c", "optimizer": "#9467bd", "step": "#17becf", "checkpoint": "#8c564b",
                 "unattributed": "#c7c7c7"}
 DPI = 110
 HEADROOM = 1.12  # the y axis ends this far above the highest point, so no line runs along the frame
+
+
+def new_figure(width: float, height: float) -> "Figure":
+    """An Agg figure. matplotlib is imported here, not with the module: it costs a third of a second, and most
+    perflab processes (every tune trial, every rank) draw nothing."""
+    from matplotlib.figure import Figure
+    return Figure(figsize=(width, height), dpi=DPI)
 
 
 def value_text(value: Any) -> str:
@@ -60,7 +67,7 @@ def _line_figure(rows: Sequence[dict[str, Any]], axes: Sequence[str], title: str
                  curves: Sequence[tuple[str, str, str]]) -> Figure:
     """One line per group and per (metric key, suffix, linestyle) in `curves`; OOM points marked with x."""
     x_name = _x_axis(rows, axes)
-    fig = Figure(figsize=(7, 4.2), dpi=DPI)
+    fig = new_figure(7, 4.2)
     ax = fig.subplots()
     xs_all = [row["params"].get(x_name) for row in rows]
     numeric = _numeric(xs_all)
@@ -131,7 +138,7 @@ def phase_breakdown_figure(breakdowns: dict[str, dict[str, float]],
                            title: str = "step-time breakdown (mean per step)") -> Figure:
     """One horizontal stacked bar per label (a run, or base and candidate) of phase milliseconds."""
     names = sorted({name for phases in breakdowns.values() for name in phases}, key=phase_sort_key)
-    fig = Figure(figsize=(7, 1.2 + 0.7 * len(breakdowns)), dpi=DPI)
+    fig = new_figure(7, 1.2 + 0.7 * len(breakdowns))
     ax = fig.subplots()
     labels = list(breakdowns)
     left = [0.0] * len(labels)
@@ -164,7 +171,7 @@ def latency_figure(step_ms: dict[str, Sequence[float]]) -> Optional[Figure]:
     values = {label: list(ms) for label, ms in step_ms.items() if len(ms)}
     if not values:
         return None
-    fig = Figure(figsize=(7, 3.4), dpi=DPI)
+    fig = new_figure(7, 3.4)
     ax = fig.subplots()
     everything = np.concatenate([np.asarray(v) for v in values.values()])
     bins = np.linspace(everything.min(), everything.max() or 1.0, 40)
@@ -178,6 +185,7 @@ def latency_figure(step_ms: dict[str, Sequence[float]]) -> Optional[Figure]:
     ax.set_xlabel("ms per step (solid: p50, dashed: p95)")
     ax.set_ylabel("steps")
     _y_from_zero(ax, tops)
+    from matplotlib.ticker import MaxNLocator
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of steps: no fractional ticks
     ax.set_title("per-step latency")
     _legend_if_several(ax, fontsize=7)
@@ -189,7 +197,7 @@ def latency_figure(step_ms: dict[str, Sequence[float]]) -> Optional[Figure]:
 def waterfall_plot(start_label: str, start_value: float, steps: Sequence[tuple[str, float]], path: Path,
                    unit: str = "samples/s") -> Path:
     """Throughput of the start, then each kept lever's gain as a floating bar, then the total."""
-    fig = Figure(figsize=(max(5.0, 1.2 * (len(steps) + 2)), 3.8), dpi=DPI)
+    fig = new_figure(max(5.0, 1.2 * (len(steps) + 2)), 3.8)
     ax = fig.subplots()
     labels = [start_label] + [label for label, _ in steps] + ["tuned"]
     ax.bar(0, start_value, color="#8c8c8c")

@@ -3,6 +3,12 @@ import pytest
 import torch
 
 
+def pytest_report_header(config):
+    from perflab.backends import bf16_is_native, cpu_capability
+    native = "native" if bf16_is_native(torch.device("cpu")) else "emulated (oneDNN converts to fp32)"
+    return f"perflab: CPU capability {cpu_capability()}, bf16 {native}, torch {torch.__version__}"
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

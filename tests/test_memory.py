@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from perflab.backends import bf16_is_native, cpu_capability
 from perflab.cli import main
 from perflab.config import RunConfig
 from perflab.diagnose.activation_memory import activation_memory
@@ -71,9 +72,9 @@ def test_probes_run_in_their_own_processes_under_a_fake_memory_limit():
     fit = fit_peaks([16, 64], [small, large])
     limit = fit.predict_mb(128)
     search = find_largest_batch(lambda batch: probe_in_process(cfg, batch, limit), start=96, known_fits=64,
-                                growth=2.0, tolerance=0.3)
+                                growth=2.0, tolerance=0.5)  # three probes, each its own process
     statuses = {probe.batch: probe.status for probe in search.probes}
-    assert statuses[96] == "ok" and statuses[192] == "oom"  # grown, then bisected
+    assert statuses[96] == "ok" and statuses[192] == "oom" and 144 in statuses  # grown, then bisected
     assert all(p.peak_mb <= limit for p in search.probes if p.status == "ok")
     assert 96 <= search.largest_fits < search.smallest_oom <= 192
 
@@ -114,18 +115,37 @@ def test_each_lever_frees_what_the_breakdown_says_and_allows_a_larger_batch():
     assert fit.predict_mb(40) - bf16.predict_mb(40) == pytest.approx(2300 - (350 + 40 * 25.5))
 
 
+@pytest.mark.cpu_isa
 @pytest.mark.parametrize("workload,batch,workload_options", [(HEAVY, 512, {"size": 128}), (CONV, 64, {})])
-def test_the_bf16_autocast_saving_is_predicted_within_10_percent_of_the_measured_one(workload, batch,
-                                                                                     workload_options):
+def test_the_bf16_autocast_saving_is_this_cpus_within_10_percent_of_the_measured_one(workload, batch,
+                                                                                    workload_options):
+    """Where the CPU has bf16 instructions the saving is predicted from one forward under autocast and is a real
+    saving; where it emulates bf16 (AVX2), the saving is measured from a step under autocast and says why."""
     cfg = RunConfig(workload=workload, batch_size=batch, device="cpu", workload_options=workload_options)
     full = measure_step(cfg)
     under = full.autocast_activations  # one forward under bf16 autocast, counted by dtype
     assert under["by_dtype_mb"]["bfloat16"] > 0 and under["parameter_copies_mb"] > 0
     predicted = {lever.lever: lever for lever in lever_savings(full, None, None)}["bf16 autocast"]
-    assert "counted in one forward under bf16 autocast" in predicted.basis
-    measured = full.peak_mb - measure_step(cfg.replace(precision="bf16")).peak_mb
-    assert measured > 0.2 * full.peak_mb
-    assert predicted.frees_mb == pytest.approx(measured, rel=0.10)
+    bf16_peak_mb = measure_step(cfg.replace(precision="bf16")).peak_mb
+    if bf16_is_native(torch.device("cpu")):
+        assert "counted in one forward under bf16 autocast" in predicted.basis and not full.autocast_step
+        measured = full.peak_mb - bf16_peak_mb
+        assert measured > 0.2 * full.peak_mb
+        assert predicted.frees_mb == pytest.approx(measured, rel=0.10)
+    else:  # the saving is a measured one: the same step measured again agrees within the CPU peak's own noise
+        assert predicted.basis.startswith("measured: one step under bf16 autocast")
+        assert "bf16 is not native here" in predicted.basis and cpu_capability() in predicted.basis
+        assert predicted.predicted_peak_mb == pytest.approx(bf16_peak_mb, rel=0.05)
+
+
+def test_an_emulated_bf16_saving_comes_from_the_measured_step_with_its_grown_temporaries():
+    breakdown = synthetic_breakdown()
+    breakdown.autocast_step = {"peak_mb": 900.0, "why": "bf16 is not native here (cpu, AVX2: ...)",
+                               "categories_mb": {**breakdown.categories_mb, "activations": 200.0,
+                                                 "temporaries": 135.0}}
+    saving = {lever.lever: lever for lever in lever_savings(breakdown, None, None)}["bf16 autocast"]
+    assert saving.predicted_peak_mb == 900.0 and saving.frees_mb == pytest.approx(breakdown.peak_mb - 900.0)
+    assert "activations x 0.50, temporaries x 1.50" in saving.basis and "AVX2" in saving.basis
 
 
 def test_the_8bit_optimizer_state_is_a_byte_a_value_plus_a_scale_a_block_and_small_tensors_stay_fp32():

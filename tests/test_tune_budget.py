@@ -19,19 +19,23 @@ TINY = dict(steps=4, trials=3, warmup=1, device="cpu", quality_steps=2, batch_si
 
 
 def test_the_budget_holds_within_five_percent_when_a_candidate_hangs(tmp_path):
-    # the compile candidate sleeps 10 minutes before its first step; the tune has 150 s (a trial process takes
-    # 5-40 s on a shared CPU machine: start, profile, a reference and bf16's screen come before compile's)
+    # the compile candidate sleeps 10 minutes before its first step; every other lever is excluded, so the start and
+    # its profile (5-15 s each on a shared 2-core machine) come before it and it must be stopped at the budget
+    from perflab.levers import all_levers
     start = RunConfig(workload=SLEEPY, mode="train", workload_options={"sleep_s": "600"}, **TINY)
-    budget_s = 150.0
+    budget_s = 50.0
+    others = sorted({lever.name for lever in all_levers()} - {"compile"})
     began = time.perf_counter()
-    summary = tune(start, TuneConfig(budget=f"{budget_s:g}s"), tmp_path / "tune", report=write_report)
+    summary = tune(start, TuneConfig(budget=f"{budget_s:g}s", exclude=others), tmp_path / "tune",
+                   report=write_report)
     took_s = time.perf_counter() - began
-    assert took_s <= budget_s * 1.05, (took_s, summary["stop_reason"])
+    assert budget_s * 0.8 <= took_s <= budget_s * 1.05, (took_s, summary["stop_reason"])  # the hang ran to the end
     assert summary["spent_s"] <= budget_s * 1.05
     rows = [json.loads(line) for line in (tmp_path / "tune" / "tune.jsonl").read_text().splitlines()]
     compiled = [row for row in rows if (row.get("config") or {}).get("compile")]
-    assert all(row["status"] == "timeout" for row in compiled), [(r["name"], r["status"]) for r in rows]
-    assert summary["stop_reason"].startswith("budget spent") and summary["best"]["label"] == "start"
+    assert compiled and all(row["status"] == "timeout" for row in compiled), [(r["name"], r["status"]) for r in rows]
+    assert summary["stop_reason"].startswith(("budget spent", "inconclusive: no lever won"))
+    assert summary["best"]["label"] == "start"
     assert (tmp_path / "tune" / "report.html").is_file() and (tmp_path / "tune" / "recipe.txt").is_file()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from perflab.errors import UserCodeError, is_out_of_memory
 from perflab.harness.calls import call_loss, call_model
@@ -28,6 +27,7 @@ def count_flops_per_sample(plan, batch: Any) -> Optional[float]:
     inputs, target = plan.to_device(batch)
     if any(param.is_meta for param in model.parameters()):  # a replica without storage (DDP, FSDP): shapes suffice
         inputs, target = map_tensors((inputs, target), lambda tensor: tensor.to("meta"))
+    from torch.utils.flop_counter import FlopCounterMode  # here: it imports triton, a tenth of a second
     counter = FlopCounterMode(display=False)
     try:
         with counter, plan.autocast():

@@ -27,6 +27,9 @@ class Breakdown:
     activations: dict[str, Any] = field(default_factory=dict)  # perflab.memory.activations.SavedActivations
     # the same, counted in one forward under bf16 autocast (a train step at fp32/tf32): what bf16 would save
     autocast_activations: dict[str, Any] = field(default_factory=dict)
+    # where bf16 is not native to the device (an AVX2-only CPU): one step measured under bf16 autocast, since its
+    # backward's conversions cannot be predicted from a forward ({"peak_mb", "categories_mb", "why"})
+    autocast_step: dict[str, Any] = field(default_factory=dict)
     timeline: Optional[dict[str, Any]] = None  # CategoryTimeline.to_dict()
     optimizer: Optional[str] = None
     # Adam/AdamW: its state's size under torchao's 8-bit optimizer over its size now, tensor by tensor

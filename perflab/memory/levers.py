@@ -141,6 +141,8 @@ def _autocast_saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: 
 
     The temporaries at the peak: up to LOSS_TENSORS times the model's output are the loss's and the output's
     gradient, which autocast computes in fp32 (unchanged); the rest are gradients of activations, in their dtype."""
+    if breakdown.autocast_step:
+        return _measured_autocast_saving(breakdown, fit, capacity_mb)
     full_mb = breakdown.activations.get("total_mb") or 0.0
     under = breakdown.autocast_activations
     temporaries_mb = breakdown.categories_mb.get("temporaries", 0.0)
@@ -160,6 +162,21 @@ def _autocast_saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: 
                  "bf16 copies of the weights autocast keeps during forward")
     return _saving(breakdown, fit, capacity_mb, "bf16 autocast", "--precision bf16",
                    {"activations": share, "temporaries": temporaries_share}, basis, extra_fixed_mb=copies_mb)
+
+
+def _measured_autocast_saving(breakdown: Breakdown, fit: Optional[PeakFit],
+                              capacity_mb: Optional[float]) -> LeverSaving:
+    """bf16 autocast where the device emulates bf16: the peak of a step measured under it, and its line from the
+    categories' measured ratios (temporaries may grow: backward's conversions to fp32)."""
+    step = breakdown.autocast_step
+    factors = {name: step["categories_mb"].get(name, 0.0) / mb
+               for name, mb in breakdown.categories_mb.items() if mb > 0}
+    changed = ", ".join(f"{name} x {factors[name]:.2f}" for name in ("activations", "temporaries") if name in factors)
+    basis = f"measured: one step under bf16 autocast ({changed}), since {step['why']}"
+    fixed, per_sample = _line_with(breakdown, fit, factors, 0.0)
+    peak = step["peak_mb"]
+    return LeverSaving("bf16 autocast", "--precision bf16", peak, breakdown.peak_mb - peak,
+                       largest_batch(fixed, per_sample, capacity_mb), basis, "", fixed, per_sample)
 
 
 def _eight_bit_saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Optional[float]) -> LeverSaving:

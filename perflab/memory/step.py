@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from perflab.backends import bf16_is_native, cpu_capability
 from perflab.config import RunConfig
 from perflab.harness.loop import run_steps
 from perflab.harness.timers import NullTimer
@@ -105,6 +106,8 @@ def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise:
             breakdown.optimizer_state_8bit_share = _eight_bit_share(plan.optimizer)
             if saved is not None and count_autocast:
                 _count_autocast(plan, batches, device, breakdown)
+    if count_autocast and breakdown.autocast_activations and not bf16_is_native(device):
+        _measure_autocast_step(cfg, device, breakdown)
     if limit_mb is not None:
         breakdown.total_mb = limit_mb
         if breakdown.peak_mb > limit_mb:
@@ -142,6 +145,25 @@ def _count_autocast(plan, batches, device: torch.device, breakdown: Breakdown) -
                                "the activations")
     finally:
         gc.collect()
+
+
+def _measure_autocast_step(cfg: RunConfig, device: torch.device, breakdown: Breakdown) -> None:
+    """Where bf16 is emulated (an AVX2-only CPU: oneDNN converts each bf16 op's operands to fp32 and back), the
+    forward's count says what is saved but not what backward's conversions add: one step under bf16 autocast is
+    measured instead, so the saving is this device's, not an ideal one."""
+    why = (f"bf16 is not native here ({device.type}, {cpu_capability()}: oneDNN has no bf16 instructions and "
+           "converts to fp32 and back)" if device.type == "cpu" else f"bf16 is not native on {device}")
+    try:
+        under = measure_step(cfg.replace(precision="bf16"), count_autocast=False)
+    except (RuntimeError, MemoryError) as err:
+        if not is_out_of_memory(err):
+            raise
+        breakdown.notes.append(f"{why}; the step under bf16 autocast ran out of memory, so its saving is estimated "
+                               "from one forward")
+        return
+    finally:
+        gc.collect()
+    breakdown.autocast_step = {"peak_mb": under.peak_mb, "categories_mb": dict(under.categories_mb), "why": why}
 
 
 def _record_history(snapshot: Optional[Path]) -> None:

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any, Optional
 
 from perflab.memory.breakdown import Breakdown
 from perflab.memory.timeline import CATEGORIES
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MEMORY_PLOT = "memory_timeline.png"
 COLOURS = {"parameters": "#2e7d32", "gradients": "#1565c0", "optimizer_state": "#f9a825", "activations": "#c62828",
@@ -19,6 +20,7 @@ def memory_timeline_plot(breakdown: Breakdown, path: Path) -> Optional[Path]:
     timeline = breakdown.category_timeline()
     if timeline is None or len(timeline.times_ms) < 2:
         return None
+    from matplotlib.figure import Figure  # imported when drawn: most processes draw nothing
     figure = Figure(figsize=(9, 4.5))
     ax = figure.subplots()
     ax.stackplot(timeline.times_ms, *[timeline.mb[name] for name in CATEGORIES],

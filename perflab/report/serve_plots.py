@@ -4,10 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from matplotlib.figure import Figure
-
 from perflab.results.metrics import Serve
-from perflab.plots import DPI
+from perflab.plots import new_figure
 from perflab.serve.metrics import COMPONENTS
 
 PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", "-."), ("p99.9", ":"))
@@ -26,7 +24,7 @@ def latency_vs_load(serve: Serve, path: Path, title: str = "") -> Optional[Path]
     points = sorted((p for p in serve.points if p["scenario"] == "server"), key=lambda p: p["offered_qps"])
     if not points:
         return None
-    fig = Figure(figsize=(7, 4.2), dpi=DPI)
+    fig = new_figure(7, 4.2)
     ax = fig.subplots()
     rates = [p["offered_qps"] for p in points]
     for key, style in PERCENTILE_STYLES:
@@ -58,7 +56,7 @@ def batch_fill(serve: Serve, path: Path) -> Optional[Path]:
     points = serve.points
     if not points:
         return None
-    fig = Figure(figsize=(7, 3.6), dpi=DPI)
+    fig = new_figure(7, 3.6)
     ax = fig.subplots()
     for point in points:
         histogram = {int(size): count for size, count in point["batch_histogram"].items()}
@@ -81,7 +79,7 @@ def time_breakdown(serve: Serve, path: Path) -> Optional[Path]:
     points = sorted(serve.points, key=lambda p: (p["offered_qps"] is not None, p["offered_qps"] or 0))
     if not points:
         return None
-    fig = Figure(figsize=(7, 1.6 + 0.5 * len(points)), dpi=DPI)
+    fig = new_figure(7, 1.6 + 0.5 * len(points))
     axes = fig.subplots(1, 2, sharey=True)
     labels = [_label(p) for p in points]
     for ax, which, title in ((axes[0], "mean", "all queries (mean)"), (axes[1], "tail", "p99 tail (mean)")):
