@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from perflab.bottlenecks import LAUNCH_OVERHEAD, NO_HOST_SYNCS, TRAINING
+from perflab.bottlenecks import LAUNCH_OVERHEAD, NO_HOST_SYNCS, SINGLE_TENSOR_UPDATES, TRAINING
 from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
+from perflab.diagnose.launch_sources import LaunchSources, launch_sources
 from perflab.levers import levers_for
 
 GPU_IDLE_THRESHOLD_PCT = 15.0  # GPU idle while the host launches (no data/copy/sync wait)
@@ -52,5 +53,28 @@ def launch_overhead(ctx: Context) -> Optional[Finding]:
         basis = "time per step in small ops and Python between ops (upper bound)"
     if syncs:
         evidence["syncs_in_step_per_step"] = syncs
+    sources = launch_sources(ctx)
+    if sources is not None:
+        summary, levers, advice = _by_source(sources, summary, levers, advice)
+        unit = sources.unit.replace(" ", "_")
+        evidence[f"{unit}_by_phase_per_step"] = sources.by_phase
+        evidence[f"{unit}_by_module_per_step"] = sources.by_module
     return Finding(cls=LAUNCH_OVERHEAD, confidence=confidence, summary=summary, evidence=rounded(evidence),
                    levers=levers, advice=advice, expected_gain_pct=gain(expected), gain_basis=basis)
+
+
+def _by_source(sources: LaunchSources, summary: str, levers: list[str],
+               advice: list[str]) -> tuple[str, list[str], list[str]]:
+    """Say who launches, and put first the lever that removes the most launches: the optimizer's implementation
+    when the optimizer launches more than forward and backward each, before graphs and compile."""
+    text = sources.text()
+    if text:
+        summary = f"{summary}; {text}"
+    if not sources.optimizer_dominates:
+        return summary, levers, advice
+    first = levers_for(LAUNCH_OVERHEAD, {SINGLE_TENSOR_UPDATES}, always=False)
+    levers = first + [name for name in levers if name not in first]
+    advice = [f"the optimizer launches {sources.share_pct('optimizer'):.0f}% of the step's {sources.unit} "
+              f"({sources.phase_text('optimizer')}): build it with fused=True (or foreach=True) first, one kernel "
+              "over all parameters (or one per group of tensors) instead of a dozen per tensor", *advice]
+    return summary, levers, advice

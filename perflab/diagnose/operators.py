@@ -215,9 +215,14 @@ def module_label(by_module: dict[str, float]) -> str:
     top = max(by_module, key=by_module.get)
     if len(by_module) == 1:
         return top
-    # ModuleList indices (blocks.3) and the profiler's instance numbers (Linear_13) vary between repeats
-    shapes = {re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", re.sub(r"_\d+(?=\.|$)", "_*", name)) for name in by_module}
+    shapes = {module_shape(name) for name in by_module}
     return shapes.pop() if len(shapes) == 1 else f"{top} (+{len(by_module) - 1})"
+
+
+def module_shape(name: str) -> str:
+    """A module path with what varies between repeated blocks starred: ModuleList indices (blocks.3) and the
+    profiler's instance numbers (Linear_13)."""
+    return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", re.sub(r"_\d+(?=\.|$)", "_*", name))
 
 
 def roofline_place(row: dict[str, Any], roof: dict[str, Any], precision: Optional[str],

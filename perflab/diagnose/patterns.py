@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from perflab.bottlenecks import (COMPUTE_BOUND, HAND_WRITTEN_ATTENTION, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH,
-                                 UNFUSED_CHAINS)
+from perflab.bottlenecks import LAUNCH_OVERHEAD, MEMORY_BANDWIDTH, UNFUSED_CHAINS
 from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
-from perflab.diagnose.pattern_context import (ATTENTION_MAX_CONFIDENCE, COPY_OPS, MATMULS, MIN_SHARE_PCT,
-                                              MINOR_MAX_CONFIDENCE, PATTERN_MAX_CONFIDENCE, POINTWISE,
-                                              SIXTEEN_BIT_DTYPES, SOFTMAX, TINY_CALL_BYTES, TINY_CALL_US_CPU,
-                                              TINY_CALL_US_GPU, VIEWS, Match, PatternContext,
-                                              pattern_context, place, where_of)
+from perflab.diagnose.pattern_context import (COPY_OPS, MIN_SHARE_PCT, MINOR_MAX_CONFIDENCE, PATTERN_MAX_CONFIDENCE,
+                                              POINTWISE, TINY_CALL_BYTES, TINY_CALL_US_CPU, TINY_CALL_US_GPU, VIEWS,
+                                              Match, PatternContext, pattern_context, place, where_of)
+from perflab.diagnose.pattern_attention import hand_attention
 from perflab.diagnose.pattern_optimizer import single_tensor_optimizer, zeroed_grads
 from perflab.diagnose.pattern_precision import fp32_matmuls, odd_16bit_dims
 from perflab.diagnose.op_graph import OpCall
@@ -25,91 +23,6 @@ from perflab.diagnose.operators import call_bytes
 from perflab.diagnose.phases import phase_intervals
 from perflab.diagnose.torch_matcher import torch_matcher_finding
 from perflab.levers import levers_for
-
-FLASH_MATMUL_SAVING = 0.3  # of a 16-bit hand-written attention's matmul time, once flash SDPA fuses them
-
-
-# --- hand-written attention -----------------------------------------------------------------------------------
-
-def _last2(dims: list, position: int) -> Optional[tuple[int, int]]:
-    shape = dims[position] if len(dims) > position else None
-    if isinstance(shape, list) and len(shape) >= 2 and all(isinstance(d, int) for d in shape[-2:]):
-        return shape[-2], shape[-1]
-    return None
-
-
-def find_hand_attention(pc: PatternContext, window: int = 8) -> list[Match]:
-    """matmul giving an s x s tensor, a softmax over it, a matmul that reads it: the pattern SDPA replaces."""
-    matches = []
-    for calls in pc.per_thread().values():
-        i = 0
-        while i < len(calls):
-            first = calls[i]
-            a, b = _last2(pc.dims(first.index), 0), _last2(pc.dims(first.index), 1)
-            if first.name not in MATMULS or a is None or b is None or a[0] != b[1] or a[0] < 8:
-                i += 1
-                continue
-            s = a[0]
-            softmax = next((j for j in range(i + 1, min(len(calls), i + window))
-                            if calls[j].name in SOFTMAX and _last2(pc.dims(calls[j].index), 0) == (s, s)), None)
-            second = None
-            if softmax is not None:
-                second = next((j for j in range(softmax + 1, min(len(calls), softmax + window))
-                               if calls[j].name in MATMULS and _last2(pc.dims(calls[j].index), 0) == (s, s)), None)
-            if second is None:
-                i += 1
-                continue
-            part = calls[i:second + 1]
-            matches.append(Match(part, f"{first.name} -> {calls[softmax].name} -> {calls[second].name} over "
-                                       f"{s}x{s} scores", {"seq_len": s, "matmuls": [first, calls[second]]}))
-            i = second + 1
-    return matches
-
-
-def hand_attention(ctx: Context) -> Optional[Finding]:
-    pc = pattern_context(ctx)
-    if pc is None:
-        return None
-    matches = find_hand_attention(pc)
-    if not matches:
-        return None
-    total_us = sum(pc.with_backward_us(m.calls) for m in matches)
-    matmul_us = sum(pc.with_backward_us(m.extra["matmuls"]) for m in matches)
-    share = pc.share_pct(total_us)
-    if share < MIN_SHARE_PCT:
-        return None
-    where = where_of(matches, ctx.profile.steps)
-    # SDPA's kernels do the same two matmuls without writing the s x s scores: what the pattern spends outside its
-    # matmuls (softmax, scale, masks, the scores' memory traffic) goes. In 16-bit the flash kernel also runs the
-    # matmuls fused; in fp32 only the memory-efficient kernel applies, with no faster matmuls (on the H100: 19%
-    # measured where 43% was predicted with them). A training step's backward recomputes the scores: one more of
-    # the pattern's six matmul passes (two forward, four backward).
-    sixteen_bit = any(dtype in SIXTEEN_BIT_DTYPES for m in matches for dtype in pc.dtypes(m.extra["matmuls"][0].index))
-    backward = pc.backward_us(matches[0].extra["matmuls"]) > 0
-    saved_us = (total_us - matmul_us) + (FLASH_MATMUL_SAVING * matmul_us if sixteen_bit else 0.0)
-    if backward:
-        saved_us -= matmul_us / 6
-    other_share = 100 * (total_us - matmul_us) / total_us if total_us else 0.0
-    evidence = {**where, "pattern": matches[0].detail, "pattern_share_of_step_pct": share,
-                "pattern_ms_per_step": total_us / 1e3 / ctx.profile.steps,
-                "outside_matmuls_pct_of_pattern": other_share}
-    cls = MEMORY_BANDWIDTH if other_share >= 50 else COMPUTE_BOUND
-    # the SDPA levers switch perflab's own transformer's kernels; any other model needs the code change
-    levers = (ctx.rank_levers(levers_for(cls, {HAND_WRITTEN_ATTENTION}, always=False))
-              if ctx.config("workload") == "transformer" else [])
-    s = matches[0].extra["seq_len"]
-    return Finding(
-        cls=cls, confidence=clamp(0.3 + share / 50, high=ATTENTION_MAX_CONFIDENCE),
-        summary=f"hand-written attention in {place(where)}: matmul -> softmax -> matmul over a {s}x{s} score "
-                f"matrix takes {share:.0f}% of the step ({where['occurrences_per_step']:g}x per step)",
-        evidence=rounded(evidence), levers=levers,
-        advice=[f"in {where['module']}, replace the matmul/softmax/matmul with "
-                "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...): "
-                "flash/memory-efficient kernels never write the s x s scores"],
-        expected_gain_pct=gain(pc.share_pct(saved_us)),
-        gain_basis="the pattern's measured time outside its two matmuls" + (
-            f", plus {FLASH_MATMUL_SAVING:.0%} of the matmuls' (fused by flash SDPA)" if sixteen_bit else
-            " (fp32: no faster matmuls)") + (", less the backward's recompute of the scores" if backward else ""))
 
 
 # --- long unfused elementwise chains --------------------------------------------------------------------------

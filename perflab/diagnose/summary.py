@@ -10,6 +10,7 @@ import numpy as np
 
 from perflab.diagnose.intervals import Intervals, intervals_of
 from perflab.diagnose.phases import COMPUTE_PHASES, PHASES, loader_intervals, phase_intervals
+from perflab.diagnose.runtime_calls import RuntimeApiProfile, runtime_calls
 from perflab.diagnose.sync_sites import SyncProfile, SyncSite, find_sync_sites, sync_profile, sync_shadow
 from perflab.diagnose.communication import communication_host, is_nccl_kernel
 from perflab.diagnose.trace import EventTable, ParsedTrace
@@ -18,8 +19,8 @@ from perflab.diagnose.roofline import roofline_rows
 SHORT_KERNEL_US = 10.0
 LARGE_CPU_OP_US = 20.0
 LOCKSTEP_HOST_FRACTION = 0.8  # GPU work >= this x the host's unblocked time: the host would run ahead without syncs
-IDLE_CAUSES = ("waiting for data", "waiting on H2D copies", "host-device syncs", "waiting on communication",
-               "launch / framework overhead", "other")
+IDLE_CAUSES = ("waiting for data", "waiting on H2D copies", "host-device syncs", "allocator and blocking calls",
+               "waiting on communication", "launch / framework overhead", "other")
 
 _COMPUTE_KERNEL = re.compile(r"gemm|cutlass|wgmma|xmma|\bmma|conv(?!ert)|winograd|implicit|flash|fmha|attention|"
                              r"triton_tem|triton_mm|dot_kernel|cublas", re.IGNORECASE)
@@ -102,6 +103,7 @@ class TraceProfile:
     start_us: float = 0.0  # the analysed window on the trace's clock (the operator view and the rules share it)
     end_us: float = 0.0
     gpu_start_us: float = 0.0  # where the GPU's busy/idle split starts: start_us, or a later first kernel (notes)
+    runtime_api: Optional[RuntimeApiProfile] = None  # GPU traces: the blocking runtime calls (runtime_calls.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,12 +137,15 @@ def summarize(trace: ParsedTrace, precision: Optional[str] = None) -> TraceProfi
     for framework, per_step in syncs.framework_per_step.items():
         notes.append(f"{per_step:g} host-device syncs per step are {framework}: not counted as the step's syncs "
                      "(a longer run leaves them behind)")
-    gpu = (_gpu_profile(trace, gpu_start, end, steps, max(end - gpu_start, 1e-9), sites, syncs)
+    calls = runtime_calls(trace, start, gpu_start, end, steps)
+    gpu = (_gpu_profile(trace, gpu_start, end, steps, max(end - gpu_start, 1e-9), sites, syncs,
+                        calls.blocking_sites if calls is not None else [])
            if trace.has_gpu else None)
     return TraceProfile(device="cuda" if trace.has_gpu else "cpu", steps=steps, window_ms=window_us / 1e3,
                         step_ms=window_us / 1e3 / steps, host=host, syncs=syncs, gpu=gpu,
                         roofline=roofline_rows(trace, precision=precision), gpu_name=trace.gpu_name, notes=notes,
-                        start_us=start, end_us=end, gpu_start_us=gpu_start)
+                        start_us=start, end_us=end, gpu_start_us=gpu_start,
+                        runtime_api=calls.profile if calls is not None else None)
 
 
 def _gpu_window(trace: ParsedTrace, start: float, end: float, notes: list[str]) -> tuple[float, float]:
@@ -249,7 +254,7 @@ def _op_table(ops: EventTable, self_us: np.ndarray, selected: np.ndarray, total_
 
 
 def _gpu_profile(trace: ParsedTrace, start: float, end: float, steps: int, window_us: float,
-                 sites: list[SyncSite], syncs: SyncProfile) -> GpuProfile:
+                 sites: list[SyncSite], syncs: SyncProfile, blocking_sites: list[SyncSite]) -> GpuProfile:
     k, mc = trace.kernels, trace.memcpys
     kernel_busy = intervals_of(k).clip(start, end)
     copies = intervals_of(mc).clip(start, end)
@@ -257,7 +262,8 @@ def _gpu_profile(trace: ParsedTrace, start: float, end: float, steps: int, windo
     gaps = kernel_busy.complement(start, end)
     queue = _launch_queue_us(trace)
     lockstep = _host_keeps_ahead_without_syncs(trace, kernel_busy, sites, window_us)
-    split_us = _idle_split(trace, gaps, sync_shadow(sites, k, end, queue if lockstep else None))
+    split_us = _idle_split(trace, gaps, sync_shadow(sites, k, end, queue if lockstep else None),
+                           sync_shadow(blocking_sites, k, end))
     kinds = [kernel_kind(name) for name in k.names]
     kind_of = np.array([kinds[i] for i in k.name_id]) if len(k) else np.array([])
     kernel_total = float(k.dur_us.sum()) or 1e-9
@@ -295,13 +301,15 @@ def _host_keeps_ahead_without_syncs(trace: ParsedTrace, kernel_busy: Intervals, 
     return kernel_busy.total >= LOCKSTEP_HOST_FRACTION * (window_us - blocked_us)
 
 
-def _idle_split(trace: ParsedTrace, gaps: Intervals, sync_shadow: Intervals) -> dict[str, float]:
+def _idle_split(trace: ParsedTrace, gaps: Intervals, sync_shadow: Intervals,
+                blocking_shadow: Intervals) -> dict[str, float]:
     """Split the time with no kernel running by what the host was doing, in priority order.
 
     Data wait (the `data` phase), then host-to-device copies (the h2d phase or an H2D copy in flight), then syncs,
-    then a collective's host op or an FSDP hook (communication), then launch/framework work (any CPU op or runtime
-    call), then other. A sync's share runs from the start of the
-    op that synced until the first kernel after the host got control back: the host drained the queue, so the GPU
+    then allocator calls and blocking copies/memsets (runtime_calls.py: cudaFree waits for the GPU, then the step's
+    tensors are cudaMalloc'ed again), then a collective's host op or an FSDP hook (communication), then
+    launch/framework work (any CPU op or runtime call), then other. A sync's share runs from the start of the op that
+    synced until the first kernel after the host got control back: the host drained the queue, so the GPU
     waits for everything the host does until its next launch lands, launches included.
     """
     rt, mc = trace.runtime, trace.memcpys
@@ -310,7 +318,8 @@ def _idle_split(trace: ParsedTrace, gaps: Intervals, sync_shadow: Intervals) -> 
     host_busy = Intervals.of(intervals_of(trace.cpu_ops), intervals_of(rt), phase_intervals(trace, COMPUTE_PHASES))
     # a host inside a collective or an FSDP hook waits on communication, which is not launch overhead
     layers = [("waiting for data", data), ("waiting on H2D copies", h2d), ("host-device syncs", sync_shadow),
-              ("waiting on communication", communication_host(trace)), ("launch / framework overhead", host_busy)]
+              ("allocator and blocking calls", blocking_shadow), ("waiting on communication", communication_host(trace)),
+              ("launch / framework overhead", host_busy)]
     covered = Intervals(np.empty(0), np.empty(0))
     previous = np.zeros(len(gaps))
     split = {}

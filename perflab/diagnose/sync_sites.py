@@ -59,6 +59,7 @@ class SyncSite:
     in_loader: bool
     module: Optional[str] = None  # the nn.Module path around it (perflab's module ranges or with_stack frames)
     framework: Optional[str] = None  # a framework's own bookkeeping (DDP_LOGGING), not the step's work
+    tid: int = -1  # the host thread
 
     @property
     def in_step(self) -> bool:
@@ -159,11 +160,23 @@ def sync_shadow(sites: list[SyncSite], kernels: EventTable, end: float,
 
 
 def _gpu_sites(trace: ParsedTrace) -> list[SyncSite]:
-    rt = trace.runtime
-    labels = _blocking_labels(trace)
+    labels = blocking_labels(trace)
     if not labels:
         return []
-    context = _Context(trace)
+    context = SiteContext(trace)
+    sites = runtime_call_sites(trace, labels, context=context)
+    for site in sites:
+        if context.is_ddp_logging(site, site.tid):
+            site.framework = DDP_LOGGING
+    return sites
+
+
+def runtime_call_sites(trace: ParsedTrace, labels: dict[int, str], no_op: str = EXPLICIT_SYNC,
+                       context: Optional[SiteContext] = None) -> list[SyncSite]:
+    """The runtime calls `labels` names (index -> label), one site per op call that made them (`no_op` names a
+    call outside every op), with where the host was: Python frame, module, phase, DataLoader. In start order."""
+    rt = trace.runtime
+    context = context or SiteContext(trace)
     grouped: dict[object, list[int]] = {}
     for index in sorted(labels):
         op = context.source_op(rt.start_us[index], rt.end_us[index], int(rt.tid[index]))
@@ -172,17 +185,14 @@ def _gpu_sites(trace: ParsedTrace) -> list[SyncSite]:
     for key, calls in grouped.items():
         op_index = key if not isinstance(key, tuple) else None
         start = trace.cpu_ops.start_us[op_index] if op_index is not None else rt.start_us[calls[0]]
-        site = context.site(
+        sites.append(context.site(
             start=float(start), returned=float(max(rt.end_us[i] for i in calls)), tid=int(rt.tid[calls[0]]),
-            op=trace.cpu_ops.name(op_index) if op_index is not None else EXPLICIT_SYNC,
-            calls=tuple(labels[i] for i in calls))
-        if context.is_ddp_logging(site, int(rt.tid[calls[0]])):
-            site.framework = DDP_LOGGING
-        sites.append(site)
+            op=trace.cpu_ops.name(op_index) if op_index is not None else no_op,
+            calls=tuple(labels[i] for i in calls)))
     return sorted(sites, key=lambda site: site.start_us)
 
 
-def _blocking_labels(trace: ParsedTrace) -> dict[int, str]:
+def blocking_labels(trace: ParsedTrace) -> dict[int, str]:
     """Runtime call index -> label, for the calls that block the host."""
     rt, mc = trace.runtime, trace.memcpys
     copy_kind = {int(corr): name for corr, name in zip(mc.correlation, (mc.name(i) for i in range(len(mc))))
@@ -205,7 +215,7 @@ def _blocking_labels(trace: ParsedTrace) -> dict[int, str]:
 def _cpu_sites(trace: ParsedTrace) -> list[SyncSite]:
     ops = trace.cpu_ops
     candidates = np.flatnonzero(ops.mask(lambda n: n in SYNC_OPS))
-    context = _Context(trace)
+    context = SiteContext(trace)
     sites = []
     for index in candidates:
         start, end = ops.start_us[candidates], ops.end_us[candidates]
@@ -221,7 +231,7 @@ def _cpu_sites(trace: ParsedTrace) -> list[SyncSite]:
     return sites
 
 
-class _Context:
+class SiteContext:
     """Looks up, for a time on a thread, the enclosing op, Python frame, perflab phase and DataLoader range."""
 
     def __init__(self, trace: ParsedTrace) -> None:
@@ -266,7 +276,7 @@ class _Context:
         phase = next((name for name in ("forward", "backward", "optimizer", "augment", "h2d", "data", "step")
                       if self.phases[name].contains(point)[0]), None)
         return SyncSite(start_us=start, return_us=returned, op=op, calls=calls, python=self._frame(start, tid),
-                        module=self.modules.at(start, tid),
+                        module=self.modules.at(start, tid), tid=tid,
                         phase=phase, in_loader=bool(self.loader.contains(point)[0]))
 
     def _frame(self, t: float, tid: int) -> Optional[str]:

@@ -9,6 +9,7 @@ from perflab.diagnose.collectives import collectives
 from perflab.diagnose.compute import compute_bound
 from perflab.diagnose.copies import host_to_device_copies
 from perflab.diagnose.decode import decode_regime
+from perflab.diagnose.dominant_operator import dominant_operator
 from perflab.bottlenecks import NO_CLEAR_BOTTLENECK
 from perflab.diagnose.findings import Context, Finding
 from perflab.diagnose.inference_queue import inference_queue
@@ -17,6 +18,7 @@ from perflab.diagnose.launch_overhead import launch_overhead
 from perflab.diagnose.lost_levers import apply_tried_and_lost
 from perflab.diagnose.memory_bandwidth import memory_bandwidth
 from perflab.diagnose.patterns import PATTERN_RULES
+from perflab.diagnose.runtime_api import RUNTIME_API_RULES
 from perflab.diagnose.sync import host_device_sync
 
 # One function per rule family; each returns a Finding or None with its candidate levers, best first.
@@ -24,6 +26,8 @@ from perflab.diagnose.sync import host_device_sync
 RULES: list[Callable[[Context], Optional[Finding]]] = [
     input_pipeline, host_to_device_copies, host_device_sync, launch_overhead, activation_memory,
     memory_bandwidth, compute_bound, collectives, inference_queue, decode_regime, *PATTERN_RULES,
+    *RUNTIME_API_RULES,
+    dominant_operator,
 ]
 # The rules that read only the result's metrics (a serve result has no trace).
 RESULT_RULES: list[Callable[[Context], Optional[Finding]]] = [inference_queue]

@@ -95,8 +95,9 @@ def print_diagnosis(console: Console, diag: Union[Diagnosis, dict]) -> None:
     gpu = profile.get("gpu")
     if gpu and gpu["memcpy_table"]:
         console.print(_memcpy_table(gpu["memcpy_table"]))
-    others = [f for f in d["findings"] if f["cls"] != d["bottleneck"]]
-    for finding in others:
+    if profile.get("runtime_api") and profile["runtime_api"]["kinds"]:
+        console.print(_runtime_api_table(profile["runtime_api"]))
+    for finding in _others(d):
         gain = _gain(finding, _whole(profile))
         console.print(f"[dim]also considered: {finding['cls']} ({finding['confidence']:.2f}"
                       f"{', ' + gain if gain else ''}): {escape(finding['summary'])}[/]")
@@ -130,6 +131,31 @@ def _memcpy_table(rows: list[dict[str, Any]]) -> Table:
     for row in rows:
         table.add_row(row["kind"], _num(row["count_per_step"]), _num(row["ms_per_step"], 3), _num(row["mb_per_step"]),
                       _num(row["gbps"]), f"{_num(row['overlap_with_compute_pct'])}%")
+    return table
+
+
+def _others(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every finding but the verdict's (another finding of the same class is still shown)."""
+    return [f for f in d["findings"] if not (f["cls"] == d["bottleneck"] and f["summary"] == d["headline"])]
+
+
+def _runtime_api_rows(api: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """(kind, calls/step, ms/step, GPU idle after them, top caller) per kind of runtime call."""
+    rows = []
+    for kind, calls in api["kinds"].items():
+        caller = next(iter(calls["by_caller_per_step"]), "")
+        rows.append((kind, _num(calls["calls_per_step"]), _num(calls["ms_per_step"], 3),
+                     f"{_num(calls['gpu_idle_pct'])}%", caller if len(caller) <= 40 else "…" + caller[-39:]))
+    return rows
+
+
+def _runtime_api_table(api: dict[str, Any]) -> Table:
+    table = Table(title="CUDA runtime API per step (blocking calls, allocator)", title_justify="left")
+    for column in ("kind", "calls", "ms", "GPU idle", "top caller"):
+        table.add_column(column, justify="right" if column in ("calls", "ms", "GPU idle") else "left",
+                         overflow="fold")
+    for row in _runtime_api_rows(api):
+        table.add_row(*(escape(cell) for cell in row))
     return table
 
 
@@ -170,10 +196,16 @@ def diagnosis_markdown(diag: Union[Diagnosis, dict]) -> str:
                   f"{_num(row['ms_per_step'], 3)} | {_num(row['mean_us'])} | {_num(row['share_pct'])}% |"
                   for row in gpu["kernel_table"][:5]]
         lines.append("")
+    api = profile.get("runtime_api")
+    if api and api["kinds"]:
+        lines += ["| CUDA runtime API | calls/step | ms/step | GPU idle | top caller |", "|---|---|---|---|---|"]
+        lines += [f"| {kind} | {calls} | {ms} | {idle} | `{caller}` |"
+                  for kind, calls, ms, idle, caller in _runtime_api_rows(api)]
+        lines.append("")
     operators = operators_markdown(d.get("operators") or {})
     if operators:
         lines += [operators, ""]
-    others = [f for f in d["findings"] if f["cls"] != d["bottleneck"]]
+    others = _others(d)
     if others:
         lines.append("Also considered: " + "; ".join(
             f"{f['cls']} ({f['confidence']:.2f}{', ' + _gain(f) if _gain(f) else ''})" for f in others) + ".")
