@@ -81,13 +81,11 @@ CASES = [
     Case("gqa_attention", "gqa_attention.py", dict(batch_size=2), dict(batch_size=8), code_fix=True,
          pattern="hand-written attention", primary=True),
     Case("launch__many_adam_tensors", "many_adam_tensors.py", dict(batch_size=32), dict(batch_size=64)),
-    Case("index_add_scatter", "index_add_scatter.py", dict(batch_size=8), dict(batch_size=64), code_fix=True,
+    Case("index_add_scatter", "index_add_scatter.py", dict(batch_size=8), dict(batch_size=512), code_fix=True,
          pattern="scatter and index accumulation|embedding backward", primary=True),
-    Case("sort_topk", "sort_topk.py", dict(batch_size=8), dict(batch_size=64), code_fix=True, pattern="full sort",
+    Case("sort_topk", "sort_topk.py", dict(batch_size=8), dict(batch_size=512), code_fix=True, pattern="full sort",
          primary=True),
     Case("empty_cache_loss", "empty_cache_loss.py", dict(batch_size=32), dict(batch_size=512), code_fix=True,
-         pattern="allocator calls per step", primary=True),
-    Case("memory_fraction", "memory_fraction.py", dict(batch_size=16), dict(batch_size=64), code_fix=True,
          pattern="allocator calls per step", primary=True),
     Case("pageable_async_copy", "pageable_async_copy.py", dict(batch_size=32), dict(batch_size=256), code_fix=True,
          pattern="blocking copies or memsets", primary=True),
@@ -109,6 +107,8 @@ CASES = [
          pattern="convs with a bias feed batch norm"),
     Case("zeroed_grads", "zeroed_grads.py", dict(batch_size=32), dict(batch_size=256), code_fix=True,
          pattern="zeroed, not set to None"),
+    Case("memory_fraction", "memory_fraction.py", dict(batch_size=16), dict(batch_size=64), code_fix=True,
+         pattern="allocator calls per step", primary=True),
 ]
 QUICK_CASES = ("hand_attention", "sync__tolist_loss", "launch__single_tensor_adam")
 
@@ -190,6 +190,14 @@ def measured_gain(case: Case, changes: dict, steps: int) -> Optional[float]:
     return 100 * (1 - min(cand) / min(base))
 
 
+def fresh_allocator() -> None:
+    """Each case starts with the allocator as a new process has it: the memory-fraction case sets a per-process
+    limit (which outlives its run, and failed every later case at the 2026-11-27 run) over blocks cached before."""
+    if CUDA:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+
+
 def run_area(out: Path, quick: bool) -> list[dict]:
     rows = Rows("hotspots", out)
     began = time.time()
@@ -199,6 +207,7 @@ def run_area(out: Path, quick: bool) -> list[dict]:
     table = []
     for case in cases:
         expected = case.expected
+        fresh_allocator()
         if time.time() - began > PROFILE_BUDGET_S:
             rows.add(case.name, "verdict", None, note="skipped: out of time")
             continue

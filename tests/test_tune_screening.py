@@ -92,16 +92,23 @@ def test_a_finding_that_explains_a_large_share_has_its_levers_screened_before_th
     assert order.index("compile") < order.index("ddp-bucket-size")  # a small finding: the big levers first
 
 
-def test_a_screened_win_the_budget_cannot_confirm_is_reported_as_such_and_not_kept(tmp_path):
-    # start 30 s (full trials) + profile + screens of 2 s: a 30-s confirmation no longer fits a 70-s budget
+def test_a_screened_win_the_budget_cannot_confirm_is_in_the_recipe_with_its_command_and_not_kept(tmp_path):
+    # start 30 s (full trials) + profile + screens of 2 s: not even two short trials (about 23 s) fit a 55-s budget
     trials = Timed({("compile", "default"): 3.0}, screen_s=2.0, full_s=30.0)
-    summary = run_tuner(tmp_path, trials, diagnosis_of(("compute bound", 0.9, ["bf16"])), budget="70s",
-                        screening=True)
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("compute bound", 0.9, ["bf16"])), budget="55s",
+                        screening=True, report=True)
     entry = screened(summary, "compile=default")
     assert entry["win"] and entry["outcome"].startswith("not confirmed: budget")
     assert summary["kept"] == [] and summary["best"]["label"] == "start" and summary["chain"] == []
     assert "compile=default screened +200%, not confirmed: budget" in summary["stop_reason"]
-    assert summary["unconfirmed"] and summary["spent_s"] <= 70 * 1.05
+    assert summary["unconfirmed"] and summary["spent_s"] <= 55 * 1.05
+    win = summary["recipe"]["unconfirmed"][0]
+    assert win["line"] == "compile=default: screened, not confirmed: +200% (screen)"
+    assert win["command"].startswith("perflab run --workload mlp") and "--compile default" in win["command"]
+    assert "--check-quality" in win["command"]  # the confirmation's own run: full trials with the quality gate
+    recipe_txt = (tmp_path / "tune" / "recipe.txt").read_text()
+    assert win["line"] in recipe_txt and win["command"] in recipe_txt
+    assert win["line"] in (tmp_path / "tune" / "report.md").read_text()
 
 
 def test_a_win_rejected_at_confirmation_is_not_kept_and_says_why(tmp_path):
@@ -260,3 +267,90 @@ def test_a_slow_screen_is_stopped_before_it_eats_the_time_held_to_confirm_a_win(
     assert screened(summary, "compile=default")["status"] == "timeout"
     assert summary["kept"] == ["bf16"], summary["screened"]
     assert summary["spent_s"] <= 60 * 1.05
+
+
+def test_a_win_larger_than_any_candidate_left_could_give_is_confirmed_before_the_smaller_ones_are_screened(tmp_path):
+    # a chain of 360 elementwise ops on an H200: compile screened +787%, then fp16 was screened and 2 s were left for
+    # a confirmation that needed 31 s. The finding predicts +25% for the fused optimizer; the unnamed levers count as
+    # +100%: compile's +200% is larger than all of them, so it is confirmed at once
+    trials = Timed({("compile", "default"): 3.0, ("optimizer_impl", "fused"): 1.2})
+    launch = diagnosis_of(("launch / framework overhead", 0.9, ["compile", "fused-optimizer"],
+                           {"expected_gain_pct": 20.0}))
+    summary = run_tuner(tmp_path, trials, launch, screening=True)
+    names = [name for _, name, _ in trials.configs]
+    confirm = names.index(next(name for name in names if name.endswith("-compile-default") and "screen" not in name))
+    assert names[confirm - 1].endswith("-screen-compile-default")  # confirmed straight after its screen
+    fused_screen = names.index(next(name for name in names if name.endswith("-screen-fused-optimizer")))
+    assert confirm < fused_screen
+    assert summary["kept"][0] == "compile=default"
+
+
+def test_a_win_smaller_than_a_candidate_left_waits_for_the_rounds_screens():
+    from perflab.tune.screening import expected_gain_pct
+    from perflab.tune import candidates as search
+    predicted = search.Proposal("fused-optimizer", "launch / framework overhead", 0.9, 20.0)
+    assert expected_gain_pct(predicted) == pytest.approx(25.0)  # 1 / (1 - 0.2) - 1
+    unpredicted = search.Proposal("compile", screening.INSURANCE_SOURCE, None, None, named=False)
+    assert expected_gain_pct(unpredicted) == screening.UNPREDICTED_GAIN_PCT
+
+
+class TrialsScaled(FakeTrials):
+    """Fake trials that last what they run: 2 s to start, each trial max(--min-trial-s, 0.3 s), 4 s of quality
+    gate; records every config."""
+
+    def __init__(self, factors, **kwargs):
+        super().__init__(factors, **kwargs)
+        self.configs = []
+
+    def __call__(self, cfg, kind, out, time_limit_s=None):
+        self.configs.append((kind, out.name, cfg))
+        self.wall_s = 2.0 + cfg.trials * max(cfg.min_trial_s, 0.3) + (4.0 if cfg.check_quality else 0.0)
+        if time_limit_s is not None and self.wall_s > time_limit_s:
+            self.calls.append((kind, out.name))
+            return TrialOutcome("timeout", time_limit_s, reason="planted: over its limit")
+        return super().__call__(cfg, kind, out, time_limit_s)
+
+
+def test_a_confirmation_sized_to_a_short_remaining_time_runs_fewer_shorter_trials_instead_of_none(tmp_path):
+    # start 15 s, profile 2 s, reference and compile's screen 3 s each: 11 s are left of 35, a full confirmation
+    # (3 trials of 3 s and the gate) needs 15 s; 3 trials of 1 s (9 s) fit
+    trials = TrialsScaled({("compile", "default"): 3.0})
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("elementwise chains", 0.9, ["compile"])),
+                        start=START.replace(check_quality=True), budget="35s", screening=True)
+    confirm = next(cfg for kind, name, cfg in trials.configs if name.endswith("-compile-default")
+                   and "screen" not in name)
+    assert (confirm.trials, confirm.min_trial_s) == (3, 1.0) and confirm.check_quality
+    link = next(link for link in summary["chain"] if link["label"] == "compile=default")
+    assert link["confirmation"]["full"] is False and link["confirmation"]["trials"] == 3
+    assert link["kept"] and link["ci95_pct"][0] is not None  # judged, with the interval its trials give
+    assert screened(summary, "compile=default")["outcome"].startswith("confirmed: kept (3 trials of at least 1 s")
+    assert summary["kept"] == ["compile=default"] and summary["spent_s"] <= 35 * 1.05
+
+
+class CutProfile(Timed):
+    """Every profile runs past its time limit (6,900 kernels a step): stopped, no trace."""
+
+    def __call__(self, cfg, kind, out, time_limit_s=None):
+        if kind == "profile":
+            self.configs.append((kind, out.name, cfg))
+            self.calls.append((kind, out.name))
+            self.limits.append(time_limit_s)
+            return TrialOutcome("timeout", time_limit_s, reason="planted: stopped at its limit")
+        return super().__call__(cfg, kind, out, time_limit_s)
+
+
+def test_a_profile_cut_at_its_limit_leads_to_screening_the_insurance_levers_not_to_an_empty_result(tmp_path):
+    # 600 small tensors updated by Adam(foreach=False): the start's profile ran 65 s of a 90-s budget and was cut
+    trials = CutProfile({("compile", "default"): 3.0})
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("host-device sync", 0.9, [])), budget="90s",
+                        screening=True)
+    assert trials.limits[1] == pytest.approx(0.15 * 90)  # the start's profile: at most 15% of the budget
+    first_round = [entry["label"] for entry in summary["screened"]][:3]
+    assert all(label.split("=")[0] in screening.INSURANCE for label in first_round), first_round
+    assert summary["kept"] == ["compile=default"] and summary["best"]["label"] == "compile=default"
+    assert summary["diagnoses"][0]["cut"] and "cut at its limit (14 s, 15% of the budget)" in summary["profile_cut"]
+    assert any("was cut" in note for note in summary["notes"])
+    assert "cut at its limit" in summary["stop_reason"] and summary["spent_s"] <= 90 * 1.05
+    profiles = [cfg for kind, name, cfg in trials.configs if kind == "profile"]
+    if len(profiles) > 1:  # after a cut, the next profile records one active step
+        assert profiles[1].steps == 3

@@ -120,6 +120,12 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kept(summary: dict) -> str:
+    """The kept levers (or 'nothing'), then each screened win left unconfirmed."""
+    unconfirmed = [win["line"] for win in summary["recipe"].get("unconfirmed") or []]
+    return "; ".join([", ".join(summary["kept"]) or "nothing", *unconfirmed])
+
+
 def _print_summary(summary: dict, out: Path, elapsed_s: float) -> None:
     start, best = summary["start"] or {}, summary["best"] or {}
     speedup = summary.get("speedup")
@@ -128,11 +134,14 @@ def _print_summary(summary: dict, out: Path, elapsed_s: float) -> None:
     bound = f" at p99 ≤ {objective['p99_ms']:g} ms" if objective.get("p99_ms") is not None else ""
     console.print(f"[bold]{start.get(key) or 0:,.1f} → {best.get(key) or 0:,.1f} {unit}{bound}"
                   + (f" ({speedup:.2f}×)" if speedup else "") + "[/]"
-                  f"; kept: {escape(', '.join(summary['kept']) or 'nothing')}", highlight=False)
+                  f"; kept: {escape(_kept(summary))}", highlight=False)
     console.print(f"stopped: {escape(summary['stop_reason'])}; {summary['trials']} trials, "
                   f"{summary['spent_s']:.0f} s of trials ({elapsed_s:.0f} s in all)", highlight=False)
     for note in summary.get("notes") or []:
         console.print(f"[yellow]note[/]: {escape(note)}", highlight=False)
     console.print("recipe:\n  " + escape(summary["recipe"]["command"]) + "\n  " + escape(summary["recipe"]["snippet"]),
                   highlight=False, soft_wrap=True)
+    for win in summary["recipe"].get("unconfirmed") or []:
+        console.print(f"[yellow]{escape(win['line'])}[/]; confirm it with:\n  {escape(win['command'])}",
+                      highlight=False, soft_wrap=True)
     console.print(f"saved {escape(str(out / 'tune.json'))}, report {escape(str(out / 'report.html'))}", highlight=False)

@@ -261,9 +261,10 @@ def _gpu_profile(trace: ParsedTrace, start: float, end: float, steps: int, windo
     any_busy = Intervals.of(kernel_busy, copies)
     gaps = kernel_busy.complement(start, end)
     queue = _launch_queue_us(trace)
-    lockstep = _host_keeps_ahead_without_syncs(trace, kernel_busy, sites, window_us)
+    # an allocator call or a pageable copy drains the queue as a sync does: the relaunch after it is its cost too
+    lockstep = _host_keeps_ahead_without_syncs(trace, kernel_busy, [*sites, *blocking_sites], window_us)
     split_us = _idle_split(trace, gaps, sync_shadow(sites, k, end, queue if lockstep else None),
-                           sync_shadow(blocking_sites, k, end))
+                           sync_shadow(blocking_sites, k, end, queue if lockstep else None))
     kinds = [kernel_kind(name) for name in k.names]
     kind_of = np.array([kinds[i] for i in k.name_id]) if len(k) else np.array([])
     kernel_total = float(k.dur_us.sum()) or 1e-9

@@ -57,6 +57,21 @@ def tune_images(directory: Path, meta: dict[str, Any], out: Path) -> dict[str, s
     return images
 
 
+def _kept(meta: dict[str, Any]) -> str:
+    """'bf16, channels-last', or 'nothing', then any screened win left unconfirmed: never 'nothing' alone when a
+    screen won."""
+    kept = ", ".join(meta.get("kept") or []) or "nothing"
+    lines = [win["line"] for win in (meta.get("recipe") or {}).get("unconfirmed") or []]
+    return "; ".join([kept, *lines])
+
+
+def _unconfirmed_wins(recipe: dict[str, Any]) -> str:
+    """The screened wins the budget left unconfirmed (not in the recipe above), each with its confirming command."""
+    wins = recipe.get("unconfirmed") or []
+    return "\n\n".join(f"{win['line']}; not in the recipe above. Confirm it (full trials, the quality gate) with:"
+                        f"\n\n```\n{win['command']}\n```" for win in wins)
+
+
 def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str]) -> str:
     start, best = meta.get("start") or {}, meta.get("best") or {}
     config = (meta.get("recipe") or {}).get("config") or {}
@@ -70,8 +85,7 @@ def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str])
     key, unit, bound = _objective(meta)
     summary = [f"- **{num(start.get(key))} → {num(best.get(key))} {unit}{bound}**"
                + (f" ({speedup:.2f}×)" if speedup else ""),
-               f"- kept: {', '.join(meta.get('kept') or []) or 'nothing'}; lost: "
-               f"{', '.join(meta.get('lost') or []) or 'nothing'}",
+               f"- kept: {_kept(meta)}; lost: {', '.join(meta.get('lost') or []) or 'nothing'}",
                f"- {meta.get('trials')} trials in {num(meta.get('spent_s'), 0)} s of a "
                f"{num(meta.get('budget_s'), 0)} s budget (warm-up and compilation: "
                f"{num(meta.get('compile_and_warmup_s'), 0)} s of it)",
@@ -93,6 +107,7 @@ def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str])
              "## Result", "\n".join(summary),
              image(f"{unit} waterfall", images.get("waterfall")),
              "## The recipe", f"```\n{recipe.get('command', '')}\n```", f"```python\n{recipe.get('snippet', '')}\n```",
+             _unconfirmed_wins(recipe),
              "## The chain of decisions",
              table(["trial", "bottleneck", "lever", "predicted", "measured", "95% CI", "quality", "decision", "why",
                     "wall s", "compile/warm-up s"], chain_rows, "lllrrrllllr") if chain_rows else "No lever was tried.",

@@ -17,6 +17,7 @@ import torch
 from perflab import options
 from perflab.bottlenecks import LAUNCH_OVERHEAD, NO_CLEAR_BOTTLENECK
 from perflab.config import RunConfig
+from perflab.workloads import load_workload
 
 UNSURE_BELOW = 0.7  # a verdict less confident than this: try the next most likely levers too
 BATCH_LEVER = "batch-size"  # not a lever of perflab.levers: searched only with --tune-batch
@@ -117,6 +118,14 @@ def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: floa
     return list(chosen.values())
 
 
+def predicted_gain_pct(share_pct: Optional[float]) -> Optional[float]:
+    """Throughput gain if a share of the step vanished entirely: 1 / (1 - share) - 1."""
+    if share_pct is None:
+        return None
+    share = min(max(share_pct, 0.0), 99.0) / 100
+    return 100 * (1 / (1 - share) - 1)
+
+
 def usable_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     """CPUs this process may run on (DataLoader workers beyond that only contend): its affinity, or
     os.cpu_count, capped by a container's cgroup v2 CPU quota ("200000 100000" is 2 CPUs; "max" is none)."""
@@ -178,6 +187,29 @@ def compile_over_budget(mode: str, plain_s: float, extra_s: Optional[float], lef
     return f"needs about {cost:.0f} s ({basis}) and {left_s:.0f} s of the budget is left"
 
 
+@dataclass
+class CompileCost:
+    """What compiling adds to a trial, once compile=default's first trial measured it: the estimate of every later
+    compile trial (COMPILE_SCALE per mode)."""
+
+    plain_trial_s: Optional[float] = None  # the trial compile=default was read against
+    extra_s: Optional[float] = None  # what compile=default's trial took beyond it
+
+    def measured(self, plain_trial_s: float, compiled_trial_s: float) -> None:
+        """Record compile=default's trial against the plain one it was read against (the first measurement holds)."""
+        if self.extra_s is None:
+            self.plain_trial_s, self.extra_s = plain_trial_s, max(0.0, compiled_trial_s - plain_trial_s)
+
+    def trial_s(self, mode: str, plain_trial_s: float) -> Optional[float]:
+        """Expected wall time of a trial in `mode` (None: unknown before compile=default finished)."""
+        return compile_trial_cost_s(mode, plain_trial_s, self.extra_s)
+
+    def over_budget(self, mode: str, best_trial_s: float, left_s: float) -> Optional[str]:
+        """Why a full trial in `mode` does not fit in `left_s`, or None."""
+        plain_s = self.plain_trial_s if self.plain_trial_s is not None else best_trial_s
+        return compile_over_budget(mode, plain_s, self.extra_s, left_s)
+
+
 def expand(proposal: Proposal, lever: Any, best: RunConfig, cpu_count: int) -> list[Candidate]:
     """The candidates a lever stands for: its one value, or the values of a numeric or mode search."""
     current = getattr(best, lever.option)
@@ -199,16 +231,6 @@ def expand(proposal: Proposal, lever: Any, best: RunConfig, cpu_count: int) -> l
     return [Candidate(proposal, lever.option, lever.value, ONCE)]
 
 
-def batch_candidates(best: RunConfig, upper_limit: int = 65536) -> list[Candidate]:
-    """Batch sizes to try with --tune-batch: doubling from the current one (bisected after an OOM)."""
-    proposal = Proposal(BATCH_LEVER, "batch size (--tune-batch)", None, None)
-    values, batch = [], best.batch_size * 2
-    while batch <= upper_limit:
-        values.append(batch)
-        batch *= 2
-    return [Candidate(proposal, "batch_size", value, BATCH) for value in values]
-
-
 def bisect_batch(good: int, out_of_memory: int) -> Optional[int]:
     """The batch between the largest that ran and the smallest that ran out of memory; None when adjacent
     enough (within an eighth of the good one)."""
@@ -216,6 +238,29 @@ def bisect_batch(good: int, out_of_memory: int) -> Optional[int]:
     if out_of_memory - good <= max(1, good // 8) or middle in (good, out_of_memory):
         return None
     return middle
+
+
+class WorkloadBuilds:
+    """The workloads a tune builds for the levers' refusals, on the CPU (no CUDA context in the tuning process): the
+    starting point's (once) and, to confirm a refusal, one per candidate's settings (cached). `check` False: none is
+    built and `given` (or None) stands for every one."""
+
+    def __init__(self, start: RunConfig, given: Any = None, check: bool = True):
+        self.start, self.given, self.check = start, given, check
+        self.built_for: dict[str, Any] = {}
+
+    def for_config(self, cfg: Optional[RunConfig] = None) -> Any:
+        """The workload built for the starting point (`cfg` None) or for `cfg`'s settings."""
+        if not self.check:
+            return self.given
+        if cfg is None:
+            if self.given is None:
+                self.given = load_workload(self.start.workload, self.start)
+            return self.given
+        key = repr(cfg.replace(out=None))
+        if key not in self.built_for:
+            self.built_for[key] = load_workload(cfg.workload, cfg)
+        return self.built_for[key]
 
 
 def refusal_before_trying(candidate: Candidate, cfg: RunConfig, lever: Any,

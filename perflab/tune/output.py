@@ -7,8 +7,9 @@ from typing import Any, Optional
 
 from perflab.results import write_json_atomic
 from perflab.tune.decision import unjudged_line
-from perflab.tune.recipe import recipe
+from perflab.tune.recipe import recipe, recipe_text
 from perflab.tune.settings import MAX_QPS
+from perflab.tune.stop import StopReason
 
 # The figure each objective raises, as tune.json's rows name it, and its unit.
 OBJECTIVE_FIGURES = {"throughput": ("throughput", "samples/s"), MAX_QPS: ("max_qps", "q/s")}
@@ -17,7 +18,7 @@ TUNE_JSON = "tune.json"
 CHAIN_KEYS = ("name", "lever", "label", "bottleneck", "proposed_by", "finding_confidence", "predicted_step_share_pct",
               "predicted_gain_pct", "measured_gain_pct", "status", "throughput", "max_qps", "p99_ms", "peak_memory_mb",
               "wall_s", "warmup_s", "compile_s", "against", "dir", "stage", "screened_gain_pct", "screen_trial",
-              "trade")
+              "confirmation", "trade", "warm")
 
 
 def chain_link(row: dict[str, Any]) -> dict[str, Any]:
@@ -54,8 +55,9 @@ def objective_summary(settings) -> dict[str, Any]:
     return summary
 
 
-def tune_summary(tuner, stop_reason: str, command: list[str]) -> dict[str, Any]:
-    """Everything tune.json holds, from a Tuner that has run (or was interrupted)."""
+def tune_summary(tuner, stop_reason: str, command: list[str], stop: Optional[StopReason] = None) -> dict[str, Any]:
+    """Everything tune.json holds, from a Tuner that has run (or was interrupted); `stop`: why it stopped, as a
+    value (None while it runs)."""
     start, best = tuner.baseline_row, tuner.best_row
     trials = tuner.journal.ordered()
     objective = objective_summary(tuner.settings)
@@ -69,9 +71,12 @@ def tune_summary(tuner, stop_reason: str, command: list[str]) -> dict[str, Any]:
         "compile_and_warmup_s": round(sum((row.get("warmup_s") or 0.0) for row in trials), 1),
         "compile_s": round(sum((row.get("compile_s") or 0.0) for row in trials), 1),  # measured, per trial
         "screened": tuner.screener.summary() if tuner.screener is not None else [],
-        "unconfirmed": list(tuner.unconfirmed),
+        "unconfirmed": [win.describe() for win in tuner.unconfirmed],
         "trials": len(trials),
+        "warm_trials": sum(1 for row in trials if row.get("warm")),  # run by the warm worker (perflab/tune/warm.py)
         "stop_reason": stop_reason,
+        "stop": stop.to_dict() if stop is not None else None,
+        "profile_cut": tuner.profile_cut,
         "start": _side(start),
         "best": _side(best),
         "speedup": speedup(start, best, objective["figure"]),
@@ -82,7 +87,7 @@ def tune_summary(tuner, stop_reason: str, command: list[str]) -> dict[str, Any]:
         "chain": [chain_link(row) for row in tuner.chain],
         "notes": list(tuner.notes),
         "not_judged": unjudged_line([row.get("decision") for row in tuner.chain]),
-        "recipe": recipe(tuner.best_cfg, tuner.start, tuner.serve_cfg),
+        "recipe": recipe(tuner.best_cfg, tuner.start, tuner.serve_cfg, tuner.unconfirmed),
     }
 
 
@@ -98,11 +103,11 @@ RECIPE_FILE = "recipe.txt"
 
 
 def write_tune_json(out: Path, summary: dict[str, Any]) -> Path:
-    """tune.json, and recipe.txt beside it: the best confirmed recipe's command line and Python snippet."""
+    """tune.json, and recipe.txt beside it: the best confirmed recipe's command line and Python snippet, then each
+    screened win left unconfirmed with the command that confirms it."""
     path = Path(out) / TUNE_JSON
     write_json_atomic(path, summary)
-    recipe_text = summary.get("recipe") or {}
     temporary = Path(out) / (RECIPE_FILE + ".tmp")
-    temporary.write_text(f"{recipe_text.get('command', '')}\n\n{recipe_text.get('snippet', '')}\n")
+    temporary.write_text(recipe_text(summary.get("recipe") or {}))
     temporary.replace(Path(out) / RECIPE_FILE)
     return path

@@ -1,9 +1,11 @@
 """The tuned configuration as a user takes it away: a `perflab run` command line and a RunConfig(...) snippet;
-with --objective max-qps, the `perflab serve` command line and RunConfig(...) plus ServeConfig(...)."""
+with --objective max-qps, the `perflab serve` command line and RunConfig(...) plus ServeConfig(...). A screened win
+the budget left no room to confirm is listed beside it ("screened, not confirmed: +X% (screen)"), never in it, with
+the `perflab run ...` that confirms it."""
 from __future__ import annotations
 
 import shlex
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from perflab import options
 from perflab.config import RunConfig
@@ -42,13 +44,26 @@ def recipe_snippet(cfg: Any) -> str:
     return f"{type(cfg).__name__}(" + ", ".join(parts) + ")"
 
 
-def recipe(best: RunConfig, start: RunConfig, serve: Optional[ServeConfig] = None) -> dict[str, Any]:
-    """The recipe of the tuned config: `perflab run ...`, or `perflab serve ...` for the max-qps objective."""
+def recipe(best: RunConfig, start: RunConfig, serve: Optional[ServeConfig] = None,
+           unconfirmed: Sequence[Any] = ()) -> dict[str, Any]:
+    """The recipe of the tuned config: `perflab run ...`, or `perflab serve ...` for the max-qps objective; with the
+    screened wins left unconfirmed (each "screened, not confirmed: +X% (screen)" and the command that confirms it)."""
     cfg = recipe_config(best, start)
+    left = {"unconfirmed": [win.to_dict() for win in unconfirmed]}
     if serve is not None:
         argv = serve_argv(cfg, serve)
         return {"command": shlex.join(["perflab", "serve", *argv]), "argv": argv,
                 "snippet": f"serve({recipe_snippet(cfg)}, {recipe_snippet(serve)})", "config": cfg.to_dict(),
-                "serve": serve.to_dict()}
+                "serve": serve.to_dict(), **left}
     return {"command": recipe_command(cfg), "argv": recipe_argv(cfg), "snippet": recipe_snippet(cfg),
-            "config": cfg.to_dict()}
+            "config": cfg.to_dict(), **left}
+
+
+def recipe_text(recipe_record: dict[str, Any]) -> str:
+    """recipe.txt: the command line and the snippet of the best confirmed recipe, then each screened win left
+    unconfirmed (not in the recipe) with the command that confirms it."""
+    text = f"{recipe_record.get('command', '')}\n\n{recipe_record.get('snippet', '')}\n"
+    for win in recipe_record.get("unconfirmed") or []:
+        text += f"\n# {win['line']}; not in the recipe above. Confirm it (full trials, the quality gate) with:\n"
+        text += f"{win['command']}\n"
+    return text

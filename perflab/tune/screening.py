@@ -4,7 +4,10 @@
     screen    = best + one lever, one trial (--trials 1, a short --min-trial-s), no quality gate
                 -> a win when it beats the reference by SCREEN_WIN_PCT (or twice --min-effect-pct) or more
     confirm   = the screened wins, largest screened gain first, each a full trial (every --trials, the quality
-                gate) judged by compare against the best so far; only a confirmed win is kept
+                gate) judged by compare against the best so far; only a confirmed win is kept. The winner first:
+                a win larger than any candidate left to screen could give (its predicted gain) is confirmed at
+                once, before the smaller candidates are screened; a confirmation the budget left cannot hold in
+                full runs fewer, shorter trials (perflab/tune/confirmation.py) rather than none
 
 Successive halving with two rungs: every candidate gets the cheap rung, only winners the expensive one. The
 order of the screens puts the big one-flag levers the diagnosis named first, then the levers named by a finding
@@ -12,7 +15,7 @@ that explains a large share of the step, then the other big ones even where the 
 (INSURANCE: a short screen is cheap next to an 11x that a bandwidth-bound model gets from --compile alone), then
 the diagnosis's other levers, then every other lever its classes suggest; when none of those wins, every other
 lever is screened too (WIDER_SOURCE). A screen that did not win is a loss (the diagnosis is told); a win the budget
-left no room to confirm is reported as such, never kept.
+left no room to confirm is reported as such (with the command that confirms it), never kept.
 """
 from __future__ import annotations
 
@@ -23,6 +26,10 @@ from perflab.config import RunConfig
 from perflab.levers import all_levers
 from perflab.tune import candidates as search
 from perflab.tune import ordering
+from perflab.tune.confirmation import ConfirmationCost, ConfirmationSize, gate_s, size_confirmation
+from perflab.tune.record import SCREEN, TrialRequest, gain_pct
+from perflab.tune.recipe import recipe_command
+from perflab.tune.stop import StopKind, StopReason
 from perflab.tune.trial import OK, QUALITY_FAIL
 
 if TYPE_CHECKING:  # the driver owns the Screener; only its type is needed here
@@ -30,8 +37,7 @@ if TYPE_CHECKING:  # the driver owns the Screener; only its type is needed here
 
 SCREEN_MARGIN_S = 2.0  # a screen stops this much short of the time held for a confirmation ...
 SCREEN_MARGIN_SHARE = 0.02  # ... or this share of the budget, whichever is less
-SCREEN = "screen"  # the stage of a screening trial (tune.jsonl's "stage"); a confirmation's is CONFIRM
-CONFIRM = "confirm"
+CONFIRM = "confirm"  # the stage of a confirmation (tune.jsonl's "stage"); a screen's is SCREEN
 SCREEN_MIN_TRIAL_S = 1.0  # long enough for a DataLoader-fed trial to average its bursts, short next to 3 s
 SCREEN_WIN_PCT = 5.0  # a single trial's gain must pass this (or 2 x --min-effect-pct) to be confirmed
 # The big one-flag levers: screened whenever they apply, named by the diagnosis or not (largest gains seen:
@@ -46,6 +52,12 @@ INSURANCE = tuple(lever.name for lever in sorted((lever for lever in all_levers(
 BIG_FINDING_SHARE_PCT = 20.0
 WIDER_SOURCE = "wider search (nothing the diagnosis proposed won)"
 INSURANCE_SOURCE = "insurance (a big one-flag lever, screened whether or not the diagnosis names it)"
+CUT_PROFILE_SOURCE = "insurance (the profile was cut at its limit: no diagnosis)"
+# A candidate the diagnosis gives no predicted gain (an insurance lever it does not name, the wider search) counts as
+# able to double the throughput: a screened win above that, and above every other prediction left, is confirmed
+# before those candidates are screened (compile screened +787% on a chain of 360 elementwise ops, and the budget
+# then went to screening fp16 and left 2 s for a confirmation that needed 31 s).
+UNPREDICTED_GAIN_PCT = 100.0
 
 
 def screen_config(cfg: RunConfig) -> RunConfig:
@@ -97,10 +109,16 @@ def screening_order(proposals: list[search.Proposal], levers_by_name: dict[str, 
     return sorted(arranged, key=group)  # stable: each group keeps the arranged order
 
 
-def gain_pct(value: Optional[float], reference: Optional[float]) -> Optional[float]:
-    if value is None or not reference:
-        return None
-    return 100 * (value / reference - 1)
+def insurance_proposals(levers_by_name: dict[str, Any]) -> list[search.Proposal]:
+    """The levers every workload is screened with, proposed without a diagnosis (its profile was cut)."""
+    return [search.Proposal(name, CUT_PROFILE_SOURCE, None, None, named=False)
+            for name in INSURANCE if name in levers_by_name]
+
+
+def expected_gain_pct(proposal: search.Proposal) -> float:
+    """What screening a proposal may still find: its finding's predicted gain, or UNPREDICTED_GAIN_PCT."""
+    predicted = search.predicted_gain_pct(proposal.expected_share_pct)
+    return UNPREDICTED_GAIN_PCT if predicted is None else predicted
 
 
 @dataclass
@@ -119,10 +137,31 @@ class Screened:
                 "outcome": self.outcome, "wall_s": self.row.get("wall_s"), "compile_s": self.row.get("compile_s")}
 
 
-def describe(screened: Screened) -> str:
-    """'compile=default screened +40%, not confirmed: budget' for the table, the report and the stop line."""
-    gain = "n/a" if screened.gain_pct is None else f"{screened.gain_pct:+.0f}%"
-    return f"{screened.candidate.label} screened {gain}, {screened.outcome or 'not confirmed'}"
+def _gain_text(gain: Optional[float]) -> str:
+    return "n/a" if gain is None else f"{gain:+.0f}%"
+
+
+@dataclass(frozen=True)
+class UnconfirmedWin:
+    """A screened win the budget left no room to confirm: never kept, but in the recipe with the command that
+    confirms it (a full run of the best plus the lever, with the quality gate)."""
+
+    label: str
+    screened_gain_pct: Optional[float]
+    outcome: str  # not confirmed: why
+    command: str
+
+    def describe(self) -> str:
+        """'compile=default screened +40%, not confirmed: budget (...)' for the stop line and the report."""
+        return f"{self.label} screened {_gain_text(self.screened_gain_pct)}, {self.outcome}"
+
+    def recipe_line(self) -> str:
+        """'compile=default: screened, not confirmed: +40% (screen)' for the recipe."""
+        return f"{self.label}: screened, not confirmed: {_gain_text(self.screened_gain_pct)} (screen)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "screened_gain_pct": self.screened_gain_pct, "outcome": self.outcome,
+                "line": self.recipe_line(), "command": self.command}
 
 
 class Screener:
@@ -130,39 +169,79 @@ class Screener:
 
     def __init__(self, tuner: "Tuner"):
         self.tuner = tuner
+        self.budget = tuner.budget
         self.screens: list[Screened] = []  # every screen of the tune, in order
         self.reference: Optional[dict[str, Any]] = None  # the row of the round's reference trial
         self.references: list[dict[str, Any]] = []  # every round's measured reference (the noise of the best)
-        self.out_of_budget: Optional[str] = None  # why no further screen fits in the budget left
-        self.pending: list[Screened] = []  # this round's wins so far, waiting for their confirmation
+        self.out_of_budget: Optional[StopReason] = None  # why no further screen fits in the budget left
+        self.pending: list[Screened] = []  # this round's wins waiting for their confirmation
+        self.round_wins: list[Screened] = []  # every win screened this round
 
     # ---------------------------------------------------------------------------------------- one round
 
     def round(self) -> bool:
-        """Screen every candidate of this round, then confirm the wins; True when one was kept."""
+        """Screen this round's candidates (a decisive win is confirmed at once), then confirm the other wins;
+        True when one was kept."""
         t = self.tuner
-        arranged = screening_order(search.proposals(t.diagnosis, t.levers), t.levers, t.best_cfg)
-        self.reference = None  # measured before the round's first screen (none when nothing is left to screen)
-        self.out_of_budget = None
-        self.pending = []
-        wins = self._screen_all(arranged)
-        if not wins and not self.out_of_budget:  # nothing the diagnosis pointed at won: every other lever next
-            wins = self._screen_all(self._wider(arranged))
-        wins.sort(key=lambda s: -(s.gain_pct or 0.0))
-        kept_any = False
-        for screened in wins:
-            if screened.outcome:  # settled already this round (a partner confirmed at once, a lever kept)
-                continue
-            kept = self._confirm(screened)
-            kept_any = kept_any or kept
-            if kept:
-                for other in wins:  # one value per lever is kept; its other screened values are moot now
-                    if other is not screened and other.candidate.lever == screened.candidate.lever:
-                        other.outcome = other.outcome or f"not confirmed: {screened.candidate.label} was kept"
-                self._partner(screened.candidate.lever)
+        arranged = screening_order(t.round_proposals(), t.levers, t.best_cfg)
+        self.reference, self.out_of_budget, self.pending, self.round_wins = None, None, [], []
+        kept_any = self._screen_all(arranged)
+        if not self.round_wins and not self.out_of_budget:  # nothing the diagnosis pointed at won: every other lever
+            kept_any = self._screen_all(self._wider(arranged))
+        kept_any = self._confirm_pending() or kept_any
+        self.budget.hold(0.0)
         if self.out_of_budget and not kept_any:
             t.stop(self.out_of_budget)  # the screens the budget could not hold: it is spent, not "nothing won"
         return kept_any
+
+    def _screen_all(self, arranged: list[search.Proposal]) -> bool:
+        """Screen each proposal in turn; True once a decisive win (the winner first) was confirmed and kept: the
+        round's other candidates are then screened after the re-profile, against the new best."""
+        t = self.tuner
+        for index, proposal in enumerate(arranged):
+            if self.out_of_budget:
+                break  # the wins screened so far still go to confirmation (or are reported unconfirmed)
+            if proposal.lever in t.settled or proposal.lever in t.settings.exclude:
+                continue
+            wins = self._screen_lever(search.expand(proposal, t.levers[proposal.lever], t.best_cfg, t.cpu_count))
+            self.pending += wins
+            self.round_wins += wins
+            winner = self._decisive(arranged[index + 1:])
+            if winner is not None and self._confirm_win(winner):
+                return True
+        return False
+
+    def _decisive(self, remaining: list[search.Proposal]) -> Optional[Screened]:
+        """The largest win waiting, when it is larger than any candidate left to screen is predicted to give."""
+        if not self.pending:
+            return None
+        winner = max(self.pending, key=lambda s: s.gain_pct or 0.0)
+        t = self.tuner
+        left = [expected_gain_pct(p) for p in remaining if p.lever not in t.settled and p.lever not in
+                t.settings.exclude and p.lever != winner.candidate.lever]
+        return winner if (winner.gain_pct or 0.0) > max(left, default=float("-inf")) else None
+
+    def _confirm_pending(self) -> bool:
+        """Confirm the round's waiting wins, largest screened gain first; True when one was kept."""
+        kept_any = False
+        for screened in sorted(self.pending, key=lambda s: -(s.gain_pct or 0.0)):
+            if screened.outcome:  # settled already this round (a partner confirmed at once, a lever kept)
+                continue
+            kept_any = self._confirm_win(screened) or kept_any
+        self.pending = []
+        return kept_any
+
+    def _confirm_win(self, screened: Screened) -> bool:
+        """Confirm one win; when kept, its lever's other screened values are moot and its partner comes next."""
+        if screened in self.pending:
+            self.pending.remove(screened)
+        if not self._confirm(screened):
+            return False
+        for other in self.round_wins:  # one value per lever is kept; its other screened values are moot now
+            if other is not screened and other.candidate.lever == screened.candidate.lever:
+                other.outcome = other.outcome or f"not confirmed: {screened.candidate.label} was kept"
+        self._partner(screened.candidate.lever)
+        return True
 
     def _wider(self, arranged: list[search.Proposal]) -> list[search.Proposal]:
         """Every lever the round did not propose, in tune's order: a diagnosis names what it can see (a sync the
@@ -172,38 +251,26 @@ class Screener:
         return ordering.arrange([search.Proposal(name, WIDER_SOURCE, None, None, named=False)
                                  for name in self.tuner.levers if name not in proposed], self.tuner.best_cfg)
 
+    # ---------------------------------------------------------------------------------------- screens
+
     def _reference(self) -> dict[str, Any]:
         """One short trial of the best so far: screens are read against it (same length, same conditions). If it
         did not measure, the best's own full trial is the yardstick."""
         t = self.tuner
-        t._check_budget()
-        row, _ = t._trial(screen_config(t.best_cfg), t.measure, f"screen-{t.best_row['label']}",
-                          {"stage": SCREEN, "reference": True}, time_limit_s=t.time_left_s())
-        if row["status"] != OK or not row.get("throughput"):
-            return {**t.best_row, "wall_s": row["wall_s"]}
-        self.references.append(row)
-        return row
-
-    def _screen_all(self, arranged: list[search.Proposal]) -> list[Screened]:
-        wins = []
-        for proposal in arranged:
-            t = self.tuner
-            if self.out_of_budget:
-                break  # the wins screened so far still go to confirmation (or are reported unconfirmed)
-            if proposal.lever in t.settled or proposal.lever in t.settings.exclude:
-                continue
-            candidates = search.expand(proposal, t.levers[proposal.lever], t.best_cfg, t.cpu_count)
-            wins += self._screen_lever(candidates)
-            self.pending = list(wins)
-        return wins
+        t.check_budget()
+        record = t.record(TrialRequest(screen_config(t.best_cfg), t.measure, f"screen-{t.best_row['label']}",
+                                       {"stage": SCREEN, "reference": True}, time_limit_s=self.budget.left_s()))
+        if record.status != OK or not record.row.get("throughput"):
+            return {**t.best_row, "wall_s": record.row["wall_s"]}
+        self.references.append(record.row)
+        return record.row
 
     def _screen_lever(self, candidates: list[search.Candidate]) -> list[Screened]:
         """Screen a lever's values (a ladder climbs while it pays, patience LADDER_PATIENCE); its wins."""
-        t = self.tuner
         results: list[Screened] = []
         misses, best_gain = 0, None
         for candidate in candidates:
-            if not t._can_try(candidate, estimate_cost=False):
+            if not self.tuner.can_try(candidate, estimate_cost=False):
                 continue
             screened = self.screen(candidate)
             if screened is None:
@@ -216,83 +283,99 @@ class Screener:
             if candidate.search == search.ONCE or (candidate.search == search.LADDER
                                                    and misses >= search.LADDER_PATIENCE):
                 break
-        if not results:
-            return []
-        lever = candidates[0].lever
+        if results:
+            self._settle(candidates[0].lever, results)
+        return [s for s in results if s.win]
+
+    def _settle(self, lever: str, results: list[Screened]) -> None:
+        """A lever screened and lost is told to the diagnosis (not proposed again); one refused or crashed every
+        time is settled without a loss (nothing was measured)."""
+        t = self.tuner
         measured = [s for s in results if s.row["status"] == OK]
-        wins = [s for s in results if s.win]
-        if measured and not wins:  # screened and lost: the diagnosis is told and does not propose it again
+        if measured and not any(s.win for s in results):
             t.settled.add(lever)
             t.lost.append(lever)
         elif not measured:
-            t.settled.add(lever)  # refused or crashed every time: not a loss, nothing was measured
-        return wins
+            t.settled.add(lever)
 
     def screen(self, candidate: search.Candidate) -> Optional[Screened]:
         """One short trial of best + candidate; None (and a skipped entry) when the budget left cannot hold it."""
         t = self.tuner
-        stop = t.budget_reason()  # --max-trials counts screens too
-        if stop is not None:
-            self.out_of_budget = stop
+        self.out_of_budget = t.budget_reason()  # --max-trials counts screens too
+        if self.out_of_budget is not None or not self._has_reference():
             return None
-        cfg = screen_config(t._candidate_config(candidate))
-        if self.reference is None:
-            expected_s = self.tuner.last_profile_s or 0.0  # a profile is one short trial too
-            if expected_s > t.time_left_s():
-                self.out_of_budget = (f"budget spent: {t.spent_s:.0f} s of {t.settings.budget_s:.0f} s (less left "
-                                      f"than a short trial takes, about {expected_s:.0f} s)")
-                return None
-            self.reference = self._reference()
         expected_s = self._expected_screen_s(candidate)
         if expected_s is None:  # a compile mode whose cost scales compile=default's, which did not finish
             t.skipped.setdefault(candidate.label, "not screened: its compile time is unknown (compile=default, "
                                                   "whose compile time it is estimated from, did not finish)")
             return None
-        left = max(0.0, t.time_left_s() - self._confirm_reserve_s())  # past the budget: none left, not minus
-        if expected_s > left:
-            t.skipped.setdefault(candidate.label, f"not screened: needs about {expected_s:.0f} s and "
-                                                  f"{left:.0f} s of the budget is left (after the confirmation of "
-                                                  "the best win screened so far)")
-            if candidate.option != "compile":  # not even a plain screen fits: the budget is spent
-                self.out_of_budget = (f"budget spent: {t.spent_s:.0f} s of {t.settings.budget_s:.0f} s ({left:.0f} s "
-                                      f"left, less than a screen takes, about {expected_s:.0f} s)")
+        self.budget.hold(self._confirm_reserve_s())
+        free_s = self.budget.free_s()
+        if expected_s > free_s:
+            self._no_room(candidate, expected_s, free_s)
             return None
         self.out_of_budget = t.budget_reason()  # spent: end this round's screens, confirm what won so far
         if self.out_of_budget:
             return None
-        context = t._context(candidate)
+        return self._measure_screen(candidate, expected_s, free_s)
+
+    def _has_reference(self) -> bool:
+        """Measure the round's reference before its first screen; False when not even that fits."""
+        if self.reference is not None:
+            return True
+        expected_s = self.tuner.last_profile_s or 0.0  # a profile is one short trial too
+        if expected_s > self.budget.left_s():
+            self.out_of_budget = StopReason(StopKind.BUDGET_SPENT, f"{self.budget.spent_line()} (less left than a "
+                                                                   f"short trial takes, about {expected_s:.0f} s)")
+            return False
+        self.reference = self._reference()
+        return True
+
+    def _no_room(self, candidate: search.Candidate, expected_s: float, free_s: float) -> None:
+        """A screen that does not fit beside the confirmation held: skipped; unless it is a compile mode (costlier
+        than a plain screen), the budget is spent for screens."""
+        self.tuner.skipped.setdefault(candidate.label, f"not screened: needs about {expected_s:.0f} s and "
+                                                       f"{free_s:.0f} s of the budget is left (after the confirmation "
+                                                       "of the best win screened so far)")
+        if candidate.option != "compile":  # not even a plain screen fits: the budget is spent
+            self.out_of_budget = StopReason(StopKind.BUDGET_SPENT, f"{self.budget.spent_line()} ({free_s:.0f} s "
+                                                                   f"left, less than a screen takes, about "
+                                                                   f"{expected_s:.0f} s)")
+
+    def _measure_screen(self, candidate: search.Candidate, expected_s: float, free_s: float) -> Screened:
+        t = self.tuner
+        context = t.context(candidate)
         context.update(stage=SCREEN, against=self.reference["name"],
                        reference_throughput=self.reference.get("throughput"))
         # a screen may not eat the time held for confirming the best win so far (compile=default's first screen is
         # its own compile-time measurement and runs until this limit); it stops a margin short of it, so that the
         # time tune itself spends around a trial does not leave the held confirmation a moment too short
-        limit_s = max(expected_s, left - min(SCREEN_MARGIN_S, SCREEN_MARGIN_SHARE * t.settings.budget_s))
-        row, _ = t._trial(cfg, t.measure, f"screen-{candidate.label}", context, time_limit_s=limit_s)
+        limit_s = max(expected_s, free_s - min(SCREEN_MARGIN_S, self.budget.share_s(SCREEN_MARGIN_SHARE)))
+        record = t.record(TrialRequest(screen_config(t.candidate_config(candidate)), t.measure,
+                                       f"screen-{candidate.label}", context, time_limit_s=limit_s))
+        row = record.row
         gain = gain_pct(row.get("throughput"), self.reference.get("throughput")) if row["status"] == OK else None
         win = gain is not None and gain >= win_threshold_pct(t.settings.min_effect_pct)
         if candidate.option == "compile" and candidate.value == "default" and row["status"] == OK:
-            # what compiling adds to a trial, measured: the estimate of every later compile trial
-            t.plain_trial_s = self.reference["wall_s"]
-            t.compile_extra_s = max(0.0, row["wall_s"] - self.reference["wall_s"])
-        screened = Screened(candidate, row, gain, win, "" if win else self._why_no_win(row, gain))
+            t.compile_cost.measured(self.reference["wall_s"], row["wall_s"])  # every later compile's estimate
+        screened = Screened(candidate, row, gain, win, "" if win else self._why_no_win(row))
         self.screens.append(screened)
         t.observer.note(f"{candidate.label}: screened {'n/a' if gain is None else f'{gain:+.1f}%'} ("
-                        + ("a win: confirmed in full once the round's screens are done)" if win else
-                           f"{screened.outcome})"))
+                        + ("a win: confirmed once it is the largest left to find, or when the round's screens are "
+                           "done)" if win else f"{screened.outcome})"))
         return screened
 
     def _confirm_reserve_s(self) -> float:
-        """What confirming the largest win screened so far this round will take: screening more must leave it. A
-        win whose confirmation no longer fits the budget holds nothing back (it cannot be kept whatever is left):
-        the reserve is for the largest win that can still be confirmed, and the rest may screen cheaper levers."""
-        left = self.tuner.time_left_s()
+        """What confirming the largest win waiting will take (sized to the budget left): screening more must leave
+        it. A win that cannot be confirmed even with fewer, shorter trials holds nothing back."""
+        left_s = self.budget.left_s()
         for win in sorted(self.pending, key=lambda s: s.gain_pct or 0.0, reverse=True):
-            expected_s = self._expected_confirm_s(win)
-            if expected_s <= left:
-                return expected_s
+            size = size_confirmation(self._confirmation_cost(win), left_s)
+            if size is not None:
+                return size.expected_s
         return 0.0
 
-    def _why_no_win(self, row: dict[str, Any], gain: Optional[float]) -> str:
+    def _why_no_win(self, row: dict[str, Any]) -> str:
         if row["status"] != OK:
             return f"not measured: {row['status']} ({row.get('reason') or ''})"
         return f"no win (below +{win_threshold_pct(self.tuner.settings.min_effect_pct):g}%)"
@@ -303,46 +386,73 @@ class Screener:
         plain = self.reference["wall_s"]
         if candidate.option != "compile":
             return plain
-        return search.compile_trial_cost_s(candidate.value, plain, self.tuner.compile_extra_s)
+        return self.tuner.compile_cost.trial_s(candidate.value, plain)
 
     # ---------------------------------------------------------------------------------------- confirmation
 
     def _confirm(self, screened: Screened) -> bool:
-        """A full trial with the quality gate, judged against the best so far; True when kept."""
+        """A full trial with the quality gate (fewer, shorter ones where the budget left cannot hold all), judged
+        against the best so far; True when kept."""
         t = self.tuner
         candidate = screened.candidate
-        if not t._can_try(candidate, estimate_cost=False):
+        if not t.can_try(candidate, estimate_cost=False):
             screened.outcome = f"not confirmed: {t.skipped.get(candidate.label, 'not applicable any more')}"
             return False
         stop = t.budget_reason()
         if stop is not None:  # --max-trials reached: the win stays screened, never kept unconfirmed
-            screened.outcome = f"not confirmed: {stop}"
-            t.unconfirmed.append(describe(screened))
             self.out_of_budget = stop
+            self._leave_unconfirmed(screened, f"not confirmed: {stop.text()}")
             return False
-        expected_s = self._expected_confirm_s(screened)
-        if expected_s > t.time_left_s():
-            screened.outcome = (f"not confirmed: budget (a full trial needs about {expected_s:.0f} s, "
-                                f"{max(0.0, t.time_left_s()):.0f} s left)")
-            t.unconfirmed.append(describe(screened))
+        cost = self._confirmation_cost(screened)
+        size = size_confirmation(cost, self.budget.left_s())
+        if size is None:
+            shortest = cost.expected_s(min(2, cost.full_trials), min(cost.full_min_trial_s, SCREEN_MIN_TRIAL_S))
+            self._leave_unconfirmed(screened, f"not confirmed: budget (a confirmation needs about {shortest:.0f} s "
+                                              f"even with fewer, shorter trials; "
+                                              f"{max(0.0, self.budget.left_s()):.0f} s left)")
             return False
-        kept = t._try(candidate, extra={"stage": CONFIRM, "screened_gain_pct": screened.gain_pct,
-                                        "screen_trial": screened.row["name"]})
+        return self._run_confirmation(screened, size)
+
+    def _run_confirmation(self, screened: Screened, size: ConfirmationSize) -> bool:
+        t = self.tuner
+        candidate = screened.candidate
+        extra = {"stage": CONFIRM, "screened_gain_pct": screened.gain_pct, "screen_trial": screened.row["name"],
+                 "confirmation": size.to_dict()}
+        if not size.full:
+            t.observer.note(f"{candidate.label}: confirmed with {size.describe()}")
+        kept = t.try_candidate(candidate, extra, None if size.full else (size.trials, size.min_trial_s))
         row = t.chain[-1]
         t.settled.add(candidate.lever)
+        sized = "" if size.full else f" ({size.describe()})"
         if kept:
-            screened.outcome = "confirmed: kept"
-        else:
-            screened.outcome = f"not confirmed: {(row.get('decision') or {}).get('why') or row['status']}"
-            judged = (row.get("decision") or {}).get("judged", True) and row["status"] in (OK, QUALITY_FAIL)
-            if judged and candidate.lever not in t.lost:
-                t.lost.append(candidate.lever)
-        return kept
+            screened.outcome = f"confirmed: kept{sized}"
+            return True
+        screened.outcome = f"not confirmed: {(row.get('decision') or {}).get('why') or row['status']}{sized}"
+        judged = (row.get("decision") or {}).get("judged", True) and row["status"] in (OK, QUALITY_FAIL)
+        if row["status"] not in (OK, QUALITY_FAIL):  # stopped or crashed: the win stands, unconfirmed
+            self._leave_unconfirmed(screened, screened.outcome)
+        elif judged and candidate.lever not in t.lost:
+            t.lost.append(candidate.lever)
+        return False
 
-    def _expected_confirm_s(self, screened: Screened) -> float:
-        """The screen's wall time plus what the full trials and the gate added to the best's own trial."""
-        full_extra = max(0.0, self.tuner.best_row["wall_s"] - (self.reference or {}).get("wall_s", 0.0))
-        return screened.row["wall_s"] + full_extra
+    def _leave_unconfirmed(self, screened: Screened, outcome: str) -> None:
+        """The win stays screened, never kept: said in the stop line and put in the recipe with its command."""
+        t = self.tuner
+        screened.outcome = outcome
+        command = recipe_command(t.trial_config(t.candidate_config(screened.candidate)))
+        t.unconfirmed.append(UnconfirmedWin(screened.candidate.label, screened.gain_pct, outcome, command))
+
+    def _confirmation_cost(self, screened: Screened) -> ConfirmationCost:
+        """The screen's wall time plus the trials beyond its one and what a full trial of the best added beyond its
+        own trials (the quality gate)."""
+        t = self.tuner
+        cfg, best = t.best_cfg, t.best_row
+        screen_min_trial_s = min(cfg.min_trial_s, SCREEN_MIN_TRIAL_S)
+        reference_s = (self.reference or {}).get("wall_s", 0.0)
+        gate = gate_s(best["wall_s"], reference_s, _steps_s(cfg, best.get("throughput")), cfg.trials,
+                      cfg.min_trial_s, screen_min_trial_s)
+        return ConfirmationCost(screened.row["wall_s"], screen_min_trial_s,
+                                _steps_s(cfg, screened.row.get("throughput")), gate, cfg.trials, cfg.min_trial_s)
 
     def _partner(self, lever: str) -> None:
         """The lever a kept one needs (channels-last after bf16), screened and confirmed at once."""
@@ -363,3 +473,10 @@ class Screener:
 
     def summary(self) -> list[dict[str, Any]]:
         return [screened.to_dict() for screened in self.screens]
+
+
+def _steps_s(cfg: RunConfig, throughput: Optional[float]) -> float:
+    """The timed steps of one trial of `cfg` at `throughput` samples/s (0 without a figure)."""
+    if not throughput or not cfg.batch_size:
+        return 0.0
+    return cfg.steps * cfg.batch_size / throughput
