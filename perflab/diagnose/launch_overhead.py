@@ -5,6 +5,7 @@ from typing import Optional
 
 from perflab.bottlenecks import LAUNCH_OVERHEAD, NO_HOST_SYNCS, SINGLE_TENSOR_UPDATES, TRAINING
 from perflab.diagnose.findings import Context, Finding, clamp, gain, rounded
+from perflab.diagnose.host_calls import MIN_STEP_PCT, HostCall, top_host_call
 from perflab.diagnose.launch_sources import LaunchSources, launch_sources
 from perflab.levers import levers_for
 
@@ -59,8 +60,25 @@ def launch_overhead(ctx: Context) -> Optional[Finding]:
         unit = sources.unit.replace(" ", "_")
         evidence[f"{unit}_by_phase_per_step"] = sources.by_phase
         evidence[f"{unit}_by_module_per_step"] = sources.by_module
+    call = top_host_call(ctx.trace, ctx.profile.start_us, ctx.profile.end_us, ctx.profile.steps)
+    if call is not None and ctx.step_pct(call.ms_per_step) >= MIN_STEP_PCT:
+        summary, advice = _host_call_first(ctx, call, summary, advice, evidence)
     return Finding(cls=LAUNCH_OVERHEAD, confidence=confidence, summary=summary, evidence=rounded(evidence),
                    levers=levers, advice=advice, expected_gain_pct=gain(expected), gain_basis=basis)
+
+
+def _host_call_first(ctx: Context, call: HostCall, summary: str, advice: list[str],
+                     evidence: dict) -> tuple[str, list[str]]:
+    """A host slow for one call of the user's code: the call is named first, its removal the first move (worth its
+    host time: the launches behind it then keep up)."""
+    share = ctx.step_pct(call.ms_per_step)
+    move = f"code: {call.call}() out of the step"
+    evidence.update({"host_call": call.call, "host_call_caller": call.caller, "host_call_ms_per_step": call.ms_per_step,
+                     "host_call_step_pct": share, "expected_gain_by_lever_pct": {move: share}})
+    first = (f"in {call.caller}: {call.call}() takes {share:.0f}% of the step on the host ({call.calls_per_step:g} "
+             "calls a step): do it once, outside the step (a registered buffer, a tensor made on its device), or "
+             "vectorise it; the launches it delays then keep ahead of the GPU")
+    return f"{call.text(ctx.profile.step_ms)}; {summary}", [first, *advice]
 
 
 def _by_source(sources: LaunchSources, summary: str, levers: list[str],
