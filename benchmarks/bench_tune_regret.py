@@ -204,7 +204,7 @@ def run_tune(folder: Path, start: RunConfig, budget: str, slice_s: Optional[floa
     timing_file = folder / "tune_wall_s.json"
     if _tune_finished(folder):  # measured in an earlier call: reported again, not rerun
         return {"summary": json.loads((out / "tune.json").read_text()), "wall_s": _timing(folder)["wall_s"],
-                "finished": True}
+                "finished": True, "rows": _rows(out)}
     earlier_s = _timing(folder).get("wall_s", 0.0) if resume else 0.0
     if slice_s:
         signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -220,7 +220,21 @@ def run_tune(folder: Path, start: RunConfig, budget: str, slice_s: Optional[floa
         signal.alarm(0)
     wall_s = earlier_s + time.perf_counter() - began
     timing_file.write_text(json.dumps({"wall_s": wall_s, "finished": finished}))
-    return {"summary": summary, "wall_s": wall_s, "finished": finished}
+    return {"summary": summary, "wall_s": wall_s, "finished": finished, "rows": _rows(out)}
+
+
+def _rows(out: Path) -> list[dict[str, Any]]:
+    path = out / "tune.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def screen_overhead_s(rows: list[dict[str, Any]]) -> tuple[Optional[float], int]:
+    """The median of the warm screens' overhead: wall time less the lever's compile and the measured window (the
+    issue asks <= 3 s), and how many screens it is over."""
+    costs = sorted(row["wall_s"] - (row.get("compile_s") or 0.0) - row["timed_s"] for row in rows
+                   if row.get("warm") and "-screen-" in row.get("name", "") and row.get("timed_s") is not None
+                   and row.get("wall_s") is not None)
+    return (round(costs[len(costs) // 2], 2) if costs else None), len(costs)
 
 
 def _timing(folder: Path) -> dict[str, Any]:
@@ -263,6 +277,7 @@ def run(out: Path, quick: bool) -> list[dict]:
     table = []
     for name in names:
         start, budget = chosen[name]
+        budget = os.environ.get("BENCH_REGRET_BUDGET") or budget  # issue 37: 2m for the planted ones, 5m for resnet50
         folder = out / card / name  # singles and tune of one workload on one kind of card (H100 or H200)
         folder.mkdir(parents=True, exist_ok=True)
         left = None if deadline is None else deadline - time.perf_counter()
@@ -284,7 +299,8 @@ def run(out: Path, quick: bool) -> list[dict]:
             else:
                 print(f"=== {name}: tune left for a later call ({left:.0f} s of the deadline left)", flush=True)
         table.append(record(rows, name, budget, measured, tuned))
-    print("\nworkload | budget | best single | best pair | tune | tune took | tune/single | tune/pair | noise | kept")
+    print("\nworkload | budget | best single | best pair | tune | tune took | tune/single | tune/pair | noise | kept | "
+          "warm screen overhead")
     for line in table:
         print(line, flush=True)
     return rows.rows
@@ -301,7 +317,7 @@ def record(rows: Rows, name: str, budget: str, measured: Optional[dict[str, Any]
         for label, row in {**measured["singles"], **measured["pairs"]}.items():
             value = row["throughput"] / base if row.get("throughput") and base else None
             rows.add(name, f"lever {label}", value, "x", f"{row['status']}; {row['wall_s']} s")
-    speedup = took = None
+    speedup = took = overhead = None
     kept = ""
     if tuned is not None:
         summary = tuned["summary"]
@@ -314,6 +330,9 @@ def record(rows: Rows, name: str, budget: str, measured: Optional[dict[str, Any]
                  + ("" if tuned["finished"] else "; interrupted slice: run again with the same --out"))
         for entry in summary.get("screened") or []:
             rows.add(name, f"screened {entry['label']}", entry.get("screened_gain_pct"), "% gain", entry["outcome"])
+        overhead, screens = screen_overhead_s(tuned.get("rows") or [])
+        rows.add(name, "warm screen overhead (median)", overhead, "s",
+                 f"{screens} warm screens: wall time less compile and the measured window")
     noise = noise_pct(measured) if measured is not None else None
     if noise is not None:
         rows.add(name, "fp32 eager noise", noise, "%", "two single trials of the start, first and last")
@@ -332,7 +351,7 @@ def record(rows: Rows, name: str, budget: str, measured: Optional[dict[str, Any]
         return inside if value is None and gain_inside_noise else fmt(value, "%")
     return (f"{name} | {budget} | {single[0]} {fmt(single[1])} | {pair[0]} {fmt(pair[1])} | {fmt(speedup)} | "
             f"{fmt(took, ' s')} | {fmt_share(shares[0], single[1])} | {fmt_share(shares[1], pair[1])} | "
-            f"{'n/a' if noise is None else f'{noise:.1f}%'} | {kept}")
+            f"{'n/a' if noise is None else f'{noise:.1f}%'} | {kept} | {fmt(overhead, ' s')}")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ from perflab.profile.nsys import nsys_command, nsys_hooks, save_nsys_command
 from perflab.quality import run_quality_gate
 from perflab.results import Result, write_json_atomic
 from perflab.version import __version__
-from perflab.workloads import Workload, default_batch, load_workload
+from perflab.workloads import Workload, default_batch
+from perflab.workloads.reuse import load_or_build
 from perflab.diagnose import DIAGNOSIS_FILE, diagnose
 from perflab.diagnose.communication import communication_profile
 from perflab.diagnose.decode import classify_decode
@@ -86,7 +87,7 @@ def load(workload: Union[Workload, str, None], cfg: RunConfig) -> Workload:
     seed_everything(cfg.seed)
     if isinstance(workload, Workload):
         return workload
-    return load_workload(cfg.workload, cfg)
+    return load_or_build(cfg)  # tune's warm worker reuses the workload it built (perflab/workloads/reuse.py)
 
 
 @dataclass

@@ -79,6 +79,9 @@ class Lever:
     when_lost: str  # what its loss teaches: the cost it left in place, and what acts on that
     tune: TuneHints
     checks: Refusal = field(default=lambda *_: None)  # what the option table cannot know (the workload, ...)
+    # True: a tune trial with this lever runs in a fresh process, not tune's warm worker (perflab/tune/warm.py): the
+    # lever starts processes of its own (DataLoader workers, ranks) or changes what a process keeps for good.
+    changes_process: bool = False
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -162,6 +165,11 @@ def lever_names() -> list[str]:
 
 def active_levers(cfg) -> list[Lever]:
     return [lever for lever in all_levers() if lever.is_active(cfg)]
+
+
+def process_changing_levers(cfg) -> list[str]:
+    """The names of cfg's active levers that need a fresh process (Lever.changes_process)."""
+    return [lever.name for lever in active_levers(cfg) if lever.changes_process]
 
 
 def check_levers(cfg, workload, device: torch.device) -> list[Lever]:

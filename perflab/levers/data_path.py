@@ -49,14 +49,15 @@ LEVERS = [
           in_code="DataLoader(..., num_workers=N)",
           when_lost="more DataLoader workers lost: the per-item work itself is the cost: cache decoded/pre-processed "
                     "items, or move the augmentation to the GPU in batches",
-          tune=TuneHints(ONE_TRIAL, screen_always=5), checks=_needs_loader("--workers")),
+          tune=TuneHints(ONE_TRIAL, screen_always=5), checks=_needs_loader("--workers"), changes_process=True),
     Lever("persistent-workers", "persistent_workers", True, "keep DataLoader workers alive between epochs",
           "--workers N", (Address(INPUT_PIPELINE, 2),), 11, _set_persistent,
           in_code="DataLoader(..., num_workers=N, persistent_workers=True)",
           when_lost="persistent workers lost: worker start-up is not the cost; the per-item work is: cache "
                     "decoded items or augment on the GPU",
           tune=TuneHints(ONE_TRIAL, data_path=LOADER_QUEUE),
-          checks=first_refusal(_needs_loader("--persistent-workers"), _needs_workers("--persistent-workers"))),
+          checks=first_refusal(_needs_loader("--persistent-workers"), _needs_workers("--persistent-workers")),
+          changes_process=True),
     Lever("prefetch-factor", "prefetch_factor", None, "batches each worker loads ahead",
           "--workers N", (Address(INPUT_PIPELINE, 3, NO_WORKERS), Address(INPUT_PIPELINE, 1, WITH_WORKERS)), 12,
           _set_prefetch_factor,
@@ -64,7 +65,8 @@ LEVERS = [
           when_lost="a deeper prefetch queue lost: the loader is slower than the step on average, not just "
                     "bursty: make each item cheaper (cache, GPU augmentation)",
           tune=TuneHints(ONE_TRIAL, data_path=LOADER_QUEUE),
-          checks=first_refusal(_needs_loader("--prefetch-factor"), _needs_workers("--prefetch-factor"))),
+          checks=first_refusal(_needs_loader("--prefetch-factor"), _needs_workers("--prefetch-factor")),
+          changes_process=True),
     Lever("pin-memory", "pin_memory", True, "page-locked host batches: faster, asynchronous copies to the GPU "
           "(on by default on CUDA; --no-pin-memory turns it off)",
           "CUDA", (Address(H2D_COPIES, 1, PAGEABLE_COPIES),), 13, _set_pin_memory,

@@ -158,7 +158,7 @@ LEVERS = [
                   "and a DistributedSampler",
           when_lost="more ranks lost: communication costs what the split compute saved; the collectives levers, "
                     f"or {MORE_COMPUTE_PER_ALL_REDUCE}",
-          tune=TuneHints(ONE_TRIAL), checks=_in_a_rank),
+          tune=TuneHints(ONE_TRIAL), checks=_in_a_rank, changes_process=True),
     Lever("bf16-comm-hook", "ddp_comm_hook", "bf16", "all-reduce gradients in bf16: half the bytes",
           "CUDA, --nproc 2+, --parallel ddp, --mode train", (Address(COLLECTIVES, 5, DDP),), 47, _apply_comm_hook,
           in_code="ddp_model.register_comm_hook(None, default_hooks.bf16_compress_hook) "

@@ -12,7 +12,8 @@ Modules: settings (TuneConfig, --budget parsing), budget (spent, left, held back
 two stages of a round: a short screen of every candidate, full trials only for the screened wins, the largest first),
 confirmation (a confirmation sized to the budget left), candidates (what to try and with which values; compile
 modes' estimated cost), ordering (tune's order of the proposals: cheap and paired levers first), retry (one
-more try for a lever inside the noise against a large prediction), trial (one trial's process, classified), record (one trial run or
+more try for a lever inside the noise against a large prediction), trial (one trial's process, classified), warm
+and worker (the default runner: most trials in one warm worker process), record (one trial run or
 reused, its row and its journal line), journal (tune.jsonl), decision (keep or reject), objective (--objective
 max-qps: serve trials judged by max QPS), stop (why the search stopped, and the stop line), driver (the loop),
 output (tune.json), recipe (the tuned command line and RunConfig, and the screened wins left unconfirmed).
@@ -28,6 +29,7 @@ from perflab.tune.driver import Tuner, TuneObserver
 from perflab.tune.output import TUNE_JSON, tune_summary, write_tune_json
 from perflab.tune.settings import TuneConfig, parse_duration
 from perflab.tune.stop import StopKind, StopReason
+from perflab.tune.warm import WarmRunner
 
 INTERRUPTED = "interrupted"
 IN_PROGRESS = "in progress (tune.json is rewritten after every trial)"
@@ -39,8 +41,8 @@ def tune(start: RunConfig, settings: TuneConfig, out: Union[str, Path], observer
     """Tune from `start` into `out`; returns the tune.json summary. On KeyboardInterrupt, tune.json is written
     for what finished and the interrupt propagates (resume with settings.resume=True). `report` writes the
     report into the folder at the end (the CLI passes perflab.report.build.write_report), inside the budget."""
-    with locked_out(Path(out)):  # one writer per tune folder
-        tuner = Tuner(start, settings, Path(out), observer=observer, **tuner_options)
+    with locked_out(Path(out)), WarmRunner() as warm:  # one writer per tune folder; its warm worker ends with it
+        tuner = Tuner(start, settings, Path(out), observer=observer, **{"runner": warm, **tuner_options})
         # tune.json holds the best confirmed recipe at any moment: rewritten after every trial, and on Ctrl-C
         tuner.recorder.on_record = lambda: write_tune_json(tuner.out, tune_summary(tuner, IN_PROGRESS, command or []))
         try:

@@ -1,9 +1,10 @@
 """One trial: `python -m perflab run|profile|serve ... --out DIR` in its own process, timed and classified.
 
-A trial runs in a child process so that compile caches, CUDA errors and out-of-memory states die with it.
-Its whole wall time (interpreter start, workload build, compilation, warm-up, timed steps, quality gate)
-is what the budget is charged. The child's output goes to DIR.log beside the run folder (a run refuses a
-folder holding files it did not write).
+A cold trial runs in a child process so that compile caches, CUDA errors and out-of-memory states die with it; tune's
+default runner (perflab/tune/warm.py) sends most trials to one warm worker process instead, which runs the same
+arguments and is classified here the same way. Its whole wall time (interpreter start, workload build, compilation,
+warm-up, timed steps, quality gate) is what the budget is charged. The trial's output goes to DIR.log beside the run
+folder (a run refuses a folder holding files it did not write).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class TrialOutcome:
     reason: str = ""
     result: Optional[Result] = None
     files: dict[str, str] = field(default_factory=dict)
+    warm: bool = False  # run by tune's warm worker (perflab/tune/warm.py), not in a process of its own
 
     @property
     def measured(self) -> bool:
@@ -62,15 +64,32 @@ def profile_capture(steps: int) -> CaptureOptions:
 
 
 
-def trial_command(cfg: RunConfig, kind: str, out: Path, serve: Optional[ServeConfig] = None) -> list[str]:
-    """The child's command line: `python -m perflab run|profile <cfg's options> --out DIR`, or `serve` with the
-    options serve takes and the serve settings."""
+def trial_argv(cfg: RunConfig, kind: str, out: Path, serve: Optional[ServeConfig] = None) -> list[str]:
+    """perflab's arguments for a trial: `run|profile <cfg's options> --out DIR`, or `serve` with the options serve
+    takes and the serve settings (a cold trial's process and the warm worker both run these)."""
     if kind == "serve":
-        return [sys.executable, "-m", "perflab", kind, *serve_argv(cfg, serve or ServeConfig()), "--out", str(out)]
-    argv = [sys.executable, "-m", "perflab", kind, *cfg.to_argv(kind)]
+        return [kind, *serve_argv(cfg, serve or ServeConfig()), "--out", str(out)]
+    argv = [kind, *cfg.to_argv(kind)]
     if kind == "profile":
         argv += capture_argv(profile_capture(cfg.steps))
     return argv + ["--out", str(out)]
+
+
+def trial_command(cfg: RunConfig, kind: str, out: Path, serve: Optional[ServeConfig] = None) -> list[str]:
+    """The child's command line: `python -m perflab` and the trial's arguments."""
+    return [sys.executable, "-m", "perflab", *trial_argv(cfg, kind, out, serve)]
+
+
+def fresh_out(out: Path) -> None:
+    """An empty place for a trial's run folder: one left by a trial interrupted before it was recorded is removed."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+
+def compile_cache_dir(out: Path) -> Path:
+    """The compile caches every trial of a tune shares: in the tune directory (`out`'s grandparent)."""
+    return out.parent.parent / COMPILE_CACHE_DIR
 
 
 def log_path(out: Path) -> Path:
@@ -95,9 +114,7 @@ def run_trial(cfg: RunConfig, kind: str, out: Path, time_limit_s: Optional[float
     """Run one trial in a fresh process and classify how it ended; KeyboardInterrupt if it was interrupted.
     With `time_limit_s`, a child still running then is killed and the trial is a TIMEOUT; `serve`: the settings
     of a serve trial. The compile caches live in the tune directory (`out`'s grandparent)."""
-    if out.exists():  # a trial that was interrupted before it was recorded: start it again from nothing
-        shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    fresh_out(out)
     command = trial_command(cfg, kind, out, serve)
     began = time.perf_counter()
     with open(log_path(out), "w") as log:
@@ -106,18 +123,30 @@ def run_trial(cfg: RunConfig, kind: str, out: Path, time_limit_s: Optional[float
         # subprocess.run kills the child if this process is interrupted while waiting for it, or at the limit.
         try:
             finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      timeout=time_limit_s, env=compile_cache_env(out.parent.parent /
-                                                                                  COMPILE_CACHE_DIR))
+                                      timeout=time_limit_s, env=compile_cache_env(compile_cache_dir(out)))
         except subprocess.TimeoutExpired:
-            saved = _measured_before_the_limit(kind, out)
-            if saved is not None:  # stopped while printing or exiting: the measurement itself is whole
-                return classify(saved, log_path(out).read_text(errors="replace"), out, time.perf_counter() - began)
-            return TrialOutcome(TIMEOUT, time.perf_counter() - began, f"stopped after {time_limit_s:.0f} s, its time "
-                                "limit (the budget it could use when it began)", files={"log": log_path(out).name})
-    wall_s = time.perf_counter() - began
-    if finished.returncode in INTERRUPTED_EXITS:
+            return stopped_at_limit(kind, out, time_limit_s, began)
+    return finished_trial(finished.returncode, out, time.perf_counter() - began)
+
+
+def finished_trial(returncode: int, out: Path, wall_s: float, warm: bool = False) -> TrialOutcome:
+    """The outcome of a trial that ended with `returncode` (its process's, or the warm worker's answer for it);
+    KeyboardInterrupt if it was interrupted."""
+    if returncode in INTERRUPTED_EXITS:
         raise KeyboardInterrupt
-    return classify(finished.returncode, log_path(out).read_text(errors="replace"), out, wall_s)
+    outcome = classify(returncode, log_path(out).read_text(errors="replace"), out, wall_s)
+    outcome.warm = warm
+    return outcome
+
+
+def stopped_at_limit(kind: str, out: Path, time_limit_s: Optional[float], began: float,
+                     warm: bool = False) -> TrialOutcome:
+    """The outcome of a trial killed at its time limit: TIMEOUT, unless its result was saved whole first."""
+    saved = _measured_before_the_limit(kind, out)
+    if saved is not None:  # stopped while printing or exiting: the measurement itself is whole
+        return finished_trial(saved, out, time.perf_counter() - began, warm)
+    return TrialOutcome(TIMEOUT, time.perf_counter() - began, f"stopped after {time_limit_s:.0f} s, its time "
+                        "limit (the budget it could use when it began)", files={"log": log_path(out).name}, warm=warm)
 
 
 def _measured_before_the_limit(kind: str, out: Path) -> Optional[int]:
@@ -166,8 +195,12 @@ def error_line(log: str) -> str:
 
 
 def trial_figures(outcome: TrialOutcome) -> dict[str, Any]:
-    """The numbers of a trial that tune.jsonl records (throughput with its interval, latency, memory, costs; a
-    serve trial's max QPS)."""
+    """What tune.jsonl records of a trial beside its status: whether it ran warm, and its numbers (throughput with
+    its interval, latency, memory, costs; a serve trial's max QPS)."""
+    return {"warm": outcome.warm, **_measured_figures(outcome)}
+
+
+def _measured_figures(outcome: TrialOutcome) -> dict[str, Any]:
     if outcome.result is None:
         return {}
     metrics = outcome.result.metrics
@@ -178,5 +211,6 @@ def trial_figures(outcome: TrialOutcome) -> dict[str, Any]:
             "p50_ms": latency.p50, "p99_ms": latency.p99,
             "peak_memory_mb": metrics.peak_memory.mb,
             "warmup_s": metrics.warmup_s, "compile_s": metrics.compile_s,
+            "timed_s": sum(trial.wall_s for trial in outcome.result.trials),  # the measured window
             "mfu_pct": metrics.flops.mfu_pct if metrics.flops else None,
             "quality": (outcome.result.quality or {}).get("verdict")}
