@@ -196,6 +196,23 @@ def test_load_probe_sees_another_process_busy_during_a_trial():
     assert load.other_cpu_cores is not None and load.other_cpu_cores > 0.5 and load.busy
 
 
+@pytest.mark.parametrize("other_ticks,busy", [(2, False), (6, True)])
+def test_a_20_ms_trial_is_not_called_busy_on_the_two_ticks_a_tick_counter_can_misread(monkeypatch, other_ticks,
+                                                                                         busy):
+    from perflab.harness import interference
+    totals = iter([1000, 1000 + other_ticks])
+    clock = iter([50.0, 50.02])
+    monkeypatch.setattr(interference, "_total_busy_ticks", lambda: next(totals))
+    monkeypatch.setattr(interference, "_processes", lambda: {})
+    monkeypatch.setattr(interference.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(interference, "CLOCK_TICKS", 100)
+    probe = LoadProbe(None)
+    probe.begin()
+    load = probe.end()
+    assert load.busy is busy
+    assert load.other_cpu_cores == pytest.approx(max(0, other_ticks - 2) / 100 / 0.02)
+
+
 def test_load_probe_in_a_rank_counts_its_sibling_ranks_as_this_runs_own_work(monkeypatch, tmp_path):
     # a launcher outside our process tree with a busy "rank" under it: seen from another rank of the same launcher,
     # that is not other work (tune --nproc 2 had every trial "not judged": each rank saw the other spinning)

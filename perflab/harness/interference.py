@@ -18,6 +18,10 @@ from perflab.ranks import LAUNCHER_PID_ENV
 from perflab.results.metrics import Interference
 
 BUSY_CORES = 0.5  # other processes' CPU use, in cores, above which a trial counts as contaminated
+# /proc counts CPU time in ticks (10 ms at 100 Hz), each given to whatever ran at that instant: a trial of 20 ms (tiny
+# steps on an H100) read 2 ticks of a kernel thread or an idle parent's wake-up as 0.9 cores. This many ticks are the
+# count's own uncertainty and are taken off before a trial is judged busy.
+QUANTISATION_TICKS = 2
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -126,7 +130,7 @@ class LoadProbe:
         other = None
         if total_before is not None and total_after is not None:
             other_ticks = (total_after - total_before) - (own_after - own_before)
-            other = max(0.0, other_ticks / CLOCK_TICKS / seconds)
+            other = max(0.0, (other_ticks - QUANTISATION_TICKS) / CLOCK_TICKS / seconds)
         load = os.getloadavg()[0] / self.cores if hasattr(os, "getloadavg") else 0.0
         return TrialLoad(other, load, gpu_neighbours(self.device_index, own))
 
