@@ -32,7 +32,7 @@ class LimitedTrials:
         key = (cfg.batch_size, cfg.activation_checkpointing)
         if key not in self.fits:
             try:
-                measure_step(cfg, limit_mb=LIMIT_MB)
+                measure_step(cfg, limit_mb=LIMIT_MB, count_autocast=False)
                 self.fits[key] = True
             except torch.OutOfMemoryError:
                 self.fits[key] = False

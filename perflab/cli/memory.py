@@ -55,7 +55,8 @@ def handle(args: argparse.Namespace) -> int:
     device = resolve_device(cfg.device)
     if args.probe:
         with out_of_memory_as_result(cfg, device, ["perflab"] + args.argv, advise=False):  # the search's answer
-            breakdown = measure_step(cfg, categorise=device.type == "cpu", limit_mb=args.memory_limit_mb)
+            breakdown = measure_step(cfg, categorise=device.type == "cpu", limit_mb=args.memory_limit_mb,
+                                     count_autocast=False)  # a probe reads the peak alone
         Path(args.probe).write_text(json.dumps({"batch": cfg.batch_size, "peak_mb": breakdown.peak_mb}))
         return 0
     name = Path(cfg.workload.split(":")[0]).stem if ":" in cfg.workload else cfg.workload

@@ -32,7 +32,8 @@ def checkpointed_batch(cfg: RunConfig, good: int, out_of_memory: int) -> tuple[i
         return _conservative(good, "no memory breakdown in the tuning process on CUDA")
     limit = memory_limit_mb()
     try:
-        breakdown = measure_step(cfg.replace(batch_size=good, activation_checkpointing=False), limit_mb=limit)
+        breakdown = measure_step(cfg.replace(batch_size=good, activation_checkpointing=False), limit_mb=limit,
+                                 count_autocast=False)  # only the checkpointing saving is read
     except (RuntimeError, MemoryError, PerflabError) as err:
         return _conservative(good, f"no memory breakdown at batch {good} ({str(err).splitlines()[0][:80]})")
     capacity = capacity_mb(breakdown, limit)
