@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from perflab import Workload
-from planted_common import RandomItems, size
+from planted_common import RandomItems, ResidualBlocks, size
 
 ENABLE_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
@@ -49,21 +49,11 @@ class GroupedQueryAttention(nn.Module):
                                               is_causal=True)
 
 
-class Blocks(nn.Module):
-    def __init__(self, width: int, heads: int, kv_heads: int, blocks: int = 4, fixed: bool = False):
-        super().__init__()
-        self.blocks = nn.ModuleList(GroupedQueryAttention(width, heads, kv_heads, fixed) for _ in range(blocks))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = x + block(x)
-        return x
-
-
 def build(cfg) -> Workload:
     seq = size(cfg, cpu=128, cuda=2048)
     width = 512 if cfg.device == "cuda" else 64
-    model = Blocks(width, heads=8, kv_heads=2, fixed=bool(int(cfg.workload_options.get("fixed", 0))))
+    fixed = bool(int(cfg.workload_options.get("fixed", 0)))
+    model = ResidualBlocks(GroupedQueryAttention(width, 8, 2, fixed) for _ in range(4))
     return Workload(name="planted-gqa-attention", model=model,
                     dataset=RandomItems(max(cfg.batch_size, 8), (seq, width), (seq, width), cfg.seed),
                     loss_fn=nn.MSELoss(), default_data="device",

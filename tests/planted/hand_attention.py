@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from perflab import Workload
-from planted_common import RandomItems, size
+from planted_common import RandomItems, ResidualBlocks, size
 
 
 class HandAttention(nn.Module):
@@ -30,21 +30,12 @@ class HandAttention(nn.Module):
         return self.out(mixed.transpose(1, 2).reshape(batch, seq, width))
 
 
-class Blocks(nn.Module):
-    def __init__(self, width: int, heads: int, blocks: int = 4, fixed: bool = False):
-        super().__init__()
-        self.blocks = nn.ModuleList(HandAttention(width, heads, fixed) for _ in range(blocks))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = x + block(x)
-        return x
-
-
 def build(cfg) -> Workload:
     seq = size(cfg, cpu=128, cuda=2048)
     width = 256 if cfg.device == "cuda" else 64
-    return Workload(name="planted-hand-attention", model=Blocks(width, heads=4, fixed=bool(cfg.workload_options.get("fixed"))),
+    fixed = bool(cfg.workload_options.get("fixed"))
+    model = ResidualBlocks(HandAttention(width, 4, fixed) for _ in range(4))
+    return Workload(name="planted-hand-attention", model=model,
                     dataset=RandomItems(max(cfg.batch_size, 8), (seq, width), (seq, width), cfg.seed),
                     loss_fn=nn.MSELoss(), default_data="device",
                     description="planted: hand-written attention over an s x s score matrix")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.utils.data import Dataset
 
 
@@ -26,3 +27,16 @@ class RandomItems(Dataset):
 
     def __getitem__(self, index: int):
         return self.inputs[index], self.targets[index]
+
+
+class ResidualBlocks(nn.Module):
+    """Blocks applied in turn, each added to its input (named blocks.0, blocks.1 ... in traces)."""
+
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block(x)
+        return x
