@@ -213,6 +213,19 @@ def test_a_20_ms_trial_is_not_called_busy_on_the_two_ticks_a_tick_counter_can_mi
     assert load.other_cpu_cores == pytest.approx(max(0, other_ticks - 2) / 100 / 0.02)
 
 
+def test_short_trials_each_too_short_to_tell_still_make_a_busy_run_together():
+    from perflab.harness.interference import TrialLoad, summarize_load
+    # three 20-ms trials with 3 ticks of other work each: 0.5 cores apiece after the count's uncertainty (not over
+    # the threshold), 1.2 cores together
+    loads = [TrialLoad(0.5, 0.0, [], other_ticks=3, seconds=0.02) for _ in range(3)]
+    assert not any(load.busy for load in loads)
+    record = summarize_load(loads)
+    assert record.busy and record.busy_trials == [0, 1, 2]
+    assert record.other_cpu_cores_max == pytest.approx((9 - 2) / 100 / 0.06)
+    quiet = summarize_load([TrialLoad(0.0, 0.0, [], other_ticks=1, seconds=0.02) for _ in range(3)])
+    assert not quiet.busy
+
+
 def test_load_probe_in_a_rank_counts_its_sibling_ranks_as_this_runs_own_work(monkeypatch, tmp_path):
     # a launcher outside our process tree with a busy "rank" under it: seen from another rank of the same launcher,
     # that is not other work (tune --nproc 2 had every trial "not judged": each rank saw the other spinning)

@@ -100,13 +100,20 @@ def gpu_neighbours(device_index: Optional[int], own: set[int]) -> list[int]:
 class TrialLoad:
     """What else the machine did during one trial."""
 
-    other_cpu_cores: Optional[float]  # mean cores busy with other processes' work
+    other_cpu_cores: Optional[float]  # mean cores busy with other processes' work (less the count's uncertainty)
     load_per_core: float
     gpu_neighbours: list[int] = field(default_factory=list)
+    other_ticks: Optional[int] = None  # the raw count behind other_cpu_cores, and the trial's seconds: summed over
+    seconds: float = 0.0  # a run's trials, short trials still tell a busy machine (summarize_load)
 
     @property
     def busy(self) -> bool:
         return bool(self.gpu_neighbours) or (self.other_cpu_cores or 0.0) > BUSY_CORES
+
+
+def other_cores(ticks: int, seconds: float) -> float:
+    """Cores of other work from a count of ticks over `seconds`, the count's own uncertainty taken off."""
+    return max(0.0, (ticks - QUANTISATION_TICKS) / CLOCK_TICKS / max(seconds, 1e-6))
 
 
 class LoadProbe:
@@ -127,18 +134,24 @@ class LoadProbe:
         own = _job_pids(processes)
         total_after, own_after = _total_busy_ticks(), _own_ticks(processes, own)
         seconds = max(time.monotonic() - began, 1e-6)
-        other = None
+        other = other_ticks = None
         if total_before is not None and total_after is not None:
             other_ticks = (total_after - total_before) - (own_after - own_before)
-            other = max(0.0, (other_ticks - QUANTISATION_TICKS) / CLOCK_TICKS / seconds)
+            other = other_cores(other_ticks, seconds)
         load = os.getloadavg()[0] / self.cores if hasattr(os, "getloadavg") else 0.0
-        return TrialLoad(other, load, gpu_neighbours(self.device_index, own))
+        return TrialLoad(other, load, gpu_neighbours(self.device_index, own), other_ticks, seconds)
 
 
 def summarize_load(loads: list[TrialLoad]) -> Interference:
     """The run's interference record for result.json: per trial, and whether any trial was busy."""
     busy = [i for i, load in enumerate(loads) if load.busy]
     others = [load.other_cpu_cores for load in loads if load.other_cpu_cores is not None]
+    counted = [load for load in loads if load.other_ticks is not None]
+    if counted:  # all trials together: trials too short to tell one by one (20 ms is two ticks) still add up
+        together = other_cores(sum(load.other_ticks for load in counted), sum(load.seconds for load in counted))
+        others.append(together)
+        if together > BUSY_CORES and not busy:
+            busy = list(range(len(loads)))
     return Interference(
         busy=bool(busy),
         busy_trials=busy,
