@@ -4,13 +4,12 @@ profile and sweep, the argv that reproduces a run, and the levers' refusals all 
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from perflab import options
 from perflab.errors import PerflabError
-from perflab.options import Conflict, option
+from perflab.options import Bound, Conflict, option
 
 MODES = ("train", "infer")
 DEVICES = ("auto", "cuda", "cpu")
@@ -27,6 +26,9 @@ QUANT_SCHEMES = ("int8-weight", "fp8", "int4-weight")
 PARALLEL_KINDS = ("ddp", "fsdp")
 COMM_HOOKS = ("bf16", "fp16")
 FSDP_DTYPES = ("fp32", "bf16")  # MixedPrecisionPolicy's param_dtype (bf16 only) and reduce_dtype
+
+MAX_COST_PER_HOUR = 1e6  # $/h: far above any machine's price; more is a typo (1e308 would save as inf)
+MAX_WORKERS_PER_CPU = 4  # DataLoader workers beyond this many per CPU only contend (and may exhaust memory)
 
 MEASURE = "workload and measurement"
 DATA_PATH = "data-path levers"
@@ -104,7 +106,7 @@ class RunConfig:
 
     # data-path levers
     workers: int = option("--workers", int, "DataLoader worker processes (default: 0)", DATA_PATH, 0, minimum=0,
-                          metavar="N")
+                          per_cpu=MAX_WORKERS_PER_CPU, metavar="N")
     persistent_workers: bool = option("--persistent-workers", bool, "keep workers alive between epochs", DATA_PATH,
                                       False)
     prefetch_factor: Optional[int] = option("--prefetch-factor", int, "batches loaded ahead per worker", DATA_PATH,
@@ -203,7 +205,9 @@ class RunConfig:
                              Conflict("rdzv_endpoint", "several nodes meet at one address: add --rdzv-endpoint "
                                       "HOST:PORT (node 0's address)", value=(None,)),))
     node_rank: int = option("--node-rank", int, "this node's rank, 0..nnodes-1 (node 0 hosts the rendezvous; "
-                            "default: 0)", DISTRIBUTED, 0, minimum=0, metavar="R", sweepable=False)
+                            "default: 0)", DISTRIBUTED, 0, minimum=0, metavar="R", sweepable=False, conflicts=(
+                                Bound("nnodes", "node ranks run from 0 to --nnodes minus 1; give --node-rank below "
+                                      "--nnodes (or raise --nnodes)", strict=True),))
     rdzv_endpoint: Optional[str] = option("--rdzv-endpoint", str, "HOST:PORT where the nodes meet (node 0's "
                                           "address; default: a free local port)", DISTRIBUTED, metavar="HOST:PORT",
                                           sweepable=False)
@@ -279,6 +283,8 @@ class RunConfig:
     grad_accum: int = option("--grad-accum", int, "accumulate gradients over N steps and step the optimizer on the "
                              "last; with --nproc, the first N-1 skip the all-reduce (no_sync) (default: 1)",
                              DISTRIBUTED, 1, minimum=1, metavar="N", modes=TRAIN, conflicts=(
+                                 Bound("steps", "the timed steps must hold at least one optimizer step; give --steps "
+                                       "at least --grad-accum (or a smaller --grad-accum)"),
                                  Conflict("cuda_graphs", "a captured step always steps the optimizer; drop "
                                           "--cuda-graphs"),
                                  Conflict("pipeline", "the stream pipeline steps the optimizer itself; drop "
@@ -317,7 +323,8 @@ class RunConfig:
                                  OUTPUT, const="2:3", metavar="SKIP:ACTIVE", sweepable=False, commands=SINGLE_RUN)
     gpu_cost_per_hour: Optional[float] = option("--gpu-cost-per-hour", float, "price of the GPU (or machine) per "
                                                 "hour, in any currency: results add the cost per million samples "
-                                                "(serve: per million queries)", OUTPUT, above=0, metavar="X",
+                                                "(serve: per million queries)", OUTPUT, above=0, maximum=MAX_COST_PER_HOUR,
+                                                metavar="X",
                                                 sweepable=False, commands=RUN_AND_SERVE)
 
     def validate(self) -> "RunConfig":
@@ -326,7 +333,6 @@ class RunConfig:
         if self.draft and self.speculative is None:  # a requirement the option table's conflicts cannot state
             raise PerflabError("--draft is the draft model of speculative decoding: add --speculative K")
         parse_slo(self.slo)
-        check_workers_against_machine(self.workers)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -367,17 +373,6 @@ class JudgeConfig:
                                       "compare's decision is 'not judged' (contaminated timings) or 'inconclusive' "
                                       "(too few trials, an inconclusive quality gate); in tune, when any trial was",
                                       JUDGE, False, commands=JUDGING)
-
-
-MAX_WORKERS_PER_CPU = 4  # DataLoader workers beyond this many per CPU only contend (and may exhaust memory)
-
-
-def check_workers_against_machine(workers: int) -> None:
-    """Refuse a --workers count far beyond this machine's CPUs (one line, exit 2)."""
-    cpus = os.cpu_count() or 1
-    if workers > MAX_WORKERS_PER_CPU * cpus:
-        raise PerflabError(f"--workers {workers} is more than {MAX_WORKERS_PER_CPU}x the {cpus} CPU(s) of this "
-                           f"machine; use --workers {MAX_WORKERS_PER_CPU * cpus} or fewer")
 
 
 def run_options() -> tuple[options.Option, ...]:

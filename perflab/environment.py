@@ -6,11 +6,25 @@ import platform
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from perflab.version import __version__
+
+
+def usable_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this process may run on (DataLoader workers beyond that only contend): its affinity, or
+    os.cpu_count, capped by a container's cgroup v2 CPU quota ("200000 100000" is 2 CPUs; "max" is none)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = cgroup_cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota readable: the affinity is the limit
+    return cpus
 
 
 def _git_commit(path: str) -> Optional[str]:

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
+from perflab.environment import usable_cpus
 from perflab.errors import PerflabError
 
 RUN_COMMANDS = ("run", "profile", "sweep", "tune")  # tune takes run options as its starting point
@@ -49,6 +50,22 @@ class Conflict:
 
 
 @dataclass(frozen=True)
+class Bound:
+    """This option's value must stay below (`strict`) or at most the value of option `other` of the same config: a
+    bound one number cannot state (--node-rank below --nnodes). Checked, as a Conflict is, whenever it is set."""
+
+    other: str
+    reason: str
+    strict: bool = False
+
+    def applies(self, config: Any, own_value: Any) -> bool:
+        limit = getattr(config, self.other)
+        if own_value is None or limit is None:
+            return False
+        return own_value >= limit if self.strict else own_value > limit
+
+
+@dataclass(frozen=True)
 class Option:
     """Everything perflab knows about one option; `name` is the config field it fills."""
 
@@ -65,13 +82,14 @@ class Option:
     above: Optional[float] = None  # exclusive lower bound
     maximum: Optional[float] = None  # inclusive upper bound
     finite: bool = True  # a number option refuses nan and inf
+    per_cpu: Optional[int] = None  # at most this many per CPU this process may use (more only contend)
     sweepable: bool = True  # a sweep may take a comma-separated list of values
     commands: tuple = RUN_COMMANDS  # which commands accept it
     in_argv: bool = True  # reproduced when a config is turned back into a command line
     changes_numerics: Union[bool, tuple] = False  # True, or the values that may change the outputs
     needs_cuda: Union[bool, tuple] = False  # True (whenever set), or the values that need a CUDA GPU
     modes: tuple = ()  # the --mode values it applies to; empty: every mode
-    conflicts: tuple = ()  # Conflict rules, checked whenever this option is set
+    conflicts: tuple = ()  # Conflict and Bound rules, checked whenever this option is set
     key_value: bool = False  # repeatable KEY=VALUE pairs collected into a dict
     repeatable: bool = False  # the flag may be given several times; the values are collected into a list
     # a workload's build(cfg) reads it (--augment picks the dataset and sets gpu_augment): what the build made for
@@ -184,17 +202,31 @@ def check_value(declared: Option, value: Any) -> None:
         kind = {bool: "on/off (True or False)", int: "an integer", float: "a number", str: "text"}
         raise PerflabError(f"{declared.flag} must be {kind.get(declared.type, declared.type.__name__)}, "
                            f"got {value!r}")
+    if declared.type is str and isinstance(value, str) and not value.strip():
+        raise PerflabError(f"{declared.flag} is empty; give a value, or drop {declared.flag} to keep its default")
     if declared.choices and value not in declared.choices:
         raise PerflabError(f"{declared.flag} must be one of {', '.join(declared.choices)}; got {value!r}")
     if declared.type is float and declared.finite and not math.isfinite(value):  # inf passes every bound, NaN none
         words = range_words(declared)
-        what = "a positive finite number" if words == "a positive number" else (
+        positive = "a positive number"
+        what = "a positive finite number" + words[len(positive):] if words.startswith(positive) else (
             f"a finite number{f', {words}' if words else ''}")
         raise PerflabError(f"{declared.flag} must be {what}, got {value!r}")
     too_low = (declared.minimum is not None and value < declared.minimum) or (
         declared.above is not None and not value > declared.above)
     if too_low or (declared.maximum is not None and value > declared.maximum):
         raise PerflabError(f"{declared.flag} must be {range_words(declared)}, got {value!r}")
+    if declared.per_cpu is not None:
+        check_against_cpus(declared, value)
+
+
+def check_against_cpus(declared: Option, count: int) -> None:
+    """Refuse a count far beyond the CPUs this process may use (`per_cpu` of them per CPU at most)."""
+    cpus = usable_cpus()
+    most = declared.per_cpu * cpus
+    if count > most:
+        raise PerflabError(f"{declared.flag} {count} is more than {declared.per_cpu}x the {cpus} usable CPU(s) of "
+                           f"this machine; use {declared.flag} {most} or fewer")
 
 
 def range_words(declared: Option) -> str:
@@ -203,7 +235,8 @@ def range_words(declared: Option) -> str:
     if low is not None and high is not None:
         return f"from {_number(low)} to {_number(high)}"
     if declared.above is not None:
-        return "a positive number" if declared.above == 0 else f"more than {_number(declared.above)}"
+        words = "a positive number" if declared.above == 0 else f"more than {_number(declared.above)}"
+        return words + (f" up to {_number(high)}" if high is not None else "")
     if low is not None:
         return "a positive integer" if declared.type is int and low == 1 else f"{_number(low)} or more"
     return f"{_number(high)} or less" if high is not None else ""
@@ -340,6 +373,8 @@ def key_values(pairs: Optional[Sequence[str]], flag: str = "--option") -> dict[s
         key, sep, text = pair.partition("=")
         if not sep or not key:
             raise PerflabError(f"{flag} expects KEY=VALUE, got {pair!r}")
+        if key in found:
+            raise PerflabError(f"{flag} {key}= is given twice ({key}={found[key]} and {pair}); give each key once")
         found[key] = text
     return found
 

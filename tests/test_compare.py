@@ -1,7 +1,11 @@
 """perflab compare: changes with confidence intervals, the decision, the CI gate, and clear errors."""
 import copy
 import dataclasses
+import itertools
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -19,6 +23,7 @@ def measured() -> Result:
     quiet: these tests are about the statistics, and a busy test machine is tested in test_reliability.py."""
     result = run("mlp", RunConfig(workload="mlp", device="cpu", steps=3, trials=3, warmup=1, batch_size=32))
     result.metrics.interference.busy = False
+    result.metrics.steady = True  # likewise: an unsteady run is not judged (tested below)
     return result
 
 
@@ -183,3 +188,48 @@ def test_mfu_change_notes_a_change_of_flops_per_sample(measured):
     assert "FLOPs per sample differ" in mfu.note
     same = compare_results(base, with_flops(measured, 1e9, 10.0, "fp32")).metric("MFU")
     assert same.change_pct == pytest.approx(0.0) and "follows throughput" in same.note
+
+
+def unsteady(result: Result, spread_pct: float) -> Result:
+    """A copy of `result` flagged as its run flags trials that disagree by more than 10% (harness/steady.py)."""
+    flagged = copy.deepcopy(result)
+    flagged.metrics.steady = False
+    flagged.metrics.throughput_samples_per_s.range_pct = spread_pct
+    return flagged
+
+
+def test_a_side_that_is_not_steady_is_not_judged_however_large_the_change(measured):
+    base = with_throughputs(measured, [1000.0, 1010.0, 990.0])
+    slower = unsteady(with_throughputs(measured, [800.0, 810.0, 790.0]), 24.0)
+    comparison = compare_results(base, slower)
+    assert comparison.decision == "not judged"
+    assert "the candidate is not steady (trials disagree by 24%)" in comparison.reasons[0]
+    assert not regression_exceeds(comparison, 10.0)
+    flagged_base = compare_results(unsteady(base, 17.0), with_throughputs(measured, [1500.0, 1520.0, 1490.0]))
+    assert flagged_base.decision == "not judged" and "the base is not steady (trials disagree by 17%)" in \
+        flagged_base.reasons[0]
+    assert compare_results(base, slower, accept_noisy=True).decision == "reject"  # judged only when asked
+
+
+def busy_loops(count: int, seconds: float) -> list:
+    """`count` processes that spin a CPU core each, for at most `seconds` (they stop on their own if not killed)."""
+    spin = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
+    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
+
+
+def test_identical_runs_under_a_planted_load_are_never_called_significant():
+    """The issue's case: identical runs on a 2-core machine kept busy by two spinning processes. Whatever the load
+    does to each run's trials, no comparison of two of them may call a change significant."""
+    loops = busy_loops(2, 60)
+    try:
+        time.sleep(0.2)
+        cfg = RunConfig(workload="mlp", device="cpu", steps=4, trials=3, warmup=1, batch_size=32)
+        runs = [run("mlp", cfg) for _ in range(5)]
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    verdicts = [compare_results(a, b) for a, b in itertools.combinations(runs, 2)]
+    false_alarms = [c.reasons[0] for c in verdicts if c.decision in ("accept", "reject")
+                    or regression_exceeds(c, 0.0)]
+    assert len(verdicts) == 10 and false_alarms == []

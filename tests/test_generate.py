@@ -160,7 +160,24 @@ def test_trained_pair_is_made_once_then_read_from_the_cache(monkeypatch):
 
 
 def run_cli(*args):
-    return main(list(args))
+    """perflab's CLI on `args`, where a later `--option KEY=...` replaces TINY's (perflab refuses a key given twice)."""
+    return main(last_option_wins(list(args)))
+
+
+def last_option_wins(args: list) -> list:
+    keys = [value.partition("=")[0] for flag, value in zip(args, args[1:]) if flag == "--option"]
+    kept, index = [], 0
+    while index < len(args):
+        if args[index] == "--option" and index + 1 < len(args):
+            key = args[index + 1].partition("=")[0]
+            keys.remove(key)
+            if key not in keys:  # the last one given
+                kept += args[index:index + 2]
+            index += 2
+            continue
+        kept.append(args[index])
+        index += 1
+    return kept
 
 
 def test_run_generate_tiny_end_to_end_reports_request_metrics_and_the_bound(tmp_path, monkeypatch):

@@ -35,7 +35,7 @@ def test_the_budget_holds_within_five_percent_when_a_candidate_hangs(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "tune" / "tune.jsonl").read_text().splitlines()]
     compiled = [row for row in rows if (row.get("config") or {}).get("compile")]
     assert compiled and all(row["status"] == "timeout" for row in compiled), [(r["name"], r["status"]) for r in rows]
-    assert summary["stop_reason"].startswith(("budget spent", "inconclusive: no lever won"))
+    assert summary["stop_reason"].startswith(("budget spent", "inconclusive: no lever won", "no lever won"))
     assert summary["best"]["label"] == "start"
     assert (tmp_path / "tune" / "report.html").is_file() and (tmp_path / "tune" / "recipe.txt").is_file()
 

@@ -12,6 +12,7 @@ from perflab.cli import main
 from perflab.compare import INCONCLUSIVE, NO_CHANGE, NOT_JUDGED, compare_results
 from perflab.compare.reproduction import NOT_REPRODUCED, REPRODUCED, reproduction
 from perflab.errors import PerflabError
+from perflab.harness.steady import UNSTEADY_RANGE_PCT
 from perflab.quality import MAX_NOISE_WIDENING, judge_losses, with_noise_floor
 from perflab.results import Result, Trial
 from perflab.sweep.scale import scaling_rows, trusted_efficiency
@@ -35,6 +36,9 @@ def at(result: Result, throughputs: list[float]) -> Result:
                       for t, value in zip(result.trials, throughputs)]
     derived.metrics.throughput_samples_per_s.median = sorted(throughputs)[len(throughputs) // 2]
     derived.metrics.latency_ms.p50 = derived.trials[0].step_ms[0]
+    # steady as the harness would say of these trials (the fixture's own flag is this machine's load at test time)
+    spread_pct = 100 * (max(throughputs) - min(throughputs)) / derived.metrics.throughput_samples_per_s.median
+    derived.metrics.steady = spread_pct <= UNSTEADY_RANGE_PCT
     return derived
 
 

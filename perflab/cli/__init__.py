@@ -9,6 +9,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import re
 import sys
 from typing import NoReturn, Optional
 
@@ -33,9 +34,17 @@ def _command_modules() -> list:
     return [module for module in modules if hasattr(module, "register")]
 
 
+NEGATIVE_VALUE = re.compile(r"^-\.?\d")  # -1, -5m, -.5: a negative value, never one of perflab's flags
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """A command line perflab cannot read is one line on stderr (what was wrong, where --help is) and exit 2,
-    not argparse's usage block of every option."""
+    not argparse's usage block of every option. A word like -5m or -1 after an option is its value (one argparse
+    would read as an unknown flag unless it is a plain number), so the option's own check can say what is wrong."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_VALUE  # argparse's hook for values that start with '-'
 
     def error(self, message: str) -> NoReturn:
         where, _, said = message.partition(": ")

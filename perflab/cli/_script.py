@@ -9,7 +9,7 @@ from typing import Optional
 from rich.markup import escape
 
 from perflab import options
-from perflab.cli import console, debug_enabled, err_console
+from perflab.cli import NEGATIVE_VALUE, console, debug_enabled, err_console
 from perflab.errors import PerflabError
 from perflab.profile.capture import CaptureOptions
 from perflab.report.diagnosis import print_diagnosis
@@ -38,7 +38,7 @@ def _check_options(perflab_argv: list[str], profiling: bool) -> None:
     allowed = SCRIPT_OPTIONS | (PROFILER_OPTIONS if profiling else set())
     for word in perflab_argv[1:]:
         flag = word.partition("=")[0]
-        if word.startswith("-") and flag not in allowed:
+        if word.startswith("-") and not NEGATIVE_VALUE.match(word) and flag not in allowed:
             raise PerflabError(f"{flag} does not apply to a script (the script sets up its own model and data); "
                                f"with `-- python script.py` use {', '.join(sorted(allowed))}")
 
@@ -47,10 +47,10 @@ def handle_script(args: argparse.Namespace, capture: Optional[CaptureOptions]) -
     """Run args.script_command with perflab attached; print the summary (and diagnosis); return its exit code."""
     perflab_argv, _ = split_script_command(args.argv)
     _check_options(perflab_argv, capture is not None)
-    command = check_command(parse_command(args.script_command))
     warmup = DEFAULT_WARMUP if args.warmup is None else args.warmup
     if warmup < 0:
         raise PerflabError(f"--warmup {warmup}: give 0 or more steps")
+    command = check_command(parse_command(args.script_command))
     what = "steps, phases, NVML" + (", trace" if capture is not None else "")
     err_console.print(f"perflab: running [bold]{escape(' '.join(command.shown()))}[/] ({what})", highlight=False)
     with run_dir(args.out, command.name, args.overwrite) as out:

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import time
-from pathlib import Path
 
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, grid_from_args
@@ -12,6 +10,7 @@ from perflab.cli.sweep import RichSweepProgress
 from perflab import options
 from perflab.sweep.predict import PredictConfig
 from perflab.sweep.scale import ScaleSummary, at_rank_counts, run_scale, trusted_efficiency
+from perflab.results.rundir import out_path
 from perflab.errors import PerflabError
 from perflab.report.fit import Column, fitted_tables
 from perflab.report.terminal import fmt
@@ -45,7 +44,7 @@ def handle(args: argparse.Namespace) -> int:
     # the grid is validated at the largest count (DDP settings need ranks); the 1-rank points drop them
     args.nproc = str(max(counts))
     configs = at_rank_counts(grid_from_args(args)[0], counts)
-    out = Path(args.out) if args.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-scale"
+    out = out_path(args.out, "scale")
     try:
         with RichSweepProgress() as progress:
             summary = run_scale(configs, out, resume=args.resume, observer=progress, command=["perflab"] + args.argv,

@@ -15,7 +15,7 @@ from perflab.errors import PerflabError, writing
 from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
 from perflab.results import read_json_object
-from perflab.results.rundir import default_run_dir
+from perflab.results.rundir import out_path
 from perflab.sweep import SWEEP_JSON, SweepObserver, read_rows, run_auto_batch, run_sweep
 from perflab.cli import build_parser
 from perflab.options import Option
@@ -113,7 +113,7 @@ def handle(args: argparse.Namespace) -> int:
         args, command = recorded
         console.print(f"[dim]resuming with the recorded options: {' '.join(command[1:])}[/]", highlight=False)
     configs, axes = grid_from_args(args)
-    out = Path(args.out) if args.out else default_run_dir("sweep")
+    out = out_path(args.out, "sweep")
     common = dict(resume=args.resume, max_p95_ms=args.max_p95_ms, command=command)
     try:
         with RichSweepProgress() as progress, writing(out, "the sweep"):

@@ -7,7 +7,8 @@ latencies pooled over trials (statistic: p50 or p95). A change is significant wh
 zero. The decision:
 
 1. the candidate failed its quality gate -> reject, whatever the speed;
-2. either run's timings are contaminated (a busy machine, an unfinished run) -> not judged (unless --accept-noisy);
+2. either run's timings are contaminated (a busy machine, an unfinished run, a run whose own trials disagree: "not
+   steady") -> not judged (unless --accept-noisy);
 3. throughput significantly lower by more than the minimum effect -> reject (a regression);
 4. throughput significantly higher by more than the minimum effect -> accept, unless the quality gate was
    inconclusive -> inconclusive;
@@ -30,7 +31,7 @@ from perflab.cost import cost_per_million
 from perflab.errors import PerflabError
 from perflab.harness.stats import NO_INTERVAL, RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
 from perflab.results.metrics import Flops, Gpu
-from perflab.results import Result, read_json_object, resolve_result_path, write_json_atomic
+from perflab.results import Result, read_json_object, resolve_result_path, validate, write_json_atomic
 from perflab.compare.kernels import kernel_changes
 from perflab.compare.refusals import refuse_non_finite
 from perflab.diagnose.generation_loop import loop_overhead_between
@@ -48,6 +49,7 @@ DECISIONS = (ACCEPT, REJECT, NO_CHANGE, NOT_JUDGED, INCONCLUSIVE)
 # Config fields that say where or how a run was stored, not what was measured.
 IGNORED_CONFIG = {"out", "resume_from", "checkpoint_every", "nsys"}
 # The metrics a comparison keeps of each side, so compare.json stands alone when the runs move.
+MAX_RESAMPLED_STEPS = 20_000  # per side: more per-step values are summarised by their quantiles (capped_steps)
 SUMMARY_METRICS = ("throughput_samples_per_s", "latency_ms", "phases_ms", "memory", "gpu", "flops",
                    "cost_per_million_samples")
 
@@ -117,6 +119,10 @@ def load_comparison(path: Union[str, Path]) -> Comparison:
     path = Path(path)
     path = path / COMPARE_FILE if path.is_dir() else path
     data = read_json_object(path, "a perflab comparison", "re-run perflab compare")
+    for index, row in enumerate(validate.objects(data, "metrics", path)):
+        validate.numbers(row, ("base", "candidate", "change_pct", "ci_low_pct", "ci_high_pct"), path,
+                         prefix=f"metrics[{index}].")
+    validate.number(data, "min_effect_pct", path)
     try:
         return Comparison.from_dict(data)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
@@ -168,10 +174,23 @@ def _change(name: str, unit: str, better: str, base: Optional[float], cand: Opti
     return row
 
 
+def capped_steps(result: Result) -> tuple[np.ndarray, Optional[str]]:
+    """The per-step latencies pooled over trials, at most MAX_RESAMPLED_STEPS of them: past that, evenly spaced
+    quantiles of the sorted values (the same p50/p95 to within a step), with a note saying so. Resampling millions
+    of steps RESAMPLES times would not fit in memory and would not narrow the interval anyway."""
+    steps = np.concatenate([np.asarray(trial.step_ms, float) for trial in result.trials]) if result.trials \
+        else np.zeros(0)
+    if steps.size <= MAX_RESAMPLED_STEPS:
+        return steps, None
+    kept = np.quantile(steps, np.linspace(0, 1, MAX_RESAMPLED_STEPS))
+    return kept, (f"{steps.size} per-step values in {result.path or 'a run'}: the latency intervals resample "
+                  f"{MAX_RESAMPLED_STEPS} evenly spaced quantiles of them")
+
+
 def metric_changes(base: Result, cand: Result) -> list[MetricChange]:
     """Throughput, p50/p95 latency, GPU utilisation, peak memory and MFU, base vs candidate."""
-    base_steps = [ms for trial in base.trials for ms in trial.step_ms]
-    cand_steps = [ms for trial in cand.trials for ms in trial.step_ms]
+    (base_steps, base_note), (cand_steps, cand_note) = capped_steps(base), capped_steps(cand)
+    step_note = "; ".join(note for note in (base_note, cand_note) if note)
     base_memory, cand_memory = base.peak_memory, cand.peak_memory
     gpu_base, gpu_cand = base.metrics.gpu or Gpu(), cand.metrics.gpu or Gpu()
     return [
@@ -179,9 +198,9 @@ def metric_changes(base: Result, cand: Result) -> list[MetricChange]:
                 ([t.throughput_samples_per_s for t in base.trials], [t.throughput_samples_per_s for t in cand.trials],
                  np.median)),
         _change("p50 latency", "ms/step", "lower", base.metrics.latency_ms.p50, cand.metrics.latency_ms.p50,
-                (base_steps, cand_steps, _p50)),
+                (base_steps, cand_steps, _p50), note=step_note),
         _change("p95 latency", "ms/step", "lower", base.metrics.latency_ms.p95, cand.metrics.latency_ms.p95,
-                (base_steps, cand_steps, _p95)),
+                (base_steps, cand_steps, _p95), note=step_note),
         _change("GPU utilisation", "%", "higher", gpu_base.util_mean_pct, gpu_cand.util_mean_pct,
                 note="NVML mean over the trials; one value per run"),
         _change("peak memory", "MiB", "lower", base_memory.mb, cand_memory.mb, note=base_memory.label),
@@ -302,7 +321,7 @@ def _summary(result: Result) -> dict[str, Any]:
     return {"path": result.path, "label": describe_config(cfg, result.levers), "config": cfg,
             "environment": result.environment, "levers": result.levers, "quality": result.quality,
             "metrics": {key: value for key, value in result.metrics.to_dict().items() if key in SUMMARY_METRICS},
-            "step_ms": [ms for trial in result.trials for ms in trial.step_ms], "created_utc": result.created_utc}
+            "step_ms": capped_steps(result)[0].tolist(), "created_utc": result.created_utc}
 
 
 def describe_config(cfg: dict[str, Any], levers: list[str]) -> str:
@@ -311,7 +330,8 @@ def describe_config(cfg: dict[str, Any], levers: list[str]) -> str:
 
 
 def contamination(base: Result, cand: Result) -> list[str]:
-    """Why either run's timings are not clean: the machine was busy, or it did not finish cleanly."""
+    """Why either run's timings are not clean: the machine was busy, it did not finish cleanly, or its own trials
+    disagree by more than UNSTEADY_RANGE_PCT (harness/steady.py: the run said "not steady")."""
     found = []
     for side, result in (("base", base), ("candidate", cand)):
         record = result.metrics.interference
@@ -321,6 +341,10 @@ def contamination(base: Result, cand: Result) -> list[str]:
                          f"{', GPU pids ' + str(record.gpu_neighbours) if record.gpu_neighbours else ''})")
         if result.status != "complete":
             found.append(f"the {side} is marked {result.status}: {result.status_reason}")
+        if result.metrics.steady is False:  # the run's own trials disagree: no interval between runs is stronger
+            spread = result.metrics.throughput_samples_per_s.range_pct
+            found.append(f"the {side} is not steady (trials disagree by "
+                         f"{'?' if spread is None else f'{spread:.0f}'}%)")
     return found
 
 

@@ -1,4 +1,5 @@
-"""What compare refuses to judge: a run whose figures are NaN/inf (a diverged or corrupt run never passes)."""
+"""What compare refuses to judge: a run whose figures are NaN/inf (a diverged or corrupt run never passes), or
+negative (a throughput or a latency below zero was edited or corrupted, not measured)."""
 from __future__ import annotations
 
 import math
@@ -24,8 +25,29 @@ def non_finite_figures(result: Result) -> list[str]:
     return found
 
 
+def negative_figures(result: Result) -> list[str]:
+    """The fields of a result holding a throughput or latency below zero, each named as in result.json."""
+    latency = result.metrics.latency_ms
+    figures = {"metrics.throughput_samples_per_s.median": result.throughput, "metrics.latency_ms.p50": latency.p50,
+               "metrics.latency_ms.p95": latency.p95}
+    figures.update({f"trials[{index}].throughput_samples_per_s": trial.throughput_samples_per_s
+                    for index, trial in enumerate(result.trials)})
+    found = [f"field {name} is {value:g}" for name, value in figures.items()
+             if isinstance(value, (int, float)) and value < 0]
+    for index, trial in enumerate(result.trials):
+        below = [ms for ms in trial.step_ms or [] if isinstance(ms, (int, float)) and ms < 0]
+        if below:
+            found.append(f"field trials[{index}].step_ms holds {below[0]:g}")
+    return found
+
+
 def refuse_non_finite(base: Result, cand: Result) -> None:
-    """Refuse (one line) to judge runs with NaN/inf figures: say which side and which figures."""
+    """Refuse (one line) to judge runs with negative or NaN/inf figures: say which side, file and figures."""
+    for side, result in (("base", base), ("candidate", cand)):
+        negative = negative_figures(result)
+        if negative:
+            raise PerflabError(f"cannot judge: the {side} {result.path or 'run'}: {negative[0]}, and a throughput or "
+                               "latency cannot be negative; fix that field or re-run it")
     for side, result in (("base", base), ("candidate", cand)):
         bad = non_finite_figures(result)
         if bad:

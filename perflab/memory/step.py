@@ -12,6 +12,7 @@ over it into an out-of-memory, so the batch search can be tested without a GPU.
 from __future__ import annotations
 
 import gc
+import math
 import os
 from pathlib import Path
 from typing import Optional
@@ -24,7 +25,7 @@ from perflab.config import RunConfig
 from perflab.harness.loop import run_steps
 from perflab.harness.timers import NullTimer
 from perflab.levers.optimizer import eight_bit_state_bytes
-from perflab.errors import is_out_of_memory
+from perflab.errors import PerflabError, is_out_of_memory
 from perflab.memory.activations import ActivationAccounting, saved_under_autocast
 from perflab.memory.breakdown import Breakdown, count_saved_activations
 from perflab.memory.timeline import CATEGORIES, allocator_increase_mb, category_timeline, profiler_options
@@ -37,8 +38,17 @@ def memory_limit_mb(option: Optional[float] = None) -> Optional[float]:
     """--memory-limit-mb, else PERFLAB_MEMORY_LIMIT_MB, else None (the device's own memory is the limit)."""
     if option:
         return float(option)
-    value = os.environ.get(LIMIT_ENV, "")
-    return float(value) if value else None
+    value = os.environ.get(LIMIT_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        limit = float(value)
+    except ValueError:
+        limit = math.nan
+    if not math.isfinite(limit) or limit <= 0:
+        raise PerflabError(f"{LIMIT_ENV} must be a positive finite number of MiB, got {value!r}; set it to e.g. "
+                           f"40000 or unset it")
+    return limit
 
 
 def _synchronize(device: torch.device) -> None:

@@ -16,7 +16,9 @@ def _value(value, unit: str) -> str:
     return fmt(value, 2 if unit == "ms/step" else 1)
 
 
-def _significance(metric: MetricChange) -> str:
+def _significance(metric: MetricChange, judged: bool = True) -> str:
+    if metric.significant and not judged:  # contaminated or unsteady timings: no change is called significant
+        return "not judged"
     if metric.significant:
         return "[green]yes, better[/]" if metric.improved else "[red]yes, worse[/]"
     return {False: "no", None: "—"}[metric.significant]
@@ -38,7 +40,7 @@ def comparison_table(comparison: Comparison) -> Table:
         interval = (m.interval_note or "—") if m.ci_low_pct is None else \
             f"{m.ci_low_pct:+.1f}% … {m.ci_high_pct:+.1f}%"
         table.add_row(f"{m.name} ({m.unit})", _value(m.base, m.unit), _value(m.candidate, m.unit), change,
-                      interval, _significance(m))
+                      interval, _significance(m, judged=not comparison.noisy or comparison.accept_noisy))
     quality = comparison.quality
     table.add_row("quality gate", quality["base_verdict"], quality["verdict"], "", "", "")
     return table

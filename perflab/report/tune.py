@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from perflab.report.markdown import cell, config_table, environment_table, image, num, table
 from perflab.plots import phase_breakdown_plot, waterfall_plot
-from perflab.results import RESULT_FILE, Result, read_json_object
+from perflab.results import RESULT_FILE, Result, read_json_object, validate
 from perflab.tune.output import objective_figure
 from perflab.tune.output import TUNE_JSON
 
@@ -138,7 +138,26 @@ def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str])
     return "\n\n".join(part for part in parts if part) + "\n"
 
 
+LINK_NUMBERS = ("predicted_gain_pct", "measured_gain_pct", "resolution_pct", "wall_s", "compile_s", "warmup_s",
+                "throughput", "max_qps", "screened_gain_pct")
+
+
+def check_tune_record(meta: dict[str, Any], path: Path) -> None:
+    """The figures the report formats are numbers: a hand-edited string is refused in one line, not a ValueError."""
+    validate.numbers(meta, ("speedup", "trials", "spent_s", "budget_s", "compile_and_warmup_s", "compile_s"), path)
+    validate.number(validate.section(meta, "objective", path), "p99_ms", path, prefix="objective.")
+    for side in ("start", "best"):
+        validate.numbers(validate.section(meta, side, path), ("throughput", "max_qps"), path, prefix=f"{side}.")
+    for field in ("chain", "screened"):
+        for index, link in enumerate(validate.objects(meta, field, path)):
+            validate.numbers(link, LINK_NUMBERS, path, prefix=f"{field}[{index}].")
+            validate.number_list(link, "ci95_pct", path, prefix=f"{field}[{index}].")
+    for index, diagnosis in enumerate(validate.objects(meta, "diagnoses", path)):
+        validate.number(diagnosis, "confidence", path, prefix=f"diagnoses[{index}].")
+
+
 def tune_report(directory: Path, out: Path) -> str:
     """The Markdown of a tune directory (its tune.json), writing its plots into `out`."""
     meta = read_json_object(directory / TUNE_JSON, "a perflab tune record", "re-run perflab tune")
+    check_tune_record(meta, directory / TUNE_JSON)
     return tune_markdown(directory, meta, tune_images(directory, meta, out))

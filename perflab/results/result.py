@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 from perflab.errors import PerflabError
+from perflab.results import validate
 from perflab.results.metrics import Metrics, PeakMemory, migrate_v1
 
 SCHEMA_VERSION = 2  # 2: metrics is a typed tree (perflab/metrics.py); 1 is read through metrics.migrate_v1
@@ -81,9 +82,8 @@ class Result:
         missing = [key for key in REQUIRED_KEYS if key not in data]
         if missing:
             raise PerflabError(f"{source} is not a perflab result: missing {', '.join(missing)}")
-        if data["schema_version"] > SCHEMA_VERSION:
-            raise PerflabError(f"{source} has schema version {data['schema_version']}, newer than this perflab "
-                               f"understands ({SCHEMA_VERSION}); upgrade perflab")
+        validate.number(data, "schema_version", source, optional=False, whole=True)
+        check_schema_version(data, source)
         known = set(cls.__dataclass_fields__) - {"path", "trials", "metrics"}
         found = {key: value for key, value in data.items() if key in known}
         metrics = data["metrics"] or {}
@@ -92,6 +92,7 @@ class Result:
         if data["schema_version"] < 2:
             metrics = migrate_v1(metrics)
         found["schema_version"] = SCHEMA_VERSION  # read into this schema; saved again, it is written as such
+        _check_figures(data, metrics, source)
         try:
             trials = [Trial(**trial) for trial in data["trials"]]
         except TypeError as err:
@@ -116,15 +117,39 @@ class Result:
         return result
 
 
+TRIAL_NUMBERS = ("wall_s", "steps", "samples", "throughput_samples_per_s")
+
+
+def _check_figures(data: dict[str, Any], metrics: dict[str, Any], source: str) -> None:
+    """The figures compare, rerun and the reports compute with are numbers (a hand-edited string is one line)."""
+    trials = validate.objects(data, "trials", source)
+    for index, trial in enumerate(trials):
+        validate.numbers(trial, TRIAL_NUMBERS, source, prefix=f"trials[{index}].")
+        validate.number_list(trial, "step_ms", source, prefix=f"trials[{index}].")
+    throughput = validate.section(metrics, "throughput_samples_per_s", source)
+    validate.numbers(throughput, ("median", "mean", "min", "max", "stdev", "range_pct", "ci95_low", "ci95_high"),
+                     source, prefix="metrics.throughput_samples_per_s.")
+    latency = validate.section(metrics, "latency_ms", source)
+    validate.numbers(latency, ("p50", "p95", "p99", "mean", "min", "max"), source, prefix="metrics.latency_ms.")
+
+
 JSON_KINDS = {str: "a string", list: "a list", int: "a number", float: "a number", bool: "true/false",
               type(None): "null"}
+
+
+def check_schema_version(data: dict[str, Any], source: object) -> None:
+    """Refuse a file (result, sweep, tune, compare) whose schema_version is newer than this perflab's."""
+    version = data.get("schema_version")
+    if validate.is_number(version) and version > SCHEMA_VERSION:
+        raise PerflabError(f"{source} was written by a newer perflab: schema version {version}, newer than this "
+                           f"perflab understands ({SCHEMA_VERSION}); upgrade perflab")
 
 
 def read_json_object(path: Union[str, Path], what: str, remedy: str) -> dict[str, Any]:
     """The JSON object saved at `path`; PerflabError (one line: the file, what is wrong, `remedy`) when the file is
     not JSON or holds something else (a string, a list)."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = validate.parse_json(Path(path).read_text(), path)
     except json.JSONDecodeError as err:
         raise PerflabError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}); {remedy}") from None
     except UnicodeDecodeError:
@@ -132,6 +157,7 @@ def read_json_object(path: Union[str, Path], what: str, remedy: str) -> dict[str
     if not isinstance(data, dict):
         found = JSON_KINDS.get(type(data), type(data).__name__)
         raise PerflabError(f"{path} is not {what} (expected a JSON object, found {found}); {remedy}")
+    check_schema_version(data, path)
     return data
 
 

@@ -56,6 +56,13 @@ def default_run_dir(name: str) -> Path:
     return RUNS_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}"
 
 
+def out_path(out: Optional[str], name: str) -> Path:
+    """--out as given, else runs/<timestamp>-<name>; an empty --out is refused, not read as no --out."""
+    if out is not None and not str(out).strip():
+        raise PerflabError("--out is empty; give a directory, or drop --out for the default runs/<timestamp>-<name>")
+    return Path(out) if out else default_run_dir(name)
+
+
 def is_owned(name: str) -> bool:
     """Whether perflab writes an entry of this name into an output folder (OWNED_NAMES)."""
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in OWNED_NAMES)
@@ -200,7 +207,7 @@ def run_dir(out: Optional[str], name: str, overwrite: bool = False,
     """Create (or claim) and lock the output directory before any work. On success, an overwritten run's stale files
     go; on failure, remove the directory if this command created it and it holds nothing worth keeping (a
     checkpoint or a result saved as interrupted); an existing folder keeps the earlier run."""
-    path = Path(out) if out else default_run_dir(name)
+    path = out_path(out, name)
     with ExitStack() as stack:
         created = _create_and_lock(path, stack)
         stale = claim(path, overwrite, resume_from)  # even if created here: another command may have written since

@@ -15,6 +15,7 @@ SERVE = ("serve",)
 SERVE_AND_TUNE = ("serve", "tune")  # the settings `perflab tune --objective max-qps` passes to its serve trials
 LOAD = "load (LoadGen scenarios)"
 BATCHER = "dynamic batcher"
+MAX_INSTANCES_PER_CPU = 4  # model instances beyond this many per usable CPU only contend for the cores
 
 
 @dataclass
@@ -59,7 +60,8 @@ class ServeConfig:
                               "to --batcher-max-batch (default: 16; a batch of 33 then runs at 48, not 64)", BATCHER,
                               16, minimum=1, metavar="N", commands=SERVE_AND_TUNE)
     instances: int = option("--instances", int, "model instances, each on its own CUDA stream with its own pinned "
-                            "buffers (default: 1)", BATCHER, 1, minimum=1, metavar="N", commands=SERVE_AND_TUNE)
+                            "buffers; at most 4 per usable CPU (default: 1)", BATCHER, 1, minimum=1,
+                            per_cpu=MAX_INSTANCES_PER_CPU, metavar="N", commands=SERVE_AND_TUNE)
 
     def validate(self) -> "ServeConfig":
         """Raise PerflabError naming the first bad setting."""

@@ -34,7 +34,8 @@ from perflab.errors import OutOfMemoryFailure, PerflabError, is_out_of_memory
 from perflab.oom import OutOfMemory
 from perflab.harness.progress import Reporter
 from perflab.pipeline import resolve_config
-from perflab.results import Result, atomic_file, write_json_atomic
+from perflab.results import Result, atomic_file, validate, write_json_atomic
+from perflab.results.result import check_schema_version
 from perflab.results.rundir import locked_out
 from perflab.plots import sweep_plots, value_text
 from perflab.workloads import check_spec
@@ -149,6 +150,12 @@ def result_row(result: Result) -> dict[str, Any]:
     }
 
 
+# the figures a sweep.jsonl or tune.jsonl row may hold (result_row, tune/trial.py): each a number or null
+ROW_NUMBERS = ("throughput", "throughput_ci_low", "throughput_ci_high", "trials", "p50_ms", "p95_ms", "p99_ms",
+               "peak_memory_mb", "gpu_util_pct", "mfu_pct", "world_size", "warmup_s", "compile_s", "timed_s",
+               "max_qps", "resolution_pct", "wall_s")
+
+
 def read_rows(path: Union[str, Path]) -> list[dict[str, Any]]:
     """Rows of a sweep.jsonl; a partial last line (a kill during a write) is ignored; last write of a key wins."""
     path = Path(path)
@@ -162,13 +169,17 @@ def read_rows(path: Union[str, Path]) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = validate.parse_json(line, path, f" line {number}")
         except json.JSONDecodeError:
             if number == len(lines):
                 break  # interrupted while appending: that point was not finished
             raise PerflabError(f"{path} line {number} is not valid JSON; delete that line and resume") from None
         if not isinstance(row, dict) or "key" not in row:
             raise PerflabError(f"{path} line {number} is not a sweep point; delete that line and resume")
+        check_schema_version(row, f"{path} line {number}")
+        validate.numbers(row, ROW_NUMBERS, f"{path} line {number}")
+        validate.number(row, "index", f"{path} line {number}", optional=False, whole=True)
+        validate.number_list(row, "throughput_ci95", f"{path} line {number}")
         rows[row["key"]] = row
     return sorted(rows.values(), key=lambda row: row["index"])
 

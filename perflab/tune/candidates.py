@@ -7,9 +7,7 @@ explains (`expected_gain_pct`) times its confidence, or by confidence alone when
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -17,6 +15,7 @@ import torch
 from perflab import options
 from perflab.bottlenecks import LAUNCH_OVERHEAD, NO_CLEAR_BOTTLENECK
 from perflab.config import RunConfig
+from perflab.environment import usable_cpus  # noqa: F401  (where the tune driver reads it)
 from perflab.workloads import load_workload
 
 UNSURE_BELOW = 0.7  # a verdict less confident than this: try the next most likely levers too
@@ -124,19 +123,6 @@ def predicted_gain_pct(share_pct: Optional[float]) -> Optional[float]:
         return None
     share = min(max(share_pct, 0.0), 99.0) / 100
     return 100 * (1 / (1 - share) - 1)
-
-
-def usable_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
-    """CPUs this process may run on (DataLoader workers beyond that only contend): its affinity, or
-    os.cpu_count, capped by a container's cgroup v2 CPU quota ("200000 100000" is 2 CPUs; "max" is none)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        quota, period = cgroup_cpu_max.read_text().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, int(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass  # no cgroup v2 quota readable: the affinity is the limit
-    return cpus
 
 
 def worker_ladder(current: int, cpu_count: int) -> list[int]:

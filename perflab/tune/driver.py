@@ -36,7 +36,7 @@ from perflab.tune import candidates as search
 from perflab.tune import ordering
 from perflab.tune.budget import Budget
 from perflab.tune.candidates import CompileCost, WorkloadBuilds, predicted_gain_pct, usable_cpus
-from perflab.tune.decision import Decision, judge, unjudged_line
+from perflab.tune.decision import Decision, constraint_violations, judge, unjudged_line
 from perflab.serve.config import ServeConfig
 from perflab.tune.objective import SERVE, judge_max_qps, max_qps_of, serve_record, serve_refusal
 from perflab.tune.journal import Journal
@@ -232,6 +232,10 @@ class Tuner:
         if row["status"] == QUALITY_FAIL:
             self.notes.append(f"the starting point itself failed its quality gate ({row['reason']}); every "
                               "candidate is still gated against the fp32 eager baseline")
+        broken = constraint_violations(result, self.settings.max_p99_ms, self.settings.max_memory_gb)
+        if broken:  # said once: every candidate is held to a bound the start itself does not meet
+            self.notes.append(f"the starting point itself breaks the constraints ({'; '.join(broken)}): a lever is "
+                              "kept only if its run meets them; loosen them to tune from here")
         self.start = RunConfig.from_dict({**result.config, "out": None})  # device and batch resolved
         self.workloads.start = self.start
         self.best_cfg = self.start

@@ -27,18 +27,22 @@ QUALITY_LEVELS = ("default", "strict")
 THROUGHPUT, MAX_QPS = "throughput", "max-qps"
 OBJECTIVES = (THROUGHPUT, MAX_QPS)
 STRICT_FACTOR = 0.5  # --quality strict: every tolerance halved
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(s|m|h)?\s*$", re.IGNORECASE)  # a sign, to say "positive"
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_BUDGET_S = 7 * 24 * 3600.0  # a week: longer is a typo (99999999999h), not a search
 
 
 def parse_duration(text: str) -> float:
-    """'90s', '20m', '1h' or a bare number of seconds -> seconds; PerflabError for anything else or <= 0."""
+    """'90s', '20m', '1h' or a bare number of seconds -> seconds; PerflabError for anything else, <= 0 or over a
+    week."""
     match = _DURATION.match(str(text))
     if not match:
         raise PerflabError(f"--budget expects a duration like 90s, 20m or 1h; got {text!r}")
     seconds = float(match.group(1)) * _UNIT_S[(match.group(2) or "s").lower()]
     if seconds <= 0:
         raise PerflabError(f"--budget must be more than zero; got {text!r}")
+    if seconds > MAX_BUDGET_S:
+        raise PerflabError(f"--budget must be at most 7 days (168h); got {text!r}: give e.g. 20m or 8h")
     return seconds
 
 
