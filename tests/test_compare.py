@@ -3,6 +3,8 @@ import copy
 import dataclasses
 import itertools
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -211,10 +213,17 @@ def test_a_side_that_is_not_steady_is_not_judged_however_large_the_change(measur
     assert compare_results(base, slower, accept_noisy=True).decision == "reject"  # judged only when asked
 
 
-def busy_loops(count: int, seconds: float) -> list:
-    """`count` processes that spin a CPU core each, for at most `seconds` (they stop on their own if not killed)."""
+def busy_loops(count: int, seconds: float) -> list[int]:
+    """The pids of `count` processes that spin a CPU core each, for at most `seconds` (they stop on their own if not
+    killed), started outside this process's tree as another user's work would be: the load probe counts this
+    process's children as the run's own (its DataLoader workers)."""
     spin = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
-    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
+    pids = []
+    for _ in range(count):
+        shell = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{spin}" >/dev/null 2>&1 & echo $!'],
+                               capture_output=True, text=True, check=True)
+        pids.append(int(shell.stdout.strip()))
+    return pids
 
 
 def test_identical_runs_under_a_planted_load_are_never_called_significant():
@@ -226,10 +235,13 @@ def test_identical_runs_under_a_planted_load_are_never_called_significant():
         cfg = RunConfig(workload="mlp", device="cpu", steps=4, trials=3, warmup=1, batch_size=32)
         runs = [run("mlp", cfg) for _ in range(5)]
     finally:
-        for loop in loops:
-            loop.kill()
-            loop.wait()
+        for pid in loops:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     verdicts = [compare_results(a, b) for a, b in itertools.combinations(runs, 2)]
     false_alarms = [c.reasons[0] for c in verdicts if c.decision in ("accept", "reject")
                     or regression_exceeds(c, 0.0)]
     assert len(verdicts) == 10 and false_alarms == []
+    assert any("busy machine" in reason for c in verdicts for reason in c.noisy)  # the load itself was seen
