@@ -13,22 +13,10 @@ import pytest
 from perflab import RunConfig, run
 from perflab.cli import main
 
+from tests.test_bad_inputs import refused
+
 FAST = ["--workload", "mlp", "--device", "cpu", "--batch", "2", "--steps", "1", "--warmup", "0", "--trials", "1",
         "--option", "hidden=4", "--option", "in_features=4"]
-
-
-def refused(capsys, *argv: str) -> str:
-    """Run the CLI in this process; assert exit 2, one line on stderr and no traceback; return that line."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_info:
-        code = exit_info.code
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip() and "is deprecated; use" not in line]
-    assert code == 2, f"exit {code} for {argv}: {err}"
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("error: "), err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
