@@ -148,3 +148,17 @@ def test_scale_predicts_ddp_and_fsdp_from_one_gpu_and_prints_the_assumed_links(t
 def test_model_settings_without_predict_are_refused_in_one_line(capsys):
     assert main(["scale", "--workload", "mlp", "--nproc", "1", "--device", "cpu", "--gpus-per-node", "4"]) == 2
     assert "add --predict" in capsys.readouterr().err
+
+
+def test_predict_without_a_bus_bandwidth_is_refused_before_any_point_runs(tmp_path, capsys):
+    out = tmp_path / "scale"
+    assert main(["scale", "--workload", "mlp", "--device", "cpu", "--nproc", "1", "--predict", "8",
+                 "--out", str(out)]) == 2
+    assert "--predict needs the bus bandwidth" in capsys.readouterr().err
+    assert not (out / "sweep.jsonl").exists()  # nothing ran
+
+
+def test_the_one_rank_point_at_100_percent_and_a_rounding_over_it_are_not_over_the_ceiling():
+    from perflab.sweep.scale import over_ceiling
+    assert not over_ceiling(100.00000000000001) and not over_ceiling(100.0) and not over_ceiling(None)
+    assert over_ceiling(100.5) and over_ceiling(100.001)

@@ -31,6 +31,7 @@ SCALE_COLUMNS = ["label", "status", "nproc", "world_size", "throughput", "per_ra
 # Linear scaling is the ceiling: N ranks cannot do more than N times the work of one, so an efficiency above it
 # says the figures are wrong, not that the ranks were fast.
 EFFICIENCY_CEILING_PCT = 100.0
+CEILING_DIGITS = 6  # an efficiency is compared with the ceiling at this many decimals (of a percent)
 OVER_CEILING = ("over 100% cannot be right: the 1-rank point was slowed (a busy machine) or the ranks did "
                 "different work per rank; not a figure to trust")
 BUSY_POINT = "timed on a busy machine: its throughput (and efficiency) is not judged"
@@ -111,15 +112,20 @@ def point_flags(row: dict[str, Any], base: Optional[dict[str, Any]]) -> list[str
         flags.append(BUSY_POINT)
     elif base is not None and base is not row and base.get("busy"):
         flags.append(BUSY_BASE)
-    if (row.get("efficiency_pct") or 0.0) > EFFICIENCY_CEILING_PCT:
+    if over_ceiling(row.get("efficiency_pct")):
         flags.append(f"efficiency {row['efficiency_pct']:.0f}% {OVER_CEILING}")
     return flags
+
+
+def over_ceiling(efficiency_pct: Optional[float]) -> bool:
+    """Over 100% by more than floating-point rounding (the 1-rank point divided by itself read 100.00000000000001%)."""
+    return efficiency_pct is not None and round(efficiency_pct, CEILING_DIGITS) > EFFICIENCY_CEILING_PCT
 
 
 def trusted_efficiency(row: dict[str, Any]) -> Optional[float]:
     """The efficiency to show as a figure: None when it is over the ceiling or was timed on a busy machine."""
     efficiency = row.get("efficiency_pct")
-    if efficiency is None or efficiency > EFFICIENCY_CEILING_PCT or {BUSY_POINT, BUSY_BASE} & set(row["flags"]):
+    if efficiency is None or over_ceiling(efficiency) or {BUSY_POINT, BUSY_BASE} & set(row["flags"]):
         return None
     return efficiency
 
@@ -131,6 +137,8 @@ def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool 
     """Run every config at its --nproc (and at 1 rank), then compute and save the scaling efficiency; with
     `predict`, the scaling model's step time and efficiency at its GPU counts (and at the measured ones)."""
     configs = with_single_rank(configs)
+    if predict is not None:
+        check_prediction_inputs(predict, configs[0])
     axes = ["nproc"] + [name for name in swept_axes(configs) if name != "nproc"]
     sweep = run_sweep(configs, out, axes=axes, resume=resume, observer=observer, command=command, plots=plots,
                       reporter_factory=reporter_factory)
@@ -150,10 +158,22 @@ def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool 
     return ScaleSummary(sweep, rows, files, predictions, assumptions)
 
 
+def _model_device(cfg: RunConfig) -> torch.device:
+    return torch.device("cuda", 0) if cfg.device != "cpu" and torch.cuda.is_available() else torch.device("cpu")
+
+
+def check_prediction_inputs(settings: PredictConfig, cfg: RunConfig) -> None:
+    """The links --predict needs are known before any point runs, where that can be told without a CUDA context in
+    this process (the ranks would see it as a GPU neighbour): on a CPU run, a stated or calibrated bus bandwidth. A
+    GPU whose nominal link perflab knows (H100, H200, A100 ...) is checked when the model runs."""
+    if settings.intra_node_gbps is None and _model_device(cfg).type == "cpu":
+        interconnect(settings, cached_collectives(torch.device("cpu")), None)  # raises the one-line error
+
+
 def scaling_predictions(rows: Sequence[dict[str, Any]], out: Path, settings: PredictConfig, cfg: RunConfig
                         ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The scaling model from each group's 1-rank point, with the links it assumed."""
-    device = torch.device("cuda", 0) if cfg.device != "cpu" and torch.cuda.is_available() else torch.device("cpu")
+    device = _model_device(cfg)
     network = interconnect(settings, cached_collectives(device), nominal_link(device))
     singles = {_group_key(row): Result.load(out / row["dir"]) for row in rows
                if row["status"] == "ok" and row["params"]["nproc"] == 1 and row.get("dir")}
