@@ -95,13 +95,6 @@ def runtime_calls(trace: ParsedTrace, start: float, gpu_start: float, end: float
     return RuntimeCalls(profile, [*by_kind[ALLOCATOR], *unclaimed])
 
 
-def account_runtime_api(trace: ParsedTrace, start: float, gpu_start: float, end: float,
-                        steps: int) -> Optional[RuntimeApiProfile]:
-    """The runtime API per profiled step of a GPU trace; None for a CPU trace."""
-    calls = runtime_calls(trace, start, gpu_start, end, steps)
-    return calls.profile if calls is not None else None
-
-
 def _labels_by_kind(trace: ParsedTrace) -> dict[str, dict[int, str]]:
     """For each kind, runtime call index -> call name."""
     rt, mc = trace.runtime, trace.memcpys
