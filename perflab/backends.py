@@ -8,15 +8,25 @@ import torch
 
 
 def set_tf32(enabled: bool) -> Callable[[], None]:
-    """Switch TF32 for matmuls and cuDNN convolutions; returns a function that restores the old state."""
-    old_matmul = torch.get_float32_matmul_precision()
-    old_cudnn = torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("high" if enabled else "highest")
-    torch.backends.cudnn.allow_tf32 = enabled
+    """Let fp32 matmuls and cuDNN convolutions use TF32 (or forbid it); returns a function that puts back what it changed.
+
+    Only a switch whose value differs is written. On torch >= 2.9 the legacy setters also write the per-backend
+    `fp32_precision` flags (`set_float32_matmul_precision("highest")` leaves cuda.matmul at "ieee", not the
+    untouched "none"), so writing a value the process already had is not harmless: under that state torch 2.14's
+    Inductor-compiled CPU matmul aborts the process."""
+    restores: list[Callable[[], None]] = []
+    matmul = torch.get_float32_matmul_precision()
+    if (matmul != "highest") != enabled:
+        torch.set_float32_matmul_precision("high" if enabled else "highest")
+        restores.append(lambda: torch.set_float32_matmul_precision(matmul))
+    cudnn = torch.backends.cudnn.allow_tf32
+    if cudnn != enabled:
+        torch.backends.cudnn.allow_tf32 = enabled
+        restores.append(lambda: setattr(torch.backends.cudnn, "allow_tf32", cudnn))
 
     def restore() -> None:
-        torch.set_float32_matmul_precision(old_matmul)
-        torch.backends.cudnn.allow_tf32 = old_cudnn
+        for undo in reversed(restores):
+            undo()
     return restore
 
 

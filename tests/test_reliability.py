@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import perflab
 from perflab.cli import main
@@ -202,7 +203,7 @@ def test_a_20_ms_trial_is_not_called_busy_on_the_two_ticks_a_tick_counter_can_mi
     from perflab.harness import interference
     totals = iter([1000, 1000 + other_ticks])
     clock = iter([50.0, 50.02])
-    monkeypatch.setattr(interference, "_total_busy_ticks", lambda: next(totals))
+    monkeypatch.setattr(interference, "_total_busy_ticks", lambda cpus=None: next(totals))
     monkeypatch.setattr(interference, "_processes", lambda: {})
     monkeypatch.setattr(interference.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(interference, "CLOCK_TICKS", 100)
@@ -211,6 +212,39 @@ def test_a_20_ms_trial_is_not_called_busy_on_the_two_ticks_a_tick_counter_can_mi
     load = probe.end()
     assert load.busy is busy
     assert load.other_cpu_cores == pytest.approx(max(0, other_ticks - 2) / 100 / 0.02)
+
+
+PROC_STAT = """cpu  300 0 100 900 0 0 0 0 0 0
+cpu0 20 0 10 470 0 0 0 0 0 0
+cpu1 280 0 90 430 0 0 0 0 0 0
+intr 1 2 3
+"""
+
+
+def test_busy_ticks_count_only_the_cpus_this_run_may_use():
+    from perflab.harness.interference import busy_ticks_of
+    assert busy_ticks_of(PROC_STAT) == 400  # all CPUs: the first line's user + system
+    assert busy_ticks_of(PROC_STAT, {0}) == 30  # pinned to cpu0: a neighbour spinning on cpu1 is not its concern
+    assert busy_ticks_of(PROC_STAT, {0, 1}) == 400
+    assert busy_ticks_of("intr 1 2\n") is None
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs this process may use")
+def test_a_probe_pinned_to_a_busy_core_sees_the_neighbour_there():
+    core = sorted(os.sched_getaffinity(0))[1]
+    spinner = subprocess.Popen([sys.executable, "-c", f"import os, time\nos.sched_setaffinity(0, {{{core}}})\n"
+                                "end = time.time() + 6\nwhile time.time() < end: pass"])
+    probe = ("import os, time\nfrom perflab.harness.interference import LoadProbe\n"
+             f"os.sched_setaffinity(0, {{{core}}})\nprobe = LoadProbe(None)\nassert probe.cpus == {{{core}}}\n"
+             "probe.begin()\ntime.sleep(1.0)\nprint(probe.end().other_cpu_cores)")
+    try:
+        time.sleep(0.3)
+        seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    finally:
+        spinner.kill()
+    assert seen.returncode == 0, seen.stderr[-1500:]
+    assert float(seen.stdout.split()[-1]) > 0.5
 
 
 def test_short_trials_each_too_short_to_tell_still_make_a_busy_run_together():
@@ -333,3 +367,26 @@ def test_mfu_is_not_shown_against_a_peak_the_run_exceeds():
     with mock.patch("perflab.harness.runner.peak_tflops", return_value=(0.001, "calibrated")):
         flops = _flops(1e9, 1e6, torch.device("cpu"), RunConfig(precision="bf16"))
     assert flops.mfu_pct is None and flops.note.startswith("ceiling too low: recalibrate")
+
+
+def test_nvml_finds_torchs_device_by_uuid_so_a_hidden_gpu_is_not_read_in_its_place(monkeypatch):
+    # CUDA_VISIBLE_DEVICES=2: torch's device 0 is the host's third GPU; NVML index 0 would be a neighbour's card
+    import types
+    from perflab.harness import nvml
+
+    class FakeNvml:
+        NVMLError = RuntimeError
+
+        @staticmethod
+        def nvmlDeviceGetHandleByUUID(uuid):
+            return ("by uuid", uuid)
+
+        @staticmethod
+        def nvmlDeviceGetHandleByIndex(index):
+            return ("by index", index)
+    monkeypatch.setattr(nvml, "pynvml", FakeNvml)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(uuid="5e1f-77"))
+    assert nvml.device_handle(0) == ("by uuid", "GPU-5e1f-77")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace())
+    monkeypatch.setattr(torch.cuda, "_get_nvml_device_index", lambda index: index + 2, raising=False)
+    assert nvml.device_handle(0) == ("by index", 2)

@@ -2,7 +2,8 @@
 
 Timings taken beside another busy process are not clean, and a low spread does not prove they are (a
 steady neighbour slows every trial alike). So around each trial perflab reads, from /proc, how much CPU
-time processes other than this run's used (its own: this process and its children, the DataLoader workers,
+time processes other than this run's used on the CPUs this run may use (all of them unless it is pinned: a
+neighbour pinned to other cores, one job per GPU on a shared host, does not take its cores) (its own: this process and its children, the DataLoader workers,
 and in a multi-GPU run the launcher's other ranks), and from NVML, which other processes hold the GPU; plus the
 1-minute load average against the core count. A run whose trials saw more than BUSY_CORES of other CPU work, or
 another process on its GPU, is marked `busy` and says so.
@@ -25,16 +26,39 @@ QUANTISATION_TICKS = 2
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _total_busy_ticks() -> Optional[int]:
-    """Busy jiffies of all CPUs since boot (user + nice + system + irq + softirq + steal), from /proc/stat."""
+def allowed_cpus() -> Optional[set[int]]:
+    """The CPUs this process may run on (taskset, cgroups' cpusets), or None where the OS does not say."""
     try:
-        with open("/proc/stat") as stream:
-            fields = stream.readline().split()[1:]
-    except OSError:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
         return None
+
+
+def _busy(fields: list[str]) -> int:
     values = [int(v) for v in fields]
     idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
     return sum(values[:8]) - idle
+
+
+def _total_busy_ticks(cpus: Optional[set[int]] = None) -> Optional[int]:
+    """Busy jiffies since boot of `cpus`, or of all CPUs, from /proc/stat (busy_ticks_of)."""
+    try:
+        with open("/proc/stat") as stream:
+            return busy_ticks_of(stream.read(), cpus)
+    except OSError:
+        return None
+
+
+def busy_ticks_of(proc_stat: str, cpus: Optional[set[int]] = None) -> Optional[int]:
+    """Busy jiffies (user + nice + system + irq + softirq + steal) in a /proc/stat text, of `cpus` or of all CPUs.
+    Work on other cores than this run may use does not take its cores: a job pinned beside it (one per GPU on a
+    shared host) is not counted."""
+    lines = [line.split() for line in proc_stat.splitlines() if line.startswith("cpu")]
+    if not lines:
+        return None
+    if cpus is None:
+        return _busy(lines[0][1:])
+    return sum(_busy(line[1:]) for line in lines[1:] if line[0][3:].isdigit() and int(line[0][3:]) in cpus)
 
 
 def _processes() -> dict[int, tuple[int, int]]:
@@ -88,8 +112,9 @@ def gpu_neighbours(device_index: Optional[int], own: set[int]) -> list[int]:
         return []
     try:
         import pynvml
+        from perflab.harness.nvml import device_handle
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        handle = device_handle(device_index)
         processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
     except Exception:  # NVML missing or not permitted (containers): no evidence either way
         return []
@@ -122,17 +147,20 @@ class LoadProbe:
     def __init__(self, device_index: Optional[int]):
         self.device_index = device_index
         self.cores = os.cpu_count() or 1
+        cpus = allowed_cpus()
+        # all CPUs when the run may use them all: the one line of /proc/stat, not a sum over hundreds
+        self.cpus = cpus if cpus is not None and len(cpus) < self.cores else None
         self._start: tuple[Optional[int], int, float] = (None, 0, 0.0)
 
     def begin(self) -> None:
         processes = _processes()
-        self._start = (_total_busy_ticks(), _own_ticks(processes, _job_pids(processes)), time.monotonic())
+        self._start = (_total_busy_ticks(self.cpus), _own_ticks(processes, _job_pids(processes)), time.monotonic())
 
     def end(self) -> TrialLoad:
         total_before, own_before, began = self._start
         processes = _processes()
         own = _job_pids(processes)
-        total_after, own_after = _total_busy_ticks(), _own_ticks(processes, own)
+        total_after, own_after = _total_busy_ticks(self.cpus), _own_ticks(processes, own)
         seconds = max(time.monotonic() - began, 1e-6)
         other = other_ticks = None
         if total_before is not None and total_after is not None:
@@ -159,8 +187,8 @@ def summarize_load(loads: list[TrialLoad]) -> Interference:
         load_per_core_max=max((load.load_per_core for load in loads), default=None),
         gpu_neighbours=sorted({pid for load in loads for pid in load.gpu_neighbours}),
         threshold_cores=BUSY_CORES,
-        method="CPU time of other processes during each trial (/proc/stat minus this run's processes: this one, "
-               "its children and its sibling ranks), 1-minute load average per core, other processes on the GPU "
+        method="CPU time of other processes during each trial on the CPUs this run may use (/proc/stat minus this "
+               "run's processes: this one, its children and its sibling ranks), 1-minute load average per core, other processes on the GPU "
                "(NVML)",
     )
 

@@ -14,6 +14,21 @@ except ImportError:  # nvidia-ml-py is a dependency, but perflab still runs with
 SAMPLE_INTERVAL_S = 0.05
 
 
+def device_handle(torch_index: int):
+    """NVML's handle of torch's CUDA device `torch_index`. NVML numbers every GPU of the host, torch only those
+    CUDA_VISIBLE_DEVICES shows: with CUDA_VISIBLE_DEVICES=2, torch's device 0 is NVML's 2. Found by the device's
+    UUID; where torch does not report one, torch's own mapping; the index itself only where nothing is hidden."""
+    import torch
+    uuid = getattr(torch.cuda.get_device_properties(torch_index), "uuid", None)
+    if uuid is not None:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        except pynvml.NVMLError:
+            pass
+    mapping = getattr(torch.cuda, "_get_nvml_device_index", None)
+    return pynvml.nvmlDeviceGetHandleByIndex(mapping(torch_index) if mapping else torch_index)
+
+
 def _throttle_reason_names() -> dict[int, str]:
     names = {}
     for attr in dir(pynvml):
@@ -41,7 +56,7 @@ class NvmlSampler:
             return self
         try:
             pynvml.nvmlInit()
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
+            self.handle = device_handle(self.device_index)
         except pynvml.NVMLError as err:
             self.error = f"NVML unavailable: {err}"
             return self

@@ -108,17 +108,32 @@ def torch_switches() -> dict[str, Switch]:
 
 
 def read_switches() -> dict[str, Any]:
-    """The torch switches' values now (as the worker starts)."""
-    return {name: read() for name, (read, _) in torch_switches().items()}
+    """The torch switches' values now (as the worker starts). A switch torch will not report (the user's code mixed
+    the legacy and the per-backend TF32 APIs, and the legacy getter raises) is left out, and is not put back."""
+    values = {}
+    for name, (read, _) in torch_switches().items():
+        try:
+            values[name] = read()
+        except RuntimeError:
+            continue
+    return values
 
 
 def reset_between_trials(start: dict[str, Any]) -> None:
     """Put the process back as the worker started: no compiled graphs (the compile caches on disk stay), the
-    switches' values, no garbage, the CUDA cache emptied."""
+    switches' values, no garbage, the CUDA cache emptied. Only a switch that changed is written: writing a legacy
+    TF32 switch also sets the per-backend precision flags (see perflab/backends.py `set_tf32`)."""
     import torch
     torch._dynamo.reset()
-    for name, (_, write) in torch_switches().items():
-        write(start[name])
+    for name, (read, write) in torch_switches().items():
+        if name not in start:
+            continue
+        try:
+            unchanged = read() == start[name]
+        except RuntimeError:
+            unchanged = False
+        if not unchanged:
+            write(start[name])
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
