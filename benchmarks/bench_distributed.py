@@ -8,6 +8,7 @@ model's prediction, and the levers for exposed communication on a ~1B-parameter 
     BENCH_DISTRIBUTED_PART=issue12 python -m benchmarks.bench_distributed --out DIR     # issue 12's experiments
     BENCH_DISTRIBUTED_PART=fixtures python -m benchmarks.bench_distributed --out DIR    # ~1 min: 2-rank traces
     BENCH_DISTRIBUTED_WRAPPERS=ddp ...   # the levers and after parts for DDP alone (default: ddp,fsdp)
+    BENCH_DISTRIBUTED_NPROC=1,2,4 ...    # scaling and after at 1, 2 and 4 GPUs (default: 1,2; device kind x4)
 
 Each part is meant to fit one 9-minute device call (the times above are estimates, not measured); the default is
 scaling,levers, which needs two calls' worth: run one part per call.
@@ -15,7 +16,9 @@ scaling,levers, which needs two calls' worth: run one part per call.
 - scaling: `perflab calibrate --collectives --nproc 2` (all-reduce / reduce-scatter / all-gather, 1 MiB-1 GiB; the
   all-reduce's bus bandwidth beside NVLink 4's nominal 450 GB/s per direction, H100 SXM); `perflab scale --nproc 1,2
   --predict 2,8,64,512` for resnet50 DDP and the transformer size=1b with DDP and FSDP2: measured efficiency at 2
-  GPUs beside the scaling model's prediction (and its predictions past 2 GPUs, with the assumed links)
+  GPUs beside the scaling model's prediction (and its predictions past 2 GPUs, with the assumed links and the
+  overlap tax fitted at 2 GPUs). With BENCH_DISTRIBUTED_NPROC=1,2,4 (device kind nvidia-h100-x4): calibrated over 4
+  ranks, measured at 1, 2 and 4 GPUs, and the 4-GPU prediction from the 1- and 2-GPU points checked against it
 - levers: the transformer size=1b profiled at 2 GPUs (`perflab profile --nproc 2`), DDP and FSDP2, before and after
   the levers for exposed communication: throughput, exposed-communication share, overlap, the verdict
 - after: `perflab scale --nproc 1,2` of the transformer size=1b with the levers of `levers` on (DDP and FSDP2): the
@@ -25,6 +28,11 @@ scaling,levers, which needs two calls' worth: run one part per call.
 - issue12: resnet50 DDP at bucket sizes 1, 25, 100 MiB profiled, and the planted collectives-bound case
 - fixtures: small 2-rank profiles recorded for tests/fixtures/traces/ranks (each rank's trace and rank 0's
   result.json): the planted big-gradients case under DDP and a small transformer under FSDP2
+
+With BENCH_DISTRIBUTED_NPROC past 2 (e.g. 1,2,4), the calibration runs over the most ranks, the scale runs measure
+every count, and a second table, printed last, checks the scaling model: the efficiency at the largest count
+predicted from the 1- and 2-GPU points (the overlap tax fitted at 2) beside the measured one and the prediction
+without the tax.
 
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 unless already set). The table
 printed last sums the part up.
@@ -48,7 +56,7 @@ from perflab.diagnose.collectives import exposed_share_pct
 from perflab.pipeline import profile_run, resolve_config
 from perflab.profile.capture import CaptureOptions
 from perflab.sweep.predict import PredictConfig
-from perflab.sweep.scale import run_scale
+from perflab.sweep.scale import at_rank_counts, run_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 AREA = "distributed"
@@ -72,32 +80,86 @@ def transformer_1b(quick: bool) -> RunConfig:
     return RunConfig(workload="transformer", workload_options={"size": "1b"}, batch_size=4, **common(quick))
 
 
+def rank_counts() -> list[int]:
+    """BENCH_DISTRIBUTED_NPROC: the GPU counts of the scaling and after parts (default 1,2)."""
+    text = os.environ.get("BENCH_DISTRIBUTED_NPROC", "1,2")
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()} | {1})
+    except ValueError:
+        raise SystemExit(f"BENCH_DISTRIBUTED_NPROC={text}: give GPU counts like 1,2,4") from None
+    if counts[0] < 1 or len(counts) < 2:
+        raise SystemExit(f"BENCH_DISTRIBUTED_NPROC={text}: give positive GPU counts past 1, like 1,2,4")
+    return counts
+
+
+def table_lines(header: tuple[str, ...], lines: list[tuple[str, ...]]) -> list[str]:
+    """Columns padded to their widest cell, one line a row, the header first."""
+    widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
+    return ["  " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in [header, *lines]]
+
+
+def pct(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:.1f}%"
+
+
+class ModelCheck:
+    """The last table with BENCH_DISTRIBUTED_NPROC past 2: at the largest count, the efficiency the scaling model
+    predicted from the 1-GPU point and the overlap tax fitted at the smallest multi-GPU point, beside the measured."""
+
+    HEADER = ("workload", "parallel", "GPUs", "measured", "predicted", "error", "without tax", "tax ms",
+              "tax from")
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, ...]] = []
+
+    def add(self, name: str, predictions: list[dict[str, Any]]) -> None:
+        """The predictions of one scale run: each recipe's row at its largest measured count past 2 GPUs."""
+        largest: dict[str, dict[str, Any]] = {}
+        for row in predictions:
+            if row["gpus"] > 2 and row.get("measured_efficiency_pct") is not None:
+                if row["gpus"] >= largest.get(row["parallel"], {}).get("gpus", 0):
+                    largest[row["parallel"]] = row
+        for parallel, row in largest.items():
+            measured = row["measured_efficiency_pct"]
+            self.lines.append((name, parallel, str(row["gpus"]), pct(measured), pct(row["efficiency_pct"]),
+                               f"{row['efficiency_pct'] - measured:+.1f} points",
+                               pct(row.get("efficiency_without_tax_pct")), f"{row.get('overlap_tax_ms') or 0:.2f}",
+                               row.get("overlap_tax") or "none"))
+
+    def print(self) -> None:
+        if not self.lines:
+            return
+        print(f"[{AREA}] scaling model check: predicted from the smaller counts vs measured", flush=True)
+        for line in table_lines(self.HEADER, self.lines):
+            print(line, flush=True)
+
+
 class Summary:
     """The rows of the last table: one per configuration measured."""
 
     def __init__(self) -> None:
         self.lines: list[tuple[str, str, str, str, str, str]] = []
+        self.model_check = ModelCheck()
 
     def add(self, name: str, gpus: Any, throughput: Optional[float], efficiency: Optional[float] = None,
             exposed: Optional[float] = None, predicted: Optional[float] = None) -> None:
-        def pct(value: Optional[float]) -> str:
-            return "" if value is None else f"{value:.1f}%"
         self.lines.append((name, str(gpus), "" if throughput is None else f"{throughput:,.1f}", pct(efficiency),
                            pct(exposed), pct(predicted)))
 
     def print(self) -> None:
         header = ("experiment", "GPUs", "samples/s", "efficiency", "exposed comm", "predicted eff")
-        widths = [max(len(row[i]) for row in [header, *self.lines]) for i in range(len(header))]
         print(f"[{AREA}] summary", flush=True)
-        for row in [header, *self.lines]:
-            print("  " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)), flush=True)
+        for line in table_lines(header, self.lines):
+            print(line, flush=True)
+        self.model_check.print()
 
 
-def collectives(rows: Rows, summary: Summary) -> None:
-    """`perflab calibrate --collectives --nproc 2`: bus bandwidth per kind at each size, the peak beside NVLink's."""
+def collectives(rows: Rows, summary: Summary, ranks: int = 2, quick: bool = False) -> None:
+    """`perflab calibrate --collectives --nproc N`: bus bandwidth per kind at each size, the peak beside NVLink's."""
     began = time.time()
-    code = perflab_main(["calibrate", "--collectives", "--nproc", "2", "--device", "cuda"])
-    entry = cached_collectives(torch.device("cuda", 0), 2)
+    code = perflab_main(["calibrate", "--collectives", "--nproc", str(ranks), "--device", "cuda"]
+                        + (["--quick"] if quick else []))
+    entry = cached_collectives(torch.device("cuda", 0), ranks)
     if code != 0 or entry is None:
         rows.add("collectives", "status", None, note=f"calibrate --collectives exited {code}")
         return
@@ -112,15 +174,15 @@ def collectives(rows: Rows, summary: Summary) -> None:
         rows.add("collectives all_reduce", "busbw_of_nominal_link", 100 * peak / link["gbps"], "%",
                  note=f"peak all-reduce bus bandwidth {peak:.1f} GB/s vs {link['name']} {link['gbps']:g} GB/s "
                       f"(nccl-tests' busbw compares with one direction of the link); {time.time() - began:.0f}s")
-    summary.add(f"all-reduce busbw {peak:.0f} GB/s", 2, None)
+    summary.add(f"all-reduce busbw {peak:.0f} GB/s", ranks, None)
 
 
 def scaling(rows: Rows, summary: Summary, out: Path, name: str, base: list[RunConfig]) -> None:
-    """`perflab scale --nproc 1,2 --predict 2,8,64,512` for each config in `base`: measured rows, then the
-    prediction at 2 GPUs beside the measured efficiency and the predictions past 2 GPUs."""
+    """`perflab scale --nproc 1,2[,4] --predict 2,8,64,512` for each config in `base`: measured rows, then the
+    prediction at each measured count beside the measured efficiency and the predictions past them."""
     began = time.time()
     try:
-        result = run_scale([cfg.replace(nproc=2) for cfg in base], out / name, predict=PREDICT)
+        result = run_scale(at_rank_counts(base, rank_counts()), out / name, predict=PREDICT)
     except Exception as err:  # one failing experiment must not lose the others' rows
         rows.add(name, "status", None, note=f"failed: {type(err).__name__}: {err}"[:300])
         return
@@ -131,7 +193,8 @@ def scaling(rows: Rows, summary: Summary, out: Path, name: str, base: list[RunCo
             continue
         rows.add(label, "throughput", row["throughput"], "samples/s")
         if row["world_size"] > 1:
-            rows.add(label, "scaling_efficiency", row["efficiency_pct"], "%", note="throughput(2) / (2 x throughput(1))")
+            rows.add(label, "scaling_efficiency", row["efficiency_pct"], "%",
+                     note=f"throughput({row['world_size']}) / ({row['world_size']} x throughput(1))")
         else:
             summary.add(f"{name} 1 GPU", 1, row["throughput"])
     for prediction in result.predictions:
@@ -140,12 +203,16 @@ def scaling(rows: Rows, summary: Summary, out: Path, name: str, base: list[RunCo
         rows.add(label, "predicted_efficiency", prediction["efficiency_pct"], "%",
                  note=(f"step {prediction['step_ms']:.1f} ms, exposed {prediction['exposed_ms']:.2f} ms, "
                        f"{prediction['nodes']} x {prediction['gpus_per_node']} GPUs at {prediction['busbw_gbps']:.0f} "
-                       f"GB/s" + (f"; measured {measured:.1f}%" if measured is not None else "")))
-        if prediction["gpus"] == 2:
-            throughput = next((row["throughput"] for row in result.rows if row["world_size"] == 2
+                       f"GB/s, overlap tax {prediction.get('overlap_tax_ms') or 0:.2f} ms ("
+                       f"{prediction.get('overlap_tax')})" + (f"; measured {measured:.1f}%" if measured is not None
+                                                             else "")))
+        if prediction["gpus"] in rank_counts():
+            throughput = next((row["throughput"] for row in result.rows if row["world_size"] == prediction["gpus"]
                                and row["status"] == "ok" and row["config"].get("parallel") == prediction["parallel"]),
                               None)
-            summary.add(f"{name} {prediction['parallel']}", 2, throughput, measured, None, prediction["efficiency_pct"])
+            summary.add(f"{name} {prediction['parallel']}", prediction["gpus"], throughput, measured, None,
+                        prediction["efficiency_pct"])
+    summary.model_check.add(name, result.predictions)
     for what, source in result.assumptions.items():
         rows.add(f"{name} scaling model", "assumption", None, note=f"{what}: {source}"[:300])
     rows.add(name, "elapsed", time.time() - began, "s")
@@ -184,7 +251,7 @@ def profiled(rows: Rows, summary: Summary, out: Path, name: str, cfg: RunConfig,
 
 
 def part_scaling(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
-    collectives(rows, summary)
+    collectives(rows, summary, max(rank_counts()), quick)
     resnet = RunConfig(workload="resnet50", batch_size=128, **common(quick))
     scaling(rows, summary, out, "resnet50", [resnet])
     transformer = transformer_1b(quick)
@@ -264,8 +331,9 @@ def part_fixtures(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
 def run(out: Path, quick: bool, parts: Optional[list[str]] = None) -> list[dict]:
     parts = parts or selected_parts()
     rows = Rows(AREA, out)
-    if torch.cuda.device_count() < 2:
-        rows.add("(area)", "status", None, note=f"needs 2 GPUs, {torch.cuda.device_count()} visible")
+    needed = max(rank_counts()) if {"scaling", "after"} & set(parts) else 2
+    if torch.cuda.device_count() < needed:
+        rows.add("(area)", "status", None, note=f"needs {needed} GPUs, {torch.cuda.device_count()} visible")
         return rows.rows
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")

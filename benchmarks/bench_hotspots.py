@@ -2,6 +2,7 @@
 measure that lever against the baseline and set the measured gain beside the predicted one.
 
     python -m benchmarks.bench_hotspots --out DIR [--quick]        (PERFLAB_BENCH_QUICK=1 works too)
+    BENCH_HOTSPOTS_ONLY=memory_fraction,empty_cache_loss python -m benchmarks.bench_hotspots --out DIR   (some cases)
 
 DIR/<case>/                          the profiled run: result.json, trace.json.gz, diagnosis.json
 DIR/fixtures/gpu/<slug>__<case>.json.gz (+ .result.json)   two profiled steps, for tests/fixtures/traces/gpu/
@@ -13,8 +14,10 @@ workload option fixed=1 applies it, so that gain is measured too.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ OPTIONS = CaptureOptions(wait=1, warmup=1, active=2, record_shapes=True, with_st
 # measured after LEVER_BUDGET_S, no case is profiled after PROFILE_BUDGET_S.
 LEVER_BUDGET_S = 280.0
 PROFILE_BUDGET_S = 380.0
+ROW_FILE_ENV = "BENCH_HOTSPOTS_ROW_FILE"  # where a case run in its own process leaves its table row
 # the run options each lever sets (the first lever of a finding is applied as exactly this)
 LEVER_CHANGES = {
     "pin-memory": {"pin_memory": True}, "tf32": {"precision": "tf32"}, "bf16": {"precision": "bf16"},
@@ -57,6 +61,7 @@ class Case:
     # judged by a finding whose summary holds this phrase (the verdict's, when primary), not by the class
     pattern: Optional[str] = None
     primary: bool = False
+    own_process: bool = False  # it changes the process for good: profiled in a fresh process (case_in_own_process)
 
     def named_right(self, diagnosis: dict) -> bool:
         if self.pattern is None:
@@ -108,7 +113,7 @@ CASES = [
     Case("zeroed_grads", "zeroed_grads.py", dict(batch_size=32), dict(batch_size=256), code_fix=True,
          pattern="zeroed, not set to None"),
     Case("memory_fraction", "memory_fraction.py", dict(batch_size=16), dict(batch_size=64), code_fix=True,
-         pattern="allocator calls per step", primary=True),
+         pattern="allocator calls per step", primary=True, own_process=True),
 ]
 QUICK_CASES = ("hand_attention", "sync__tolist_loss", "launch__single_tensor_adam")
 
@@ -202,38 +207,66 @@ def run_area(out: Path, quick: bool) -> list[dict]:
     rows = Rows("hotspots", out)
     began = time.time()
     print(f"[hotspots] device: {'cuda ' + torch.cuda.get_device_name() if CUDA else 'cpu'}", flush=True)
-    cases = [c for c in CASES if not quick or c.name in QUICK_CASES]
+    only = [name for name in os.environ.get("BENCH_HOTSPOTS_ONLY", "").split(",") if name]  # a rerun of some cases
+    cases = [c for c in CASES if c.name in only] if only else [c for c in CASES if not quick or c.name in QUICK_CASES]
     steps = 8 if quick else 30
     table = []
     for case in cases:
-        expected = case.expected
         fresh_allocator()
         if time.time() - began > PROFILE_BUDGET_S:
             rows.add(case.name, "verdict", None, note="skipped: out of time")
             continue
-        diagnosis = profile_case(rows, out, case)
-        if diagnosis is None:
-            table.append((case.name, expected, "failed", False, "-", None, None))
-            continue
-        move, changes, predicted = first_move(diagnosis, case)
-        rows.add(case.name, "verdict_confidence", diagnosis["confidence"],
-                 note=f"{diagnosis['bottleneck']}: {diagnosis['headline'][:160]}")
-        right = case.named_right(diagnosis)
-        rows.add(case.name, "verdict_matches_planted", float(right), note=f"expected {expected}")
-        rows.add(case.name, "predicted_gain", predicted, "%", note=move)
-        gain = None
-        if changes is not None and time.time() - began < LEVER_BUDGET_S:
-            try:
-                gain = measured_gain(case, changes, steps)
-            except Exception as err:
-                rows.add(case.name, "measured_gain", None, note=f"failed: {type(err).__name__}: {err}"[:200])
-            else:
-                rows.add(case.name, "measured_gain", gain, "%", note=f"{move}: step time removed vs baseline")
-        table.append((case.name, expected, diagnosis["bottleneck"] if right or not case.pattern else "not named",
-                      right, move, predicted, gain))
+        if case.own_process and CUDA and len(cases) > 1:
+            table.append(case_in_own_process(rows, out, case, quick))
+        else:
+            table.append(case_row(rows, out, case, steps, lever_time=time.time() - began < LEVER_BUDGET_S))
     print_table(table)
     print(f"[hotspots] done in {time.time() - began:.0f}s", flush=True)
+    if os.environ.get(ROW_FILE_ENV):  # a parent's case_in_own_process reads the table back
+        Path(os.environ[ROW_FILE_ENV]).write_text(json.dumps(table))
     return rows.rows
+
+
+def case_row(rows: Rows, out: Path, case: Case, steps: int, lever_time: bool) -> tuple:
+    """Profile one case, name its cause, measure its first move: its row of the table."""
+    expected = case.expected
+    diagnosis = profile_case(rows, out, case)
+    if diagnosis is None:
+        return (case.name, expected, "failed", False, "-", None, None)
+    move, changes, predicted = first_move(diagnosis, case)
+    rows.add(case.name, "verdict_confidence", diagnosis["confidence"],
+             note=f"{diagnosis['bottleneck']}: {diagnosis['headline'][:160]}")
+    right = case.named_right(diagnosis)
+    rows.add(case.name, "verdict_matches_planted", float(right), note=f"expected {expected}")
+    rows.add(case.name, "predicted_gain", predicted, "%", note=move)
+    gain = None
+    if changes is not None and lever_time:
+        try:
+            gain = measured_gain(case, changes, steps)
+        except Exception as err:
+            rows.add(case.name, "measured_gain", None, note=f"failed: {type(err).__name__}: {err}"[:200])
+        else:
+            rows.add(case.name, "measured_gain", gain, "%", note=f"{move}: step time removed vs baseline")
+    return (case.name, expected, diagnosis["bottleneck"] if right or not case.pattern else "not named",
+            right, move, predicted, gain)
+
+
+def case_in_own_process(rows: Rows, out: Path, case: Case, quick: bool) -> tuple:
+    """A case that changes the process for good (a per-process memory fraction over an allocator that earlier cases
+    filled and fragmented) runs in a fresh process of this area, whose rows and table row join this one's."""
+    folder = out / "own_process" / case.name
+    folder.mkdir(parents=True, exist_ok=True)
+    row_file = folder / "table.json"
+    env = {**os.environ, "BENCH_HOTSPOTS_ONLY": case.name, ROW_FILE_ENV: str(row_file)}
+    command = [sys.executable, "-m", "benchmarks.bench_hotspots", "--out", str(folder)] + (["--quick"] if quick else [])
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=PROFILE_BUDGET_S)
+    child_rows = folder / "rows.json"
+    for row in json.loads(child_rows.read_text()) if child_rows.is_file() else []:
+        rows.add(row["experiment"], row["metric"], row["value"], row["unit"], row["note"])
+    if done.returncode != 0 or not row_file.is_file():
+        rows.add(case.name, "verdict", None, note=f"failed in its own process: {done.stderr.strip()[-200:]}")
+        return (case.name, case.expected, "failed", False, "-", None, None)
+    return tuple(json.loads(row_file.read_text())[0])
 
 
 def print_table(table: list[tuple]) -> None:

@@ -90,3 +90,37 @@ def writing(target: object, what: str = "output") -> Iterator[None]:
         yield
     except OSError as err:
         raise PerflabError(os_error_line(err, what, target)) from None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt: every command ends the same way on
+    either (an interrupted result kept where there is one, the output folder unlocked and reusable)."""
+
+    signal_name = "SIGTERM"
+
+
+def interrupt_name(err: BaseException) -> str:
+    """How a KeyboardInterrupt came: 'Ctrl-C' (SIGINT) or 'SIGTERM'."""
+    return getattr(err, "signal_name", "Ctrl-C")
+
+
+class WorkloadExited(BaseException):
+    """The workload's code tried to end the process (os._exit) while perflab ran it. A BaseException, as SystemExit
+    is, so that nothing between that code and the CLI reads it as the workload's own failure; the CLI prints its
+    message as one line and exits 2."""
+
+    exit_code = 2
+
+
+def exit_message(err: BaseException, ends: str = "perflab before the command finished") -> str:
+    """One line for the workload's code ending the process (os._exit(0) as WorkloadExited, or sys.exit): where it was
+    called, what that `ends` (perflab, or one rank of several) and what to do."""
+    if isinstance(err, WorkloadExited):
+        return str(err)
+    from perflab.user_frames import user_frames  # user_frames imports perflab
+
+    frames = user_frames(err)
+    where = f" at {frames[-1].file}:{frames[-1].line} in {frames[-1].function}" if frames else ""
+    code = getattr(err, "code", None)
+    return (f"your code called sys.exit({code!r}){where}, which ends {ends}; return or raise there instead (perflab "
+            "stopped the command)")

@@ -200,16 +200,22 @@ def unsteady(result: Result, spread_pct: float) -> Result:
     return flagged
 
 
-def test_a_side_that_is_not_steady_is_not_judged_however_large_the_change(measured):
+def test_a_side_that_is_not_steady_is_judged_only_on_a_change_larger_than_its_spread(measured):
     base = with_throughputs(measured, [1000.0, 1010.0, 990.0])
     slower = unsteady(with_throughputs(measured, [800.0, 810.0, 790.0]), 24.0)
-    comparison = compare_results(base, slower)
+    comparison = compare_results(base, slower)  # -20%, inside the candidate's own 24%
     assert comparison.decision == "not judged"
     assert "the candidate is not steady (trials disagree by 24%)" in comparison.reasons[0]
     assert not regression_exceeds(comparison, 10.0)
-    flagged_base = compare_results(unsteady(base, 17.0), with_throughputs(measured, [1500.0, 1520.0, 1490.0]))
-    assert flagged_base.decision == "not judged" and "the base is not steady (trials disagree by 17%)" in \
-        flagged_base.reasons[0]
+    faster = with_throughputs(measured, [1500.0, 1520.0, 1490.0])
+    flagged_base = compare_results(unsteady(base, 17.0), faster)  # +50%: larger than the base's 17%
+    assert flagged_base.decision == "accept"
+    assert any("the base is not steady (trials disagree by 17%)" in reason for reason in flagged_base.reasons)
+    assert flagged_base.metric("throughput").ci_low_pct < 50 / 1.17  # the interval was widened by the spread
+    tenfold = with_throughputs(measured, [10000.0, 10100.0, 9900.0])
+    assert compare_results(unsteady(base, 43.0), tenfold).decision == "accept"  # tune's 12x over a 43% base
+    assert compare_results(unsteady(base, 17.0), with_throughputs(measured, [1100.0, 1110.0, 1090.0])
+                           ).decision == "not judged"
     assert compare_results(base, slower, accept_noisy=True).decision == "reject"  # judged only when asked
 
 

@@ -24,9 +24,10 @@ OOM_OVER_BATCH = str(ROOT / "tests/planted/oom_over_batch.py") + ":build"
 TINY = RunConfig(workload="mlp", batch_size=8, steps=4, trials=2, warmup=1, device="cpu", quality_steps=2)
 # A screen long enough that a throughput is a throughput on a shared 2-core machine (about 0.2 s of timed steps)
 SCREEN = RunConfig(workload="mlp", steps=60, trials=3, warmup=2, device="cpu", quality_steps=3, check_quality=True)
-# a warm and a cold throughput of one config differ by less than this share: on the shared 2-core CI machine the
-# mlp's best trial lands near 25,000 or near 40,000 samples/s, warm and cold alike (seen both ways round)
-SAME_WITHIN = 0.5
+# a warm and a cold throughput of one config lie within this factor of each other: on the shared 2-core CI machine
+# the mlp's best trial lands near 25,000 or near 40,000 samples/s (1.6x apart), warm and cold alike, seen both ways
+# round (a tolerance of +-50% failed at 39,037 warm against 25,713 cold under a neighbour's load)
+SAME_WITHIN = 1.75
 
 
 def throughput(outcome: TrialOutcome) -> float:
@@ -61,9 +62,9 @@ def test_a_warm_screen_measures_what_a_cold_one_measures_and_costs_less(tmp_path
     assert cold.status == warm.status == OK and warm.warm and not cold.warm
     # the same verdict from the same weights, inputs and losses, to the last bit
     assert without_seconds(warm.result.quality) == without_seconds(cold.result.quality)
-    assert abs(throughput(warm) / throughput(cold) - 1) < SAME_WITHIN, (throughput(warm), throughput(cold))
+    assert 1 / SAME_WITHIN < throughput(warm) / throughput(cold) < SAME_WITHIN, (throughput(warm), throughput(cold))
     # the tolerance still tells configurations apart: 8x the hidden units is well outside it
-    assert throughput(wider) / throughput(cold) < 1 - SAME_WITHIN, (throughput(wider), throughput(cold))
+    assert throughput(wider) / throughput(cold) < 1 / SAME_WITHIN, (throughput(wider), throughput(cold))
     assert warm.wall_s < cold.wall_s / 2, (warm.wall_s, cold.wall_s)
     assert trial_figures(warm)["warm"] is True and trial_figures(cold)["warm"] is False
 

@@ -16,7 +16,8 @@ from typing import NoReturn, Optional
 from rich.console import Console
 from rich.markup import escape
 
-from perflab.errors import OutOfMemoryFailure, PerflabError, os_error_line
+from perflab.errors import (OutOfMemoryFailure, PerflabError, WorkloadExited, exit_message, interrupt_name,
+                            os_error_line)
 from perflab.oom import kept_traceback
 from perflab.version import __version__
 
@@ -101,6 +102,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         err_console.print("[bold red]error:[/] `--` runs a script only with `perflab run` or `perflab profile`, "
                           "e.g. `perflab profile -- python train.py`", highlight=False)
         return 2
+    if argv is not None:  # called from Python: the caller's process is not this command's to manage
+        return handle(args)
+    from perflab.cli._process import as_process  # signal and exit handling: only where perflab is the process
+    return as_process(lambda: handle(args), rank=bool(getattr(args, "rank_mode", False)))
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Run the parsed command; a user mistake, a file-system error or an interrupt is one line and an exit code."""
     try:
         return int(args.handler(args) or 0)
     except PerflabError as err:
@@ -110,9 +119,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         line = os_error_line(err, target=getattr(args, "out", None))
         print_error(PerflabError(line).with_traceback(err.__traceback__), debug_enabled(args))
         return 2
-    except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted[/]: nothing partial was saved as a result")
+    except KeyboardInterrupt as err:
+        err_console.print(f"[yellow]interrupted[/] ({interrupt_name(err)}): nothing partial was saved as a result")
         return 130
+    except (WorkloadExited, SystemExit) as err:
+        if isinstance(err, SystemExit) and not _from_user_code(err):  # perflab's own exit
+            raise
+        err_console.print(f"[bold red]error:[/] {escape(exit_message(err))}", highlight=False, soft_wrap=True)
+        return WorkloadExited.exit_code
+
+
+def _from_user_code(err: BaseException) -> bool:
+    from perflab.user_frames import user_frames  # imports perflab and torch
+    return bool(user_frames(err))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from perflab import options
 from perflab.cli import console, err_console
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
-from perflab.memory.search import Probe
+from perflab.memory.search import Probe, search_bound
 from perflab.memory.step import LIMIT_ENV, measure_step
 from perflab.memory.study import MemoryStudy, memory_study
 from perflab.pipeline import load, out_of_memory_as_result, resolve_config, resolve_device, with_breakdown_advice
@@ -60,13 +60,15 @@ def handle(args: argparse.Namespace) -> int:
         Path(args.probe).write_text(json.dumps({"batch": cfg.batch_size, "peak_mb": breakdown.peak_mb}))
         return 0
     name = Path(cfg.workload.split(":")[0]).stem if ":" in cfg.workload else cfg.workload
-    supported = load(None, cfg).supports_activation_checkpointing if cfg.mode == "train" else None
+    workload = load(None, cfg)
+    supported = workload.supports_activation_checkpointing if cfg.mode == "train" else None
+    dataset_items = None if workload.repeat_items else len(workload.dataset)
     with run_dir(args.out, f"memory-{name}", args.overwrite) as out:
         saved, command = cfg.replace(out=str(out)), ["perflab"] + args.argv
         with with_breakdown_advice(saved, device, command), out_of_memory_as_result(saved, device, command):
             study = memory_study(cfg, out, args.find_max_batch, args.memory_limit_mb, args.fsdp_gpus, supported,
-                                 ["perflab"] + args.argv, note=lambda text: console.print(f"[dim]{escape(text)}[/]"),
-                                 on_probe=_show_probe)
+                                 ["perflab"] + args.argv, dataset_items=dataset_items,
+                                 note=lambda text: console.print(f"[dim]{escape(text)}[/]"), on_probe=_show_probe)
         write_report(out)
     print_study(study)
     console.print(f"saved {escape(str(out))}: memory.json, report.html"
@@ -108,9 +110,10 @@ def print_study(study: MemoryStudy) -> None:
     if study.search is not None:
         search = study.search
         predicted = study.fit.predict_mb(search.largest_fits) if study.fit and search.largest_fits else None
-        console.print(f"largest batch that fits (measured): [bold]{search.largest_fits}[/] (smallest that did not: "
-                      f"{search.smallest_oom or '—'}); peak there {_mb(search.largest_peak_mb)} MiB measured, "
-                      f"{_mb(predicted)} MiB predicted", highlight=False)
+        bound = search_bound(search.limited_by, search.smallest_oom)
+        console.print(f"largest batch that fits (measured): [bold]{search.largest_fits}[/] ({escape(bound)}); peak "
+                      f"there {_mb(search.largest_peak_mb)} MiB measured, {_mb(predicted)} MiB predicted",
+                      highlight=False)
     if study.levers:
         levers = Table(title="what each lever would free")
         for column in ("lever", "frees MiB", "peak MiB", "batch it allows"):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, grid_from_args
@@ -119,18 +120,33 @@ def _efficiency(row: dict) -> str:
     return f"{trusted:.1f}%" if trusted is not None else "untrusted"
 
 
+def overlap_tax_sources(predictions: list[dict]) -> dict[str, str]:
+    """Each recipe's overlap tax source once, named by its wrapper (and its settings where a wrapper has several)."""
+    recipes = {json.dumps(row.get("recipe"), sort_keys=True): row for row in predictions}
+    wrappers = [row["parallel"] for row in recipes.values()]
+    sources = {}
+    for key, row in recipes.items():
+        name = row["parallel"] if wrappers.count(row["parallel"]) == 1 else f"{row['parallel']} {key}"
+        sources[name] = row.get("overlap_tax") or "none"
+    return sources
+
+
 def print_predictions(summary: ScaleSummary) -> None:
-    """The scaling model's table (predicted beside measured efficiency) and the links it assumed."""
-    headers = ("parallel", "GPUs", "nodes x GPUs", "busbw GB/s", "comm ms", "exposed ms", "step ms", "predicted",
-               "measured")
+    """The scaling model's table (predicted beside measured efficiency), the overlap tax of each recipe and where it
+    came from, and the links it assumed."""
+    headers = ("parallel", "GPUs", "nodes x GPUs", "busbw GB/s", "comm ms", "exposed ms", "tax ms", "step ms",
+               "predicted", "without tax", "measured")
     rows = []
     for row in summary.predictions:
         measured = row.get("measured_efficiency_pct")
         rows.append([row["parallel"], str(row["gpus"]), f"{row['nodes']} x {row['gpus_per_node']}",
                      fmt(row["busbw_gbps"], 1), fmt(row["communication_ms"], 2), fmt(row["exposed_ms"], 2),
-                     fmt(row["step_ms"], 2), f"{row['efficiency_pct']:.1f}%",
+                     fmt(row.get("overlap_tax_ms"), 2), fmt(row["step_ms"], 2), f"{row['efficiency_pct']:.1f}%",
+                     f"{row.get('efficiency_without_tax_pct', row['efficiency_pct']):.1f}%",
                      f"{measured:.1f}%" if measured is not None else ""])
     console.print(fitted_tables("scaling model (--predict)", [Column(header) for header in headers], rows,
                                 console.width, key_columns=2))  # a row is a recipe at a GPU count
+    for recipe, source in overlap_tax_sources(summary.predictions).items():
+        console.print(f"overlap tax, {recipe}: {source}", highlight=False)
     for what, source in summary.assumptions.items():
         console.print(f"assumed, {what}: {source}", highlight=False)

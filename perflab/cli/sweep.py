@@ -103,7 +103,18 @@ def recorded_sweep_args(args: argparse.Namespace) -> Optional[tuple[argparse.Nam
                            "give the sweep's options again with --resume")
     restored = build_parser().parse_args(command[1:])
     restored.resume, restored.out = True, args.out
-    return restored, command
+    return restored, _with_out(command, args.out)
+
+
+def _with_out(command: list[str], out: str) -> list[str]:
+    """The recorded command with --out naming the folder being resumed (a copied or moved sweep names its old one)."""
+    kept, words = [], iter(command)
+    for word in words:
+        if word == "--out":
+            next(words, None)
+        elif not word.startswith("--out="):
+            kept.append(word)
+    return [*kept, "--out", out]
 
 
 def handle(args: argparse.Namespace) -> int:

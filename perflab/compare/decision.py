@@ -330,8 +330,8 @@ def describe_config(cfg: dict[str, Any], levers: list[str]) -> str:
 
 
 def contamination(base: Result, cand: Result) -> list[str]:
-    """Why either run's timings are not clean: the machine was busy, it did not finish cleanly, or its own trials
-    disagree by more than UNSTEADY_RANGE_PCT (harness/steady.py: the run said "not steady")."""
+    """Why either run's timings are not clean: the machine was busy, or the run did not finish cleanly. A run whose
+    own trials disagree (unsteady_spreads) is not here: its spread widens the interval instead."""
     found = []
     for side, result in (("base", base), ("candidate", cand)):
         record = result.metrics.interference
@@ -341,11 +341,35 @@ def contamination(base: Result, cand: Result) -> list[str]:
                          f"{', GPU pids ' + str(record.gpu_neighbours) if record.gpu_neighbours else ''})")
         if result.status != "complete":
             found.append(f"the {side} is marked {result.status}: {result.status_reason}")
-        if result.metrics.steady is False:  # the run's own trials disagree: no interval between runs is stronger
-            spread = result.metrics.throughput_samples_per_s.range_pct
-            found.append(f"the {side} is not steady (trials disagree by "
-                         f"{'?' if spread is None else f'{spread:.0f}'}%)")
+        if result.metrics.steady is False and result.metrics.throughput_samples_per_s.range_pct is None:
+            found.append(f"the {side} is not steady (its spread is not recorded)")
     return found
+
+
+def unsteady_spreads(base: Result, cand: Result) -> dict[str, float]:
+    """side -> how far its trials disagree (%), for each side that said "not steady" (harness/steady.py)."""
+    return {side: result.metrics.throughput_samples_per_s.range_pct
+            for side, result in (("base", base), ("candidate", cand))
+            if result.metrics.steady is False and result.metrics.throughput_samples_per_s.range_pct is not None}
+
+
+def widen_by_spread(row: MetricChange, spreads: dict[str, float]) -> str:
+    """Widen a ratio's interval by the spread of each unsteady side: a run whose own trials disagree by r% may sit
+    anywhere in that range, so the ratio may be off by the factor (1 + r) of each. The change stays significant
+    only when it is larger than all of that: an identical pair whose sides disagree by 17-24% is not judged
+    -13%, while a 12x win over a base that disagrees by 43% is still a win. Returns the warning's text."""
+    factor = 1.0
+    for spread in spreads.values():
+        factor *= 1 + spread / 100
+    sides = " and ".join(f"the {side} is not steady (trials disagree by {spread:.0f}%)"
+                         for side, spread in spreads.items())
+    if row.ci_low_pct is None or row.ci_high_pct is None:
+        return sides
+    low, high = (1 + row.ci_low_pct / 100) / factor, (1 + row.ci_high_pct / 100) * factor
+    row.ci_low_pct, row.ci_high_pct = 100 * (low - 1), 100 * (high - 1)
+    row.significant = low > 1 or high < 1
+    row.note = (row.note + "; " if row.note else "") + "interval widened by the trials' spread"
+    return f"{sides}: the throughput interval is widened by that spread, so only a change larger than it is judged"
 
 
 def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFECT_PCT,
@@ -353,13 +377,22 @@ def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFE
     """The full comparison of two results: metric changes, decision, phases, kernels and warnings.
 
     When either run was contaminated (a busy machine, an interrupted or invalid run), no change is called
-    significant unless `accept_noisy`."""
+    significant unless `accept_noisy`; when either run's own trials disagree, the throughput interval is widened
+    by that spread (widen_by_spread)."""
     refuse_non_finite(base, cand)
     metrics = metric_changes(base, cand)
     quality = _quality_summary(base, cand)
-    decision, reasons = decide(metrics[0], cand.quality, min_effect_pct)
     warnings = comparability_warnings(base, cand)
+    spreads = {} if accept_noisy else unsteady_spreads(base, cand)
+    unsteady = widen_by_spread(metrics[0], spreads) if spreads else None
+    decision, reasons = decide(metrics[0], cand.quality, min_effect_pct)
     contaminated = contamination(base, cand)
+    if unsteady is not None:
+        warnings.append("UNSTEADY: " + unsteady)
+        if metrics[0].significant:  # larger than the spread: the verdict stands, and says what it was weighed against
+            reasons.append(unsteady)
+        else:
+            contaminated.append(unsteady)
     if contaminated:
         warnings.append("NOISY MEASUREMENT: " + "; ".join(contaminated))
         quality_failed = (cand.quality or {}).get("verdict") == "fail"  # a quality failure is not noise

@@ -18,6 +18,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from perflab.errors import PerflabError
+from perflab.results.validate import is_number, kind_of
 
 # Ops whose input shapes give FLOPs and bytes (the roofline); their shapes are kept, others' are not.
 SHAPED_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution",
@@ -26,6 +27,12 @@ GPU_CATEGORIES = {"kernel": "kernels", "gpu_memcpy": "memcpys", "gpu_memset": "m
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 RANGE_PREFIXES = ("ProfilerStep#", "enumerate(DataLoader)#")  # ranges the profiler itself opens
 COLLECTIVE_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size")
+# what each field the reader uses must hold, as (check, "what was expected"); absent fields are fine
+EVENT_FIELDS = {"name": (lambda v: isinstance(v, str), "a string"), "cat": (lambda v: isinstance(v, str), "a string"),
+                "ts": (is_number, "a number"), "dur": (is_number, "a number"),
+                "args": (lambda v: isinstance(v, dict), "an object")}
+NUMBER_ARGS = ("stream", "bytes", "Total Allocated", "Total Reserved")
+NOT_A_PROFILER_TRACE = "the file is not a trace torch.profiler wrote: profile the run again"
 
 
 @dataclass
@@ -132,7 +139,8 @@ class _Collector:
 class _TraceReader:
     """The json object_hook: each event becomes a row (or nothing) and is not kept as a dict."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self.tables = {kind: _Collector() for kind in
                        ("kernels", "memcpys", "memsets", "runtime", "cpu_ops", "annotations", "python")}
         self.shapes: dict[int, OpShapes] = {}
@@ -147,11 +155,24 @@ class _TraceReader:
             return obj  # args, deviceProperties entries, the top-level object
         self.events += 1
         phase = obj["ph"]
+        if phase == "X" or phase == "i":
+            self._check_fields(obj)
         if phase == "X":
             self._complete(obj)
         elif phase == "i" and obj.get("name") == "[memory]":
             self._memory(obj.get("args") or {})
         return None
+
+    def _check_fields(self, event: dict) -> None:
+        """Refuse, naming the event and the field, a value of a type the reader would trip over."""
+        fields = [(name, event[name], EVENT_FIELDS[name]) for name in EVENT_FIELDS if event.get(name) is not None]
+        args = event.get("args") if isinstance(event.get("args"), dict) else {}
+        fields += [(f"args.{name}", args[name], (is_number, "a number")) for name in NUMBER_ARGS
+                   if args.get(name) is not None]
+        for name, value, (fits, expected) in fields:
+            if not fits(value):
+                raise PerflabError(f"{self.path}: trace event {self.events} has {name} {kind_of(value)}, expected "
+                                   f"{expected}; {NOT_A_PROFILER_TRACE}")
 
     def _complete(self, event: dict) -> None:
         category = event.get("cat", "")
@@ -208,6 +229,20 @@ def _int(value: Any) -> int:
         return -1
 
 
+def _check_event_list(path: Path, events: Any, parsed: int) -> None:
+    """traceEvents is a non-empty list of event objects (each parsed event is None by now, see _TraceReader.hook)."""
+    if not isinstance(events, list):
+        raise PerflabError(f"{path}: traceEvents is {kind_of(events)}, expected a list of trace events; "
+                           f"{NOT_A_PROFILER_TRACE}")
+    stray = next(((index, item) for index, item in enumerate(events) if item is not None), None)
+    if stray is not None:
+        index, item = stray
+        what = "an object with no ph (event phase)" if isinstance(item, dict) else kind_of(item)
+        raise PerflabError(f"{path}: traceEvents[{index}] is {what}, expected a trace event; {NOT_A_PROFILER_TRACE}")
+    if parsed == 0:
+        raise PerflabError(f"{path} holds no trace events: there is nothing to diagnose; profile the run again")
+
+
 def _open(path: Path):
     if path.suffix == ".gz":
         return gzip.open(path, "rt", encoding="utf-8")
@@ -220,7 +255,7 @@ def load_trace(path: Union[str, Path]) -> ParsedTrace:
     if not path.is_file():
         raise PerflabError(f"no trace at {path}: give a run directory with trace.json (from `perflab profile`) "
                            "or a Chrome trace file")
-    reader = _TraceReader()
+    reader = _TraceReader(path)
     try:
         with _open(path) as stream:
             top = json.load(stream, object_hook=reader.hook)
@@ -233,6 +268,7 @@ def load_trace(path: Union[str, Path]) -> ParsedTrace:
     if not isinstance(top, dict) or "traceEvents" not in top:
         raise PerflabError(f"{path} is not a Chrome trace (no traceEvents); give the trace.json that "
                            "torch.profiler or `perflab profile` wrote")
+    _check_event_list(path, top["traceEvents"], reader.events)
     tables = {kind: collector.table() for kind, collector in reader.tables.items()}
     devices = [d for d in top.get("deviceProperties") or [] if isinstance(d, dict)]
     peaks = {}

@@ -24,7 +24,7 @@ import torch
 from perflab import options
 from perflab.config import RunConfig
 from perflab.distributed.rank import RANK_MODE_FLAG, TIMEOUT_ENV
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, Terminated
 from perflab.ranks import LAUNCHER_PID_ENV
 from perflab.results import Result
 from perflab.levers import active_levers
@@ -154,8 +154,8 @@ def _torchrun(cfg: RunConfig, rank_args: Sequence[str]) -> None:
             torchrun.run(args)
         except ChildFailedError as err:
             raise rank_failure(err) from None
-        except _signal_exception() as err:
-            raise KeyboardInterrupt from err
+        except _signal_exception() as err:  # torchrun's own handlers caught SIGINT or SIGTERM
+            raise (Terminated() if getattr(err, "sigval", None) == signal.SIGTERM else KeyboardInterrupt()) from err
         except Exception as err:  # rendezvous and store errors arrive as several torch types
             if any(text in str(err).lower() for text in PORT_IN_USE):
                 raise PerflabError(f"the rendezvous port is in use ({cfg.rdzv_endpoint or 'local'}): choose "

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, NoReturn
 import torch
 import torch.distributed as dist
 
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, WorkloadExited, exit_message
 from perflab.ranks import LAUNCHER_PID_ENV
 
 RANK_MODE_FLAG = "--nproc-rank-mode"
@@ -111,8 +111,19 @@ def _rank_life(device: str, body: Callable[[], None]) -> int:
             except RankStalledError as stalled:
                 record_failure(stalled)
             return 1
+        if isinstance(err, (SystemExit, WorkloadExited)):
+            err = _exited(err)
         record_failure(err)
         return getattr(err, "exit_code", 2) if isinstance(err, PerflabError) else 1  # 3: out of memory
+
+
+class RankExitedError(PerflabError):
+    """The workload's code ended its rank (sys.exit, os._exit(0)) while the other ranks went on."""
+
+
+def _exited(err: BaseException) -> RankExitedError:
+    """A rank's sys.exit or os._exit(0), as one line saying where in the user's code it was called."""
+    return RankExitedError(exit_message(err, ends="this rank alone while the others wait for it"))
 
 
 def is_collective_timeout(err: BaseException) -> bool:

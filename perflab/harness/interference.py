@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from perflab.harness.nvml import device_handle
 from perflab.ranks import LAUNCHER_PID_ENV
 from perflab.results.metrics import Interference
 
@@ -112,7 +113,6 @@ def gpu_neighbours(device_index: Optional[int], own: set[int]) -> list[int]:
         return []
     try:
         import pynvml
-        from perflab.harness.nvml import device_handle
         pynvml.nvmlInit()
         handle = device_handle(device_index)
         processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)

@@ -13,6 +13,7 @@ import torch
 from perflab.calibrate import peak_tflops, percent_of_ceiling
 from perflab.config import RunConfig
 from perflab.cost import cost_per_million
+from perflab.errors import interrupt_name
 from perflab.ranks import agree_any, agree_max
 from perflab.harness.calls import count_non_finite
 from perflab.harness.data import map_tensors
@@ -190,11 +191,11 @@ def _timed_trials(plan: StepPlan, batches, cfg: RunConfig, steps: int, reporter:
             wall_s = time.perf_counter() - began
             loads.append(probe.end())
             trials.append(_trial(wall_s, steps, plan.batch_size, timer))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         partial = steps_done - len(trials) * steps
         during = f" ({partial} steps into trial {len(trials) + 1})" if partial else ""
-        return trials, method, loads, (f"interrupted by Ctrl-C after {len(trials)} of {cfg.trials} trials{during}; "
-                                       "what finished is kept")
+        return trials, method, loads, (f"interrupted by {interrupt_name(err)} after {len(trials)} of {cfg.trials} "
+                                       f"trials{during}; what finished is kept")
     finally:
         reporter.finish()
     return trials, method, loads, None

@@ -20,6 +20,7 @@ from perflab.errors import EXIT_OUT_OF_MEMORY, PerflabError
 
 MAX_PROBES = 14
 PROBE_TIMEOUT_S = 300
+MAX_SEARCH_BATCH = 1 << 24  # only stops a growth that never runs out of memory (no limit, a huge --memory-limit-mb)
 
 
 @dataclass
@@ -37,6 +38,7 @@ class BatchSearch:
     probes: list[Probe] = field(default_factory=list)
     largest_fits: Optional[int] = None
     smallest_oom: Optional[int] = None
+    limited_by: Optional[str] = None  # what stopped the search before memory did, e.g. "the dataset, 4096 items"
 
     @property
     def largest_peak_mb(self) -> Optional[float]:
@@ -44,7 +46,30 @@ class BatchSearch:
 
     def to_dict(self) -> dict:
         return {"probes": [asdict(p) for p in self.probes], "largest_fits": self.largest_fits,
-                "smallest_oom": self.smallest_oom, "largest_peak_mb": self.largest_peak_mb}
+                "smallest_oom": self.smallest_oom, "largest_peak_mb": self.largest_peak_mb,
+                "limited_by": self.limited_by}
+
+
+def search_bound(limited_by: Optional[str], smallest_oom: Optional[int]) -> str:
+    """What bounds the answer, as the CLI and the report say it."""
+    if limited_by:
+        return f"limited by {limited_by}, not by memory"
+    return f"smallest that did not: {smallest_oom or '—'}"
+
+
+@dataclass(frozen=True)
+class BatchCeiling:
+    """The largest batch the search may probe, and what sets it (the answer when that batch still fits)."""
+
+    batch: int = MAX_SEARCH_BATCH
+    reason: str = f"the search's cap, batch {MAX_SEARCH_BATCH:,}"
+
+
+def batch_ceiling(dataset_items: Optional[int]) -> BatchCeiling:
+    """The dataset's length bounds the batch (a batch larger than the dataset is refused), else the search's cap."""
+    if dataset_items is not None and dataset_items < MAX_SEARCH_BATCH:
+        return BatchCeiling(dataset_items, f"the dataset, {dataset_items:,} items")
+    return BatchCeiling()
 
 
 def probe_in_process(cfg: RunConfig, batch: int, limit_mb: Optional[float]) -> Probe:
@@ -73,13 +98,18 @@ def _perflab_root() -> str:
 
 
 def find_largest_batch(run_probe: Callable[[int], Probe], start: int, known_fits: Optional[int] = None,
-                       growth: float = 2.0, tolerance: float = 0.0, max_batch: int = 1 << 24,
+                       growth: float = 2.0, tolerance: float = 0.0, ceiling: BatchCeiling = BatchCeiling(),
                        on_probe: Callable[[Probe], None] = lambda probe: None) -> BatchSearch:
     """Grow from `start` by `growth` until a probe runs out of memory, then bisect; `tolerance` (a share of the
-    largest fit) stops the bisection early. `known_fits` is a batch already known to fit. `max_batch` only stops a
-    growth that never runs out of memory (on the H100 a cap of 65,536 ended an MLP's search at its first probe)."""
+    largest fit) stops the bisection early. `known_fits` is a batch already known to fit. No probe goes past
+    `ceiling`: when its batch fits, the search stops there and says what limited it (on the H100 a cap of 65,536
+    ended an MLP's search at its first probe, so the cap only stops a growth that never runs out of memory)."""
     search = BatchSearch(largest_fits=known_fits)
-    batch = max(1, start)
+    max_batch = ceiling.batch
+    if known_fits is not None and known_fits >= max_batch:
+        search.limited_by = ceiling.reason
+        return search
+    batch = min(max(1, start), max_batch)
 
     def record(probe: Probe) -> None:
         search.probes.append(probe)
@@ -93,6 +123,7 @@ def find_largest_batch(run_probe: Callable[[int], Probe], start: int, known_fits
         record(run_probe(batch))
         if search.smallest_oom is None:
             if batch >= max_batch:
+                search.limited_by = ceiling.reason
                 break
             batch = min(max_batch, max(batch + 1, int(batch * growth)))
             continue

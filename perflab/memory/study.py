@@ -21,7 +21,7 @@ from perflab.errors import PerflabError
 from perflab.memory.breakdown import MEMORY_FILE, Breakdown
 from perflab.memory.fit import PeakFit, category_fit, fit_batches, fit_peaks
 from perflab.memory.levers import LeverSaving, lever_savings
-from perflab.memory.search import BatchSearch, Probe, find_largest_batch, probe_in_process
+from perflab.memory.search import BatchSearch, Probe, batch_ceiling, find_largest_batch, probe_in_process
 from perflab.memory.step import measure_step, memory_limit_mb
 from perflab.results import read_json_object, write_json_atomic
 
@@ -82,10 +82,11 @@ def _other_processes_mb(breakdown: Breakdown) -> float:
 
 def memory_study(cfg: RunConfig, out: Path, find_max_batch: bool = False, limit_mb: Optional[float] = None,
                  shards: int = 8, checkpointing_supported: Optional[bool] = None, command: Optional[list[str]] = None,
-                 tolerance: float = SEARCH_TOLERANCE,
+                 tolerance: float = SEARCH_TOLERANCE, dataset_items: Optional[int] = None,
                  note: Callable[[str], None] = lambda text: None,
                  on_probe: Callable[[Probe], None] = lambda probe: None) -> MemoryStudy:
-    """Break one step's memory down, fit the peak over batch, optionally find the largest batch; save memory.json."""
+    """Break one step's memory down, fit the peak over batch, optionally find the largest batch (no larger than
+    `dataset_items`, the dataset's length when its items are not repeated); save memory.json."""
     limit_mb = memory_limit_mb(limit_mb)
     out.mkdir(parents=True, exist_ok=True)
     on_cuda = cfg.device == "cuda"
@@ -111,17 +112,24 @@ def memory_study(cfg: RunConfig, out: Path, find_max_batch: bool = False, limit_
                                                                 checkpointing_supported), command=command or [],
                         files=files, raw_fit=raw_fit)
     if find_max_batch:
-        predicted = study.predicted_largest_batch
-        start = int(START_UNDER_PREDICTION * predicted) if predicted and predicted > cfg.batch_size else cfg.batch_size * 2
-        start = max(start, cfg.batch_size + 1)
-        note(f"the largest batch: each probe in its own process, from batch {start}")
-        _release_cached_memory()  # the probes' processes need the device memory this one cached
-        study.search = find_largest_batch(lambda batch: probe_in_process(cfg, batch, limit_mb), start,
-                                          known_fits=cfg.batch_size,
-                                          growth=GROWTH_FROM_PREDICTION if predicted else 2.0,
-                                          tolerance=tolerance, on_probe=on_probe)
+        study.search = _search_largest_batch(cfg, study.predicted_largest_batch, limit_mb, tolerance, dataset_items,
+                                             note, on_probe)
     write_json_atomic(out / MEMORY_FILE, study.to_dict())
     return study
+
+
+def _search_largest_batch(cfg: RunConfig, predicted: Optional[int], limit_mb: Optional[float], tolerance: float,
+                          dataset_items: Optional[int], note: Callable[[str], None],
+                          on_probe: Callable[[Probe], None]) -> BatchSearch:
+    """The batch search from the fit's prediction (or twice the batch), each probe its own process."""
+    ceiling = batch_ceiling(dataset_items)
+    start = int(START_UNDER_PREDICTION * predicted) if predicted and predicted > cfg.batch_size else cfg.batch_size * 2
+    start = min(max(start, cfg.batch_size + 1), ceiling.batch)
+    note(f"the largest batch: each probe in its own process, from batch {start} (at most {ceiling.reason})")
+    _release_cached_memory()  # the probes' processes need the device memory this one cached
+    return find_largest_batch(lambda batch: probe_in_process(cfg, batch, limit_mb), start, known_fits=cfg.batch_size,
+                              growth=GROWTH_FROM_PREDICTION if predicted else 2.0, tolerance=tolerance,
+                              ceiling=ceiling, on_probe=on_probe)
 
 
 def _release_cached_memory() -> None:

@@ -10,7 +10,7 @@ from perflab.report.html import markdown_to_html
 from perflab.report.markdown import compare_markdown, run_markdown, sweep_markdown
 from perflab.report.operators import top_ops_plot
 from perflab.plots import latency_histogram, phase_breakdown_plot, sweep_plots
-from perflab.results import RESULT_FILE, Result, read_json_object
+from perflab.results import RESULT_FILE, Result, atomic_file, read_json_object
 from perflab.diagnose import is_serve_result
 from perflab.sweep import SWEEP_JSON, read_rows
 from perflab.compare import load_comparison
@@ -112,8 +112,9 @@ def write_report(directory: Union[str, Path], out: Optional[Union[str, Path]] = 
     out.mkdir(parents=True, exist_ok=True)
     kind = detect_kind(directory)
     text = BUILDERS[kind](directory, out)
-    md_path, html_path = out / REPORT_MD, out / REPORT_HTML
-    md_path.write_text(text)
     title = text.splitlines()[0].lstrip("# ").strip()
-    html_path.write_text(markdown_to_html(text, out, title))
-    return [md_path, html_path]
+    pages = {out / REPORT_MD: text, out / REPORT_HTML: markdown_to_html(text, out, title)}
+    for path, page in pages.items():  # both built before either replaces an older report
+        with atomic_file(path) as temp:
+            temp.write_text(page)
+    return list(pages)

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from perflab.memory.breakdown import Breakdown
+from perflab.memory.search import search_bound
 from perflab.memory.timeline import CATEGORIES
 
 if TYPE_CHECKING:
@@ -66,8 +67,9 @@ def memory_markdown(study: dict[str, Any], image: Optional[str]) -> str:
     search = study.get("search")
     if search:
         lines += ["", f"Largest batch that fits (measured, each probe its own process): **{search['largest_fits']}** "
-                  f"(smallest that did not: {search['smallest_oom'] or '—'}); peak there {_mb(search['largest_peak_mb'])}"
-                  f" MiB measured vs {_mb(search.get('predicted_peak_at_largest_mb'))} MiB predicted.", "",
+                  f"({search_bound(search.get('limited_by'), search['smallest_oom'])}); peak there "
+                  f"{_mb(search['largest_peak_mb'])} MiB measured vs "
+                  f"{_mb(search.get('predicted_peak_at_largest_mb'))} MiB predicted.", "",
                   "| probe batch | status | peak MiB |", "|---:|---|---:|"]
         lines += [f"| {p['batch']} | {p['status']} | {_mb(p['peak_mb'])} |" for p in search["probes"]]
     if study.get("levers"):

@@ -19,6 +19,7 @@ import fnmatch
 import json
 import os
 import shutil
+import sys
 import time
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
@@ -57,10 +58,12 @@ def default_run_dir(name: str) -> Path:
 
 
 def out_path(out: Optional[str], name: str) -> Path:
-    """--out as given, else runs/<timestamp>-<name>; an empty --out is refused, not read as no --out."""
+    """--out, else runs/<timestamp>-<name>, as an absolute path: made absolute before any user code runs, so a
+    build() or a script that changes the working directory does not move perflab's files (or its lock). An empty
+    --out is refused, not read as no --out."""
     if out is not None and not str(out).strip():
         raise PerflabError("--out is empty; give a directory, or drop --out for the default runs/<timestamp>-<name>")
-    return Path(out) if out else default_run_dir(name)
+    return (Path(out).expanduser() if out else default_run_dir(name)).absolute()
 
 
 def is_owned(name: str) -> bool:
@@ -113,13 +116,23 @@ def out_lock(path: Path) -> Iterator[None]:
             break
         os.close(fd)  # the holder removed the file between our open and our lock: take the new one
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _take_over(fd, lock_path)
         yield
     finally:
         with suppress(OSError):
             os.unlink(lock_path)  # before unlocking: a waiter that opened this file sees it is gone and retries
         os.close(fd)
+
+
+def _take_over(fd: int, lock_path: Path) -> None:
+    """Write this process's pid into the lock just taken. A pid already there is a holder that ended without
+    removing the file (killed, or os._exit): the kernel released its lock, so it is stale, and a note says so."""
+    left_by = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    if left_by:
+        print(f"note: took over {lock_path}, left by pid {left_by}, which ended without releasing it",
+              file=sys.stderr, flush=True)
 
 
 def _stamp(entry: Path) -> tuple[int, int]:
@@ -158,13 +171,15 @@ def claim(path: Path, overwrite: bool, resume_from: Optional[str] = None) -> dic
     if _continues(path, resume_from):  # the old run's artifacts go; its checkpoint is what this run resumes from
         return {entry.name: _stamp(entry) for entry in ours if entry.name != CHECKPOINT_FILE}
     marker = next((name for name in OUTPUT_MARKERS if (path / name).exists()), None)
-    if marker is None:  # never write among files perflab did not write, --overwrite or not
-        theirs = [entry for entry in entries if not is_owned(entry.name)]
+    theirs = [entry for entry in entries if not is_owned(entry.name)]
+    if marker is None and theirs:  # never write among files perflab did not write, --overwrite or not
         raise PerflabError(f"--out {path} already holds {len(entries)} file(s) that perflab did not write "
-                           f"({_names(theirs or entries)}); choose a new or empty directory")
+                           f"({_names(theirs)}); choose a new or empty directory")
     if not overwrite:
-        raise PerflabError(f"--out {path} already holds a perflab output ({marker}); choose another --out, or add "
-                           "--overwrite to replace perflab's files there (yours stay)")
+        what = (f"a perflab output ({marker})" if marker else
+                f"perflab's files of a command that did not finish ({_names(ours)})")  # e.g. killed mid-profile
+        raise PerflabError(f"--out {path} already holds {what}; choose another --out, or add --overwrite to replace "
+                           "perflab's files there (yours stay)")
     return {entry.name: _stamp(entry) for entry in ours}
 
 
@@ -230,7 +245,7 @@ def run_dir(out: Optional[str], name: str, overwrite: bool = False,
 def locked_out(path: Path) -> Iterator[Path]:
     """An output folder that a command fills over time (sweep, tune): checked, created and locked for the whole
     command."""
-    path = Path(path)
+    path = Path(path).absolute()  # see out_path
     with ExitStack() as stack:
         _create_and_lock(path, stack)
         yield path

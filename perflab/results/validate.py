@@ -20,11 +20,14 @@ def parse_json(text: str, file: object, where: str = "") -> Any:
                            f"recursion limit); {REMEDY}") from None
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
+    """How a value of the wrong kind reads in a message: "the string 'x'", "the number 5", "a list"..."""
     if isinstance(value, bool):
         return "true/false"
     if isinstance(value, str):
         return f"the string {value[:40]!r}"
+    if is_number(value):
+        return f"the number {value!r}"
     return {list: "a list", dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
 
 
@@ -42,7 +45,7 @@ def number(data: dict, field: str, file: object, optional: bool = True, whole: b
     if not is_number(value) or (whole and not isinstance(value, int)):
         expected = "an integer" if whole else "a number"
         raise PerflabError(f"{file}: field {prefix}{field} must be {expected}{' or null' if optional else ''}, "
-                           f"found {_kind(value)}; {REMEDY}")
+                           f"found {kind_of(value)}; {REMEDY}")
     return value
 
 
@@ -58,10 +61,10 @@ def number_list(data: dict, field: str, file: object, optional: bool = True, pre
     if value is None and optional:
         return
     if not isinstance(value, list):
-        raise PerflabError(f"{file}: field {prefix}{field} must be a list of numbers, found {_kind(value)}; {REMEDY}")
+        raise PerflabError(f"{file}: field {prefix}{field} must be a list of numbers, found {kind_of(value)}; {REMEDY}")
     for index, item in enumerate(value):
         if item is not None and not is_number(item):
-            raise PerflabError(f"{file}: field {prefix}{field}[{index}] must be a number, found {_kind(item)}; "
+            raise PerflabError(f"{file}: field {prefix}{field}[{index}] must be a number, found {kind_of(item)}; "
                                f"{REMEDY}")
 
 
@@ -71,7 +74,7 @@ def section(data: dict, field: str, file: object) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise PerflabError(f"{file}: field {field} must be an object, found {_kind(value)}; {REMEDY}")
+        raise PerflabError(f"{file}: field {field} must be an object, found {kind_of(value)}; {REMEDY}")
     return value
 
 
@@ -81,5 +84,5 @@ def objects(data: dict, field: str, file: object) -> list[dict]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-        raise PerflabError(f"{file}: field {field} must be a list of objects, found {_kind(value)}; {REMEDY}")
+        raise PerflabError(f"{file}: field {field} must be a list of objects, found {kind_of(value)}; {REMEDY}")
     return value

@@ -18,7 +18,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from perflab.errors import EXIT_OUT_OF_MEMORY, is_out_of_memory
+from perflab.errors import EXIT_OUT_OF_MEMORY, WorkloadExited, is_out_of_memory
 from perflab.harness.nvml import NvmlSampler
 from perflab.oom import OutOfMemory, free_after
 from perflab.harness.runner import aggregate, memory_metrics
@@ -76,6 +76,8 @@ def run_script(command: ScriptCommand, out_dir: Union[str, Path], warmup: int = 
                 execute(command)
             except SystemExit as done:
                 exit_code = _exit_code(done)
+            except WorkloadExited:  # the script's os._exit(0) (perflab.cli._process): its end, with success
+                exit_code = 0
             except KeyboardInterrupt:
                 exit_code, interrupted = 130, True
             except BaseException as error:  # the script's own failure: shown as its traceback, never swallowed

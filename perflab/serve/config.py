@@ -14,6 +14,8 @@ SCENARIOS = ("server", "offline", "single-stream")
 SERVE = ("serve",)
 SERVE_AND_TUNE = ("serve", "tune")  # the settings `perflab tune --objective max-qps` passes to its serve trials
 LOAD = "load (LoadGen scenarios)"
+MAX_QUERIES_PER_POINT = 2_000_000  # a point's schedule is held in memory; past this a rate is not a serving load
+MAX_DURATION_S = 86_400.0  # a day of load per point: past it a point is a soak test, not a measurement
 BATCHER = "dynamic batcher"
 MAX_INSTANCES_PER_CPU = 4  # model instances beyond this many per usable CPU only contend for the cores
 
@@ -37,10 +39,12 @@ class ServeConfig:
                                          "the max QPS is narrower than this, in percent (default: 5)", LOAD, 5.0,
                                          above=0, metavar="PCT", commands=SERVE_AND_TUNE)
     duration_s: float = option("--duration", float, "seconds of load per point at least: a shorter point is INVALID "
-                               "(default: 2)", LOAD, 2.0, above=0, metavar="SECONDS", commands=SERVE_AND_TUNE)
+                               "(default: 2; at most a day)", LOAD, 2.0, above=0, maximum=MAX_DURATION_S, metavar="SECONDS",
+                               commands=SERVE_AND_TUNE)
     min_queries: int = option("--min-queries", int, "queries per point at least, so a short lucky run cannot pass; a "
                               "p99 needs 459 with none late for early stopping to pass, 1,024 let up to 3 be late "
-                              "(default: 1024)", LOAD, 1024, minimum=1, metavar="N", commands=SERVE_AND_TUNE)
+                              "(default: 1024)", LOAD, 1024, minimum=1, maximum=MAX_QUERIES_PER_POINT, metavar="N",
+                              commands=SERVE_AND_TUNE)
     schedule_seed: int = option("--schedule-seed", int, "seed of the Poisson arrival times (default: 0)", LOAD, 0,
                                 minimum=0, maximum=options.MAX_SEED, metavar="N", commands=SERVE)
     sample_seed: int = option("--sample-seed", int, "seed of the order samples are drawn in (default: 0)", LOAD, 0,
@@ -97,7 +101,6 @@ class ServeConfig:
         return options.to_argv(self, "serve")
 
 
-MAX_QUERIES_PER_POINT = 2_000_000  # a point's schedule is held in memory; past this a rate is not a serving load
 # A server point ends as 'overloaded' once its oldest waiting query has waited this many times the p99 bound (at
 # least OVERLOAD_FLOOR_S): the rate is beyond capacity, and serving the rest of its schedule would only take hours.
 OVERLOAD_WAIT_FACTOR = 20
@@ -107,6 +110,15 @@ OVERLOAD_FLOOR_S = 1.0
 def overload_wait_s(p99_ms: float) -> float:
     """How long the oldest waiting query may wait before a server point is ended as overloaded."""
     return max(OVERLOAD_FLOOR_S, OVERLOAD_WAIT_FACTOR * p99_ms / 1000)
+
+
+def check_offline_queries(queries: int, estimate_qps: float, duration_s: float) -> None:
+    """An offline point issues its queries at once, each held in memory: at most MAX_QUERIES_PER_POINT."""
+    if queries > MAX_QUERIES_PER_POINT:
+        longest_s = max(1, math.floor(MAX_QUERIES_PER_POINT / queries * duration_s))
+        raise PerflabError(f"--scenario offline for --duration {duration_s:g} s at the estimated {estimate_qps:,.0f} "
+                           f"queries/s issues about {queries:,} queries at once, more than the "
+                           f"{MAX_QUERIES_PER_POINT:,} perflab holds in one point; use --duration {longest_s:g} or less")
 
 
 def check_query_count(rate: float, duration_s: float, min_queries: int) -> None:

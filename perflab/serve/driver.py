@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 import numpy as np
 import torch
 
+from perflab import options
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.harness.data import make_loader
@@ -28,7 +29,7 @@ from perflab.serve.generation import GenerationEngine, check_generation_serving,
 from perflab.serve.pool import stage_pool
 from perflab.serve.session import Session, late_threshold_ms, run_scenario
 from perflab.serve.server import Engine, Server
-from perflab.workloads import Workload
+from perflab.workloads import DatasetShorterThanBatch, Workload
 from perflab.diagnose import diagnose_result
 
 POOL_SAMPLES = 128  # samples loaded into host memory before the load starts (LoadGen's performance sample set)
@@ -88,7 +89,10 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
 def _serve(cfg: RunConfig, serve_cfg: ServeConfig, device, out: Optional[Union[str, Path]],
            workload: Union[Workload, str, None], engines: Optional[list[Engine]], on_point: Callable[[dict], None],
            command: Optional[list[str]], reporter: Reporter) -> Result:
-    workload = load(workload, cfg)
+    try:
+        workload = load(workload, cfg)
+    except DatasetShorterThanBatch as err:  # a serve session's batch is the batcher's
+        raise err.naming(options.option_named(ServeConfig, "max_batch").flag) from None
     if not workload.supports_inference:
         raise PerflabError(f"{workload.name} is a training-only workload: it has no inference mode to serve; "
                            "choose another --workload")

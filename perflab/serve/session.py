@@ -14,7 +14,7 @@ from perflab.harness.nvml import NvmlSampler
 from perflab.results.metrics import Serve
 from perflab.results import Result
 from perflab.serve import loadgen, mlcommons, schedule
-from perflab.serve.config import ServeConfig, overload_wait_s
+from perflab.serve.config import ServeConfig, check_offline_queries, overload_wait_s
 from perflab.config import parse_slo
 from perflab.serve.metrics import QueryLog, summarize_point, summarize_tokens
 from perflab.serve.search import find_max_qps
@@ -156,6 +156,7 @@ def run_scenario(session: Session, estimate: float) -> None:
     if sc.scenario == "offline":
         # LoadGen's margin: 10% more queries than the expected rate serves in --duration, so the point lasts it
         queries = max(sc.min_queries, math.ceil(OFFLINE_MARGIN * estimate * sc.duration_s))
+        check_offline_queries(queries, estimate, sc.duration_s)
         session.point("offline", queries=queries)
     elif sc.scenario == "single-stream":
         session.point("single-stream")

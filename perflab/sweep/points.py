@@ -398,8 +398,8 @@ def run_sweep(configs: Sequence[RunConfig], out: Union[str, Path], axes: Optiona
         raise PerflabError("the sweep has no points: give at least one value per option")
     _check_workloads(configs)
     axes = list(axes) if axes is not None else swept_axes(configs)
-    with locked_out(Path(out)):  # one writer per sweep folder: two sweeps never mix their points
-        sweep = Sweep(out, axes, resume, max_p95_ms, observer, command, reporter_factory,
+    with locked_out(Path(out)) as folder:  # one writer per sweep folder: two sweeps never mix their points
+        sweep = Sweep(folder, axes, resume, max_p95_ms, observer, command, reporter_factory,
                       _describe(configs, "grid"))
         sweep.observer.begin(len(configs), sum(1 for cfg in configs
                                                if point_key(resolve_config(cfg, None)) in sweep.rows))
@@ -422,8 +422,8 @@ def run_auto_batch(configs: Sequence[RunConfig], out: Union[str, Path], growth_p
     _check_workloads(configs)
     axes = [name for name in (axes if axes is not None else swept_axes(configs)) if name != "batch_size"]
     axes = ["batch_size"] + axes
-    with locked_out(Path(out)):
-        sweep = Sweep(out, axes, resume, max_p95_ms, observer, command, reporter_factory,
+    with locked_out(Path(out)) as folder:
+        sweep = Sweep(folder, axes, resume, max_p95_ms, observer, command, reporter_factory,
                       _describe(configs, "auto-batch", growth_pct=growth_pct, max_batch=max_batch))
         sweep.observer.begin(None, 0)
         for base in configs:

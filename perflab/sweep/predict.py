@@ -19,19 +19,23 @@ b = backward/U) and only the excess waits; the first all-gather and the last red
     exposed forward  = a + (U-1) x max(0, a - f)
     exposed backward = [a] + (U-1) x max(0, a + r - b) + r      ([a]: the first unit's re-gather, when resharded)
 and the optimizer keeps its one-GPU time (on a shard its element work shrinks 1/W, but not its per-tensor launches,
-which lead in small models). Step(W) = forward + backward + optimizer + other + exposed;
-efficiency = step(1) / step(W). Left out: NCCL's kernels slowing the compute they overlap, stragglers, and a
-deeper prefetch than one unit (in this even model it changes nothing once the links are the limit).
+which lead in small models). Step(W) = forward + backward + optimizer + other + exposed + tax;
+efficiency = step(1) / step(W). The tax is NCCL's kernels slowing the compute they overlap, fitted from the smallest
+measured multi-GPU point and carried in proportion to the overlapped communication (perflab/sweep/overlap_tax.py);
+none where only one GPU ran. Left out: stragglers, the compute's slowdown lengthening the backward that hides
+communication, and a deeper prefetch than one unit (in this even model it changes nothing once the links are the
+limit).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from perflab.calibrate_collectives import collective_seconds
 from perflab.errors import PerflabError
 from perflab.options import option
+from perflab.sweep.overlap_tax import NO_TAX, OverlapTax, fit_overlap_tax
 
 PREDICT = "scaling model (--predict)"
 SCALE = ("scale",)
@@ -151,6 +155,9 @@ class Prediction:
     efficiency_pct: float
     busbw_gbps: float
     detail: dict[str, float] = field(default_factory=dict)
+    overlap_tax_ms: float = 0.0  # the compute's slowdown under the overlapped communication, in step_ms
+    efficiency_without_tax_pct: float = 100.0  # exposed communication alone, as the model had it before the tax
+    overlap_tax: str = NO_TAX.source  # where the tax came from
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -186,8 +193,9 @@ def fsdp_exposed_s(step: StepBreakdown, recipe: Recipe, link: Link, gpus: int) -
         "exposed_forward_ms": 1e3 * exposed_forward, "exposed_backward_ms": 1e3 * exposed_backward}
 
 
-def predict(step: StepBreakdown, recipe: Recipe, network: Interconnect, gpus: int) -> Prediction:
-    """Step time and efficiency at `gpus` GPUs (1 GPU: the measured step, no communication)."""
+def predict(step: StepBreakdown, recipe: Recipe, network: Interconnect, gpus: int, tax: OverlapTax = NO_TAX
+            ) -> Prediction:
+    """Step time and efficiency at `gpus` GPUs (1 GPU: the measured step, no communication), with the overlap tax."""
     per_node, nodes = network.layout(gpus)
     link = network.link_for(gpus)
     if gpus == 1:
@@ -200,10 +208,27 @@ def predict(step: StepBreakdown, recipe: Recipe, network: Interconnect, gpus: in
         exposed_s, communication_s, buckets = ddp_exposed_s(gradient_bytes, recipe.bucket_mb * 2**20,
                                                              step.backward_ms / 1e3, link, gpus)
         detail = {"buckets": buckets}
-    step_ms = step.step_ms + 1e3 * exposed_s
+    tax_ms = tax.ms_at(gpus, 1e3 * (communication_s - exposed_s))
+    untaxed_ms = step.step_ms + 1e3 * exposed_s
+    step_ms = untaxed_ms + tax_ms  # every term >= 0: the efficiency stays within (0, 100]
     return Prediction(gpus=gpus, gpus_per_node=per_node, nodes=nodes, parallel=recipe.parallel, step_ms=step_ms,
                       communication_ms=1e3 * communication_s, exposed_ms=1e3 * exposed_s,
-                      efficiency_pct=100 * step.step_ms / step_ms, busbw_gbps=link.busbw_gbps, detail=detail)
+                      efficiency_pct=100 * step.step_ms / step_ms, busbw_gbps=link.busbw_gbps, detail=detail,
+                      overlap_tax_ms=tax_ms, efficiency_without_tax_pct=100 * step.step_ms / untaxed_ms,
+                      overlap_tax=tax.source)
+
+
+def overlap_tax_of(step: StepBreakdown, recipe: Recipe, network: Interconnect, measured: dict[int, Optional[float]],
+                   measured_exposed: dict[int, Optional[float]]) -> OverlapTax:
+    """The tax fitted from the smallest multi-GPU count with a measured efficiency (none without one).
+    `measured`: GPUs -> efficiency %; `measured_exposed`: GPUs -> profiled exposed ms, where the point has it."""
+    counts = sorted(gpus for gpus, efficiency in measured.items() if gpus > 1 and efficiency)
+    if not counts:
+        return NO_TAX
+    gpus = counts[0]
+    untaxed = predict(step, recipe, network, gpus)
+    return fit_overlap_tax(step.step_ms, gpus, measured[gpus], untaxed.communication_ms, untaxed.exposed_ms,
+                           measured_exposed.get(gpus))
 
 
 # ---------------------------------------------------------------------------------------------- from a scale run
@@ -262,10 +287,12 @@ def interconnect(settings: PredictConfig, measured: Optional[dict], nominal: Opt
 
 
 def predict_rows(rows: list[dict[str, Any]], single_results: dict[str, Any], network: Interconnect,
-                 counts: list[int], group_of) -> list[dict[str, Any]]:
+                 counts: list[int], group_of, exposed_of: Optional[Callable[[dict], Optional[float]]] = None
+                 ) -> list[dict[str, Any]]:
     """For every data-parallel recipe of the scale run (DDP and FSDP2 at their defaults where only one GPU ran), the
     prediction at each count and at each measured count, beside the measured efficiency where the run has that
-    point. `single_results`: group key -> the 1-GPU Result; `group_of(row)`: a row's group key."""
+    point, with the overlap tax fitted from its smallest multi-GPU point. `single_results`: group key -> the 1-GPU
+    Result; `group_of(row)`: a row's group key; `exposed_of(row)`: a point's profiled exposed ms, or None."""
     out = []
     for group, single in single_results.items():
         configs = {json_key(recipe_settings(row["config"])): row["config"] for row in rows
@@ -275,11 +302,13 @@ def predict_rows(rows: list[dict[str, Any]], single_results: dict[str, Any], net
         step = breakdown_of(single)
         for key, config in configs.items():
             recipe = recipe_of(config, step.units)
-            measured = {row["world_size"]: row.get("efficiency_pct") for row in rows
-                        if group_of(row) == group and row["status"] == "ok" and row["params"]["nproc"] > 1
-                        and json_key(recipe_settings(row["config"])) == key}
+            points = [row for row in rows if group_of(row) == group and row["status"] == "ok"
+                      and row["params"]["nproc"] > 1 and json_key(recipe_settings(row["config"])) == key]
+            measured = {row["world_size"]: row.get("efficiency_pct") for row in points}
+            exposed = {row["world_size"]: exposed_of(row) for row in points} if exposed_of else {}
+            tax = overlap_tax_of(step, recipe, network, measured, exposed)
             for gpus in sorted(set(counts) | set(measured)):
-                prediction = predict(step, recipe, network, gpus)
+                prediction = predict(step, recipe, network, gpus, tax)
                 out.append({**prediction.to_dict(), "recipe": asdict(recipe),
                             "measured_efficiency_pct": measured.get(gpus)})
     return out

@@ -177,12 +177,25 @@ def scaling_predictions(rows: Sequence[dict[str, Any]], out: Path, settings: Pre
     network = interconnect(settings, cached_collectives(device), nominal_link(device))
     singles = {_group_key(row): Result.load(out / row["dir"]) for row in rows
                if row["status"] == "ok" and row["params"]["nproc"] == 1 and row.get("dir")}
-    predictions = predict_rows(list(rows), singles, network, settings.counts(), _group_key)
+    predictions = predict_rows(list(rows), singles, network, settings.counts(), _group_key,
+                               exposed_of=lambda row: profiled_exposed_ms(out, row))
     assumptions = {"within a node": network.intra.source, "between nodes": network.inter.source,
                    "gpus per node": str(network.gpus_per_node),
-                   "model": "alpha-beta collectives; DDP buckets overlap backward; FSDP2 units prefetch one ahead "
-                            "(docs/distributed.md, perflab/sweep/predict.py)"}
+                   "model": "alpha-beta collectives; DDP buckets overlap backward; FSDP2 units prefetch one ahead; "
+                            "the overlap tax (compute slowed by the communication it overlaps) fitted from the "
+                            "smallest multi-GPU point (docs/distributed.md, perflab/sweep/predict.py)"}
     return predictions, assumptions
+
+
+def profiled_exposed_ms(out: Path, row: dict[str, Any]) -> Optional[float]:
+    """A point's exposed communication per step as its profile measured it (NCCL time not under compute plus the
+    GPU idle in collectives' host ops, the worst rank), or None for an unprofiled point (scale's own points)."""
+    if not row.get("dir"):
+        return None
+    collectives = Result.load(out / row["dir"]).metrics.collectives
+    if not collectives:
+        return None
+    return collectives["exposed_ms_per_step"] + (collectives.get("host_wait_ms_per_step") or 0.0)
 
 
 def _scale_record(row: dict[str, Any]) -> dict[str, Any]:

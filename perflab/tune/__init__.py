@@ -41,8 +41,9 @@ def tune(start: RunConfig, settings: TuneConfig, out: Union[str, Path], observer
     """Tune from `start` into `out`; returns the tune.json summary. On KeyboardInterrupt, tune.json is written
     for what finished and the interrupt propagates (resume with settings.resume=True). `report` writes the
     report into the folder at the end (the CLI passes perflab.report.build.write_report), inside the budget."""
-    with locked_out(Path(out)), WarmRunner() as warm:  # one writer per tune folder; its warm worker ends with it
-        tuner = Tuner(start, settings, Path(out), observer=observer, **{"runner": warm, **tuner_options})
+    # one writer per tune folder, named by its absolute path (see out_path); its warm worker ends with it
+    with locked_out(Path(out)) as folder, WarmRunner() as warm:
+        tuner = Tuner(start, settings, folder, observer=observer, **{"runner": warm, **tuner_options})
         # tune.json holds the best confirmed recipe at any moment: rewritten after every trial, and on Ctrl-C
         tuner.recorder.on_record = lambda: write_tune_json(tuner.out, tune_summary(tuner, IN_PROGRESS, command or []))
         try:

@@ -79,6 +79,19 @@ def builtin_settings() -> dict[str, Sequence]:
     return {name: getattr(builtin_module(name), "OPTIONS", ()) for name in BUILTIN_MODULES}
 
 
+class DatasetShorterThanBatch(PerflabError):
+    """A batch larger than the dataset; `flag` is the option that set the batch (serve's is --batcher-max-batch)."""
+
+    def __init__(self, spec: str, items: int, batch: int, flag: str = "--batch"):
+        self.spec, self.items, self.batch = spec, items, batch
+        super().__init__(f"{spec}: Workload.dataset has {items} items, fewer than one batch of {batch}; use {flag} "
+                         f"{items} or less, or set Workload(repeat_items=True) to repeat items within a batch")
+
+    def naming(self, flag: str) -> "DatasetShorterThanBatch":
+        """The same refusal, telling the user to lower `flag`."""
+        return DatasetShorterThanBatch(self.spec, self.items, self.batch, flag)
+
+
 def _check_contract(spec: str, workload: Workload, cfg) -> None:
     if not hasattr(workload.model, "parameters"):
         raise PerflabError(f"{spec}: Workload.model must be a torch.nn.Module")
@@ -89,9 +102,7 @@ def _check_contract(spec: str, workload: Workload, cfg) -> None:
     if length == 0:
         raise PerflabError(f"{spec}: Workload.dataset is empty; give it at least one (input, target) item")
     if cfg.batch_size and length < cfg.batch_size and not workload.repeat_items:
-        raise PerflabError(f"{spec}: Workload.dataset has {length} items, fewer than one batch of {cfg.batch_size}; "
-                           f"use --batch {length} or less, or set Workload(repeat_items=True) to repeat items "
-                           "within a batch")
+        raise DatasetShorterThanBatch(spec, length, cfg.batch_size)
     if cfg.mode == "train" and workload.loss_fn is None:
         raise PerflabError(f"{spec}: --mode train needs Workload.loss_fn; set it or run with --mode infer")
     if cfg.mode == "train" and not any(p.requires_grad for p in workload.model.parameters()):
@@ -99,4 +110,5 @@ def _check_contract(spec: str, workload: Workload, cfg) -> None:
                            "(nothing for the optimizer to step); run it with --mode infer")
 
 
-__all__ = ["Workload", "load_workload", "builtin_descriptions", "default_batch", "BUILTIN_MODULES"]
+__all__ = ["Workload", "load_workload", "DatasetShorterThanBatch", "builtin_descriptions", "default_batch",
+           "BUILTIN_MODULES"]
