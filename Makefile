@@ -21,8 +21,13 @@ $(DEV_STAMP): $(BIN)/python pyproject.toml
 run: $(STAMP)
 	$(BIN)/perflab run
 
+# The suite in parallel, one pytest-xdist worker per core (at most 4), each pinned to its core (tests/conftest.py);
+# then the tests that need every core, alone.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+
 test: $(DEV_STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not whole_machine"
+	$(BIN)/python -m pytest -m whole_machine
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -390,3 +390,15 @@ def test_nvml_finds_torchs_device_by_uuid_so_a_hidden_gpu_is_not_read_in_its_pla
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace())
     monkeypatch.setattr(torch.cuda, "_get_nvml_device_index", lambda index: index + 2, raising=False)
     assert nvml.device_handle(0) == ("by index", 2)
+
+
+def test_other_tasks_runnable_through_a_trial_or_a_long_wait_for_a_cpu_make_it_busy():
+    # a trial of a few ms can run whole on one core while two spinners share the other: no tick and no wait of this
+    # process shows them, but both stay runnable at either end of the trial
+    from perflab.harness.interference import TrialLoad, summarize_load
+    assert TrialLoad(0.0, 0.0, others_runnable=2).busy
+    assert not TrialLoad(0.0, 0.0, others_runnable=1).busy  # a kernel thread's moment
+    assert TrialLoad(0.0, 0.0, run_queue_wait_share=0.5).busy
+    assert not TrialLoad(0.0, 0.0, run_queue_wait_share=0.1).busy
+    record = summarize_load([TrialLoad(0.0, 0.0, others_runnable=3, seconds=0.01)])
+    assert record.busy and record.others_runnable_max == 3

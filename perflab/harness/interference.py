@@ -24,6 +24,17 @@ BUSY_CORES = 0.5  # other processes' CPU use, in cores, above which a trial coun
 # steps on an H100) read 2 ticks of a kernel thread or an idle parent's wake-up as 0.9 cores. This many ticks are the
 # count's own uncertainty and are taken off before a trial is judged busy.
 QUANTISATION_TICKS = 2
+# The share of a trial the timing process spent runnable but waiting for a CPU (the scheduler's run-queue wait,
+# /proc/self/task/*/schedstat, in ns: exact for a 20-ms trial, where ticks are not) above which, while this run's own
+# processes did not fill its cores, another process held them. Pinned to one core beside two spinners, a 30-ms loop
+# waited 53% of its time; alone, 0.1-11% (its own threads).
+RUN_QUEUE_BUSY_SHARE = 0.3
+OWN_FILL = 0.9  # this run's processes using this share of its cores: its waits may be its own (workers, threads)
+# Other tasks runnable at both ends of a trial (the kernel's procs_running, less this run's own runnable threads),
+# beyond the cores this run may not use, from which a trial counts as busy: a trial of a few ms can run whole on one
+# core while two spinners share the other, so neither ticks nor waits show them, yet identical runs so measured
+# differed by 4.6% "significantly". One extra is a kernel thread's moment; two that stay are a neighbour.
+RUNNABLE_OTHERS_BUSY = 2
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -60,6 +71,53 @@ def busy_ticks_of(proc_stat: str, cpus: Optional[set[int]] = None) -> Optional[i
     if cpus is None:
         return _busy(lines[0][1:])
     return sum(_busy(line[1:]) for line in lines[1:] if line[0][3:].isdigit() and int(line[0][3:]) in cpus)
+
+
+def run_queue_wait_ns() -> Optional[int]:
+    """Nanoseconds this process's threads have spent runnable but not running, since they started; None where
+    the kernel does not say (no schedstat)."""
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    total, seen = 0, False
+    for thread in threads:
+        try:
+            with open(f"/proc/self/task/{thread}/schedstat") as stream:
+                total += int(stream.read().split()[1])
+                seen = True
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total if seen else None
+
+
+def runnable_tasks() -> Optional[int]:
+    """Tasks (threads) runnable on the machine now: /proc/stat's procs_running."""
+    try:
+        with open("/proc/stat") as stream:
+            for line in stream:
+                if line.startswith("procs_running"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def own_runnable_tasks(own: set[int]) -> int:
+    """Threads of this run's processes that are runnable now (state R), this one reading included."""
+    count = 0
+    for pid in own:
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{pid}/task/{thread}/stat") as stream:
+                    count += stream.read().rsplit(")", 1)[1].split()[0] == "R"
+            except (OSError, IndexError):
+                continue
+    return count
 
 
 def _processes() -> dict[int, tuple[int, int]]:
@@ -130,10 +188,14 @@ class TrialLoad:
     gpu_neighbours: list[int] = field(default_factory=list)
     other_ticks: Optional[int] = None  # the raw count behind other_cpu_cores, and the trial's seconds: summed over
     seconds: float = 0.0  # a run's trials, short trials still tell a busy machine (summarize_load)
+    run_queue_wait_share: Optional[float] = None  # of the trial, waiting for a CPU others held (None: own or unknown)
+    others_runnable: Optional[int] = None  # other tasks runnable at both ends, beyond the cores not this run's
 
     @property
     def busy(self) -> bool:
-        return bool(self.gpu_neighbours) or (self.other_cpu_cores or 0.0) > BUSY_CORES
+        return bool(self.gpu_neighbours) or (self.other_cpu_cores or 0.0) > BUSY_CORES or \
+            (self.run_queue_wait_share or 0.0) > RUN_QUEUE_BUSY_SHARE or \
+            (self.others_runnable or 0) >= RUNNABLE_OTHERS_BUSY
 
 
 def other_cores(ticks: int, seconds: float) -> float:
@@ -151,12 +213,26 @@ class LoadProbe:
         # all CPUs when the run may use them all: the one line of /proc/stat, not a sum over hundreds
         self.cpus = cpus if cpus is not None and len(cpus) < self.cores else None
         self._start: tuple[Optional[int], int, float] = (None, 0, 0.0)
+        self._waited_before: Optional[int] = None
+        self._others_before: Optional[int] = None
 
     def begin(self) -> None:
         processes = _processes()
-        self._start = (_total_busy_ticks(self.cpus), _own_ticks(processes, _job_pids(processes)), time.monotonic())
+        own = _job_pids(processes)
+        self._start = (_total_busy_ticks(self.cpus), _own_ticks(processes, own), time.monotonic())
+        self._waited_before = run_queue_wait_ns()
+        self._others_before = self._others_runnable(own)
+
+    def _others_runnable(self, own: set[int]) -> Optional[int]:
+        """Other tasks runnable now beyond the cores this run may not use (a pinned neighbour's are its own)."""
+        running = runnable_tasks()
+        if running is None:
+            return None
+        not_ours = self.cores - len(self.cpus) if self.cpus is not None else 0
+        return max(0, running - own_runnable_tasks(own) - not_ours)
 
     def end(self) -> TrialLoad:
+        waited_after = run_queue_wait_ns()
         total_before, own_before, began = self._start
         processes = _processes()
         own = _job_pids(processes)
@@ -167,7 +243,15 @@ class LoadProbe:
             other_ticks = (total_after - total_before) - (own_after - own_before)
             other = other_cores(other_ticks, seconds)
         load = os.getloadavg()[0] / self.cores if hasattr(os, "getloadavg") else 0.0
-        return TrialLoad(other, load, gpu_neighbours(self.device_index, own), other_ticks, seconds)
+        own_cores = (own_after - own_before) / CLOCK_TICKS / seconds
+        waited = None
+        if self._waited_before is not None and waited_after is not None and \
+                own_cores < OWN_FILL * len(self.cpus or range(self.cores)):
+            waited = (waited_after - self._waited_before) / 1e9 / seconds
+        others_after = self._others_runnable(own)
+        others = (min(self._others_before, others_after)
+                  if self._others_before is not None and others_after is not None else None)
+        return TrialLoad(other, load, gpu_neighbours(self.device_index, own), other_ticks, seconds, waited, others)
 
 
 def summarize_load(loads: list[TrialLoad]) -> Interference:
@@ -187,9 +271,15 @@ def summarize_load(loads: list[TrialLoad]) -> Interference:
         load_per_core_max=max((load.load_per_core for load in loads), default=None),
         gpu_neighbours=sorted({pid for load in loads for pid in load.gpu_neighbours}),
         threshold_cores=BUSY_CORES,
-        method="CPU time of other processes during each trial on the CPUs this run may use (/proc/stat minus this "
-               "run's processes: this one, its children and its sibling ranks), 1-minute load average per core, other processes on the GPU "
-               "(NVML)",
+        run_queue_wait_max=max((load.run_queue_wait_share for load in loads
+                                if load.run_queue_wait_share is not None), default=None),
+        others_runnable_max=max((load.others_runnable for load in loads if load.others_runnable is not None),
+                                default=None),
+        method=("CPU time of other processes during each trial on the CPUs this run may use (/proc/stat minus this "
+                "run's processes: this one, its children and its sibling ranks), 1-minute load average per core, "
+                "other processes on the GPU (NVML), and how long the timing process waited for a CPU while its own "
+                f"processes did not fill its cores (run-queue wait over {RUN_QUEUE_BUSY_SHARE:.0%} of a trial: busy), and "
+                f"other tasks runnable at both ends of a trial ({RUNNABLE_OTHERS_BUSY} or more: busy)"),
     )
 
 
@@ -200,6 +290,10 @@ def busy_note(record: Optional[Interference]) -> Optional[str]:
     parts = []
     if record.other_cpu_cores_max is not None and record.other_cpu_cores_max > BUSY_CORES:
         parts.append(f"other processes used up to {record.other_cpu_cores_max:.1f} CPU cores")
+    if record.others_runnable_max is not None and record.others_runnable_max >= RUNNABLE_OTHERS_BUSY:
+        parts.append(f"{record.others_runnable_max} other tasks were runnable through a trial")
+    if record.run_queue_wait_max is not None and record.run_queue_wait_max > RUN_QUEUE_BUSY_SHARE:
+        parts.append(f"the timing process waited for a CPU {record.run_queue_wait_max:.0%} of a trial")
     if record.gpu_neighbours:
         parts.append(f"other processes on the GPU: pids {', '.join(map(str, record.gpu_neighbours))}")
     trials = ", ".join(str(i + 1) for i in record.busy_trials)

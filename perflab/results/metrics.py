@@ -183,6 +183,9 @@ class Interference(Section):
     gpu_neighbours: list[int] = field(default_factory=list)
     threshold_cores: Optional[float] = None
     method: str = ""
+    # the largest share of a trial the timing process waited for a CPU; the most other tasks runnable through a trial
+    run_queue_wait_max: Optional[float] = field(default=None, metadata=OMIT)
+    others_runnable_max: Optional[int] = field(default=None, metadata=OMIT)
 
 
 @dataclass
