@@ -23,7 +23,7 @@ run: $(STAMP)
 
 # The suite in parallel, one pytest-xdist worker per core (at most 4), each pinned to its core (tests/conftest.py);
 # then the tests that need every core, alone.
-TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1))")
 
 test: $(DEV_STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not whole_machine"

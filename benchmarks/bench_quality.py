@@ -14,7 +14,7 @@ import torch
 
 from benchmarks.common import Rows, parse_args
 from perflab.config import RunConfig
-from perflab.pipeline import resolve_config, resolve_device, seed_everything
+from perflab.prepare import resolve_config, resolve_device, seed_everything
 from perflab.quality import run_quality_gate
 from perflab.workloads import load_workload
 

@@ -10,7 +10,7 @@ import torch
 
 import perflab
 from perflab.levers.plan import build_plan
-from perflab.pipeline import resolve_config, resolve_device, seed_everything
+from perflab.prepare import resolve_config, resolve_device, seed_everything
 from perflab.workloads import load_workload
 
 

@@ -1,6 +1,6 @@
 """The pipeline: workload -> levers -> measurement -> Result, one direction, and the one place that conducts it.
 
-    cfg = resolve_config(config, workload)          # validated; device and batch made concrete
+    cfg = resolve_config(config, workload)          # validated; device and batch made concrete (prepare.py)
     workload = load(workload, cfg)                   # seeded, built (a built-in, a plugin, or the caller's)
     with prepared(workload, cfg, device) as prep:    # levers checked and applied to a StepPlan, cleaned up after
         measured = measure(prep.plan, ...)           # the harness stage (serve swaps in its load generator)
@@ -14,18 +14,14 @@ serve reuses `load`, `prepared`, `new_result` and `quality_stage` around its own
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
-import random
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
 
-import numpy as np
 import torch
 
 from perflab.checkpoint import checkpoint_hooks
@@ -35,94 +31,22 @@ from perflab.environment import collect_environment
 from perflab.errors import OutOfMemoryFailure, PerflabError, is_out_of_memory
 from perflab.hooks import StepHook
 from perflab.harness.plan import StepPlan
-from perflab.levers.plan import build_plan
 from perflab.harness.progress import Reporter
 from perflab.harness.runner import measure
-from perflab.levers import Lever, check_levers
 from perflab.oom import OOM_BREAKDOWN_ENV, OutOfMemory, free_after
+from perflab.prepare import Prepared, load, prepared, resolve_config, resolve_device
 from perflab.results.metrics import Metrics
 from perflab.profile.capture import CaptureOptions, ProfilerCapture, capture_argv, whole_loader_cycles
 from perflab.profile.nsys import nsys_command, nsys_hooks, save_nsys_command
 from perflab.quality import run_quality_gate
 from perflab.results import Result, write_json_atomic
 from perflab.version import __version__
-from perflab.workloads import Workload, default_batch
-from perflab.workloads.reuse import load_or_build
+from perflab.workloads import Workload
 from perflab.diagnose import DIAGNOSIS_FILE, diagnose
 from perflab.diagnose.communication import communication_profile
 from perflab.diagnose.decode import classify_decode
 from perflab.diagnose.trace import load_trace
 from perflab.diagnose.verdict import Diagnosis
-
-
-def resolve_device(requested: str) -> torch.device:
-    """The torch device of --device auto|cuda|cpu (auto: CUDA when torch sees a GPU)."""
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise PerflabError("--device cuda: no CUDA GPU is visible to torch here; use --device cpu or auto")
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def resolve_config(config: RunConfig, workload: Union[Workload, str, None]) -> RunConfig:
-    """Validated config with the device and batch size made concrete, as recorded in result.json."""
-    cfg = config.validate()
-    if needs_launch(cfg):
-        from perflab.distributed.launch import check_visible_gpus  # the launcher's module starts torchrun
-        check_visible_gpus(cfg.nproc, cfg.device)
-    device = resolve_device(cfg.device)
-    spec = workload.name if isinstance(workload, Workload) else (workload or cfg.workload)
-    return cfg.replace(workload=spec, device=device.type,
-                       batch_size=cfg.batch_size or default_batch(spec, device.type))
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def load(workload: Union[Workload, str, None], cfg: RunConfig) -> Workload:
-    """The workload of a run, seeded first: the caller's Workload as it is, or the one cfg.workload names."""
-    seed_everything(cfg.seed)
-    if isinstance(workload, Workload):
-        return workload
-    return load_or_build(cfg)  # tune's warm worker reuses the workload it built (perflab/workloads/reuse.py)
-
-
-@dataclass
-class Prepared:
-    """A workload with its levers applied: what a measurement stage runs, and what the quality gate starts from."""
-
-    cfg: RunConfig
-    device: torch.device
-    workload: Workload
-    levers: list[Lever]
-    plan: StepPlan
-    pristine: Optional[Workload]  # the weights before anything trained them, when the quality gate will run
-
-
-def quality_gate_enabled(cfg: RunConfig, levers: Sequence[Lever]) -> bool:
-    """--check-quality when given; otherwise on exactly when an active lever changes numerics."""
-    if cfg.check_quality is not None:
-        return cfg.check_quality
-    return any(lever.changes_numerics for lever in levers)
-
-
-@contextmanager
-def prepared(workload: Workload, cfg: RunConfig, device: torch.device) -> Iterator[Prepared]:
-    """Check the levers (refusals raise before anything moves), keep a pristine copy for the gate, build the
-    StepPlan; the plan's clean-ups (hooks, side streams, captured graphs) run on the way out."""
-    levers = check_levers(cfg, workload, device)
-    # The gate runs after the timed run (so compilation is timed where a user pays for it, in warm-up), from a
-    # copy of the weights taken before anything trained them. The dataset is shared, not copied.
-    pristine = (copy.deepcopy(workload, memo={id(workload.dataset): workload.dataset})
-                if quality_gate_enabled(cfg, levers) else None)
-    plan = build_plan(workload, cfg, device, levers)
-    try:
-        yield Prepared(cfg, device, workload, levers, plan, pristine)
-    finally:
-        plan.cleanup()
 
 
 def quality_stage(prep: Prepared, reporter: Reporter) -> Optional[dict[str, Any]]:

@@ -10,7 +10,8 @@ from functools import lru_cache
 
 import torch
 
-import perflab
+# perflab's own folder, found without importing the package (which would pull in the pipeline)
+_PERFLAB_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # torch re-raises a DataLoader worker's exception in the main process with the worker's traceback as text.
 WORKER_TRACEBACK = "Original Traceback (most recent call last):"
@@ -35,7 +36,7 @@ class Frame:
 def _library_roots() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(key)}
-    roots |= {os.path.dirname(perflab.__file__), os.path.dirname(torch.__file__)}
+    roots |= {_PERFLAB_DIR, os.path.dirname(torch.__file__)}
     return tuple(os.path.realpath(root) + os.sep for root in roots)
 
 

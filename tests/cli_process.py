@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,3 +19,11 @@ def perflab_cli(*args):
 
 def load(out):
     return json.loads((Path(out) / "result.json").read_text())
+
+
+def wait_for(path: Path, timeout_s: float = 60) -> None:
+    """Until `path` exists (a running command reached that point), failing after `timeout_s`."""
+    deadline = time.time() + timeout_s
+    while not path.exists():
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.05)

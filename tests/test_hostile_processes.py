@@ -18,6 +18,7 @@ import pytest
 from perflab.errors import PerflabError
 from perflab.results.rundir import LOCK_FILE, claim, out_lock
 from perflab.serve.config import MAX_QUERIES_PER_POINT, check_offline_queries
+from tests.cli_process import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--workload", "mlp", "--device", "cpu", "--batch", "8", "--warmup", "1", "--option", "hidden=16",
@@ -78,13 +79,6 @@ def plugin(tmp_path: Path) -> str:
     path = tmp_path / "hostile_plugin.py"
     path.write_text(PLUGIN)
     return f"{path}:build"
-
-
-def wait_for(path: Path, timeout_s: float = 60) -> None:
-    deadline = time.time() + timeout_s
-    while not path.exists():
-        assert time.time() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
 
 
 def test_sigterm_during_a_profile_keeps_an_interrupted_result_and_leaves_the_folder_reusable(tmp_path):

@@ -138,10 +138,10 @@ def test_chains_of_tiny_ops_are_launch_overhead_not_bandwidth():
 # --- torch's matcher: used where it exists, never needed ------------------------------------------------------
 
 def test_torch_matcher_is_optional_and_its_matches_become_a_minor_finding(tmp_path, monkeypatch):
-    from perflab.diagnose import torch_matcher
+    from perflab.profile import torch_patterns
 
     monkeypatch.setitem(sys.modules, "torch.profiler._pattern_matcher", None)  # as on torch 2.14: absent
-    assert torch_matcher.run_torch_matcher(object()) is None
+    assert torch_patterns.run_torch_matcher(object()) is None
 
     class FakePattern:
         name = "FP32 MatMul Pattern"
@@ -159,7 +159,7 @@ def test_torch_matcher_is_optional_and_its_matches_become_a_minor_finding(tmp_pa
     monkeypatch.setitem(sys.modules, "torch.profiler._pattern_matcher", fake)
     import torch.profiler
     monkeypatch.setattr(torch.profiler, "_pattern_matcher", fake, raising=False)
-    assert torch_matcher.save_torch_matches(object(), tmp_path) is not None
+    assert torch_patterns.save_torch_matches(object(), tmp_path) is not None
     trace = write_trace(tmp_path / "trace.json", steps(1, 100) + [_x("cpu_op", "aten::mm", 10, 50)])
     finding = _finding(diagnose(trace), "torch's anti-pattern matcher")
     assert finding["evidence"]["matches_by_pattern"] == {"FP32 MatMul Pattern": 1}
@@ -169,7 +169,7 @@ def test_torch_matcher_is_optional_and_its_matches_become_a_minor_finding(tmp_pa
             raise AttributeError("the private API changed")
 
     fake.FP32MatMulPattern = Broken
-    assert torch_matcher.run_torch_matcher(object()) is None
+    assert torch_patterns.run_torch_matcher(object()) is None
 
 
 # --- syncs charged their whole cost -----------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from perflab.config import RunConfig
 from perflab.harness.interference import LoadProbe
 from perflab.ranks import LAUNCHER_PID_ENV
 from perflab.results import Result
+from tests.cli_process import wait_for
+
 
 TINY = ["--workload", "mlp", "--device", "cpu", "--batch", "8", "--warmup", "1", "--option", "hidden=16",
         "--option", "in_features=8"]
@@ -53,13 +55,6 @@ def build(cfg):
 def perflab_process(*args: str, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "perflab", *args], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(path: Path, timeout_s: float = 60) -> None:
-    deadline = time.time() + timeout_s
-    while not path.exists():
-        assert time.time() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
 
 
 def test_ctrl_c_keeps_checkpoints_marks_the_run_interrupted_and_it_resumes_in_place(tmp_path):

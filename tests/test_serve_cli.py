@@ -89,7 +89,7 @@ def write_training_only(tmp_path: Path) -> Path:
     (["--p99-ms", "-3"], "--p99-ms must be a positive number"),
     (["--batcher-max-batch", "0"], "--batcher-max-batch must be a positive integer"),
     (["--mode", "train"], "--mode train cannot be served"),
-    (["--qps", "10", "--duration", "1", "--min-queries", "100"], "fewer than --min-queries 100"),
+    (["--qps", "0.001", "--min-queries", "100"], "longer than a point may run"),  # 100,000 s: past a day
     (["--scenario", "offline", "--qps", "100"], "apply to --scenario server"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, flags, says):

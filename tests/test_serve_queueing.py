@@ -249,5 +249,6 @@ def test_max_qps_search_finds_the_capacity_of_a_model_with_a_fixed_service_time(
     assert served_s == pytest.approx(service_s, rel=0.15)
     assert record.max_qps == pytest.approx(max_batch / served_s, rel=0.10)
     tried = record.search["tried"]
-    assert len(tried) == len(record.points) and any(not t["passed"] for t in tried)
+    rerun = [point for point in record.points if point.get("rerun_as") is not None]  # too short: run again longer
+    assert len(tried) == len(record.points) - len(rerun) and any(not t["passed"] for t in tried)
     assert all(point["passed"] == point["validity"]["valid"] for point in record.points)

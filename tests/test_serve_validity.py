@@ -75,12 +75,13 @@ def test_a_short_run_is_invalid_with_its_reasons(tmp_path):
     assert any(reason.startswith("early stopping not met: 0 of") and "need 459 queries" in reason
                for reason in validity["reasons"]), validity["reasons"]
     assert validity["early_stopping"]["queries"] < 459
+    assert validity["too_short"], "only its length made it INVALID: a longer run at 400 queries/s could pass"
 
 
 def test_a_long_enough_run_is_valid(tmp_path):
     point = fixed_time_serve(tmp_path, qps="800", duration_s=0.8, min_queries=500).metrics.serve.points[0]
     assert point["validity"] == {"valid": True, "reasons": [], "flags": [],
-                                 "early_stopping": point["validity"]["early_stopping"]}
+                                 "early_stopping": point["validity"]["early_stopping"], "too_short": False}
     assert point["passed"] and point["validity"]["early_stopping"]["met"]
     assert point["realised_offered_qps"] == pytest.approx(800, rel=0.1)
 

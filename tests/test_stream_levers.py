@@ -14,7 +14,7 @@ from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.harness.loop import run_steps
 from perflab.levers.plan import build_plan
-from perflab.pipeline import resolve_config, resolve_device, seed_everything
+from perflab.prepare import resolve_config, resolve_device, seed_everything
 from perflab.harness.timers import NullTimer
 from perflab.levers import all_levers, check_levers
 from perflab.workloads import load_workload

@@ -48,7 +48,9 @@ def handle(args: argparse.Namespace) -> int:
         reasons = (point.get("validity") or {}).get("reasons") or []
         console.print(f"  point {cells[0]}: {cells[1]} q/s offered ({cells[2]} realised), {cells[3]} achieved, p99 "
                       f"{cells[6]} ms, batch {cells[8]}: {cells[-1]}"
-                      + (f" ({escape('; '.join(reasons))})" if reasons else ""), highlight=False)
+                      + (f" ({escape('; '.join(reasons))})" if reasons else "")
+                      + (f"; ran {point['extended']['last_query_s']:.1f} s, past --duration, for "
+                         f"{escape(point['extended']['why'])}" if point.get("extended") else ""), highlight=False)
 
     name = plugin_name(cfg.workload) if is_plugin_spec(cfg.workload) else cfg.workload
     with run_dir(cfg.out, f"serve-{name}", args.overwrite) as out, RichReporter(console) as reporter:

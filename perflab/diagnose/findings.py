@@ -111,7 +111,3 @@ def _rounded(value: Union[float, dict, Any]) -> Any:
 def gain(pct: float) -> float:
     """An expected gain, clipped to 0-100% and rounded for diagnosis.json."""
     return round(max(0.0, min(100.0, pct)), 1)
-
-
-def optional_pct(value: Optional[float]) -> str:
-    return "n/a" if value is None else f"{value:.0f}%"

@@ -270,10 +270,3 @@ def kernel_summary(trace: ParsedTrace, start: float, end: float, steps: int, top
                      "avg_us": float(mine.mean()), "med_us": float(np.median(mine)), "min_us": float(mine.min()),
                      "max_us": float(mine.max())})
     return rows
-
-
-def short_kernel_name(name: str, width: int = 40) -> str:
-    """A kernel name cut to its function name, then to `width` characters."""
-    base = name.split("(")[0].replace("void ", "")
-    base = base.split("<")[0] if len(base) > width else base
-    return base if len(base) <= width else base[: width - 1] + "…"

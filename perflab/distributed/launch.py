@@ -28,7 +28,6 @@ from perflab.errors import PerflabError, Terminated
 from perflab.ranks import LAUNCHER_PID_ENV
 from perflab.results import Result
 from perflab.levers import active_levers
-import perflab
 
 MONITOR_INTERVAL_S = 0.1  # how often torchrun looks at its ranks: a failure stops the others this fast
 PORT_IN_USE = ("address already in use", "eaddrinuse", "errno 98")
@@ -212,7 +211,7 @@ def _launcher_environment(cfg: RunConfig) -> Iterator[None]:
     if saved_env["OMP_NUM_THREADS"] is None:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.nproc))
     # the ranks import this perflab, wherever it was imported from (an installed package or a checkout)
-    source = str(Path(perflab.__file__).resolve().parents[1])
+    source = str(Path(__file__).resolve().parents[2])  # perflab/distributed/launch.py -> the folder holding perflab
     os.environ["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [saved_env["PYTHONPATH"]])])
     logging.disable(logging.ERROR)
     try:

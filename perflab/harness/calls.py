@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from perflab.errors import PerflabError, UserCodeError, is_users_fault
+from perflab.workloads.contract import check_loss_value
 
 
 def call_model(model: Callable, inputs: Any) -> Any:
@@ -44,6 +45,24 @@ def call_loss(loss_fn: Callable, output: Any, target: Any) -> torch.Tensor:
             raise
         raise UserCodeError(f"calling your loss_fn on the model's {describe_value(output, 'output')} and "
                             f"{describe_value(target, 'a target')}", err) from err
+
+
+def check_first_loss(plan, batch: Any) -> None:
+    """The contract's loss rule on one eager forward of a host `batch`, for a command whose first step is not the
+    FLOP count's (which checks it on its way): once, before any backward could fail on a wrong loss."""
+    model = plan.eager_model
+    if plan.mode != "train" or plan.custom_step is not None or model is None:
+        return
+    if any(param.is_meta for param in model.parameters()):  # a replica without storage: the live model decides
+        return
+    try:
+        batch = plan.to_device(batch)
+        inputs, target = plan.gpu_transform(batch) if plan.gpu_transform is not None else batch
+        with plan.autocast():
+            loss = call_loss(plan.loss_fn, call_model(model, inputs), target)
+    except Exception:  # not the loss's contract: the first real step meets the same failure and reports it
+        return
+    check_loss_value(plan.workload.name, plan.workload.loss_fn, loss)
 
 
 def inputs_from_call(args: tuple, kwargs: dict) -> Any:

@@ -7,6 +7,7 @@ import torch
 
 from perflab.errors import UserCodeError, is_out_of_memory
 from perflab.harness.calls import call_loss, call_model
+from perflab.workloads.contract import check_loss_value
 
 # What the counter's tracing raises on a model it cannot follow; anything else is the model's own error.
 UNCOUNTABLE = (RuntimeError, NotImplementedError, TypeError)
@@ -33,6 +34,8 @@ def count_flops_per_sample(plan, batch: Any) -> Optional[float]:
         with counter, plan.autocast():
             if plan.mode == "train":
                 loss = call_loss(plan.loss_fn, call_model(model, inputs), target)
+                # the contract's loss rule, once: the timed loop's backward would fail with a raw torch error
+                check_loss_value(plan.workload.name, plan.workload.loss_fn, loss)
                 loss.backward()
             else:
                 with torch.no_grad():

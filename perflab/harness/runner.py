@@ -15,7 +15,7 @@ from perflab.config import RunConfig
 from perflab.cost import cost_per_million
 from perflab.errors import interrupt_name
 from perflab.ranks import agree_any, agree_max
-from perflab.harness.calls import count_non_finite
+from perflab.harness.calls import check_first_loss, count_non_finite
 from perflab.harness.data import map_tensors
 from perflab.harness.flops import count_flops_per_sample
 from perflab.hooks import StepHook
@@ -79,6 +79,8 @@ def measure(plan: StepPlan, cfg: RunConfig, reporter: Reporter, hooks: Sequence[
             notes.append(f"the dataset has {len(plan.workload.dataset)} items, fewer than one batch of "
                          f"{plan.batch_size}: items repeat within each batch (Workload.repeat_items)")
         flops_per_sample = count_flops_per_sample(plan, first_batch)
+        if flops_per_sample is None:  # the count may have stopped before its step checked the loss
+            check_first_loss(plan, first_batch)
         stack.enter_context(plan.stepping())
         warmup_s, first_step_s = _warm_up(plan, batches, cfg.warmup, reporter)
         steps_per_trial, steady = cfg.steps, None

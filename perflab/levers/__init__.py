@@ -195,11 +195,6 @@ def cuda_only_levers() -> set[str]:
     return {lever.name for lever in all_levers() if lever.needs_cuda}
 
 
-def numerics_levers() -> set[str]:
-    """Names of the levers that may change outputs (the quality gate runs for them)."""
-    return {lever.name for lever in all_levers() if lever.changes_numerics}
-
-
 def apply_levers(plan, cfg, levers: list[Lever]) -> None:
     for lever in levers:
         lever.apply(plan, cfg)

@@ -19,7 +19,7 @@ from perflab.errors import PerflabError, is_out_of_memory
 from perflab.memory.fit import largest_batch
 from perflab.memory.levers import LeverSaving, lever_savings
 from perflab.memory.step import measure_step, memory_limit_mb
-from perflab.pipeline import load
+from perflab.prepare import load
 
 ADVICE_ITEMS = 3
 # the fractions of the failed batch a breakdown is tried at, in turn: on the H100 the step at half of twice the

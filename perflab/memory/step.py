@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from perflab.backends import bf16_is_native, cpu_capability
 from perflab.config import RunConfig
+from perflab.harness.calls import check_first_loss
 from perflab.harness.loop import run_steps
 from perflab.harness.timers import NullTimer
 from perflab.levers.optimizer import eight_bit_state_bytes
@@ -29,7 +30,7 @@ from perflab.errors import PerflabError, is_out_of_memory
 from perflab.memory.activations import ActivationAccounting, saved_under_autocast
 from perflab.memory.breakdown import Breakdown, count_saved_activations
 from perflab.memory.timeline import CATEGORIES, allocator_increase_mb, category_timeline, profiler_options
-from perflab.pipeline import load, prepared, resolve_config, resolve_device
+from perflab.prepare import load, prepared, resolve_config, resolve_device
 
 LIMIT_ENV = "PERFLAB_MEMORY_LIMIT_MB"
 
@@ -95,6 +96,7 @@ def measure_step(config: RunConfig, snapshot: Optional[Path] = None, categorise:
         plan = prep.plan
         batches = plan.batches(cfg.seed)
         with plan.stepping():
+            check_first_loss(plan, next(batches))
             run_steps(plan, batches, 1, NullTimer())  # optimizer state made, allocator warm
             _synchronize(device)
             gc.collect()

@@ -17,15 +17,6 @@ from perflab.models.decoder import Decoder, DecoderSize
 INSTALL_HINT = "pip install 'perflab[models]'"
 
 
-def transformers_missing() -> str | None:
-    """Why transformers cannot be used here, or None."""
-    try:
-        import transformers  # noqa: F401
-    except ImportError as err:
-        return f"transformers is not importable here ({err.name or err}): {INSTALL_HINT}"
-    return None
-
-
 def llama_config_dict(size: DecoderSize) -> dict[str, Any]:
     """A transformers LlamaConfig's settings (config.json's keys) for `size`, a llama-family size; plain RoPE."""
     if size.family != "llama":

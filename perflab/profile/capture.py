@@ -21,6 +21,7 @@ from perflab import options as option_table
 from perflab.errors import PerflabError, writing
 from perflab.hooks import StepHook
 from perflab.options import option
+from perflab.profile.torch_patterns import save_torch_matches
 
 TRACE_FILE = "trace.json"
 
@@ -157,7 +158,6 @@ class ProfilerCapture(StepHook):
             check_written(self.trace_path, before)
         self.written = True
         if self.trace_path.name == self.options.trace_name:  # rank 0 only: torch's matcher where it exists
-            from perflab.diagnose.torch_matcher import save_torch_matches  # diagnose imports profile: no cycle
             save_torch_matches(profiler, self.out_dir)
 
     def finish(self, result) -> None:

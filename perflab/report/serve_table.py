@@ -40,7 +40,9 @@ def validity_lines(points: list[dict[str, Any]]) -> list[str]:
                          f"the same queries: {'VALID' if validity.get('valid') else 'INVALID'}")
         if validity.get("reasons"):
             lines.append(f"point {point['index']} {'perflab: ' if judged else ''}INVALID: "
-                         f"{'; '.join(validity['reasons'])}")
+                         f"{'; '.join(validity['reasons'])}"
+                         + (f" (too short, not too slow: rerun longer as point {point['rerun_as']})"
+                            if point.get("rerun_as") is not None else ""))
         lines += [f"point {point['index']} flag: {flag}" for flag in validity.get("flags", [])]
     return lines
 

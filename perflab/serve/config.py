@@ -38,13 +38,13 @@ class ServeConfig:
     search_tolerance_pct: float = option("--search-tolerance-pct", float, "the search stops when the bracket around "
                                          "the max QPS is narrower than this, in percent (default: 5)", LOAD, 5.0,
                                          above=0, metavar="PCT", commands=SERVE_AND_TUNE)
-    duration_s: float = option("--duration", float, "seconds of load per point at least: a shorter point is INVALID "
-                               "(default: 2; at most a day)", LOAD, 2.0, above=0, maximum=MAX_DURATION_S, metavar="SECONDS",
-                               commands=SERVE_AND_TUNE)
-    min_queries: int = option("--min-queries", int, "queries per point at least, so a short lucky run cannot pass; a "
-                              "p99 needs 459 with none late for early stopping to pass, 1,024 let up to 3 be late "
-                              "(default: 1024)", LOAD, 1024, minimum=1, maximum=MAX_QUERIES_PER_POINT, metavar="N",
-                              commands=SERVE_AND_TUNE)
+    duration_s: float = option("--duration", float, "seconds of load per point at least; a point runs longer until "
+                               "--min-queries have arrived too, as LoadGen does (default: 2; at most a day)", LOAD, 2.0,
+                               above=0, maximum=MAX_DURATION_S, metavar="SECONDS", commands=SERVE_AND_TUNE)
+    min_queries: int = option("--min-queries", int, "queries per point at least (a point runs past --duration until "
+                              "they have arrived), so a short lucky run cannot pass; a p99 needs 459 with none late "
+                              "for early stopping to pass, 1,024 let up to 3 be late (default: 1024)", LOAD, 1024,
+                              minimum=1, maximum=MAX_QUERIES_PER_POINT, metavar="N", commands=SERVE_AND_TUNE)
     schedule_seed: int = option("--schedule-seed", int, "seed of the Poisson arrival times (default: 0)", LOAD, 0,
                                 minimum=0, maximum=options.MAX_SEED, metavar="N", commands=SERVE)
     sample_seed: int = option("--sample-seed", int, "seed of the order samples are drawn in (default: 0)", LOAD, 0,
@@ -122,14 +122,19 @@ def check_offline_queries(queries: int, estimate_qps: float, duration_s: float) 
 
 
 def check_query_count(rate: float, duration_s: float, min_queries: int) -> None:
-    """A point at `rate` for `duration_s` must issue at least `min_queries` queries, and at most
-    MAX_QUERIES_PER_POINT (its schedule is held in memory)."""
+    """A point at `rate` runs until both `duration_s` and `min_queries` are met (LoadGen's two minimums): at most
+    MAX_QUERIES_PER_POINT queries (its schedule is held in memory) and at most MAX_DURATION_S seconds."""
     expected = rate * duration_s
     if expected > MAX_QUERIES_PER_POINT:
         raise PerflabError(f"--qps {rate:g} for --duration {duration_s:g} s schedules about {expected:,.0f} queries "
                            f"in one point, more than the {MAX_QUERIES_PER_POINT:,} perflab holds; lower --qps or "
                            "--duration (--find-max-qps finds the highest rate the model sustains)")
-    if expected < min_queries:
-        raise PerflabError(f"--duration {duration_s:g} s at {rate:g} queries/s offers about {expected:.0f} queries, "
-                           f"fewer than --min-queries {min_queries}; use --duration "
-                           f"{math.ceil(min_queries / rate):g} or more, or lower --min-queries")
+    if min_queries / rate > MAX_DURATION_S:
+        raise PerflabError(f"--min-queries {min_queries:,} at --qps {rate:g} takes about {min_queries / rate:,.0f} s, "
+                           f"longer than a point may run ({MAX_DURATION_S:,.0f} s, a day); raise --qps or lower "
+                           "--min-queries")
+
+
+def point_duration_s(rate: float, duration_s: float, min_queries: int) -> float:
+    """How long a point at `rate` runs: until both `duration_s` has passed and `min_queries` have arrived."""
+    return max(duration_s, min_queries / rate)

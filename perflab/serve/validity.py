@@ -19,6 +19,7 @@ import numpy as np
 
 CONFIDENCE = 0.99  # LoadGen's early-stopping confidence
 TARGET_PERCENTILE = 99.0  # the percentile --p99-ms bounds
+MOST_QUERIES_TO_SHOW = 2_000_000  # serve's most queries per point (config.MAX_QUERIES_PER_POINT)
 
 
 def nearest_rank(values: np.ndarray, percentile: float) -> float:
@@ -90,20 +91,40 @@ def percentile_estimate(latency_ms: np.ndarray, percentile: float = TARGET_PERCE
     return float(np.sort(latency_ms)[queries - low])
 
 
+def queries_to_show(late: int, queries: int, percentile: float = TARGET_PERCENTILE,
+                    most: int = MOST_QUERIES_TO_SHOW) -> Optional[int]:
+    """The queries a longer run with the same fraction of late queries needs for early stopping to pass (None: the
+    fraction is past 1 - p, or it would take more than `most`)."""
+    fraction = late / queries if queries else 0.0
+    if fraction >= 1 - percentile / 100:
+        return None
+    needed = min_passing_queries(late, percentile) + late
+    while needed <= most:  # each round expects more late queries in the longer run; it converges below 1 - p
+        expected_late = math.ceil(fraction * needed)
+        longer = min_passing_queries(expected_late, percentile) + expected_late
+        if longer <= needed:
+            return needed
+        needed = longer
+    return None
+
+
 def point_validity(point: dict[str, Any], latency_ms: np.ndarray, last_arrival_s: float, bound_ms: float,
                    duration_s: float, min_queries: int) -> dict[str, Any]:
     """VALID or INVALID with every reason, as LoadGen's summary says it: minimum duration and query count, and for a
     server point the latency bound at the nearest-rank p99 and early stopping; a late harness or NaN/inf outputs
     (set in the point before) also invalidate it. `flags` hold warnings that do not."""
     reasons: list[str] = []
+    length_reasons = 0  # reasons a longer run at the same rate could remove: the point was too short, not too slow
     scenario = point["scenario"]
     lasted_s = last_arrival_s if scenario == "server" else point["duration_s"]
     if not lasted_s >= duration_s:
         what = "the last query was scheduled at" if scenario == "server" else "the point lasted"
         reasons.append(f"minimum duration not met: {what} {lasted_s:.2f} s, under --duration {duration_s:g} s")
+        length_reasons += 1
     if point["completed"] < min_queries:
         reasons.append(f"minimum query count not met: {point['completed']:,} completed, under --min-queries "
                        f"{min_queries:,}")
+        length_reasons += 1
     stopping = None
     if scenario in ("server", "single-stream"):
         stopping = early_stopping(latency_ms, bound_ms)
@@ -115,9 +136,12 @@ def point_validity(point: dict[str, Any], latency_ms: np.ndarray, last_arrival_s
             reasons.append(f"early stopping not met: {stopping['late_queries']:,} of {stopping['queries']:,} queries "
                            f"past {bound_ms:g} ms need {stopping['queries_needed']:,} queries to show p99 within the "
                            "bound with 99% confidence")
+            length_reasons += p99 <= bound_ms  # the bound met on too few queries to show it: too short
+        stopping["queries_to_show"] = queries_to_show(stopping["late_queries"], stopping["queries"])
     elif scenario == "single-stream" and stopping["p99_estimate_ms"] is None:
         reasons.append(f"too few queries for an early-stopping p99 estimate: {stopping['queries']:,}, it needs "
                        f"{min_passing_queries(1) + 1:,}")
+        length_reasons += 1
     if point.get("overloaded"):
         reasons.append(f"overloaded: {point['overloaded']['unserved']:,} queries left unserved")
     if point.get("harness_late"):
@@ -129,4 +153,7 @@ def point_validity(point: dict[str, Any], latency_ms: np.ndarray, last_arrival_s
     if scenario == "server" and worst_ms is not None and worst_ms > bound_ms:
         flags.append(f"worst dispatch delay {worst_ms:.1f} ms is beyond the {bound_ms:g} ms bound: a batch was held "
                      "up by the harness (GIL, sleep overshoot) longer than the whole latency budget")
-    return {"valid": not reasons, "reasons": reasons, "flags": flags, "early_stopping": stopping}
+    too_short = bool(reasons) and length_reasons == len(reasons)
+    return {"valid": not reasons, "reasons": reasons, "flags": flags, "early_stopping": stopping,
+            "too_short": too_short}
+

@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 
 from perflab.errors import PerflabError
 from perflab.workloads.base import Workload
+from perflab.workloads.contract import DatasetShorterThanBatch, check_contract
 from perflab.workloads.plugin import build_user_workload, is_plugin_spec, load_user_build
 from perflab.workloads.settings import check_settings
 
@@ -64,7 +65,7 @@ def load_workload(spec: str, cfg) -> Workload:
         workload = build(cfg)  # perflab's own: its exceptions are bugs, and raise
     else:
         workload = build_user_workload(spec, build, cfg)
-    _check_contract(spec, workload, cfg)
+    check_contract(spec, workload, cfg)
     return workload
 
 
@@ -77,37 +78,6 @@ def declared_settings(build) -> Optional[Sequence]:
 def builtin_settings() -> dict[str, Sequence]:
     """Name -> the declared `--option` settings of every built-in workload."""
     return {name: getattr(builtin_module(name), "OPTIONS", ()) for name in BUILTIN_MODULES}
-
-
-class DatasetShorterThanBatch(PerflabError):
-    """A batch larger than the dataset; `flag` is the option that set the batch (serve's is --batcher-max-batch)."""
-
-    def __init__(self, spec: str, items: int, batch: int, flag: str = "--batch"):
-        self.spec, self.items, self.batch = spec, items, batch
-        super().__init__(f"{spec}: Workload.dataset has {items} items, fewer than one batch of {batch}; use {flag} "
-                         f"{items} or less, or set Workload(repeat_items=True) to repeat items within a batch")
-
-    def naming(self, flag: str) -> "DatasetShorterThanBatch":
-        """The same refusal, telling the user to lower `flag`."""
-        return DatasetShorterThanBatch(self.spec, self.items, self.batch, flag)
-
-
-def _check_contract(spec: str, workload: Workload, cfg) -> None:
-    if not hasattr(workload.model, "parameters"):
-        raise PerflabError(f"{spec}: Workload.model must be a torch.nn.Module")
-    try:
-        length = len(workload.dataset)
-    except TypeError:
-        raise PerflabError(f"{spec}: Workload.dataset must be a map-style torch Dataset with __len__") from None
-    if length == 0:
-        raise PerflabError(f"{spec}: Workload.dataset is empty; give it at least one (input, target) item")
-    if cfg.batch_size and length < cfg.batch_size and not workload.repeat_items:
-        raise DatasetShorterThanBatch(spec, length, cfg.batch_size)
-    if cfg.mode == "train" and workload.loss_fn is None:
-        raise PerflabError(f"{spec}: --mode train needs Workload.loss_fn; set it or run with --mode infer")
-    if cfg.mode == "train" and not any(p.requires_grad for p in workload.model.parameters()):
-        raise PerflabError(f"{spec}: --mode train needs a model with trainable parameters and this one has none "
-                           "(nothing for the optimizer to step); run it with --mode infer")
 
 
 __all__ = ["Workload", "load_workload", "DatasetShorterThanBatch", "builtin_descriptions", "default_batch",

@@ -11,7 +11,7 @@ Gaussian blur (7x7, random sigma), normalise. Where they run is the `--augment` 
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -202,8 +202,3 @@ def build(cfg) -> Workload:
         info={"image_size": image_size, "max_width": max_width, "augment": cfg.augment or "cpu",
               "augmentations": "random crop 1/2, resize, rotation ±45°, gaussian blur 7x7, normalise"},
     )
-
-
-def augment_batch(images: torch.Tensor, seed: int = 0, image_size: Optional[int] = None) -> torch.Tensor:
-    """Augment a uint8 batch once (convenience for notebooks and tests)."""
-    return BatchAugment(image_size or images.shape[-1], seed).augment(images)
