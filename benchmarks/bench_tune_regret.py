@@ -110,9 +110,7 @@ def single_levers(start: RunConfig, quick: bool = False) -> list[tuple[str, dict
             candidates = [c for c in candidates if c.value in COMPILE_MODES and (start.device == "cuda"
                                                                                 or c.value == "default")]
         for candidate in candidates:
-            cfg = candidate.apply(start)
-            if candidate.option == "compile":
-                cfg = cfg.replace(warmup=max(cfg.warmup, search.COMPILE_WARMUP[candidate.value]))
+            cfg = candidate.apply(start)  # with the warm-up its value needs (a compile mode's)
             if search.refusal_before_trying(candidate, cfg, lever, built_for) is None:
                 changes = {candidate.option: candidate.value}
                 if cfg.warmup != start.warmup:

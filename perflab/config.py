@@ -14,6 +14,7 @@ from perflab.options import Bound, Conflict, option
 MODES = ("train", "infer")
 DEVICES = ("auto", "cuda", "cpu")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+FULL_PRECISIONS = ("fp32", "tf32")  # fp32 storage and arithmetic (tf32 rounds inside the matmul only)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 PREFETCHERS = ("none", "stream")
 AUGMENT_MODES = ("cpu", "gpu", "gpu-stream")
@@ -51,6 +52,11 @@ SECOND_STREAM = "a captured step cannot also run work on a second stream; drop -
 
 
 SLO_KEYS = ("ttft", "tpot")  # --slo: per-request targets of generation (milliseconds)
+
+
+def is_full_precision(precision: Optional[str]) -> bool:
+    """True for a precision that keeps fp32 tensors (fp32, tf32): reduced float formats are still to try."""
+    return precision in FULL_PRECISIONS
 
 
 def parse_slo(text: Optional[str]) -> dict[str, float]:
@@ -350,6 +356,10 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
+
+    def pins_memory(self, device_type: str) -> bool:
+        """Whether host batches are page-locked on `device_type`: --pin-memory / --no-pin-memory, else on with CUDA."""
+        return device_type == "cuda" if self.pin_memory is None else self.pin_memory
 
 
 MIN_EFFECT_PCT = 2.0  # the smallest significant throughput change that counts as a win or a loss, in percent

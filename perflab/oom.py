@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import torch
 
+from perflab.config import is_full_precision
 from perflab.errors import EXIT_OUT_OF_MEMORY, OutOfMemoryFailure
 
 _UNITS = {"bytes": 2**-20, "B": 2**-20, "KiB": 2**-10, "MiB": 1.0, "GiB": 2**10, "TiB": 2**20}
@@ -138,7 +139,7 @@ def advice(record: OutOfMemory, cfg: Any) -> list[str]:
                      "largest that fits, and what uses the memory)")
     if cfg is not None and getattr(cfg, "mode", None) == "train" and not getattr(cfg, "activation_checkpointing", True):
         items.append("--activation-checkpointing (activations are recomputed in backward, not stored)")
-    if cfg is not None and getattr(cfg, "precision", None) in ("fp32", "tf32"):
+    if cfg is not None and is_full_precision(getattr(cfg, "precision", None)):
         items.append("--precision bf16 (half the bytes for activations)")
     return items[:3]
 

@@ -85,3 +85,31 @@ def test_no_tracked_text_file_holds_a_merge_conflict_marker():
              if Path(name).suffix in suffixes and (ROOT / name).is_file()
              and marker.search((ROOT / name).read_text(errors="replace"))]
     assert found == []
+
+
+def lever_table_flags() -> list[list[str]]:
+    """The flags in the first cell of each row of docs/levers.md's tables (`--pin-memory` / `--no-pin-memory`: two)."""
+    rows = [line for line in (ROOT / "docs" / "levers.md").read_text().splitlines() if line.startswith("| `")]
+    first_cells = [re.split(r"(?<!\\)\|", row)[1].replace("\\|", "|") for row in rows]
+    return [re.findall(r"`([^`]+)`", cell) + (["(not a lever)"] if "not a lever" in cell or "(default)" in cell else [])
+            for cell in first_cells]
+
+
+def test_every_lever_has_a_row_in_the_lever_tables():
+    from perflab.levers import all_levers
+    tabled = {flag for flags in lever_table_flags() for flag in flags}
+    missing = [f"{lever.name} ({lever.flag})" for lever in all_levers() if lever.flag not in tabled]
+    assert missing == [], f"docs/levers.md has no row for {missing}"
+
+
+def test_every_row_of_the_lever_tables_is_a_lever_or_says_it_is_not():
+    from perflab import options
+    from perflab.config import RunConfig
+    from perflab.levers import all_levers
+    lever_flags = {lever.flag for lever in all_levers()}
+    spellings = {spelling for declared in options.options_of(RunConfig) for spelling in declared.spellings}
+    for flags in lever_table_flags():
+        if "(not a lever)" in flags:  # an option beside the levers (--non-blocking) or a default (--precision fp32)
+            assert flags[0].split()[0] in spellings, f"docs/levers.md names an option that does not exist: {flags[0]}"
+        else:
+            assert flags[0] in lever_flags, f"docs/levers.md has a row for {flags[0]}, which is no lever's flag"

@@ -67,7 +67,7 @@ def test_batches_mostly_padding_propose_a_finer_bucket_step():
     result.metrics.serve.settings.buckets, result.metrics.serve.settings.bucket_step = [1, 2, 4, 8, 16, 32], 16
     advice = " ".join(diagnose_result(result).advice)
     assert "33% of the samples computed were padding" in advice and "--bucket-step (now 16)" in advice
-    starved["padded_samples"] = 20  # 4%: not worth more shapes
+    result.metrics.serve.points[0].padded_samples = 20  # 4%: not worth more shapes
     assert "--bucket-step" not in " ".join(diagnose_result(result).advice)
 
 

@@ -28,6 +28,11 @@ def test_every_lever_fact_uses_the_declared_vocabulary(lever):
         assert address.rank is None or address.rank > 0
     assert lever.tune.partner is None or lever.tune.partner in NAMES
     assert lever.tune.data_path in (None, DEVICE_WORK, LOADER_QUEUE)
+    assert set(lever.tune.per_value) <= set(lever.tune.values), f"{lever.name}: hints for values tune never tries"
+    assert not (lever.tune.values and lever.tune.ladder), f"{lever.name}: searches both values and a ladder"
+    for value in lever.tune.values:
+        assert all(cls in bottlenecks.CLASSES for cls in lever.tune.hints_for(value).leads_for)
+        assert all(kept in lever.tune.values for kept, _ in lever.tune.hints_for(value).covered_by)
 
 
 def test_lever_names_are_unique():

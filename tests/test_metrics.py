@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from perflab.compare import compare_results, load_result
-from perflab.results.metrics import (Distributed, Flops, Generation, Gpu, Interference, Latency, Memory, Metrics,
-                             RankFigures, Serve, ServeSettings, Throughput)
+from perflab.results.metrics import (Distributed, Flops, Generation, Gpu, Interference, Latency, LoadPoint, Memory,
+                             Metrics, RankFigures, Serve, ServeSettings, Throughput)
 from perflab.results import SCHEMA_VERSION, Result
 
 V1 = Path(__file__).parent / "fixtures" / "results" / "v1"
@@ -29,7 +29,7 @@ def full_metrics() -> Metrics:
         steady=False,
         generation=Generation(requests=4, ttft_ms=Latency(p50=3.0), output_tokens_per_s=50.0),
         serve=Serve(scenario="server", settings=ServeSettings(max_batch=8, p99_ms=15.0),
-                    points=[{"index": 0, "latency_ms": {"p99": 9.0}}], max_qps=120.0),
+                    points=[LoadPoint(index=0, latency_ms={"p99": 9.0})], max_qps=120.0),
         distributed=Distributed(world_size=2, per_rank=[RankFigures(rank=0, memory=Memory(host_peak_rss_mb=500.0)),
                                                         RankFigures(rank=1, memory=Memory(host_peak_rss_mb=510.0))]),
     )
@@ -53,6 +53,21 @@ def test_sections_a_run_does_not_have_are_left_out_of_the_json():
     assert not {"generation", "serve", "distributed", "collectives", "profile", "steps_per_s"} & set(data)
     assert data["memory"] == {"host_peak_rss_mb": 700.0}  # the GPU figures of a CPU run are absent, as in schema 1
     assert data["gpu"] is None and data["latency_ms"] is None
+
+
+def test_a_serve_point_reads_as_a_load_point_and_writes_the_keys_it_was_read_from():
+    point = {"scenario": "server", "offered_qps": 100.0, "realised_offered_qps": 98.0, "achieved_qps": 97.5,
+             "queries": 500, "completed": 500, "duration_s": 5.1, "latency_ms": {"p50": 2.0, "p99": 9.0, "p99.9": 11.0},
+             "time_ms": {"mean": {"compute": 1.0}, "tail": {"compute": 3.0}}, "batches": 80,
+             "batch_histogram": {"4": 80}, "batch_mean": 4.0, "batch_fill_pct": 50.0, "instance_busy_pct": 40.0,
+             "dispatch_delay_ms": {"p99_ms": 0.2, "max_ms": 0.9}, "harness_late": False, "gpu": None,
+             "cost_per_million_queries": None, "index": 0, "schedule_seed": 1, "load_generator": "perflab",
+             "meets_bound": True, "validity": {"valid": True, "reasons": []}, "passed": True, "padded_samples": 0,
+             "a_future_key": 1}
+    loaded = Metrics.from_dict({"serve": {"points": [point]}}).serve.points[0]
+    assert isinstance(loaded, LoadPoint) and loaded.p99_ms == 9.0 and loaded.dispatch_delay_ms.p99_ms == 0.2
+    assert loaded.offered == 98.0 and loaded.extra == {"a_future_key": 1}
+    assert loaded.to_dict() == point, "the same keys and values, none added"
 
 
 def test_keys_this_perflab_does_not_know_are_kept():

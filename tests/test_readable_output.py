@@ -51,9 +51,9 @@ def test_serve_at_80_columns_prints_every_points_figures_whole(tmp_path):
     assert len(points) == 2
     table = out[out.index("perflab serve ·"):]  # the tables, after the lines printed as each point finished
     for point in points:
-        latency = point["latency_ms"]
-        for figure in (fmt(point["offered_qps"], 0), fmt(point["achieved_qps"], 0), fmt(latency["p50"], 2),
-                       fmt(latency["p99"], 2), fmt(latency["p99.9"], 2), fmt(point["batch_mean"])):
+        latency = point.latency_ms
+        for figure in (fmt(point.offered_qps, 0), fmt(point.achieved_qps, 0), fmt(latency["p50"], 2),
+                       fmt(latency["p99"], 2), fmt(latency["p99.9"], 2), fmt(point.batch_mean)):
             assert figure in table, figure
 
 

@@ -29,13 +29,13 @@ def test_server_points_are_saved_with_every_setting_and_printed(tmp_path, capsys
     record = result.metrics.serve
     assert record.complete and record.scenario == "server" and record.schedule_seed == 7
     assert result.config["serve"]["qps"] == "100,200" and result.config["gpu_cost_per_hour"] == 2.5
-    assert [point["offered_qps"] for point in record.points] == [100.0, 200.0]
+    assert [point.offered_qps for point in record.points] == [100.0, 200.0]
     for point in record.points:
-        assert set(point["latency_ms"]) >= {"p50", "p90", "p95", "p99", "p99.9"}
-        assert point["cost_per_million_queries"] == pytest.approx(2.5 / 3600 / point["achieved_qps"] * 1e6)
+        assert set(point.latency_ms) >= {"p50", "p90", "p95", "p99", "p99.9"}
+        assert point.cost_per_million_queries == pytest.approx(2.5 / 3600 / point.achieved_qps * 1e6)
     assert record.capacity["batcher_qps_at_max_batch"] > 1000
     assert record.capacity["dispatch_delay_p99_ms"] >= 0 and record.settings.harness_late_ms is not None
-    assert all(point["dispatch_delay_ms"]["p99_ms"] >= 0 and "harness_late" in point for point in record.points)
+    assert all(point.dispatch_delay_ms.p99_ms >= 0 and point.harness_late is not None for point in record.points)
     assert result.diagnosis is not None
     printed = capsys.readouterr().out
     assert "perflab serve" in printed and "where the p99 tail goes" in printed and "harness capacity" in printed
@@ -45,12 +45,12 @@ def test_offline_takes_full_batches_and_single_stream_one_query_at_a_time(tmp_pa
     offline = serve(CPU_MLP, ServeConfig(scenario="offline", duration_s=0.3, min_queries=64, max_batch=8),
                     tmp_path / "offline")
     point = offline.metrics.serve.points[0]
-    assert point["queries"] >= 64 and point["batch_histogram"].get(8, 0) >= point["batches"] - 1
+    assert point.queries >= 64 and point.batch_histogram.get(8, 0) >= point.batches - 1
     single = serve(CPU_MLP, ServeConfig(scenario="single-stream", duration_s=0.3, min_queries=30, max_batch=8),
                    tmp_path / "single")
     point = single.metrics.serve.points[0]
-    assert point["queries"] >= 30 and set(point["batch_histogram"]) == {1}
-    assert point["time_ms"]["mean"]["queue_wait"] < 0.5, "one query at a time never queues"
+    assert point.queries >= 30 and set(point.batch_histogram) == {1}
+    assert point.time_ms["mean"]["queue_wait"] < 0.5, "one query at a time never queues"
 
 
 def test_serve_report_plots_latency_against_load_batch_fill_and_time(tmp_path):
@@ -131,7 +131,7 @@ def test_interrupted_serve_keeps_its_finished_points(tmp_path):
     result = Result.load(out)
     record = result.metrics.serve
     assert 2 <= len(record.points) < 7 and not record.complete and result.status == "interrupted"
-    assert all(point["completed"] == point["queries"] for point in record.points)
+    assert all(point.completed == point.queries for point in record.points)
 
 
 @pytest.mark.cuda
@@ -142,9 +142,9 @@ def test_gpu_instances_copy_on_their_streams_and_replay_captured_graphs(tmp_path
     record = result.metrics.serve
     point = record.points[0]
     assert record.settings.buckets == [1, 2, 4, 8]
-    assert point["completed"] == point["queries"] and point["gpu"] is not None
-    assert point["time_ms"]["mean"]["copy_in"] > 0 and point["time_ms"]["mean"]["copy_out"] > 0
-    assert sum(point["time_ms"]["mean"].values()) == pytest.approx(point["latency_ms"]["mean"], rel=1e-6)
+    assert point.completed == point.queries and point.gpu is not None
+    assert point.time_ms["mean"]["copy_in"] > 0 and point.time_ms["mean"]["copy_out"] > 0
+    assert sum(point.time_ms["mean"].values()) == pytest.approx(point.latency_ms["mean"], rel=1e-6)
 
 
 def test_compare_and_rerun_refuse_a_serve_result_in_one_line(tmp_path, capsys):

@@ -106,20 +106,20 @@ def test_serve_generate_reports_ttft_tpot_tokens_and_goodput_per_point(tmp_path,
                         "--out", str(out)]) == 0
     result = Result.load(out)
     point = result.metrics.serve.points[0]
-    gen = point["generation"]
-    assert gen["requests"] == point["completed"] == point["queries"]
+    gen = point.generation
+    assert gen["requests"] == point.completed == point.queries
     assert gen["output_tokens"] == 8 * gen["requests"]
-    assert gen["output_tokens_per_s"] == pytest.approx(gen["output_tokens"] / point["duration_s"])
+    assert gen["output_tokens_per_s"] == pytest.approx(gen["output_tokens"] / point.duration_s)
     assert gen["goodput"]["goodput_requests_per_s"] == pytest.approx(
         gen["goodput"]["requests_meeting_slo_pct"] / 100 * gen["requests_per_s"])
     assert gen["ttft_ms"]["p50"] <= gen["e2e_latency_ms"]["p50"]
     # the last token comes out before the request is on the host (the point's latency is nearest-rank, the token
     # figures interpolate as perflab run's do: compare the largest, which both read off one real query)
-    assert gen["e2e_latency_ms"]["max"] <= point["latency_ms"]["max"] + 1e-6
+    assert gen["e2e_latency_ms"]["max"] <= point.latency_ms["max"] + 1e-6
     # the engine's host time per batch: issuing (on a CPU, computing) is most of a query's compute time
     host = gen["engine_host_ms_per_batch"]
     assert set(host) == {"issue", "device_wait", "bookkeeping"} and host["device_wait"] == 0.0
-    assert 0 < host["issue"] <= point["time_ms"]["mean"]["compute"] + point["time_ms"]["mean"]["copy_in"] + 1.0
+    assert 0 < host["issue"] <= point.time_ms["mean"]["compute"] + point.time_ms["mean"]["copy_in"] + 1.0
     assert any("static batching" in note for note in result.notes)
     assert result.config["slo"] == "ttft:500,tpot:100"
     printed = capsys.readouterr().out

@@ -31,9 +31,9 @@ def test_offline_throughput_of_perflab_and_loadgen_agree_within_a_few_percent(tm
     pytest.importorskip("mlperf_loadgen")
     own = fixed_time(tmp_path, "own", False, scenario="offline", duration_s=1.0, min_queries=500)
     judged = fixed_time(tmp_path, "lg", True, scenario="offline", duration_s=1.0, min_queries=500)
-    assert judged["loadgen"]["validity"] == "VALID" and judged["load_generator"] == "MLCommons LoadGen"
-    assert own["achieved_qps"] == pytest.approx(MAX_BATCH / SERVICE_S, rel=0.08)
-    assert judged["loadgen"]["samples_per_s"] == pytest.approx(own["achieved_qps"], rel=0.05)
+    assert judged.loadgen["validity"] == "VALID" and judged.load_generator == "MLCommons LoadGen"
+    assert own.achieved_qps == pytest.approx(MAX_BATCH / SERVICE_S, rel=0.08)
+    assert judged.loadgen["samples_per_s"] == pytest.approx(own.achieved_qps, rel=0.05)
     assert (tmp_path / "lg" / "loadgen" / "point-0" / "mlperf_log_summary.txt").is_file()
 
 
@@ -45,7 +45,7 @@ def test_perflab_and_loadgen_give_the_same_verdict_on_a_short_and_a_long_server_
     pytest.importorskip("mlperf_loadgen")
     own = fixed_time(tmp_path, "own", False, qps="400", duration_s=duration_s, min_queries=min_queries)
     judged = fixed_time(tmp_path, "lg", True, qps="400", duration_s=duration_s, min_queries=min_queries)
-    assert ("VALID" if own["validity"]["valid"] else "INVALID") == verdict, own["validity"]["reasons"]
-    assert judged["loadgen"]["validity"] == verdict
-    assert judged["loadgen"]["early_stopping_met"] == (verdict == "VALID") == own["validity"]["early_stopping"]["met"]
-    assert judged["passed"] == own["passed"] == (verdict == "VALID")
+    assert ("VALID" if own.validity["valid"] else "INVALID") == verdict, own.validity["reasons"]
+    assert judged.loadgen["validity"] == verdict
+    assert judged.loadgen["early_stopping_met"] == (verdict == "VALID") == own.validity["early_stopping"]["met"]
+    assert judged.passed == own.passed == (verdict == "VALID")

@@ -10,6 +10,7 @@ from perflab.cli import main
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.report.serve_table import validity_lines
+from perflab.results.metrics import LoadPoint
 from perflab.serve import ServeConfig, serve
 from perflab.serve.capacity import FixedTimeEngine
 from perflab.serve.validity import point_validity, queries_to_show
@@ -38,7 +39,7 @@ def test_a_point_shorter_than_min_queries_runs_until_the_count_is_met_and_says_s
 def test_a_point_long_enough_at_its_duration_is_not_marked_extended(tmp_path):
     record = serve(CPU_MLP, ServeConfig(qps="400", duration_s=0.3, min_queries=40, max_batch=8, p99_ms=50,
                                         batch_timeout_ms=1), tmp_path, engines=[FixedTimeEngine(0.002)])
-    assert "extended" not in record.metrics.serve.points[0]
+    assert record.metrics.serve.points[0].extended is None
     assert not any("ran past --duration" in note for note in record.notes)
 
 
@@ -52,28 +53,28 @@ def test_max_qps_search_with_points_too_short_finds_a_max_qps_instead_of_none(tm
     record = result.metrics.serve
     assert record.max_qps is not None and record.max_qps > 1000, record.search
     points = record.points
-    too_short = [point for point in points if point["validity"]["too_short"]]
+    too_short = [point for point in points if point.validity["too_short"]]
     assert too_short, "the first point should have been too short for early stopping"
     for point in too_short:  # rerun at the same rate with more queries, never answered by a lower rate
-        rerun = points[point["rerun_as"]]
-        assert rerun["offered_qps"] == point["offered_qps"] and rerun["queries"] > point["queries"]
-        assert rerun["extended"]["why"].startswith(f"early stopping: point {point['index']} had")
+        rerun = points[point.rerun_as]
+        assert rerun.offered_qps == point.offered_qps and rerun.queries > point.queries
+        assert rerun.extended["why"].startswith(f"early stopping: point {point.index} had")
     tried = record.search["tried"]
     assert len(tried) == len(points) - len(too_short)
-    assert tried[0] == {"qps": points[0]["offered_qps"], "passed": True}
-    failed = [point for point in points if not point["passed"] and point.get("rerun_as") is None]
-    assert all(not point["meets_bound"] or point.get("overloaded") for point in failed), \
+    assert tried[0] == {"qps": points[0].offered_qps, "passed": True}
+    failed = [point for point in points if not point.passed and point.rerun_as is None]
+    assert all(not point.meets_bound or point.overloaded for point in failed), \
         "a rate fails for its latency, not for its length"
     assert sum("ran past --duration" in note for note in result.notes) == 1
-    assert any(f"too short, not too slow: rerun longer as point {too_short[0]['rerun_as']}" in line
+    assert any(f"too short, not too slow: rerun longer as point {too_short[0].rerun_as}" in line
                for line in validity_lines(points))
 
 
 def test_a_point_is_too_short_only_when_a_longer_run_at_its_rate_could_pass():
     def validity(latency_ms, **point):
-        point = {"scenario": "server", "completed": latency_ms.size,
-                 "latency_ms": {"p99": float(np.sort(latency_ms)[int(np.ceil(0.99 * latency_ms.size)) - 1])},
-                 **point}
+        point = LoadPoint.from_dict({
+            "scenario": "server", "completed": latency_ms.size,
+            "latency_ms": {"p99": float(np.sort(latency_ms)[int(np.ceil(0.99 * latency_ms.size)) - 1])}, **point})
         return point_validity(point, latency_ms, 1.0, bound_ms=10.0, duration_s=1.0, min_queries=1)
 
     on_time = validity(np.full(300, 5.0))  # p99 within the bound, 300 < 459 queries

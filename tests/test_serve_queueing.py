@@ -170,10 +170,10 @@ def test_every_query_latency_is_the_sum_of_its_parts():
 def test_model_latency_accounting_sums_to_the_total_in_the_saved_result(tmp_path):
     result = serve(CPU_MLP, ServeConfig(qps="200", duration_s=0.5, min_queries=50, max_batch=8), tmp_path)
     point = result.metrics.serve.points[0]
-    assert sum(point["time_ms"]["mean"].values()) == pytest.approx(point["latency_ms"]["mean"], rel=1e-6)
-    assert point["completed"] == point["queries"] >= 50
-    assert sum(point["batch_histogram"].values()) == point["batches"]
-    assert max(point["batch_histogram"]) <= 8
+    assert sum(point.time_ms["mean"].values()) == pytest.approx(point.latency_ms["mean"], rel=1e-6)
+    assert point.completed == point.queries >= 50
+    assert sum(point.batch_histogram.values()) == point.batches
+    assert max(point.batch_histogram) <= 8
 
 
 def fifo_waits(arrivals: np.ndarray, service: np.ndarray) -> np.ndarray:
@@ -245,10 +245,10 @@ def test_max_qps_search_finds_the_capacity_of_a_model_with_a_fixed_service_time(
                    tmp_path, engines=[FixedTimeEngine(service_s)])
     record = result.metrics.serve
     # The service time the model really had (a sleep overshoots a little on a busy machine).
-    served_s = np.mean([point["time_ms"]["mean"]["compute"] for point in record.points]) / 1000
+    served_s = np.mean([point.time_ms["mean"]["compute"] for point in record.points]) / 1000
     assert served_s == pytest.approx(service_s, rel=0.15)
     assert record.max_qps == pytest.approx(max_batch / served_s, rel=0.10)
     tried = record.search["tried"]
-    rerun = [point for point in record.points if point.get("rerun_as") is not None]  # too short: run again longer
+    rerun = [point for point in record.points if point.rerun_as is not None]  # too short: run again longer
     assert len(tried) == len(record.points) - len(rerun) and any(not t["passed"] for t in tried)
-    assert all(point["passed"] == point["validity"]["valid"] for point in record.points)
+    assert all(point.passed == point.validity["valid"] for point in record.points)

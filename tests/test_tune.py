@@ -125,16 +125,18 @@ def test_no_clear_bottleneck_falls_back_to_every_lever():
 
 
 def test_numeric_knobs_are_searched_not_guessed():
-    assert search.worker_ladder(0, 16) == [2, 4, 8, 16]
-    assert search.worker_ladder(0, 12) == [2, 4, 8, 12]  # the CPU count itself is the last rung
-    assert search.worker_ladder(2, 6) == [4, 6]
-    assert search.worker_ladder(0, 1) == [1]
-    assert search.worker_ladder(16, 16) == []
+    workers = LEVERS["workers"]
+    assert search.ladder_rungs(workers, 0, 16) == [2, 4, 8, 16]
+    assert search.ladder_rungs(workers, 0, 12) == [2, 4, 8, 12]  # the CPU count itself is the last rung
+    assert search.ladder_rungs(workers, 2, 6) == [4, 6]
+    assert search.ladder_rungs(workers, 0, 1) == [1]
+    assert search.ladder_rungs(workers, 16, 16) == []
     proposal = search.Proposal("compile", "launch / framework overhead", 0.8, None)
     cuda = START.replace(device="cuda")
     modes = [c.value for c in search.expand(proposal, LEVERS["compile"], cuda, 8)]
     assert modes == ["default", "reduce-overhead", "max-autotune"]  # launching is the finding: graphs first
     assert [c.value for c in search.expand(proposal, LEVERS["compile"], START, 8)] == ["default"]
+    assert search.expand(proposal, LEVERS["compile"], START, 8)[0].apply(START).warmup == 2  # compiling stays out
     prefetch = search.Proposal("prefetch-factor", "input pipeline", 0.8, None)
     assert [c.value for c in search.expand(prefetch, LEVERS["prefetch-factor"], START.replace(workers=2), 8)] == [4, 8]
 

@@ -9,7 +9,7 @@ from perflab import options
 from perflab.cli import main
 from perflab.config import RunConfig
 from perflab.diagnose.verdict import Diagnosis
-from perflab.results.metrics import ServeSettings
+from perflab.results.metrics import LoadPoint, ServeSettings
 from perflab.results import Result
 from perflab.serve import ServeConfig, serve
 from perflab.tune import tune
@@ -139,7 +139,7 @@ class QueueBoundServeTrials(FakeServeTrials):
                    "completed": 500, "harness_late": False, "meets_bound": False, "passed": False,
                    "latency_ms": {"p99": 60.0}, "time_ms": {"mean": tail, "tail": tail}, "batch_fill_pct": 60.0,
                    "batch_mean": 4.8, "instance_busy_pct": 95.0, "gpu": {"util_mean_pct": 40.0}}
-        result.metrics.serve.points.append(failing)
+        result.metrics.serve.points.append(LoadPoint.from_dict(failing))
         result.metrics.serve.settings = ServeSettings(max_batch=8, batch_timeout_ms=2.0, p99_ms=50.0,
                                                       instances=serve.instances, buckets=None, bucket_step=16)
         result.save(out)

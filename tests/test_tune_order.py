@@ -161,4 +161,4 @@ def test_the_workers_search_reaches_the_cpus_this_process_may_use_capped_by_a_cg
     assert usable_cpus(quota) == 1
     quota.write_text("max 100000\n")
     assert usable_cpus(quota) == affinity
-    assert search.worker_ladder(0, 16)[-1] == 16
+    assert search.ladder_rungs(LEVERS["workers"], 0, 16)[-1] == 16

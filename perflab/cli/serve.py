@@ -13,6 +13,7 @@ from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.report.progress import RichReporter
 from perflab.report.serve_table import point_row, print_serve
+from perflab.results.metrics import LoadPoint
 from perflab.results.rundir import run_dir
 from perflab.serve import ServeConfig, serve, serve_run_config
 from perflab.workloads.plugin import is_plugin_spec, plugin_name
@@ -42,15 +43,15 @@ def handle(args: argparse.Namespace) -> int:
     cfg = serve_run_config(run_cfg, serve_cfg)
     finished: list[dict] = []
 
-    def show(point: dict) -> None:
+    def show(point: LoadPoint) -> None:
         finished.append(point)
         cells = point_row(point)
-        reasons = (point.get("validity") or {}).get("reasons") or []
+        reasons = (point.validity or {}).get("reasons") or []
         console.print(f"  point {cells[0]}: {cells[1]} q/s offered ({cells[2]} realised), {cells[3]} achieved, p99 "
                       f"{cells[6]} ms, batch {cells[8]}: {cells[-1]}"
                       + (f" ({escape('; '.join(reasons))})" if reasons else "")
-                      + (f"; ran {point['extended']['last_query_s']:.1f} s, past --duration, for "
-                         f"{escape(point['extended']['why'])}" if point.get("extended") else ""), highlight=False)
+                      + (f"; ran {point.extended['last_query_s']:.1f} s, past --duration, for "
+                         f"{escape(point.extended['why'])}" if point.extended else ""), highlight=False)
 
     name = plugin_name(cfg.workload) if is_plugin_spec(cfg.workload) else cfg.workload
     with run_dir(cfg.out, f"serve-{name}", args.overwrite) as out, RichReporter(console) as reporter:

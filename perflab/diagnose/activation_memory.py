@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from perflab.bottlenecks import ACTIVATION_MEMORY, FULL_PRECISION
+from perflab.config import is_full_precision
 from perflab.diagnose.findings import Context, Finding, clamp, rounded
 from perflab.levers import levers_for
 from perflab.results.metrics import Memory
@@ -47,7 +48,7 @@ def activation_memory(ctx: Context) -> Optional[Finding]:
     used_pct = 100 * peak_mb / total_mb
     if used_pct < THRESHOLD_PCT and not out_of_memory:
         return None
-    full_precision = ctx.config("precision", "fp32") in ("fp32", "tf32")
+    full_precision = is_full_precision(ctx.config("precision", "fp32"))
     levers = levers_for(ACTIVATION_MEMORY, {FULL_PRECISION} if full_precision else set())
     evidence = {"peak_reserved_mb": float(peak_mb), "device_total_mb": float(total_mb), "used_pct": used_pct,
                 "source": source}

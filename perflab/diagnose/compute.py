@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 from perflab.bottlenecks import ATTENTION, COMPUTE_BOUND, CONVOLUTIONS, FULL_PRECISION
+from perflab.config import is_full_precision
 from perflab.diagnose.findings import CPU_MAX_CONFIDENCE, Context, Finding, clamp, dominance, gain, rounded
 from perflab.levers import levers_for
 
@@ -46,7 +47,7 @@ def compute_bound(ctx: Context) -> Optional[Finding]:
     if mfu is not None:
         evidence["mfu_pct"] = mfu
     situations = set()
-    if ctx.config("precision", "fp32") in ("fp32", "tf32"):
+    if is_full_precision(ctx.config("precision", "fp32")):
         situations.add(FULL_PRECISION)
     if any("conv" in name for name in ctx.trace.cpu_ops.names):
         situations.add(CONVOLUTIONS)

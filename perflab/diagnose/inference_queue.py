@@ -8,7 +8,7 @@ from typing import Any, Optional
 from perflab.bottlenecks import INFERENCE_QUEUE
 from perflab.diagnose.findings import Context, Finding, clamp, rounded
 from perflab.levers import levers_for
-from perflab.results.metrics import Serve
+from perflab.results.metrics import LoadPoint, Serve, ServeSettings
 
 DOMINANT_SHARE_PCT = 50.0  # a part of the tail latency this large "dominates" it
 UNDERFILLED_PCT = 50.0  # mean batch fill below this is under-filled
@@ -18,27 +18,26 @@ OVERLOADED = 0.95  # achieved below this share of the realised offered rate: the
 PADDED_PCT = 15.0  # padding past this share of the samples computed is worth fewer, finer buckets
 
 
-def _focus_point(serve: Serve) -> Optional[dict[str, Any]]:
+def _focus_point(serve: Serve) -> Optional[LoadPoint]:
     """The server point to explain: the lowest offered load that misses the bound, else the highest load (points
     where the harness dispatched late measured the batcher, not the model's queue: they are left out)."""
-    points = [p for p in serve.points if p.get("scenario") == "server" and p.get("completed")
-              and not p.get("harness_late")]
+    points = [p for p in serve.points if p.scenario == "server" and p.completed and not p.harness_late]
     if not points:
         return None
-    missing = [p for p in points if not p.get("meets_bound")]
+    missing = [p for p in points if not p.meets_bound]
     if missing:
-        return min(missing, key=lambda p: p["offered_qps"])
-    return max(points, key=lambda p: p["offered_qps"])
+        return min(missing, key=lambda p: p.offered_qps)
+    return max(points, key=lambda p: p.offered_qps)
 
 
-def _offered(point: dict[str, Any]) -> float:
+def _offered(point: LoadPoint) -> float:
     """The rate the point's schedule really offered (a seeded Poisson draw is a little off its nominal rate: read
     against the nominal one, that noise would look like queries the server failed to admit)."""
-    return point.get("realised_offered_qps") or point["offered_qps"]
+    return point.offered
 
 
-def _shares(point: dict[str, Any]) -> dict[str, float]:
-    tail = point["time_ms"]["tail"]
+def _shares(point: LoadPoint) -> dict[str, float]:
+    tail = point.time_ms["tail"]
     total = sum(tail.values())
     return {name: 100 * value / total for name, value in tail.items()} if total > 0 else {}
 
@@ -54,18 +53,19 @@ def inference_queue(ctx: Context) -> Optional[Finding]:
     shares = _shares(point)
     queue_share = shares.get("queue_wait", 0.0)
     formation_share = shares.get("batch_formation", 0.0)
-    fill, busy = point["batch_fill_pct"], point["instance_busy_pct"]
-    offered, achieved = _offered(point), point["achieved_qps"]
+    fill, busy = point.batch_fill_pct, point.instance_busy_pct
+    offered, achieved = _offered(point), point.achieved_qps
     ceiling = serve.estimated_samples_per_s or 0.0
-    p99, bound = point["latency_ms"]["p99"], settings.p99_ms
-    evidence = {"offered_qps": point["offered_qps"], "realised_offered_qps": point.get("realised_offered_qps"),
+    p99, bound = point.p99_ms, settings.p99_ms
+    tail = point.time_ms["tail"]
+    evidence = {"offered_qps": point.offered_qps, "realised_offered_qps": point.realised_offered_qps,
                 "achieved_qps": achieved, "p99_ms": p99, "p99_bound_ms": bound,
-                "tail_queue_wait_ms": point["time_ms"]["tail"].get("queue_wait"), "tail_queue_wait_pct": queue_share,
+                "tail_queue_wait_ms": tail.get("queue_wait"), "tail_queue_wait_pct": queue_share,
                 "tail_batch_formation_pct": formation_share,
-                "tail_dispatch_delay_ms": point["time_ms"]["tail"].get("dispatch_delay"), "batch_fill_pct": fill,
-                "mean_batch": point["batch_mean"], "max_batch": settings.max_batch, "instance_busy_pct": busy,
+                "tail_dispatch_delay_ms": tail.get("dispatch_delay"), "batch_fill_pct": fill,
+                "mean_batch": point.batch_mean, "max_batch": settings.max_batch, "instance_busy_pct": busy,
                 "full_batch_samples_per_s": ceiling, "max_qps": serve.max_qps}
-    gpu_util = (point.get("gpu") or {}).get("util_mean_pct")
+    gpu_util = _gpu_util_pct(point)
     if gpu_util is not None:
         evidence["gpu_util_pct"] = gpu_util
     advice = _advice(point, settings, serve, gpu_util, offered, achieved, ceiling)
@@ -76,7 +76,7 @@ def inference_queue(ctx: Context) -> Optional[Finding]:
                    f"{fill:.0f}% full and the instances {busy:.0f}% busy")
         confidence = clamp(0.35 + queue_share / 100 * 0.6)
     elif fill < UNDERFILLED_PCT and busy >= BUSY_PCT and ceiling > offered and p99 > bound:
-        summary = (f"batches are under-filled ({point['batch_mean']:.1f} of {settings.max_batch}, {fill:.0f}%) "
+        summary = (f"batches are under-filled ({point.batch_mean:.1f} of {settings.max_batch}, {fill:.0f}%) "
                    f"while the instances are {busy:.0f}% busy: at {offered:,.0f} queries/s each small batch pays the "
                    f"full per-batch cost, though full batches run {ceiling:,.0f} samples/s")
         confidence = clamp(0.4 + (UNDERFILLED_PCT - fill) / 100 + (busy - BUSY_PCT) / 100)
@@ -108,12 +108,16 @@ def setting_changes(serve: Serve) -> list[SettingChange]:
     point = _focus_point(serve)
     if point is None:
         return []
-    return _setting_changes(point, serve.settings, (point.get("gpu") or {}).get("util_mean_pct"))
+    return _setting_changes(point, serve.settings, _gpu_util_pct(point))
 
 
-def _setting_changes(point, settings, gpu_util) -> list[SettingChange]:
+def _gpu_util_pct(point: LoadPoint) -> Optional[float]:
+    return (point.gpu or {}).get("util_mean_pct")
+
+
+def _setting_changes(point: LoadPoint, settings: ServeSettings, gpu_util: Optional[float]) -> list[SettingChange]:
     changes = []
-    fill, busy, offered = point["batch_fill_pct"], point["instance_busy_pct"], _offered(point)
+    fill, busy, offered = point.batch_fill_pct, point.instance_busy_pct, _offered(point)
     max_batch, timeout_ms, bound = settings.max_batch, settings.batch_timeout_ms, settings.p99_ms
     if fill >= FULL_PCT:
         changes.append(SettingChange("max_batch", 2 * max_batch, f"batches are {fill:.0f}% full: raise --batcher-max-batch "
@@ -122,10 +126,10 @@ def _setting_changes(point, settings, gpu_util) -> list[SettingChange]:
         # Long enough to gather half a batch at this rate, but well inside the latency bound.
         wait_ms = round(min(1000 * (max_batch / 2) / max(offered, 1e-9), bound / 3), 1)
         if wait_ms > timeout_ms:
-            changes.append(SettingChange("batch_timeout_ms", wait_ms, f"batches average {point['batch_mean']:.1f} of "
+            changes.append(SettingChange("batch_timeout_ms", wait_ms, f"batches average {point.batch_mean:.1f} of "
                                          f"{max_batch}: raise --batch-timeout-ms from {timeout_ms:g} to about "
                                          f"{wait_ms:.1f} so batches fill"))
-    if point["time_ms"]["tail"].get("batch_formation", 0.0) > bound / 2 and timeout_ms > 0:
+    if point.time_ms["tail"].get("batch_formation", 0.0) > bound / 2 and timeout_ms > 0:
         changes.append(SettingChange("batch_timeout_ms", round(timeout_ms / 2, 2), f"lower --batch-timeout-ms "
                                      f"(now {timeout_ms:g}, e.g. {timeout_ms / 2:g}): forming a batch takes half the "
                                      "p99 bound"))
@@ -134,7 +138,7 @@ def _setting_changes(point, settings, gpu_util) -> list[SettingChange]:
         changes.append(SettingChange("instances", settings.instances + 1, f"--instances {settings.instances + 1}"
                                      f": the instances are {busy:.0f}% busy{util}; another instance overlaps copies "
                                      "and launches with compute"))
-    padded, served = point.get("padded_samples") or 0, point.get("completed") or 0
+    padded, served = point.padded_samples or 0, point.completed or 0
     step = settings.bucket_step
     if padded and 100 * padded / (padded + served) >= PADDED_PCT and settings.buckets:
         now = f" (now {step})" if step else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 from perflab.bottlenecks import CONVOLUTIONS, FULL_PRECISION, MEMORY_BANDWIDTH
+from perflab.config import is_full_precision
 from perflab.diagnose.findings import (CPU_MAX_CONFIDENCE, Context, Finding, by_expected_gain, clamp, dominance,
                                       gain, rounded)
 from perflab.diagnose.patterns import chain_fusion_gain_pct
@@ -40,7 +41,7 @@ def memory_bandwidth(ctx: Context) -> Optional[Finding]:
     situations = set()
     if _has_convolutions(ctx):
         situations.add(CONVOLUTIONS)
-    if ctx.config("precision", "fp32") in ("fp32", "tf32"):
+    if is_full_precision(ctx.config("precision", "fp32")):
         situations.add(FULL_PRECISION)
     gains = lever_gains(ctx)
     evidence["expected_gain_by_lever_pct"] = gains

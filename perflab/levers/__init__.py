@@ -12,7 +12,7 @@ refused lever stops the run before anything is measured.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Optional
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 import torch
 
@@ -44,10 +44,27 @@ class Address:
 
 
 @dataclass(frozen=True)
+class ValueHints:
+    """What tune knows of one value among a lever's values (TuneHints.values): what its trial costs, the warm-up it
+    needs, where it is worth trying and when it comes early."""
+
+    cost_scale: float = 1.0  # what its trial adds to a plain one, relative to the first value's measured addition
+    warmup: int = 0  # warm-up steps it needs before its steps are steady (0: the run's own are enough)
+    cuda_only: bool = False  # tune tries it on CUDA only (what it adds is a CUDA feature: CUDA graphs, GPU kernels)
+    leads_for: tuple[str, ...] = ()  # bottleneck classes for which it is tried right after the first value
+    # (kept value, why): values of the option that already give what this one adds; tune does not try it after them
+    covered_by: tuple[tuple[Any, str], ...] = ()
+
+
+NO_VALUE_HINTS = ValueHints()
+
+
+@dataclass(frozen=True)
 class TuneHints:
-    """What tune's ordering reads (perflab/tune/ordering.py): the cost of a trial, the lever tried at once when
-    this one is kept (its partner: one win measured in two trials), where on the data path it acts, and how far
-    it reduces the arithmetic among its option's values (a value is tried only above the current one's)."""
+    """What tune reads (perflab/tune/ordering.py, candidates.py): the cost of a trial, the lever tried at once when
+    this one is kept (its partner: one win measured in two trials), where on the data path it acts, how far it
+    reduces the arithmetic among its option's values (a value is tried only above the current one's), and the
+    values it searches (alternatives, or the rungs of a ladder)."""
 
     cost: str  # ONE_TRIAL or COMPILES
     partner: Optional[str] = None  # a lever name
@@ -56,9 +73,18 @@ class TuneHints:
     # A big one-flag lever (9-11x seen from one flag): tune screens it whether or not the diagnosis names it, in
     # this order among such levers (perflab/tune/screening.py); None: screened only when proposed.
     screen_always: Optional[int] = None
-    # A numeric option's values for tune to try, each in its own trial (the DDP bucket size, FSDP's prefetch depth);
-    # empty: the lever's one value.
+    # A numeric option's values for tune to try, each in its own trial (the DDP bucket size, FSDP's prefetch depth,
+    # compile's modes; the first leads); empty: the lever's one value (or its ladder).
     values: tuple = ()
+    per_value: Mapping[Any, ValueHints] = field(default_factory=dict, hash=False)  # a value not named: NO_VALUE_HINTS
+    # A numeric option tune climbs rung by rung while it pays (workers, prefetch factor): the rungs on a machine with
+    # this many CPUs; tune tries those above the current value, or above `unset_means` when the option is not given.
+    ladder: Optional[Callable[[int], Sequence[int]]] = None
+    unset_means: Any = None
+
+    def hints_for(self, value: Any) -> ValueHints:
+        """What tune knows of `value` of this lever's option."""
+        return self.per_value.get(value, NO_VALUE_HINTS)
 
 
 @dataclass(frozen=True)

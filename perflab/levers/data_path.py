@@ -25,6 +25,26 @@ def _needs_workers(what: str):
     return refusal
 
 
+TORCH_PREFETCH_DEFAULT = 2  # DataLoader's prefetch_factor when none is given
+PREFETCH_FACTORS = (4, 8)  # the prefetch factors tune tries above the current one
+
+
+def worker_ladder(cpu_count: int) -> tuple[int, ...]:
+    """DataLoader worker counts tune climbs: 2, 4, 8, ... and last the CPU count itself (a loader-bound main process
+    mostly waits for the workers): 2, 4, 8, 16 on 16 CPUs, 2, 4, 8, 12 on 12; 1 on one CPU."""
+    if cpu_count <= 1:
+        return (1,)
+    rungs, workers = [], 2
+    while workers < cpu_count:
+        rungs.append(workers)
+        workers *= 2
+    return (*rungs, cpu_count)
+
+
+def _prefetch_ladder(cpu_count: int) -> tuple[int, ...]:
+    return PREFETCH_FACTORS
+
+
 def _set_workers(plan, cfg) -> None:
     plan.workers = cfg.workers
 
@@ -49,7 +69,8 @@ LEVERS = [
           in_code="DataLoader(..., num_workers=N)",
           when_lost="more DataLoader workers lost: the per-item work itself is the cost: cache decoded/pre-processed "
                     "items, or move the augmentation to the GPU in batches",
-          tune=TuneHints(ONE_TRIAL, screen_always=5), checks=_needs_loader("--workers"), changes_process=True),
+          tune=TuneHints(ONE_TRIAL, screen_always=5, ladder=worker_ladder), checks=_needs_loader("--workers"),
+          changes_process=True),
     Lever("persistent-workers", "persistent_workers", True, "keep DataLoader workers alive between epochs",
           "--workers N", (Address(INPUT_PIPELINE, 2),), 11, _set_persistent,
           in_code="DataLoader(..., num_workers=N, persistent_workers=True)",
@@ -64,7 +85,8 @@ LEVERS = [
           in_code="DataLoader(..., num_workers=N, prefetch_factor=4)",
           when_lost="a deeper prefetch queue lost: the loader is slower than the step on average, not just "
                     "bursty: make each item cheaper (cache, GPU augmentation)",
-          tune=TuneHints(ONE_TRIAL, data_path=LOADER_QUEUE),
+          tune=TuneHints(ONE_TRIAL, data_path=LOADER_QUEUE, ladder=_prefetch_ladder,
+                         unset_means=TORCH_PREFETCH_DEFAULT),
           checks=first_refusal(_needs_loader("--prefetch-factor"), _needs_workers("--prefetch-factor")),
           changes_process=True),
     Lever("pin-memory", "pin_memory", True, "page-locked host batches: faster, asynchronous copies to the GPU "

@@ -32,7 +32,7 @@ def build_plan(workload: Workload, cfg, device: torch.device, levers=None) -> St
         loss_fn=loss_fn,
         optimizer=workload.make_optimizer() if train else None,
         non_blocking=cfg.non_blocking,
-        pin_memory=device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory,
+        pin_memory=cfg.pins_memory(device.type),
     )
     if workload.generation is not None:
         attach_settings(plan)

@@ -13,6 +13,7 @@ import importlib.util
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from perflab.config import is_full_precision
 from perflab.levers.optimizer import EIGHT_BIT_BLOCK, EIGHT_BIT_MIN_NUMEL, TORCHAO_INSTALL, eight_bit_state_bytes
 from perflab.memory.activations import SavedActivations
 from perflab.memory.breakdown import Breakdown
@@ -105,7 +106,7 @@ def lever_savings(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Opt
             {"activations": checkpointed / activations.total_mb},
             f"per block of {activations.blocks or 'the model'} ({len(activations.block_saved_mb)} blocks): keeps each "
             "block's input, recomputes one block at a time in backward", note=note))
-    if breakdown.precision in ("fp32", "tf32"):
+    if is_full_precision(breakdown.precision):
         savings.append(_autocast_saving(breakdown, fit, capacity_mb))
         savings.append(_saving(breakdown, fit, capacity_mb, "bf16 weights", "model.to(torch.bfloat16)",
                                {name: 0.5 for name in CATEGORIES if name != "inputs"},

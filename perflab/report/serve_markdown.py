@@ -5,7 +5,8 @@ from typing import Optional
 
 from perflab.environment import describe_device
 from perflab.report.markdown import config_table, diagnosis_text, environment_table, image, num, table
-from perflab.report.serve_table import capacity_text, validity_lines, verdict_word
+from perflab.report.serve_table import (capacity_text, dispatch_delay_p99_ms, gpu_util_pct, validity_lines,
+                                       verdict_word)
 from perflab.results import Result
 from perflab.serve.metrics import COMPONENTS
 
@@ -14,15 +15,12 @@ def serve_markdown(result: Result, images: dict[str, str], run_dir: Optional[str
     cfg, serve = result.config, result.metrics.serve
     settings = serve.settings
     device = describe_device(result.environment, cfg["device"])
-    rows = [[str(p["index"]), p["scenario"], num(p["offered_qps"], 0), num(p.get("realised_offered_qps"), 1),
-             num(p["achieved_qps"], 1),
-             num(p["latency_ms"]["p50"], 2), num(p["latency_ms"]["p90"], 2), num(p["latency_ms"]["p99"], 2),
-             num(p["latency_ms"]["p99.9"], 2), f"{num(p['batch_mean'])} ({num(p['batch_fill_pct'], 0)}%)",
-             num(p["instance_busy_pct"], 0), num((p.get("gpu") or {}).get("util_mean_pct"), 0),
-             num(p.get("cost_per_million_queries"), 3),
-             verdict_word(p)] for p in serve.points]
-    tail_rows = [[str(p["index"])] + [num(p["time_ms"]["tail"].get(part), 2) for part in COMPONENTS]
-                 + [num((p.get("dispatch_delay_ms") or {}).get("p99_ms"), 2)] for p in serve.points]
+    rows = [[str(p.index), p.scenario, num(p.offered_qps, 0), num(p.realised_offered_qps, 1), num(p.achieved_qps, 1),
+             *[num(p.latency_ms[key], 2) for key in ("p50", "p90", "p99", "p99.9")],
+             f"{num(p.batch_mean)} ({num(p.batch_fill_pct, 0)}%)", num(p.instance_busy_pct, 0),
+             num(gpu_util_pct(p), 0), num(p.cost_per_million_queries, 3), verdict_word(p)] for p in serve.points]
+    tail_rows = [[str(p.index)] + [num(p.time_ms["tail"].get(part), 2) for part in COMPONENTS]
+                 + [num(dispatch_delay_p99_ms(p), 2)] for p in serve.points]
     summary = [f"- **scenario**: {serve.scenario}; schedule seed {serve.schedule_seed}, sample seed "
                f"{serve.sample_seed}",
                f"- **batcher**: max batch {settings.max_batch}, timeout {settings.batch_timeout_ms:g} ms, "

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-from perflab.results.metrics import Serve
+from perflab.results.metrics import LoadPoint, Serve
 from perflab.plots import new_figure
 from perflab.serve.metrics import COMPONENTS
 
@@ -13,32 +13,32 @@ PALETTE = ("#d62728", "#ff7f0e", "#8c564b", "#bcbd22", "#1f77b4", "#17becf", "#7
 PART_COLORS = dict(zip(COMPONENTS, PALETTE))  # a query's parts, in the order of its life
 
 
-def _label(point: dict[str, Any]) -> str:
-    if point["offered_qps"] is None:
-        return f"#{point['index']} {point['scenario']}"
-    return f"{point['offered_qps']:,.0f} q/s"
+def _label(point: LoadPoint) -> str:
+    if point.offered_qps is None:
+        return f"#{point.index} {point.scenario}"
+    return f"{point.offered_qps:,.0f} q/s"
 
 
 def latency_vs_load(serve: Serve, path: Path, title: str = "") -> Optional[Path]:
     """p50/p90/p99/p99.9 against the offered rate of the server points, with the bound and the max QPS."""
-    points = sorted((p for p in serve.points if p["scenario"] == "server"), key=lambda p: p["offered_qps"])
+    points = sorted((p for p in serve.points if p.scenario == "server"), key=lambda p: p.offered_qps)
     if not points:
         return None
     fig = new_figure(7, 4.2)
     ax = fig.subplots()
-    rates = [p["offered_qps"] for p in points]
+    rates = [p.offered_qps for p in points]
     for key, style in PERCENTILE_STYLES:
-        ax.plot(rates, [p["latency_ms"][key] for p in points], style, marker="o", markersize=3, label=key)
+        ax.plot(rates, [p.latency_ms[key] for p in points], style, marker="o", markersize=3, label=key)
     bound = serve.settings.p99_ms
     ax.axhline(bound, color="black", linewidth=0.8, label=f"p99 bound {bound:g} ms")
     if serve.max_qps:
         ax.axvline(serve.max_qps, color="green", linewidth=0.8, linestyle="--",
                    label=f"max QPS {serve.max_qps:,.0f}")
     for label, marker, color, chosen in (
-            ("p99 over the bound", "x", "red", [p for p in points if not p["meets_bound"]]),
-            ("harness late (invalid)", "^", "orange", [p for p in points if p.get("harness_late")])):
+            ("p99 over the bound", "x", "red", [p for p in points if not p.meets_bound]),
+            ("harness late (invalid)", "^", "orange", [p for p in points if p.harness_late])):
         if chosen:
-            ax.plot([p["offered_qps"] for p in chosen], [p["latency_ms"]["p99"] for p in chosen], linestyle="none",
+            ax.plot([p.offered_qps for p in chosen], [p.p99_ms for p in chosen], linestyle="none",
                     marker=marker, color=color, markerfacecolor="none", markersize=9, label=label)
     ax.set_yscale("log")
     ax.set_xlabel("offered load (queries/s, Poisson arrivals)")
@@ -59,11 +59,11 @@ def batch_fill(serve: Serve, path: Path) -> Optional[Path]:
     fig = new_figure(7, 3.6)
     ax = fig.subplots()
     for point in points:
-        histogram = {int(size): count for size, count in point["batch_histogram"].items()}
+        histogram = {int(size): count for size, count in point.batch_histogram.items()}
         total = sum(histogram.values()) or 1
         sizes = sorted(histogram)
         ax.plot(sizes, [100 * histogram[s] / total for s in sizes], marker="o", markersize=3,
-                label=f"{_label(point)} (fill {point['batch_fill_pct']:.0f}%)")
+                label=f"{_label(point)} (fill {point.batch_fill_pct:.0f}%)")
     ax.set_xlabel(f"batch size (max {serve.settings.max_batch})")
     ax.set_ylabel("% of batches")
     ax.set_title("batch fill")
@@ -76,7 +76,7 @@ def batch_fill(serve: Serve, path: Path) -> Optional[Path]:
 
 def time_breakdown(serve: Serve, path: Path) -> Optional[Path]:
     """Stacked bars per point: a query's mean time in each part, on average and in the p99 tail."""
-    points = sorted(serve.points, key=lambda p: (p["offered_qps"] is not None, p["offered_qps"] or 0))
+    points = sorted(serve.points, key=lambda p: (p.offered_qps is not None, p.offered_qps or 0))
     if not points:
         return None
     fig = new_figure(7, 1.6 + 0.5 * len(points))
@@ -85,7 +85,7 @@ def time_breakdown(serve: Serve, path: Path) -> Optional[Path]:
     for ax, which, title in ((axes[0], "mean", "all queries (mean)"), (axes[1], "tail", "p99 tail (mean)")):
         left = [0.0] * len(points)
         for part, color in PART_COLORS.items():
-            widths = [p["time_ms"][which].get(part, 0.0) for p in points]
+            widths = [p.time_ms[which].get(part, 0.0) for p in points]
             ax.barh(labels, widths, left=left, color=color, label=part.replace("_", " "))
             left = [a + b for a, b in zip(left, widths)]
         ax.set_title(title, fontsize=9)

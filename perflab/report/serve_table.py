@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 from rich.console import Console, Group
 from rich.markup import escape
@@ -11,51 +11,62 @@ from perflab.environment import describe_device
 from perflab.report.fit import Column, fitted_tables
 from perflab.report.terminal import fmt
 from perflab.results import Result
+from perflab.results.metrics import LoadPoint
 from perflab.serve.metrics import COMPONENTS
 
 
-def verdict_word(point: dict[str, Any]) -> str:
+def verdict_word(point: LoadPoint) -> str:
     """VALID or INVALID, as LoadGen's summary says it (a result from before validity: pass / fail)."""
-    if "validity" not in point:
-        return "pass" if point["passed"] else "fail"
-    if point.get("loadgen"):  # MLCommons LoadGen issued the queries: its verdict decides
-        return f"{point['loadgen']['validity']} (LoadGen)"
-    return "VALID" if point["validity"]["valid"] else "INVALID"
+    if point.validity is None:
+        return "pass" if point.passed else "fail"
+    if point.loadgen:  # MLCommons LoadGen issued the queries: its verdict decides
+        return f"{point.loadgen['validity']} (LoadGen)"
+    return "VALID" if point.validity["valid"] else "INVALID"
 
 
-def _verdict(point: dict[str, Any]) -> str:
+def _verdict(point: LoadPoint) -> str:
     word = verdict_word(point)
     return f"[green]{word}[/]" if word.startswith(("VALID", "pass")) else f"[red]{word}[/]"
 
 
-def validity_lines(points: list[dict[str, Any]]) -> list[str]:
+def validity_lines(points: list[LoadPoint]) -> list[str]:
     """One line per INVALID point with its reasons, and one per warning flag (plain text)."""
     lines = []
     for point in points:
-        validity = point.get("validity") or {}
-        judged = point.get("loadgen")
+        validity = point.validity or {}
+        judged = point.loadgen
         if judged:
-            lines.append(f"point {point['index']} LoadGen {judged['validity']}: p99 {judged.get('p99_ms', math.nan):.2f} "
+            lines.append(f"point {point.index} LoadGen {judged['validity']}: p99 {judged.get('p99_ms', math.nan):.2f} "
                          f"ms, early stopping {'met' if judged.get('early_stopping_met') else 'not met'}; perflab on "
                          f"the same queries: {'VALID' if validity.get('valid') else 'INVALID'}")
         if validity.get("reasons"):
-            lines.append(f"point {point['index']} {'perflab: ' if judged else ''}INVALID: "
+            lines.append(f"point {point.index} {'perflab: ' if judged else ''}INVALID: "
                          f"{'; '.join(validity['reasons'])}"
-                         + (f" (too short, not too slow: rerun longer as point {point['rerun_as']})"
-                            if point.get("rerun_as") is not None else ""))
-        lines += [f"point {point['index']} flag: {flag}" for flag in validity.get("flags", [])]
+                         + (f" (too short, not too slow: rerun longer as point {point.rerun_as})"
+                            if point.rerun_as is not None else ""))
+        lines += [f"point {point.index} flag: {flag}" for flag in validity.get("flags", [])]
     return lines
 
 
-def point_row(point: dict[str, Any]) -> list[str]:
+def point_row(point: LoadPoint) -> list[str]:
     """The cells of one point (also printed as each point finishes)."""
-    lat = point["latency_ms"]
-    return [str(point["index"]), fmt(point["offered_qps"], 0), fmt(point.get("realised_offered_qps"), 0),
-            fmt(point["achieved_qps"], 0), fmt(lat["p50"], 2),
+    lat = point.latency_ms
+    return [str(point.index), fmt(point.offered_qps, 0), fmt(point.realised_offered_qps, 0),
+            fmt(point.achieved_qps, 0), fmt(lat["p50"], 2),
             fmt(lat["p90"], 2), fmt(lat["p99"], 2), fmt(lat["p99.9"], 2),
-            f"{fmt(point['batch_mean'])} ({fmt(point['batch_fill_pct'], 0)}%)",
-            fmt((point.get("gpu") or {}).get("util_mean_pct"), 0), fmt(point.get("cost_per_million_queries"), 3),
+            f"{fmt(point.batch_mean)} ({fmt(point.batch_fill_pct, 0)}%)",
+            fmt(gpu_util_pct(point), 0), fmt(point.cost_per_million_queries, 3),
             _verdict(point)]
+
+
+def gpu_util_pct(point: LoadPoint) -> Optional[float]:
+    """The point's mean GPU utilisation (None: NVML did not sample)."""
+    return (point.gpu or {}).get("util_mean_pct")
+
+
+def dispatch_delay_p99_ms(point: LoadPoint) -> Optional[float]:
+    """How late the batcher dispatched the point's batches at p99 (None: a result from before it was measured)."""
+    return point.dispatch_delay_ms.p99_ms if point.dispatch_delay_ms else None
 
 
 POINT_COLUMNS = ("#", "offered q/s", "realised q/s", "achieved q/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "batch (fill)",
@@ -77,8 +88,8 @@ def serve_table(result: Result, width: int = 200) -> Group:
 def tail_table(result: Result, width: int = 200) -> Group:
     """Where the time of the slowest 1% of queries goes, per point (mean ms of each part)."""
     headers = ("#",) + tuple(part.replace("_", " ") for part in COMPONENTS) + ("dispatch delay p99 (batches)",)
-    rows = [[str(point["index"]), *[fmt(point["time_ms"]["tail"].get(part), 2) for part in COMPONENTS],
-             fmt((point.get("dispatch_delay_ms") or {}).get("p99_ms"), 2)] for point in result.metrics.serve.points]
+    rows = [[str(point.index), *[fmt(point.time_ms["tail"].get(part), 2) for part in COMPONENTS],
+             fmt(dispatch_delay_p99_ms(point), 2)] for point in result.metrics.serve.points]
     return fitted_tables("where the p99 tail goes (mean ms per query at or past p99)",
                          [Column(name) for name in headers], rows, width)
 
@@ -89,12 +100,12 @@ def generation_table(result: Result, width: int = 200) -> Group:
                "requests/s", "goodput req/s (SLO met)")
     rows = []
     for point in result.metrics.serve.points:
-        gen = point.get("generation")
+        gen = point.generation
         if not gen:
             continue
         ttft, tpot, itl = (gen.get(key) or {} for key in ("ttft_ms", "tpot_ms", "itl_ms"))
         goodput = gen.get("goodput")
-        rows.append([str(point["index"]), fmt(ttft.get("p50"), 2), fmt(ttft.get("p99"), 2), fmt(tpot.get("p50"), 2),
+        rows.append([str(point.index), fmt(ttft.get("p50"), 2), fmt(ttft.get("p99"), 2), fmt(tpot.get("p50"), 2),
                      fmt(tpot.get("p99"), 2), fmt(itl.get("p99"), 2), fmt(gen["output_tokens_per_s"], 0),
                      fmt(gen["requests_per_s"], 1),
                      f"{fmt(goodput['goodput_requests_per_s'], 1)} ({fmt(goodput['requests_meeting_slo_pct'], 0)}%)"
@@ -119,7 +130,7 @@ def print_serve(console: Console, result: Result) -> None:
     serve = result.metrics.serve
     console.print(serve_table(result, console.width))
     console.print(tail_table(result, console.width))
-    if any(point.get("generation") for point in serve.points):
+    if any(point.generation for point in serve.points):
         console.print(generation_table(result, console.width))
     if serve.search:
         found = serve.max_qps
@@ -127,9 +138,9 @@ def print_serve(console: Console, result: Result) -> None:
                       + (f"[bold]{fmt(found, 1)}[/] queries/s" if found else "[red]none: even the lowest rate failed[/]")
                       + f" ({len(serve.search['tried'])} points, bracket to "
                       f"{fmt(serve.search['lowest_failing_qps'], 1)})", highlight=False)
-    offline = [p for p in serve.points if p["scenario"] == "offline"]
+    offline = [p for p in serve.points if p.scenario == "offline"]
     if offline:
-        console.print(f"offline: [bold]{fmt(offline[0]['achieved_qps'], 1)}[/] samples/s", highlight=False)
+        console.print(f"offline: [bold]{fmt(offline[0].achieved_qps, 1)}[/] samples/s", highlight=False)
     capacity = serve.capacity
     if capacity:
         console.print(f"harness capacity (no-op model): {capacity_text(capacity)}", highlight=False)

@@ -318,6 +318,65 @@ class ServeSettings(Section):
 
 
 @dataclass
+class DispatchDelay(Section):
+    """How late the batcher dispatched a point's batches against when due (serve/metrics.dispatch_lateness)."""
+
+    p99_ms: Optional[float] = None
+    max_ms: Optional[float] = None
+
+
+@dataclass
+class LoadPoint(Section):
+    """One load point of a serve run (serve/metrics.summarize_point, then serve/session.Session.point).
+
+    `latency_ms` keeps its JSON keys (p50 ... p99.9, mean, max: "p99.9" is no attribute name); `time_ms` holds the
+    mean ms per part of a query's life over all queries ("mean") and the p99 tail ("tail"). Fields a point has only
+    sometimes are None and left out of the JSON."""
+
+    scenario: Optional[str] = None  # "server" | "offline" | "single-stream"
+    offered_qps: Optional[float] = None  # the nominal rate (None: offline and single-stream)
+    realised_offered_qps: Optional[float] = None  # the rate the seeded schedule really offered (server only)
+    achieved_qps: Optional[float] = None
+    queries: int = 0
+    completed: int = 0
+    duration_s: Optional[float] = None
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    time_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    batches: int = 0
+    batch_histogram: dict[Any, int] = field(default_factory=dict)  # batch size -> batches (str keys once loaded)
+    batch_mean: float = 0.0
+    batch_fill_pct: float = 0.0
+    instance_busy_pct: Optional[float] = None
+    dispatch_delay_ms: Optional[DispatchDelay] = optional()
+    harness_late: Optional[bool] = optional()  # the point measured the harness too: not valid (absent in old files)
+    gpu: Optional[dict[str, Any]] = None  # the NVML sampler's summary over the point
+    cost_per_million_queries: Optional[float] = None
+    generation: Optional[dict[str, Any]] = optional()  # TTFT, TPOT, ITL, tokens/s of a generating workload
+    index: Optional[int] = None
+    schedule_seed: Optional[int] = None
+    load_generator: Optional[str] = optional()  # "perflab" | "MLCommons LoadGen"
+    meets_bound: bool = False  # p99 within --p99-ms
+    overloaded: Optional[dict[str, Any]] = optional()  # the queue's bound ended the point
+    non_finite: Optional[str] = optional()  # why NaN/inf outputs make the point invalid
+    validity: Optional[dict[str, Any]] = optional()  # serve/validity.point_validity (absent before validity)
+    passed: bool = False  # VALID (or LoadGen's VALID): the search takes only these as a pass
+    extended: Optional[dict[str, Any]] = optional()  # how far the point ran past --duration
+    loadgen: Optional[dict[str, Any]] = optional()  # MLCommons LoadGen's own verdict
+    padded_samples: Optional[int] = optional()
+    rerun_as: Optional[int] = optional()  # the index of its longer rerun (too short, not too slow)
+
+    @property
+    def p99_ms(self) -> Optional[float]:
+        """The nearest-rank p99 latency the point is judged by."""
+        return self.latency_ms.get("p99")
+
+    @property
+    def offered(self) -> Optional[float]:
+        """The rate the schedule really offered where recorded, else the nominal rate."""
+        return self.realised_offered_qps or self.offered_qps
+
+
+@dataclass
 class Serve(Section):
     """A `perflab serve` run: its settings, one record per load point, the max-QPS search and capacity."""
 
@@ -326,7 +385,7 @@ class Serve(Section):
     sample_seed: Optional[int] = None
     settings: ServeSettings = field(default_factory=ServeSettings)
     estimated_samples_per_s: Optional[float] = None
-    points: list[dict[str, Any]] = field(default_factory=list)  # one per load point (serve/session.py)
+    points: list[LoadPoint] = field(default_factory=list)  # one per load point (serve/session.py)
     max_qps: Optional[float] = None
     search: Optional[dict[str, Any]] = None
     capacity: Optional[dict[str, Any]] = None

@@ -19,7 +19,7 @@ from perflab.harness.data import make_loader
 from perflab.harness.progress import Reporter
 from perflab.pipeline import (describe_workload, load, new_result, out_of_memory_as_result, prepared, quality_stage,
                               resolve_config, resolve_device, with_breakdown_advice)
-from perflab.results.metrics import Serve, ServeSettings
+from perflab.results.metrics import LoadPoint, Serve, ServeSettings
 from perflab.results import Result
 from perflab.serve import mlcommons
 from perflab.serve.capacity import measure_capacity
@@ -72,7 +72,7 @@ def _load_pool(workload: Workload, seed: int) -> tuple[Any, int]:
 
 def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, Path]] = None,
           workload: Union[Workload, str, None] = None, engines: Optional[list[Engine]] = None,
-          on_point: Callable[[dict], None] = lambda point: None, command: Optional[list[str]] = None,
+          on_point: Callable[[LoadPoint], None] = lambda point: None, command: Optional[list[str]] = None,
           reporter: Optional[Reporter] = None) -> Result:
     """Serve a workload under the scenario of `serve_cfg`; `engines` replaces the model (tests, capacity);
     `reporter` shows the quality gate's progress."""
@@ -87,7 +87,7 @@ def serve(run_cfg: RunConfig, serve_cfg: ServeConfig, out: Optional[Union[str, P
 
 
 def _serve(cfg: RunConfig, serve_cfg: ServeConfig, device, out: Optional[Union[str, Path]],
-           workload: Union[Workload, str, None], engines: Optional[list[Engine]], on_point: Callable[[dict], None],
+           workload: Union[Workload, str, None], engines: Optional[list[Engine]], on_point: Callable[[LoadPoint], None],
            command: Optional[list[str]], reporter: Reporter) -> Result:
     try:
         workload = load(workload, cfg)

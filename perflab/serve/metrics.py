@@ -11,6 +11,7 @@ from perflab.cost import cost_per_million
 from perflab.generation.metrics import RequestTiming
 from perflab.serve.batcher import FormedBatch
 from perflab.generation.metrics import summarize_requests
+from perflab.results.metrics import DispatchDelay, LoadPoint
 from perflab.serve.validity import nearest_rank
 
 PERCENTILES = (50, 90, 95, 99, 99.9)
@@ -153,8 +154,7 @@ def summarize_tokens(log: QueryLog, span_s: float, slo: dict[str, float]) -> dic
 
 
 def summarize_point(log: QueryLog, scenario: str, offered_qps: Optional[float], max_batch: int, instances: int,
-                    late_ms: float, gpu: Optional[dict] = None, cost_per_hour: Optional[float] = None
-                    ) -> dict[str, Any]:
+                    late_ms: float, gpu: Optional[dict] = None, cost_per_hour: Optional[float] = None) -> LoadPoint:
     """Everything one point measured, as result.json keeps it."""
     latency = log.latency_ms()
     done = log.completed
@@ -163,24 +163,24 @@ def summarize_point(log: QueryLog, scenario: str, offered_qps: Optional[float], 
     achieved = float(done.sum() / span_s) if span_s > 0 else float("nan")
     sizes = np.asarray(log.batch_sizes)
     histogram = {int(size): int(count) for size, count in zip(*np.unique(sizes, return_counts=True))}
-    late = dispatch_lateness(log)
-    return {
-        "scenario": scenario,
-        "offered_qps": offered_qps,
-        "realised_offered_qps": realised_rate(log.scheduled_s) if scenario == "server" else None,
-        "achieved_qps": achieved,
-        "queries": int(len(log)),
-        "completed": int(done.sum()),
-        "duration_s": span_s,
-        "latency_ms": latency_percentiles(latency),
-        "time_ms": where_time_goes(log),
-        "batches": int(sizes.size),
-        "batch_histogram": histogram,
-        "batch_mean": float(sizes.mean()) if sizes.size else 0.0,
-        "batch_fill_pct": float(100 * sizes.mean() / max_batch) if sizes.size else 0.0,
-        "instance_busy_pct": float(100 * log.busy_s / (instances * span_s)) if span_s > 0 else float("nan"),
-        "dispatch_delay_ms": late,
-        "harness_late": bool(late["p99_ms"] > late_ms),  # the point measured the harness too: not valid
-        "gpu": gpu,
-        "cost_per_million_queries": cost_per_million(cost_per_hour, achieved),
-    }
+    late = DispatchDelay.from_dict(dispatch_lateness(log))
+    return LoadPoint(
+        scenario=scenario,
+        offered_qps=offered_qps,
+        realised_offered_qps=realised_rate(log.scheduled_s) if scenario == "server" else None,
+        achieved_qps=achieved,
+        queries=int(len(log)),
+        completed=int(done.sum()),
+        duration_s=span_s,
+        latency_ms=latency_percentiles(latency),
+        time_ms=where_time_goes(log),
+        batches=int(sizes.size),
+        batch_histogram=histogram,
+        batch_mean=float(sizes.mean()) if sizes.size else 0.0,
+        batch_fill_pct=float(100 * sizes.mean() / max_batch) if sizes.size else 0.0,
+        instance_busy_pct=float(100 * log.busy_s / (instances * span_s)) if span_s > 0 else float("nan"),
+        dispatch_delay_ms=late,
+        harness_late=bool(late.p99_ms > late_ms),  # the point measured the harness too: not valid
+        gpu=gpu,
+        cost_per_million_queries=cost_per_million(cost_per_hour, achieved),
+    )

@@ -11,7 +11,7 @@ import numpy as np
 
 from perflab.config import RunConfig
 from perflab.harness.nvml import NvmlSampler
-from perflab.results.metrics import Serve
+from perflab.results.metrics import LoadPoint, Serve
 from perflab.results import Result
 from perflab.serve import loadgen, mlcommons, schedule
 from perflab.serve.config import (MAX_DURATION_S, MAX_QUERIES_PER_POINT, ServeConfig, check_offline_queries,
@@ -40,7 +40,7 @@ class Session:
     """A serve session's state: the server, its settings, and the result rewritten after each point."""
 
     def __init__(self, server: Server, cfg: RunConfig, serve_cfg: ServeConfig, result: Result, out: Optional[Path],
-                 samples: int, device_index: Optional[int], on_point: Callable[[dict], None]):
+                 samples: int, device_index: Optional[int], on_point: Callable[[LoadPoint], None]):
         self.server = server
         self.cfg = cfg
         self.serve_cfg = serve_cfg
@@ -62,7 +62,7 @@ class Session:
 
     def point(self, scenario: str, rate: Optional[float] = None, queries: Optional[int] = None,
               duration_s: Optional[float] = None, min_queries: Optional[int] = None,
-              why_longer: Optional[str] = None) -> dict[str, Any]:
+              why_longer: Optional[str] = None) -> LoadPoint:
         """Run one point, add it to the result, save. `min_queries` (default --min-queries) and `why_longer` are
         a search's rerun of a point too short for early stopping."""
         sc, max_batch = self.serve_cfg, self.cfg.batch_size
@@ -76,30 +76,30 @@ class Session:
         point = summarize_point(log, scenario, rate, max_batch, sc.instances, late_threshold_ms(sc),
                                 sampler.summary(), self.cfg.gpu_cost_per_hour)
         if log.token_batches:
-            point["generation"] = summarize_tokens(log, point["duration_s"], parse_slo(self.cfg.slo))
+            point.generation = summarize_tokens(log, point.duration_s, parse_slo(self.cfg.slo))
             engines = [engine for engine in self.server.engines if hasattr(engine, "take_host_times")]
-            point["generation"]["engine_host_ms_per_batch"] = engines[0].take_host_times() if engines else None
-        point["index"] = index
-        point["schedule_seed"] = sc.schedule_seed if scenario == "server" else None
-        point["load_generator"] = "MLCommons LoadGen" if verdict is not None else "perflab"
-        point["meets_bound"] = bool(point["latency_ms"]["p99"] <= sc.p99_ms)
+            point.generation["engine_host_ms_per_batch"] = engines[0].take_host_times() if engines else None
+        point.index = index
+        point.schedule_seed = sc.schedule_seed if scenario == "server" else None
+        point.load_generator = "MLCommons LoadGen" if verdict is not None else "perflab"
+        point.meets_bound = bool(point.p99_ms <= sc.p99_ms)
         if log.overloaded is not None:  # the queue's bound ended the point: beyond capacity, never a pass
-            point["overloaded"] = log.overloaded
-            point["meets_bound"] = False
+            point.overloaded = log.overloaded
+            point.meets_bound = False
             self.result.notes.append(overload_note(point))
         self._check_outputs(point)
-        point["validity"] = point_validity(point, log.latency_ms(), float(np.nanmax(log.scheduled_s)), sc.p99_ms,
-                                           sc.duration_s, sc.min_queries)
-        point["passed"] = point["validity"]["valid"]  # the search takes only a VALID point as a pass
+        point.validity = point_validity(point, log.latency_ms(), float(np.nanmax(log.scheduled_s)), sc.p99_ms,
+                                        sc.duration_s, sc.min_queries)
+        point.passed = point.validity["valid"]  # the search takes only a VALID point as a pass
         extended = None if log.overloaded is not None else extension(  # overloaded: it did not run its schedule
             log, sc.duration_s, why_longer or f"--min-queries {min_queries:,}")
         if extended is not None:  # LoadGen's two minimums: the point ran past --duration until the count was met
-            point["extended"] = extended
+            point.extended = extended
         if verdict is not None:  # LoadGen issued the queries: its own verdict decides, perflab's is kept beside it
-            point["loadgen"] = verdict
-            point["passed"] = verdict["validity"] == "VALID" and not point.get("non_finite")
+            point.loadgen = verdict
+            point.passed = verdict["validity"] == "VALID" and not point.non_finite
         padding = [engine for engine in self.server.engines if hasattr(engine, "padded_samples")]
-        point["padded_samples"] = sum(engine.padded_samples for engine in padding)
+        point.padded_samples = sum(engine.padded_samples for engine in padding)
         for engine in padding:
             engine.padded_samples = 0
         self.record.points.append(point)
@@ -112,11 +112,11 @@ class Session:
 
     def _note_extensions(self) -> None:
         """One note line naming the points that ran past --duration, rewritten as more do."""
-        extended = [point for point in self.record.points if point.get("extended")]
-        named = "; ".join(f"point {point['index']}"
-                          + (f" at {point['offered_qps']:g} queries/s" if point.get("offered_qps") else "")
-                          + f" issued {point['extended']['queries']:,} queries over "
-                          f"{point['extended']['last_query_s']:.1f} s for {point['extended']['why']}"
+        extended = [point for point in self.record.points if point.extended]
+        named = "; ".join(f"point {point.index}"
+                          + (f" at {point.offered_qps:g} queries/s" if point.offered_qps else "")
+                          + f" issued {point.extended['queries']:,} queries over "
+                          f"{point.extended['last_query_s']:.1f} s for {point.extended['why']}"
                           for point in extended[:NOTED_POINTS])
         more = f"; and {len(extended) - NOTED_POINTS} more" if len(extended) > NOTED_POINTS else ""
         note = (f"{len(extended)} point(s) ran past --duration {self.serve_cfg.duration_s:g} s, as LoadGen runs a "
@@ -159,15 +159,15 @@ class Session:
                                    self.samples, logs, mlcommons.expected_queries(
                                        scenario, rate, sc.duration_s, min_queries, expected_qps))
 
-    def _check_outputs(self, point: dict[str, Any]) -> None:
+    def _check_outputs(self, point: LoadPoint) -> None:
         """NaN/inf in the last batch's results make the point (and the result) invalid, as in `perflab run`."""
         bad = sum(engine.non_finite_outputs() for engine in self.server.engines
                   if hasattr(engine, "non_finite_outputs"))
         if bad:
-            point["non_finite"] = (f"the model's outputs hold {bad} NaN/inf value(s) in the point's last batch: "
+            point.non_finite = (f"the model's outputs hold {bad} NaN/inf value(s) in the point's last batch: "
                                    "timings of a diverged model are not meaningful (check the weights, the inputs "
                                    "and the precision; fp16 overflows at 65504)")
-            self.non_finite = point["non_finite"]
+            self.non_finite = point.non_finite
 
 
 def extension(log: QueryLog, duration_s: float, why: str) -> Optional[dict[str, Any]]:
@@ -182,12 +182,12 @@ def extension(log: QueryLog, duration_s: float, why: str) -> Optional[dict[str, 
             "queries": int(scheduled.size), "why": why}
 
 
-def overload_note(point: dict[str, Any]) -> str:
+def overload_note(point: LoadPoint) -> str:
     """One line saying why an overloaded point ended early."""
-    over = point["overloaded"]
-    return (f"point {point['index']} at {point['offered_qps']:g} queries/s overloaded: after {over['at_s']:.1f} s a "
+    over = point.overloaded
+    return (f"point {point.index} at {point.offered_qps:g} queries/s overloaded: after {over['at_s']:.1f} s a "
             f"query had waited {over['waited_s']:.1f} s with {over['waiting']:,} queued; the point was ended with "
-            f"{over['unserved']:,} of {point['queries']:,} queries unserved (the rate is beyond what the model serves)")
+            f"{over['unserved']:,} of {point.queries:,} queries unserved (the rate is beyond what the model serves)")
 
 
 class Diverged(Exception):
@@ -237,19 +237,19 @@ def search(session: Session, estimate: float) -> None:
             longer = rerun_queries(point, rate)
             if longer is None:
                 break
-            stopping = point["validity"]["early_stopping"]
-            why = (f"early stopping: point {point['index']} had {stopping['late_queries']:,} of "
+            stopping = point.validity["early_stopping"]
+            why = (f"early stopping: point {point.index} had {stopping['late_queries']:,} of "
                    f"{stopping['queries']:,} queries late, too few queries to show its p99 within the bound")
-            point["rerun_as"] = len(session.record.points)
+            point.rerun_as = len(session.record.points)
             point = session.point("server", rate=rate, duration_s=point_duration_s(rate, sc.duration_s, longer),
                                   min_queries=longer, why_longer=why)
-        return point["passed"]
+        return point.passed
     # A point lasts at most LONGEST_POINT x --duration: halving stops where --min-queries would take longer.
     lowest = sc.min_queries / (LONGEST_POINT * sc.duration_s)
     try:
         outcome = find_max_qps(passes, max(_rate(estimate / 2), lowest), tolerance, lowest_qps=lowest)
     except Diverged as stopped:
-        session.record.search = {"skipped": str(stopped), "tried": [{"qps": p["offered_qps"], "passed": False}
+        session.record.search = {"skipped": str(stopped), "tried": [{"qps": p.offered_qps, "passed": False}
                                                                     for p in session.record.points],
                                  "lowest_failing_qps": None, "tolerance": tolerance, "start_qps": None}
         return
@@ -259,12 +259,12 @@ def search(session: Session, estimate: float) -> None:
                                 "start_qps": outcome.tried[0][0]}
 
 
-def rerun_queries(point: dict[str, Any], rate: float) -> Optional[int]:
+def rerun_queries(point: LoadPoint, rate: float) -> Optional[int]:
     """The queries a longer run of an INVALID point needs, when it was too short (not too slow) to be VALID: the
     count early stopping needs at the late fraction it saw, with a margin (None: not too short, or past the
     limits of a point)."""
-    validity = point["validity"]
-    if point["passed"] or not validity.get("too_short"):
+    validity = point.validity
+    if point.passed or not validity.get("too_short"):
         return None
     needed = validity["early_stopping"].get("queries_to_show")
     if needed is None:

@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from perflab.results.metrics import LoadPoint
+
 CONFIDENCE = 0.99  # LoadGen's early-stopping confidence
 TARGET_PERCENTILE = 99.0  # the percentile --p99-ms bounds
 MOST_QUERIES_TO_SHOW = 2_000_000  # serve's most queries per point (config.MAX_QUERIES_PER_POINT)
@@ -108,28 +110,28 @@ def queries_to_show(late: int, queries: int, percentile: float = TARGET_PERCENTI
     return None
 
 
-def point_validity(point: dict[str, Any], latency_ms: np.ndarray, last_arrival_s: float, bound_ms: float,
+def point_validity(point: LoadPoint, latency_ms: np.ndarray, last_arrival_s: float, bound_ms: float,
                    duration_s: float, min_queries: int) -> dict[str, Any]:
     """VALID or INVALID with every reason, as LoadGen's summary says it: minimum duration and query count, and for a
     server point the latency bound at the nearest-rank p99 and early stopping; a late harness or NaN/inf outputs
     (set in the point before) also invalidate it. `flags` hold warnings that do not."""
     reasons: list[str] = []
     length_reasons = 0  # reasons a longer run at the same rate could remove: the point was too short, not too slow
-    scenario = point["scenario"]
-    lasted_s = last_arrival_s if scenario == "server" else point["duration_s"]
+    scenario = point.scenario
+    lasted_s = last_arrival_s if scenario == "server" else point.duration_s
     if not lasted_s >= duration_s:
         what = "the last query was scheduled at" if scenario == "server" else "the point lasted"
         reasons.append(f"minimum duration not met: {what} {lasted_s:.2f} s, under --duration {duration_s:g} s")
         length_reasons += 1
-    if point["completed"] < min_queries:
-        reasons.append(f"minimum query count not met: {point['completed']:,} completed, under --min-queries "
+    if point.completed < min_queries:
+        reasons.append(f"minimum query count not met: {point.completed:,} completed, under --min-queries "
                        f"{min_queries:,}")
         length_reasons += 1
     stopping = None
     if scenario in ("server", "single-stream"):
         stopping = early_stopping(latency_ms, bound_ms)
     if scenario == "server":
-        p99 = point["latency_ms"]["p99"]
+        p99 = point.p99_ms
         if not p99 <= bound_ms:
             reasons.append(f"latency bound not met: p99 {p99:.2f} ms > {bound_ms:g} ms")
         if not stopping["met"]:
@@ -142,14 +144,14 @@ def point_validity(point: dict[str, Any], latency_ms: np.ndarray, last_arrival_s
         reasons.append(f"too few queries for an early-stopping p99 estimate: {stopping['queries']:,}, it needs "
                        f"{min_passing_queries(1) + 1:,}")
         length_reasons += 1
-    if point.get("overloaded"):
-        reasons.append(f"overloaded: {point['overloaded']['unserved']:,} queries left unserved")
-    if point.get("harness_late"):
-        reasons.append(f"harness late: dispatch delay p99 {point['dispatch_delay_ms']['p99_ms']:.2f} ms")
-    if point.get("non_finite"):
-        reasons.append(point["non_finite"])
+    if point.overloaded:
+        reasons.append(f"overloaded: {point.overloaded['unserved']:,} queries left unserved")
+    if point.harness_late:
+        reasons.append(f"harness late: dispatch delay p99 {point.dispatch_delay_ms.p99_ms:.2f} ms")
+    if point.non_finite:
+        reasons.append(point.non_finite)
     flags = []
-    worst_ms = (point.get("dispatch_delay_ms") or {}).get("max_ms")
+    worst_ms = point.dispatch_delay_ms.max_ms if point.dispatch_delay_ms else None
     if scenario == "server" and worst_ms is not None and worst_ms > bound_ms:
         flags.append(f"worst dispatch delay {worst_ms:.1f} ms is beyond the {bound_ms:g} ms bound: a batch was held "
                      "up by the harness (GIL, sleep overshoot) longer than the whole latency budget")

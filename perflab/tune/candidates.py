@@ -13,22 +13,14 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from perflab import options
-from perflab.bottlenecks import LAUNCH_OVERHEAD, NO_CLEAR_BOTTLENECK
+from perflab.bottlenecks import NO_CLEAR_BOTTLENECK
 from perflab.config import RunConfig
 from perflab.environment import usable_cpus  # noqa: F401  (where the tune driver reads it)
+from perflab.levers.compile import MODES as COMPILE_MODE_HINTS  # each mode's cost_scale
 from perflab.workloads import load_workload
 
 UNSURE_BELOW = 0.7  # a verdict less confident than this: try the next most likely levers too
 BATCH_LEVER = "batch-size"  # not a lever of perflab.levers: searched only with --tune-batch
-TORCH_PREFETCH_DEFAULT = 2  # DataLoader's prefetch_factor when none is given
-# What a compile mode's trial adds to a plain one, relative to compile=default's measured addition (no constant
-# before anything has compiled: the first compile trial is the measurement, and its time limit is the budget left).
-# max-autotune's 15x: on the H100, ResNet-50 infer at batch 256 spent 24-26 s compiling in default mode and had not
-# finished max-autotune after 224 s, nor, in another run, after 263 s (over 11x).
-COMPILE_SCALE = {"default": 1.0, "reduce-overhead": 1.5, "max-autotune": 15.0}
-# Warm-up steps a compile mode needs before its steps are steady: the first compiles; with CUDA graphs
-# (reduce-overhead, max-autotune) Inductor warms up on the second call and records on the third.
-COMPILE_WARMUP = {"default": 2, "reduce-overhead": 3, "max-autotune": 3}
 
 ONCE, LADDER, ALTERNATIVES, BATCH = "once", "ladder", "alternatives", "batch"
 # A ladder stops after this many rungs in a row that did not win, not at the first: on the H100, driving at
@@ -57,6 +49,7 @@ class Candidate:
     value: Any
     search: str  # once | ladder | alternatives | batch
     also: tuple[tuple[str, Any], ...] = ()  # options changed with it (checkpointing with a larger batch: one pair)
+    warmup: int = 0  # the warm-up steps its value needs before its steps are steady (ValueHints.warmup)
 
     @property
     def lever(self) -> str:
@@ -71,7 +64,10 @@ class Candidate:
         return f"{self.lever}={'default' if self.value is None else self.value}"
 
     def apply(self, cfg: RunConfig) -> RunConfig:
-        return cfg.replace(**{self.option: self.value, **dict(self.also)})
+        """cfg with the candidate's option changed, and at least the warm-up its value needs (a compile mode's
+        compilation, and with CUDA graphs their recording, stays out of the timed steps)."""
+        changed = cfg.replace(**{self.option: self.value, **dict(self.also)})
+        return changed.replace(warmup=self.warmup) if changed.warmup < self.warmup else changed
 
 
 def _field(finding: Any, name: str) -> Any:
@@ -125,38 +121,39 @@ def predicted_gain_pct(share_pct: Optional[float]) -> Optional[float]:
     return 100 * (1 / (1 - share) - 1)
 
 
-def worker_ladder(current: int, cpu_count: int) -> list[int]:
-    """DataLoader worker counts to try above `current`: 2, 4, 8, ... and last the CPU count itself (a loader-bound
-    main process mostly waits for the workers): 2, 4, 8, 16 on 16 CPUs, 2, 4, 8, 12 on 12; 1 on one CPU."""
-    if cpu_count <= 1:
-        return [1] if current < 1 else []
-    values, workers = [], 2
-    while workers < cpu_count:
-        values.append(workers)
-        workers *= 2
-    values.append(cpu_count)
-    return [n for n in values if n > current]
+def ladder_rungs(lever: Any, current: Any, cpu_count: int) -> list[int]:
+    """The rungs of the lever's ladder (TuneHints.ladder) above the current value, or above what an unset option
+    means (TuneHints.unset_means)."""
+    floor = current if current is not None else lever.tune.unset_means
+    return [n for n in lever.tune.ladder(cpu_count) if floor is None or n > floor]
 
 
-def compile_modes(proposal: Proposal, best: RunConfig) -> list[str]:
-    """The torch.compile modes to try, in order: default first (it measures what compiling costs); on CUDA
-    then CUDA graphs (reduce-overhead) first where launching is the finding, else max-autotune first (better
-    kernels for a compute- or memory-bound step; it captures CUDA graphs too)."""
-    if best.device != "cuda":
-        return ["default"]
-    if proposal.source == LAUNCH_OVERHEAD:
-        return ["default", "reduce-overhead", "max-autotune"]
-    return ["default", "max-autotune", "reduce-overhead"]
+def ordered_values(lever: Any, proposal: Proposal, best: RunConfig) -> list[Any]:
+    """The lever's values (TuneHints.values) in the order to try them: the first leads; then those that lead for
+    the proposal's bottleneck class; then the rest as declared. Off CUDA, the values tried on CUDA only are left out."""
+    first, *rest = lever.tune.values
+    rest = [value for value in rest if best.device == "cuda" or not lever.tune.hints_for(value).cuda_only]
+    return [first, *sorted(rest, key=lambda value: proposal.source not in lever.tune.hints_for(value).leads_for)]
+
+
+def covered_by_kept(candidate: Candidate, lever: Any, best: RunConfig) -> Optional[str]:
+    """Why the candidate's value adds nothing to the value its option holds in the best (ValueHints.covered_by:
+    compile=reduce-overhead after a kept max-autotune), or None."""
+    if lever is None:
+        return None
+    kept = getattr(best, candidate.option)
+    why = dict(lever.tune.hints_for(candidate.value).covered_by).get(kept)
+    return f"{candidate.option.replace('_', '-')}={kept} (kept) {why}" if why else None
 
 
 def compile_trial_cost_s(mode: str, plain_trial_s: float, measured_extra_s: Optional[float]) -> Optional[float]:
-    """Expected wall time of a trial in a compile mode: a plain trial plus what compiling adds, scaled by
-    COMPILE_SCALE from what a compile=default trial measurably added (its compilation and warm-up; the trials
-    share the Inductor caches, so a configuration compiled before costs less). Before any compile was measured:
-    a plain trial for default (its trial is the measurement, stopped at the budget left), None (unknown) for the
-    other modes."""
+    """Expected wall time of a trial in a compile mode: a plain trial plus what compiling adds, scaled by the
+    mode's cost_scale (perflab/levers/compile.py) from what a compile=default trial measurably added (its
+    compilation and warm-up; the trials share the Inductor caches, so a configuration compiled before costs less).
+    Before any compile was measured: a plain trial for default (its trial is the measurement, stopped at the budget
+    left), None (unknown) for the other modes."""
     if measured_extra_s is not None:
-        return plain_trial_s + measured_extra_s * COMPILE_SCALE[mode]
+        return plain_trial_s + measured_extra_s * COMPILE_MODE_HINTS[mode].cost_scale
     return plain_trial_s if mode == "default" else None
 
 
@@ -168,7 +165,8 @@ def compile_over_budget(mode: str, plain_s: float, extra_s: Optional[float], lef
                 "did not finish")
     if cost <= left_s:
         return None
-    basis = (f"{COMPILE_SCALE[mode]:g}x the {extra_s:.0f} s that compile=default added to a {plain_s:.0f} s trial"
+    scale = COMPILE_MODE_HINTS[mode].cost_scale
+    basis = (f"{scale:g}x the {extra_s:.0f} s that compile=default added to a {plain_s:.0f} s trial"
              if extra_s is not None else f"a {plain_s:.0f} s trial")
     return f"needs about {cost:.0f} s ({basis}) and {left_s:.0f} s of the budget is left"
 
@@ -176,7 +174,7 @@ def compile_over_budget(mode: str, plain_s: float, extra_s: Optional[float], lef
 @dataclass
 class CompileCost:
     """What compiling adds to a trial, once compile=default's first trial measured it: the estimate of every later
-    compile trial (COMPILE_SCALE per mode)."""
+    compile trial (each mode's cost_scale)."""
 
     plain_trial_s: Optional[float] = None  # the trial compile=default was read against
     extra_s: Optional[float] = None  # what compile=default's trial took beyond it
@@ -199,19 +197,13 @@ class CompileCost:
 def expand(proposal: Proposal, lever: Any, best: RunConfig, cpu_count: int) -> list[Candidate]:
     """The candidates a lever stands for: its one value, or the values of a numeric or mode search."""
     current = getattr(best, lever.option)
-    if lever.option == "workers":
-        return [Candidate(proposal, "workers", n, LADDER) for n in worker_ladder(current, cpu_count)]
-    if lever.option == "prefetch_factor":
-        return [Candidate(proposal, "prefetch_factor", n, LADDER) for n in (4, 8)
-                if n > (current or TORCH_PREFETCH_DEFAULT)]
-    if lever.option == "compile":
-        return [Candidate(proposal, "compile", mode, ALTERNATIVES) for mode in compile_modes(proposal, best)
-                if mode != current]
+    if lever.tune.ladder is not None:
+        return [Candidate(proposal, lever.option, n, LADDER) for n in ladder_rungs(lever, current, cpu_count)]
     if lever.tune.values:
-        return [Candidate(proposal, lever.option, value, ALTERNATIVES) for value in lever.tune.values
-                if value != current]
-    if lever.option == "pin_memory" and best.pin_memory is None and best.device == "cuda":
-        return []  # unset means pinned on CUDA already: the candidate would measure the same config
+        return [Candidate(proposal, lever.option, value, ALTERNATIVES, warmup=lever.tune.hints_for(value).warmup)
+                for value in ordered_values(lever, proposal, best) if value != current]
+    if lever.option == "pin_memory" and best.pins_memory(best.device):
+        return []  # pinned already (unset means pinned on CUDA): the candidate would measure the same config
     if lever.value is None or lever.is_active(best):
         return []
     return [Candidate(proposal, lever.option, lever.value, ONCE)]

@@ -455,8 +455,8 @@ class Tuner:
             reason = ordering.replaces_kept(candidate.option, candidate.value, self.best_cfg, self.start)
         if reason is None and candidate.option == "compile" and estimate_cost:
             reason = self._compile_over_budget(candidate.value)
-        if reason is None and candidate.value == "reduce-overhead" and self.best_cfg.compile == "max-autotune":
-            reason = "compile=max-autotune (kept) already captures CUDA graphs"
+        if reason is None:
+            reason = search.covered_by_kept(candidate, self.levers.get(candidate.lever), self.best_cfg)
         if reason is not None:
             self._refuse(candidate.label, candidate.lever, reason)
             return False
@@ -480,12 +480,8 @@ class Tuner:
     # ------------------------------------------------------------------------------------------ one trial
 
     def candidate_config(self, candidate: search.Candidate) -> RunConfig:
-        """The best with the candidate applied (a compile mode gets the warm-up its compilation needs)."""
-        cfg = candidate.apply(self.best_cfg)
-        if candidate.option == "compile" and cfg.warmup < search.COMPILE_WARMUP[candidate.value]:
-            # compilation (and, with CUDA graphs, their recording) must stay out of the timed steps
-            cfg = cfg.replace(warmup=search.COMPILE_WARMUP[candidate.value])
-        return cfg
+        """The best with the candidate applied (with the warm-up its value needs: a compile mode's compilation)."""
+        return candidate.apply(self.best_cfg)
 
     def trial_config(self, cfg: RunConfig) -> RunConfig:
         """A candidate runs with the quality gate on; --quality strict halves the tolerance of its precision."""

@@ -43,12 +43,13 @@ def serve_figures(result: Result) -> dict[str, Any]:
     record = serve_record(result)
     peak = record.max_qps
     at_peak = next((point for point in reversed(record.points)
-                    if point.get("passed") and point.get("offered_qps") == peak), None) or {}
+                    if point.passed and point.offered_qps == peak), None)
+    delay = at_peak.dispatch_delay_ms if at_peak else None
     return {"max_qps": peak, "resolution_pct": resolution_pct(result),
-            "p99_ms": (at_peak.get("latency_ms") or {}).get("p99"), "achieved_qps": at_peak.get("achieved_qps"),
-            "batch_fill_pct": at_peak.get("batch_fill_pct"), "single_query_ms": record.single_query_ms,
-            "dispatch_delay_p99_ms": (at_peak.get("dispatch_delay_ms") or {}).get("p99_ms"),
-            "harness_late_points": sum(bool(point.get("harness_late")) for point in record.points),
+            "p99_ms": at_peak.p99_ms if at_peak else None, "achieved_qps": at_peak.achieved_qps if at_peak else None,
+            "batch_fill_pct": at_peak.batch_fill_pct if at_peak else None, "single_query_ms": record.single_query_ms,
+            "dispatch_delay_p99_ms": delay.p99_ms if delay else None,
+            "harness_late_points": sum(bool(point.harness_late) for point in record.points),
             "search_skipped": (record.search or {}).get("skipped"),
             "quality": (result.quality or {}).get("verdict")}
 
