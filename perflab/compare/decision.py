@@ -387,12 +387,11 @@ def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFE
     unsteady = widen_by_spread(metrics[0], spreads) if spreads else None
     decision, reasons = decide(metrics[0], cand.quality, min_effect_pct)
     contaminated = contamination(base, cand)
-    if unsteady is not None:
+    if unsteady is not None and metrics[0].significant:  # larger than the spread: the verdict stands, and says so
         warnings.append("UNSTEADY: " + unsteady)
-        if metrics[0].significant:  # larger than the spread: the verdict stands, and says what it was weighed against
-            reasons.append(unsteady)
-        else:
-            contaminated.append(unsteady)
+        reasons.append(unsteady)
+    elif unsteady is not None:  # inside it: noisy, warned and refused as a busy machine is
+        contaminated.append(unsteady)
     if contaminated:
         warnings.append("NOISY MEASUREMENT: " + "; ".join(contaminated))
         quality_failed = (cand.quality or {}).get("verdict") == "fail"  # a quality failure is not noise

@@ -1,12 +1,13 @@
 """Was the machine busy with other work while a trial ran? CPU time of other processes, GPU neighbours.
 
 Timings taken beside another busy process are not clean, and a low spread does not prove they are (a
-steady neighbour slows every trial alike). So around each trial perflab reads, from /proc, how much CPU
-time processes other than this run's used on the CPUs this run may use (all of them unless it is pinned: a
-neighbour pinned to other cores, one job per GPU on a shared host, does not take its cores) (its own: this process and its children, the DataLoader workers,
-and in a multi-GPU run the launcher's other ranks), and from NVML, which other processes hold the GPU; plus the
-1-minute load average against the core count. A run whose trials saw more than BUSY_CORES of other CPU work, or
-another process on its GPU, is marked `busy` and says so.
+steady neighbour slows every trial alike). So around each trial perflab reads, from /proc: how much CPU time
+processes other than this run's (this process, its children such as DataLoader workers, and in a multi-GPU run the
+launcher's other ranks) used on the CPUs this run may use (all of them unless it is pinned: a neighbour pinned to
+other cores, one job per GPU on a shared host, does not take its cores); how many other tasks stayed runnable
+through the trial; and how long the timing process waited for a CPU. From NVML: which other processes hold the GPU;
+plus the 1-minute load average against the core count. A trial that crossed any threshold below is marked `busy`,
+and the run says so.
 """
 from __future__ import annotations
 
