@@ -165,8 +165,8 @@ class Session:
                   if hasattr(engine, "non_finite_outputs"))
         if bad:
             point.non_finite = (f"the model's outputs hold {bad} NaN/inf value(s) in the point's last batch: "
-                                   "timings of a diverged model are not meaningful (check the weights, the inputs "
-                                   "and the precision; fp16 overflows at 65504)")
+                                "timings of a diverged model are not meaningful (check the weights, the inputs "
+                                "and the precision; fp16 overflows at 65504)")
             self.non_finite = point.non_finite
 
 
