@@ -200,6 +200,8 @@ def test_a_20_ms_trial_is_not_called_busy_on_the_two_ticks_a_tick_counter_can_mi
     clock = iter([50.0, 50.02])
     monkeypatch.setattr(interference, "_total_busy_ticks", lambda cpus=None: next(totals))
     monkeypatch.setattr(interference, "_processes", lambda: {})
+    monkeypatch.setattr(interference, "runnable_tasks", lambda: None)  # the tick count alone: not this machine's
+    monkeypatch.setattr(interference, "run_queue_wait_ns", lambda: None)  # other signals, whatever runs beside
     monkeypatch.setattr(interference.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(interference, "CLOCK_TICKS", 100)
     probe = LoadProbe(None)
