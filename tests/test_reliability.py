@@ -399,3 +399,28 @@ def test_other_tasks_runnable_through_a_trial_or_a_long_wait_for_a_cpu_make_it_b
     assert not TrialLoad(0.0, 0.0, run_queue_wait_share=0.1).busy
     record = summarize_load([TrialLoad(0.0, 0.0, others_runnable=3, seconds=0.01)])
     assert record.busy and record.others_runnable_max == 3
+
+
+@pytest.mark.parametrize("sibling_ticks,counted", [(0, True), (3, False)])
+def test_a_wait_for_a_cpu_while_a_sibling_rank_ran_is_not_called_other_work(monkeypatch, sibling_ticks, counted):
+    # tune --nproc 2 on 2 cores: each rank waited ~40% of a trial for the other rank, and every trial read "busy"
+    from perflab.harness import interference
+    me, sibling, launcher = os.getpid(), 424242, 424241
+    tables = iter([{me: (launcher, 100), sibling: (launcher, 50), launcher: (1, 5)},
+                   {me: (launcher, 150), sibling: (launcher, 50 + sibling_ticks), launcher: (1, 5)}])
+    monkeypatch.setenv(LAUNCHER_PID_ENV, str(launcher))
+    monkeypatch.setattr(interference, "_processes", lambda: next(tables))
+    monkeypatch.setattr(interference, "_total_busy_ticks", lambda cpus=None: None)
+    monkeypatch.setattr(interference, "runnable_tasks", lambda: None)
+    waits = iter([0, 500_000_000])  # half of a 1-s trial spent waiting for a CPU
+    monkeypatch.setattr(interference, "run_queue_wait_ns", lambda: next(waits))
+    clock = iter([10.0, 11.0])
+    monkeypatch.setattr(interference.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(interference, "CLOCK_TICKS", 100)
+    monkeypatch.setattr(interference, "gpu_neighbours", lambda index, own: [])
+    probe = LoadProbe(None)
+    probe.cores, probe.cpus = 4, None
+    probe.begin()
+    load = probe.end()
+    assert (load.run_queue_wait_share is not None) is counted
+    assert load.busy is counted

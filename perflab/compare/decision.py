@@ -29,6 +29,7 @@ import numpy as np
 from perflab.config import MIN_EFFECT_PCT, numerics_fields
 from perflab.cost import cost_per_million
 from perflab.errors import PerflabError
+from perflab.harness.interference import busy_reasons
 from perflab.harness.stats import NO_INTERVAL, RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
 from perflab.results.metrics import Flops, Gpu
 from perflab.results import Result, read_json_object, resolve_result_path, validate, write_json_atomic
@@ -336,9 +337,7 @@ def contamination(base: Result, cand: Result) -> list[str]:
     for side, result in (("base", base), ("candidate", cand)):
         record = result.metrics.interference
         if record is not None and record.busy:
-            found.append(f"the {side} ran on a busy machine (other processes: up to "
-                         f"{record.other_cpu_cores_max or 0:.1f} CPU cores"
-                         f"{', GPU pids ' + str(record.gpu_neighbours) if record.gpu_neighbours else ''})")
+            found.append(f"the {side} ran on a busy machine ({'; '.join(busy_reasons(record)) or 'busy trials'})")
         if result.status != "complete":
             found.append(f"the {side} is marked {result.status}: {result.status_reason}")
         if result.metrics.steady is False and result.metrics.throughput_samples_per_s.range_pct is None:

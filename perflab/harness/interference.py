@@ -29,6 +29,7 @@ QUANTISATION_TICKS = 2
 # /proc/self/task/*/schedstat, in ns: exact for a 20-ms trial, where ticks are not) above which, while this run's own
 # processes did not fill its cores, another process held them. Pinned to one core beside two spinners, a 30-ms loop
 # waited 53% of its time; alone, 0.1-11% (its own threads).
+# Only read while no other process of this run used CPU in the trial (its wait could be for them).
 RUN_QUEUE_BUSY_SHARE = 0.3
 OWN_FILL = 0.9  # this run's processes using this share of its cores: its waits may be its own (workers, threads)
 # Other tasks runnable at both ends of a trial (the kernel's procs_running, less this run's own runnable threads),
@@ -216,10 +217,12 @@ class LoadProbe:
         self._start: tuple[Optional[int], int, float] = (None, 0, 0.0)
         self._waited_before: Optional[int] = None
         self._others_before: Optional[int] = None
+        self._own_before: dict[int, int] = {}
 
     def begin(self) -> None:
         processes = _processes()
         own = _job_pids(processes)
+        self._own_before = {pid: processes[pid][1] for pid in own if pid in processes}
         self._start = (_total_busy_ticks(self.cpus), _own_ticks(processes, own), time.monotonic())
         self._waited_before = run_queue_wait_ns()
         self._others_before = self._others_runnable(own)
@@ -231,6 +234,13 @@ class LoadProbe:
             return None
         not_ours = self.cores - len(self.cpus) if self.cpus is not None else 0
         return max(0, running - own_runnable_tasks(own) - not_ours)
+
+    def _siblings_ran(self, processes: dict[int, tuple[int, int]], own: set[int]) -> bool:
+        """Whether another of this run's processes (a sibling rank, a DataLoader worker) used CPU during the trial:
+        then the timing process may have waited for its own run, and its wait tells nothing of other work (tune
+        --nproc 2 on 2 cores had its trials "busy" from each rank waiting for the other)."""
+        me = os.getpid()
+        return any(processes[pid][1] > self._own_before.get(pid, 0) for pid in own if pid != me and pid in processes)
 
     def end(self) -> TrialLoad:
         waited_after = run_queue_wait_ns()
@@ -247,7 +257,8 @@ class LoadProbe:
         own_cores = (own_after - own_before) / CLOCK_TICKS / seconds
         waited = None
         if self._waited_before is not None and waited_after is not None and \
-                own_cores < OWN_FILL * len(self.cpus or range(self.cores)):
+                own_cores < OWN_FILL * len(self.cpus or range(self.cores)) and \
+                not self._siblings_ran(processes, own):
             waited = (waited_after - self._waited_before) / 1e9 / seconds
         others_after = self._others_runnable(own)
         others = (min(self._others_before, others_after)
@@ -284,10 +295,8 @@ def summarize_load(loads: list[TrialLoad]) -> Interference:
     )
 
 
-def busy_note(record: Optional[Interference]) -> Optional[str]:
-    """One line for the run's notes when the machine was busy, else None."""
-    if record is None or not record.busy:
-        return None
+def busy_reasons(record: Interference) -> list[str]:
+    """What made the run's record busy, one phrase per signal that crossed its threshold."""
     parts = []
     if record.other_cpu_cores_max is not None and record.other_cpu_cores_max > BUSY_CORES:
         parts.append(f"other processes used up to {record.other_cpu_cores_max:.1f} CPU cores")
@@ -297,6 +306,14 @@ def busy_note(record: Optional[Interference]) -> Optional[str]:
         parts.append(f"the timing process waited for a CPU {record.run_queue_wait_max:.0%} of a trial")
     if record.gpu_neighbours:
         parts.append(f"other processes on the GPU: pids {', '.join(map(str, record.gpu_neighbours))}")
+    return parts
+
+
+def busy_note(record: Optional[Interference]) -> Optional[str]:
+    """One line for the run's notes when the machine was busy, else None."""
+    if record is None or not record.busy:
+        return None
+    parts = busy_reasons(record)
     trials = ", ".join(str(i + 1) for i in record.busy_trials)
     return (f"the machine was busy during trial(s) {trials} ({'; '.join(parts)}): these timings are not clean; "
             "compare declines to call changes significant on such runs unless --accept-noisy")
