@@ -3,6 +3,7 @@ model's prediction, and the levers for exposed communication on a ~1B-parameter 
 
     BENCH_DISTRIBUTED_PART=scaling python -m benchmarks.bench_distributed --out DIR     # ~4 min on 2 H100s
     BENCH_DISTRIBUTED_PART=levers  python -m benchmarks.bench_distributed --out DIR     # ~5 min
+    BENCH_DISTRIBUTED_PART=tune python -m benchmarks.bench_distributed --out DIR        # tune at the most GPUs
     BENCH_DISTRIBUTED_PART=compile python -m benchmarks.bench_distributed --out DIR     # ~3 min
     BENCH_DISTRIBUTED_PART=after python -m benchmarks.bench_distributed --out DIR       # scaling with the levers on
     BENCH_DISTRIBUTED_PART=issue12 python -m benchmarks.bench_distributed --out DIR     # issue 12's experiments
@@ -24,6 +25,9 @@ scaling,levers, which needs two calls' worth: run one part per call.
 - after: `perflab scale --nproc 1,2` of the transformer size=1b with the levers of `levers` on (DDP and FSDP2): the
   unprofiled scaling efficiency after the levers, against the same 1-GPU point (the levers need ranks: scale's
   1-rank point drops them)
+- tune: `perflab tune --nproc N` (N: the largest of BENCH_DISTRIBUTED_NPROC) from the transformer size=1b under each
+  wrapper of BENCH_DISTRIBUTED_WRAPPERS with no lever on, BENCH_DISTRIBUTED_TUNE_BUDGET each (default 150s): which
+  levers it screened and kept, and its speedup
 - compile: the FSDP2 "after" with per-block compile (--fsdp-compile-blocks), profiled the same way
 - issue12: resnet50 DDP at bucket sizes 1, 25, 100 MiB profiled, and the planted collectives-bound case
 - fixtures: small 2-rank profiles recorded for tests/fixtures/traces/ranks (each rank's trace and rank 0's
@@ -39,6 +43,7 @@ printed last sums the part up.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -60,7 +65,7 @@ from perflab.sweep.scale import at_rank_counts, run_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 AREA = "distributed"
-PARTS = ("scaling", "levers", "after", "compile", "issue12", "fixtures")
+PARTS = ("scaling", "levers", "after", "tune", "compile", "issue12", "fixtures")
 PROFILE = CaptureOptions(wait=2, warmup=2, active=3, record_shapes=False, gzip=True)
 FIXTURE_PROFILE = CaptureOptions(wait=1, warmup=1, active=2, record_shapes=True, gzip=True)
 PLANTED = str(ROOT / "tests" / "planted" / "big_gradients.py") + ":build"
@@ -286,6 +291,38 @@ def part_after(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
                 [transformer.replace(parallel="fsdp", fsdp_param_dtype="bf16")])
 
 
+def tune_budget() -> str:
+    """BENCH_DISTRIBUTED_TUNE_BUDGET: the budget of each tune in the tune part (default 150s)."""
+    return os.environ.get("BENCH_DISTRIBUTED_TUNE_BUDGET", "150s")
+
+
+def part_tune(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
+    """`perflab tune --nproc N` from the transformer with no lever on, under each wrapper: does it find the levers?"""
+    ranks = max(rank_counts())
+    for wrapper in wrappers():
+        name = f"tune {wrapper} at {ranks}"
+        tune_dir = out / f"tune-{wrapper}-{ranks}"
+        shutil.rmtree(tune_dir, ignore_errors=True)
+        began = time.time()
+        code = perflab_main(["tune", "--workload", "transformer", "--option", "size=1b", "--batch", "4",
+                             "--precision", "bf16", "--device", "cuda", "--nproc", str(ranks), "--parallel", wrapper,
+                             "--budget", tune_budget(), "--out", str(tune_dir)])
+        try:
+            record = json.loads((tune_dir / "tune.json").read_text())
+        except (OSError, ValueError) as err:
+            rows.add(name, "status", None, note=f"exit {code}, no tune.json: {err}"[:300])
+            continue
+        screened = ", ".join(f"{item['label']} {item['screened_gain_pct']:+.0f}%" for item in record["screened"]
+                             if item.get("screened_gain_pct") is not None)
+        kept = ", ".join(record["kept"]) or "nothing"
+        rows.add(name, "speedup", record["speedup"], "x",
+                 note=f"{record['start']['throughput']:.1f} -> {record['best']['throughput']:.1f} samples/s; kept: "
+                      f"{kept}; screened: {screened}; {record['trials']} trials in {record['spent_s']:.0f} of "
+                      f"{record['budget_s']:.0f} s; exit {code}; {time.time() - began:.0f}s"[:600])
+        rows.add(name, "stop", None, note=record["stop_reason"][:400])
+        summary.add(f"{name}: kept {kept}", ranks, record["best"]["throughput"])
+
+
 def part_compile(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
     """The FSDP2 levers with each block compiled before sharding (one graph for 20 identical blocks)."""
     fsdp = transformer_1b(quick).replace(nproc=2, trials=1, parallel="fsdp", rank_timeout_s=600.0)
@@ -331,14 +368,15 @@ def part_fixtures(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
 def run(out: Path, quick: bool, parts: Optional[list[str]] = None) -> list[dict]:
     parts = parts or selected_parts()
     rows = Rows(AREA, out)
-    needed = max(rank_counts()) if {"scaling", "after"} & set(parts) else 2
+    needed = max(rank_counts()) if {"scaling", "after", "tune"} & set(parts) else 2
     if torch.cuda.device_count() < needed:
         rows.add("(area)", "status", None, note=f"needs {needed} GPUs, {torch.cuda.device_count()} visible")
         return rows.rows
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     summary = Summary()
-    steps = {"scaling": part_scaling, "levers": part_levers, "after": part_after, "compile": part_compile,
+    steps = {"scaling": part_scaling, "levers": part_levers, "after": part_after, "tune": part_tune,
+             "compile": part_compile,
              "issue12": part_issue12, "fixtures": part_fixtures}
     for part in parts:
         began = time.time()
