@@ -60,7 +60,7 @@ from perflab.cli import main as perflab_main
 from perflab.diagnose.collectives import exposed_share_pct
 from perflab.pipeline import profile_run, resolve_config
 from perflab.profile.capture import CaptureOptions
-from perflab.sweep.predict import PredictConfig
+from perflab.sweep.predict import PredictConfig, Prediction
 from perflab.sweep.scale import at_rank_counts, run_scale
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,19 +117,20 @@ class ModelCheck:
     def __init__(self) -> None:
         self.lines: list[tuple[str, ...]] = []
 
-    def add(self, name: str, predictions: list[dict[str, Any]]) -> None:
+    def add(self, name: str, predictions: list[Prediction]) -> None:
         """The predictions of one scale run: each recipe's row at its largest measured count past 2 GPUs."""
-        largest: dict[str, dict[str, Any]] = {}
-        for row in predictions:
-            if row["gpus"] > 2 and row.get("measured_efficiency_pct") is not None:
-                if row["gpus"] >= largest.get(row["parallel"], {}).get("gpus", 0):
-                    largest[row["parallel"]] = row
-        for parallel, row in largest.items():
-            measured = row["measured_efficiency_pct"]
-            self.lines.append((name, parallel, str(row["gpus"]), pct(measured), pct(row["efficiency_pct"]),
-                               f"{row['efficiency_pct'] - measured:+.1f} points",
-                               pct(row.get("efficiency_without_tax_pct")), f"{row.get('overlap_tax_ms') or 0:.2f}",
-                               row.get("overlap_tax") or "none"))
+        largest: dict[str, Prediction] = {}
+        for prediction in predictions:
+            if prediction.gpus > 2 and prediction.measured_efficiency_pct is not None:
+                kept = largest.get(prediction.parallel)
+                if kept is None or prediction.gpus >= kept.gpus:
+                    largest[prediction.parallel] = prediction
+        for parallel, prediction in largest.items():
+            measured = prediction.measured_efficiency_pct
+            self.lines.append((name, parallel, str(prediction.gpus), pct(measured), pct(prediction.efficiency_pct),
+                               f"{prediction.efficiency_pct - measured:+.1f} points",
+                               pct(prediction.efficiency_without_tax_pct), f"{prediction.overlap_tax_ms or 0:.2f}",
+                               prediction.overlap_tax or "none"))
 
     def print(self) -> None:
         if not self.lines:
@@ -192,31 +193,30 @@ def scaling(rows: Rows, summary: Summary, out: Path, name: str, base: list[RunCo
         rows.add(name, "status", None, note=f"failed: {type(err).__name__}: {err}"[:300])
         return
     for row in result.rows:
-        label = f"{name} {row['label']}"
-        if row["status"] != "ok":
-            rows.add(label, "status", None, note=f"{row['status']}: {row.get('error')}"[:300])
+        label = f"{name} {row.label}"
+        if not row.ok:
+            rows.add(label, "status", None, note=f"{row.status}: {row.error}"[:300])
             continue
-        rows.add(label, "throughput", row["throughput"], "samples/s")
-        if row["world_size"] > 1:
-            rows.add(label, "scaling_efficiency", row["efficiency_pct"], "%",
-                     note=f"throughput({row['world_size']}) / ({row['world_size']} x throughput(1))")
+        rows.add(label, "throughput", row.throughput, "samples/s")
+        if row.world_size > 1:
+            rows.add(label, "scaling_efficiency", row.efficiency_pct, "%",
+                     note=f"throughput({row.world_size}) / ({row.world_size} x throughput(1))")
         else:
-            summary.add(f"{name} 1 GPU", 1, row["throughput"])
+            summary.add(f"{name} 1 GPU", 1, row.throughput)
     for prediction in result.predictions:
-        label = f"{name} {prediction['parallel']} predicted at {prediction['gpus']}"
-        measured = prediction.get("measured_efficiency_pct")
-        rows.add(label, "predicted_efficiency", prediction["efficiency_pct"], "%",
-                 note=(f"step {prediction['step_ms']:.1f} ms, exposed {prediction['exposed_ms']:.2f} ms, "
-                       f"{prediction['nodes']} x {prediction['gpus_per_node']} GPUs at {prediction['busbw_gbps']:.0f} "
-                       f"GB/s, overlap tax {prediction.get('overlap_tax_ms') or 0:.2f} ms ("
-                       f"{prediction.get('overlap_tax')})" + (f"; measured {measured:.1f}%" if measured is not None
-                                                             else "")))
-        if prediction["gpus"] in rank_counts():
-            throughput = next((row["throughput"] for row in result.rows if row["world_size"] == prediction["gpus"]
-                               and row["status"] == "ok" and row["config"].get("parallel") == prediction["parallel"]),
-                              None)
-            summary.add(f"{name} {prediction['parallel']}", prediction["gpus"], throughput, measured, None,
-                        prediction["efficiency_pct"])
+        label = f"{name} {prediction.parallel} predicted at {prediction.gpus}"
+        measured = prediction.measured_efficiency_pct
+        rows.add(label, "predicted_efficiency", prediction.efficiency_pct, "%",
+                 note=(f"step {prediction.step_ms:.1f} ms, exposed {prediction.exposed_ms:.2f} ms, "
+                       f"{prediction.nodes} x {prediction.gpus_per_node} GPUs at {prediction.busbw_gbps:.0f} "
+                       f"GB/s, overlap tax {prediction.overlap_tax_ms or 0:.2f} ms ("
+                       f"{prediction.overlap_tax})" + (f"; measured {measured:.1f}%" if measured is not None
+                                                       else "")))
+        if prediction.gpus in rank_counts():
+            throughput = next((row.throughput for row in result.rows if row.world_size == prediction.gpus
+                               and row.ok and row.config.parallel == prediction.parallel), None)
+            summary.add(f"{name} {prediction.parallel}", prediction.gpus, throughput, measured, None,
+                        prediction.efficiency_pct)
     summary.model_check.add(name, result.predictions)
     for what, source in result.assumptions.items():
         rows.add(f"{name} scaling model", "assumption", None, note=f"{what}: {source}"[:300])

@@ -18,28 +18,27 @@ from benchmarks.common import Rows, parse_args
 from perflab.compare import compare_paths
 from perflab.config import RunConfig
 from perflab.report.build import write_report
-from perflab.sweep import SweepObserver, SweepSummary, run_sweep
+from perflab.sweep import SweepObserver, SweepPoint, SweepSummary, run_sweep
 
 
 class PrintProgress(SweepObserver):
     def __init__(self, name: str):
         self.name = name
 
-    def point_finished(self, row, reused: bool) -> None:
-        value = f"{row['throughput']:.1f} samples/s, p95 {row['p95_ms']:.2f} ms" if row["status"] == "ok" \
-            else f"{row['status']}: {row.get('error')}"
-        print(f"[sweep] {self.name} {row['label']}: {value} ({row['elapsed_s']:.1f}s)", flush=True)
+    def point_finished(self, row: SweepPoint, reused: bool) -> None:
+        value = f"{row.throughput:.1f} samples/s, p95 {row.p95_ms:.2f} ms" if row.ok else f"{row.status}: {row.error}"
+        print(f"[sweep] {self.name} {row.label}: {value} ({row.elapsed_s or 0:.1f}s)", flush=True)
 
 
 def record(rows: Rows, name: str, summary: SweepSummary) -> None:
     for row in summary.rows:
-        if row["status"] == "ok":
-            rows.add(name, f"throughput {row['label']}", row["throughput"], "samples/s",
-                     f"p50 {row['p50_ms']:.2f} ms, p95 {row['p95_ms']:.2f} ms, peak {row['peak_memory_mb']:.0f} MiB")
+        if row.ok:
+            rows.add(name, f"throughput {row.label}", row.throughput, "samples/s",
+                     f"p50 {row.p50_ms:.2f} ms, p95 {row.p95_ms:.2f} ms, peak {row.peak_memory_mb:.0f} MiB")
         else:
-            rows.add(name, f"status {row['label']}", None, "", f"{row['status']}: {row.get('error')}")
+            rows.add(name, f"status {row.label}", None, "", f"{row.status}: {row.error}")
     if summary.best:
-        rows.add(name, "best point", summary.best["throughput"], "samples/s", summary.best["label"])
+        rows.add(name, "best point", summary.best.throughput, "samples/s", summary.best.label)
 
 
 def resnet50_sweep(out: Path, rows: Rows, small: bool) -> SweepSummary:
@@ -55,19 +54,18 @@ def resnet50_sweep(out: Path, rows: Rows, small: bool) -> SweepSummary:
     rows.add("resnet50_infer", "sweep wall time", time.perf_counter() - began, "s", f"{len(summary.rows)} points")
     record(rows, "resnet50_infer", summary)
     if summary.best_under_bound:
-        rows.add("resnet50_infer", "best with p95 <= 50 ms", summary.best_under_bound["throughput"], "samples/s",
-                 summary.best_under_bound["label"])
+        rows.add("resnet50_infer", "best with p95 <= 50 ms", summary.best_under_bound.throughput, "samples/s",
+                 summary.best_under_bound.label)
     return summary
 
 
 def resnet50_compare(summary: SweepSummary, out: Path, rows: Rows, batch: int) -> None:
     """fp32 vs bf16 + channels-last at one batch size, from the sweep's own point results."""
-    points = {row["params"]["precision"]: row for row in summary.rows
-              if row["status"] == "ok" and row["params"]["batch_size"] == batch}
+    points = {row.config.precision: row for row in summary.rows if row.ok and row.config.batch_size == batch}
     if not {"fp32", "bf16"} <= set(points):
         rows.add("resnet50_compare", "status", None, "", f"batch {batch} missing from the sweep")
         return
-    comparison = compare_paths(summary.out / points["fp32"]["dir"], summary.out / points["bf16"]["dir"])
+    comparison = compare_paths(summary.out / points["fp32"].dir, summary.out / points["bf16"].dir)
     target = out / "resnet50_compare"
     target.mkdir(parents=True, exist_ok=True)
     comparison.save(target)

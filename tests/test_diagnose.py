@@ -10,7 +10,7 @@ import pytest
 
 from perflab import RunConfig
 from perflab.cli import main
-from perflab.diagnose import CLASS_SLUGS, diagnose, diagnose_path, find_trace
+from perflab.diagnose import CLASS_SLUGS, Diagnosis, Finding, diagnose, diagnose_path, find_trace
 from perflab.diagnose.intervals import Intervals
 from perflab.diagnose.summary import kernel_kind, memcpy_kind
 from perflab.diagnose.trace import load_trace
@@ -82,10 +82,10 @@ def test_gpu_idle_while_the_loader_works_is_an_input_pipeline_bottleneck(tmp_pat
         events += [_x("user_annotation", "data", base, 700), _x("user_annotation", "forward", base + 700, 300),
                    launch(base + 710, 10 + i), kernel("volta_sgemm_128x64_nn", base + 720, 270, 10 + i)]
     diagnosis = diagnose(write_trace(tmp_path / "t.json", events))
-    idle = diagnosis.profile["gpu"]["idle_split_pct"]
+    idle = diagnosis.profile.gpu.idle_split_pct
     assert diagnosis.bottleneck == "input pipeline"
     assert idle["waiting for data"] == pytest.approx(70.0, abs=1.0)
-    assert diagnosis.profile["gpu"]["busy_pct"] == pytest.approx(27.0, abs=1.0)
+    assert diagnosis.profile.gpu.busy_pct == pytest.approx(27.0, abs=1.0)
     assert diagnosis.levers[0] == "workers"
 
 
@@ -102,10 +102,10 @@ def test_gaps_that_begin_inside_a_sync_call_are_blamed_on_the_sync(tmp_path):
                        _x("cuda_runtime", "cudaStreamSynchronize", t + 8, 99),
                        _x("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", t + 106, 1, tid=7, bytes=4)]
     diagnosis = diagnose(write_trace(tmp_path / "t.json", events))
-    gpu = diagnosis.profile["gpu"]
+    gpu = diagnosis.profile.gpu
     assert diagnosis.bottleneck == "host-device sync"
-    assert gpu["sync_calls_per_step"]["cudaStreamSynchronize"] == 5
-    assert gpu["idle_split_pct"]["host-device syncs"] > gpu["idle_split_pct"]["launch / framework overhead"]
+    assert gpu.sync_calls_per_step["cudaStreamSynchronize"] == 5
+    assert gpu.idle_split_pct["host-device syncs"] > gpu.idle_split_pct["launch / framework overhead"]
 
 
 def test_many_short_kernels_with_the_host_launching_are_launch_overhead(tmp_path):
@@ -120,7 +120,7 @@ def test_many_short_kernels_with_the_host_launching_are_launch_overhead(tmp_path
                        kernel("void at::native::vectorized_elementwise_kernel<4>", t + 17, 3, corr)]
     diagnosis = diagnose(write_trace(tmp_path / "t.json", events))
     assert diagnosis.bottleneck == "launch / framework overhead"
-    assert diagnosis.profile["gpu"]["short_kernel_count_pct"] == 100.0
+    assert diagnosis.profile.gpu.short_kernel_count_pct == 100.0
     assert diagnosis.levers[:2] == ["cuda-graphs", "compile"]
 
 
@@ -135,9 +135,9 @@ def test_pageable_copies_without_overlap_are_a_host_to_device_bottleneck(tmp_pat
                    _x("user_annotation", "forward", base + 800, 200), launch(base + 805, 60 + i),
                    kernel("reduce_kernel", base + 812, 150, 60 + i)]
     diagnosis = diagnose(write_trace(tmp_path / "t.json.gz", events))
-    copies = diagnosis.profile["gpu"]["memcpy_table"]
+    copies = diagnosis.profile.gpu.memcpy_table
     assert diagnosis.bottleneck == "host-to-device copies"
-    assert copies[0]["kind"] == "H2D pageable" and copies[0]["overlap_with_compute_pct"] == 0.0
+    assert copies[0].kind == "H2D pageable" and copies[0].overlap_with_compute_pct == 0.0
     assert "pin-memory" in diagnosis.levers and "uint8" in diagnosis.advice[0]
 
 
@@ -152,10 +152,10 @@ def test_busy_gpu_in_matmul_kernels_is_compute_bound_with_a_roofline_placement(t
                              "Input type": ["float", "float"]}},
                    kernel("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n", base + 5, 990, 70 + i, ext=ext)]
     diagnosis = diagnose(write_trace(tmp_path / "t.json", events))
-    row = diagnosis.profile["roofline"][0]
+    row = diagnosis.profile.roofline[0]
     assert diagnosis.bottleneck == "compute bound"
-    assert row["flops"] == pytest.approx(2 * 2 * 4096**3)
-    assert row["bound"] == "compute" and row["ceiling_source"].startswith("datasheet (H100)")
+    assert row.flops == pytest.approx(2 * 2 * 4096**3)
+    assert row.bound == "compute" and row.ceiling_source.startswith("datasheet (H100)")
 
 
 def test_a_busy_gpu_with_mixed_kernels_has_no_clear_bottleneck(tmp_path):
@@ -255,7 +255,35 @@ def test_gpu_split_starts_at_the_first_kernel_when_the_gpu_was_still_running_wor
     # the first kernel launched inside the capture (83 ms in the queue) is the one that tells
     diagnosis, _ = diagnose_path(FIXTURES / "gpu" / "compute__big_matmul.json.gz")
     profile = diagnosis.profile
-    assert profile["gpu"]["busy_pct"] == pytest.approx(100, abs=0.5)  # 76% before: 40 ms of pre-capture kernel as idle
-    assert profile["gpu_start_us"] > profile["start_us"] + 40_000
-    assert any("launched before the capture" in note for note in profile["notes"])
-    assert diagnosis.operators["ops"][0]["op"] == "aten::linear"  # the host's steps, before gpu_start_us, still count
+    assert profile.gpu.busy_pct == pytest.approx(100, abs=0.5)  # 76% before: 40 ms of pre-capture kernel as idle
+    assert profile.gpu_start_us > profile.start_us + 40_000
+    assert any("launched before the capture" in note for note in profile.notes)
+    assert diagnosis.operators.ops[0].op == "aten::linear"  # the host's steps, before gpu_start_us, still count
+
+
+def _saved_keys_kept(old, new) -> bool:
+    """Every key of an old saved dict (nested too) is in the new one, with the same value where it had one."""
+    if isinstance(old, dict):
+        return isinstance(new, dict) and all(key in new and _saved_keys_kept(value, new[key])
+                                             for key, value in old.items())
+    if isinstance(old, list):
+        return isinstance(new, list) and len(old) == len(new) and all(map(_saved_keys_kept, old, new))
+    return old is None or old == new
+
+
+def test_an_old_diagnosis_loads_as_records_and_saves_every_key_it_had():
+    # recorded before syncs, the operator view and expected gains were saved
+    saved = json.loads((FIXTURES / "gpu" / "h2d__pageable_inputs.result.json").read_text())["diagnosis"]
+    diagnosis = Diagnosis.from_dict(saved)
+    assert isinstance(diagnosis.findings[0], Finding) and diagnosis.findings[0].expected_gain_pct is None
+    assert diagnosis.profile.gpu.memcpy_table[0].kind.startswith("H2D")
+    assert diagnosis.profile.syncs.per_step == 0 and diagnosis.operators is None
+    assert _saved_keys_kept(saved, diagnosis.to_dict())
+    assert "## Diagnosis" in diagnosis_markdown(saved)
+
+
+def test_a_fresh_diagnosis_saves_as_plain_json_and_loads_back_equal(tmp_path):
+    diagnosis, _ = diagnose_path(FIXTURES / "gpu" / "sync__nonzero_router.json.gz")
+    saved = json.loads(json.dumps(diagnosis.to_dict()))
+    assert Diagnosis.from_dict(saved) == diagnosis
+    assert Diagnosis.from_dict(saved).operators.ops[0].op == diagnosis.operators.ops[0].op

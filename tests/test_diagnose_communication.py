@@ -68,9 +68,9 @@ def test_kinds_sizes_and_bus_bandwidth_of_the_collectives_of_a_step(tmp_path):
     profile = communication_profile(load_trace(_trace(tmp_path / "ddp.json", [(0, 4_000)], [ALL_REDUCE])))
     assert profile.exposed_share_pct == pytest.approx(30.0) and profile.group_size == 2
     all_reduce = profile.by_kind["all_reduce"]
-    assert all_reduce["calls_per_step"] == 1 and all_reduce["ms_per_step"] == pytest.approx(4.0)
-    assert all_reduce["mean_message_mb"] == pytest.approx(1e8 / 2**20)
-    assert all_reduce["busbw_gbps"] == pytest.approx(25.0)
+    assert all_reduce.calls_per_step == 1 and all_reduce.ms_per_step == pytest.approx(4.0)
+    assert all_reduce.mean_message_mb == pytest.approx(1e8 / 2**20)
+    assert all_reduce.busbw_gbps == pytest.approx(25.0)
 
 
 def _gathered(tmp_path, rank_traces) -> dict:
@@ -128,7 +128,7 @@ def test_gpu_idle_while_the_host_waits_in_an_fsdp_hook_is_communication_not_laun
     assert idle["launch / framework overhead"] == pytest.approx(0.0)
     diagnosis = diagnose(trace, _result("fsdp", _gathered(tmp_path, [trace, trace])))
     assert diagnosis.bottleneck == "collectives"
-    assert "launch / framework overhead" not in {finding["cls"] for finding in diagnosis.findings}
+    assert "launch / framework overhead" not in {finding.cls for finding in diagnosis.findings}
     # 1.5 ms of exposed NCCL + 5 ms of the host waiting in the hook = 65% of the step
     assert diagnosis.evidence["exposed_communication_pct_of_step"] == pytest.approx(65.0)
     assert diagnosis.evidence["collectives"]["all_gather"]["mean_message_mb"] == pytest.approx(4e7 / 2**20, rel=1e-2)

@@ -28,47 +28,47 @@ RECORD_HINT = ("GPU fixture not recorded yet: on an H100 run `python -m benchmar
 
 
 def finding(diagnosis, cls):
-    return next((f for f in diagnosis.findings if f["cls"] == cls), None)
+    return next((f for f in diagnosis.findings if f.cls == cls), None)
 
 
 # --- recorded traces --------------------------------------------------------------------------------------
 
 def test_item_syncs_on_a_recorded_gpu_trace_are_counted_per_step_by_op_and_runtime_call():
     diagnosis, _ = diagnose_path(GPU / "sync__item_after_layer.json.gz")
-    syncs = diagnosis.profile["syncs"]
-    assert syncs["per_step"] == 12
-    assert syncs["by_op_per_step"] == {"aten::item": 12}
-    assert syncs["by_call_per_step"] == {"cudaStreamSynchronize": 12}
-    assert syncs["by_phase_per_step"] == {"forward": 12} and syncs["in_model_per_step"] == 12
+    syncs = diagnosis.profile.syncs
+    assert syncs.per_step == 12
+    assert syncs.by_op_per_step == {"aten::item": 12}
+    assert syncs.by_call_per_step == {"cudaStreamSynchronize": 12}
+    assert syncs.by_phase_per_step == {"forward": 12} and syncs.in_model_per_step == 12
 
 
 def test_the_harness_synchronize_after_the_profiled_steps_is_not_a_step_sync():
     # every recorded GPU trace ends with the trial's cudaDeviceSynchronize, after the last ProfilerStep
     for trace in GPU.glob("*.json.gz"):
         diagnosis, _ = diagnose_path(trace)
-        assert "cudaDeviceSynchronize" not in diagnosis.profile["syncs"]["by_call_per_step"], trace.name
+        assert "cudaDeviceSynchronize" not in diagnosis.profile.syncs.by_call_per_step, trace.name
 
 
 def test_blocking_pageable_input_copies_are_syncs_of_the_h2d_phase_not_a_sync_finding():
     diagnosis, _ = diagnose_path(GPU / "h2d__pageable_inputs.json.gz")
-    syncs = diagnosis.profile["syncs"]
-    assert syncs["by_op_per_step"] == {"aten::to": 2} and syncs["by_phase_per_step"] == {"h2d": 2}
+    syncs = diagnosis.profile.syncs
+    assert syncs.by_op_per_step == {"aten::to": 2} and syncs.by_phase_per_step == {"h2d": 2}
     assert diagnosis.bottleneck == "host-to-device copies"
     assert finding(diagnosis, "host-device sync") is None
 
 
 def test_nonzero_per_block_on_a_cpu_trace_is_named_with_its_python_function():
     diagnosis, _ = diagnose_path(CPU / "sync__nonzero_router.json.gz")
-    syncs = diagnosis.profile["syncs"]
+    syncs = diagnosis.profile.syncs
     assert diagnosis.bottleneck == "host-device sync"
-    assert syncs["by_op_per_step"] == {"aten::nonzero": 12}
-    assert list(syncs["by_python_per_step"]) == ["nonzero_router.py(18): forward"]
+    assert syncs.by_op_per_step == {"aten::nonzero": 12}
+    assert list(syncs.by_python_per_step) == ["nonzero_router.py(18): forward"]
     assert "nonzero_static" in " ".join(diagnosis.advice)
 
 
 def test_cpu_copies_of_a_cpu_tensor_are_not_syncs_on_a_cpu_trace():
     diagnosis, _ = diagnose_path(CPU / "compute__cpu_sync_per_block.json.gz")
-    assert diagnosis.profile["syncs"]["per_step"] == 0
+    assert diagnosis.profile.syncs.per_step == 0
     assert finding(diagnosis, "host-device sync") is None
 
 
@@ -79,10 +79,10 @@ def test_recorded_gpu_sync_workloads_are_named_host_device_sync_without_cuda_gra
         pytest.skip(RECORD_HINT)
     diagnosis, _ = diagnose_path(trace)
     assert diagnosis.bottleneck == "host-device sync", diagnosis.headline
-    assert GPU_SYNC_FIXTURES[name] in diagnosis.profile["syncs"]["by_op_per_step"]
-    assert diagnosis.profile["syncs"]["by_python_per_step"]  # recorded with stacks
-    assert all("cuda-graphs" not in f["levers"] for f in diagnosis.findings)
-    idle = diagnosis.profile["gpu"]["idle_split_pct"]
+    assert GPU_SYNC_FIXTURES[name] in diagnosis.profile.syncs.by_op_per_step
+    assert diagnosis.profile.syncs.by_python_per_step  # recorded with stacks
+    assert all("cuda-graphs" not in f.levers for f in diagnosis.findings)
+    idle = diagnosis.profile.gpu.idle_split_pct
     expected = idle["host-device syncs"]
     if "gpu_idle_launching_pct" in diagnosis.evidence:  # the syncs hold the host in lockstep: launch idle too
         expected += idle["launch / framework overhead"]
@@ -96,7 +96,7 @@ def test_syncs_that_hold_the_host_in_lockstep_come_before_launch_overhead():
     assert diagnosis.bottleneck == "host-device sync"
     assert "remove the syncs first" in diagnosis.headline
     launch = finding(diagnosis, "launch / framework overhead")
-    assert launch is not None and launch["confidence"] <= diagnosis.confidence
+    assert launch is not None and launch.confidence <= diagnosis.confidence
 
 
 # --- issue 14: the DataLoader's own host work belongs to the input pipeline ----------------------------------
@@ -105,11 +105,11 @@ def test_item_calls_inside_the_dataloader_are_input_pipeline_work_not_step_syncs
     # `perflab profile --workload augment --batch 4 --steps 6 --warmup 2 --trials 2` on the CPU: per-sample
     # transforms call .item() 16 times per step inside DataLoader.__next__
     diagnosis, _ = diagnose_path(CPU / "input_pipeline__augment_cpu.json.gz")
-    syncs = diagnosis.profile["syncs"]
+    syncs = diagnosis.profile.syncs
     assert diagnosis.bottleneck == "input pipeline"
     assert finding(diagnosis, "host-device sync") is None
-    assert syncs["per_step"] == 0 and diagnosis.profile["host"]["item_calls_per_step"] == 0
-    assert syncs["in_loader_by_op_per_step"] == {"aten::item": 16}
+    assert syncs.per_step == 0 and diagnosis.profile.host.item_calls_per_step == 0
+    assert syncs.in_loader_by_op_per_step == {"aten::item": 16}
     assert diagnosis.evidence["loader_host_ops_per_step"] == {"aten::item": 16}
 
 
@@ -123,9 +123,9 @@ def test_a_gpu_sync_inside_dataloader_next_is_not_charged_to_syncs(tmp_path):
                    _x("user_annotation", "forward", base + 600, 400), launch(base + 610, 10 + i),
                    kernel("ampere_sgemm_64x64_nn", base + 620, 370, 10 + i)]
     diagnosis = diagnose(write_trace(tmp_path / "t.json", events))
-    assert diagnosis.profile["syncs"]["per_step"] == 0
-    assert diagnosis.profile["syncs"]["in_loader_per_step"] == 1
-    assert diagnosis.profile["gpu"]["idle_split_pct"]["host-device syncs"] == 0
+    assert diagnosis.profile.syncs.per_step == 0
+    assert diagnosis.profile.syncs.in_loader_per_step == 1
+    assert diagnosis.profile.gpu.idle_split_pct["host-device syncs"] == 0
 
 
 # --- synthetic GPU traces shaped like kineto's ---------------------------------------------------------------
@@ -154,11 +154,11 @@ def cpu_copy_per_block(tmp_path: Path, blocks: int = 5, sync_name: str = "cudaSt
 
 def test_idle_after_a_cpu_copy_is_charged_to_the_sync_even_when_the_gpu_idled_before_it(tmp_path):
     diagnosis = diagnose(cpu_copy_per_block(tmp_path))
-    idle = diagnosis.profile["gpu"]["idle_split_pct"]
-    syncs = diagnosis.profile["syncs"]
+    idle = diagnosis.profile.gpu.idle_split_pct
+    syncs = diagnosis.profile.syncs
     assert diagnosis.bottleneck == "host-device sync", diagnosis.headline
-    assert syncs["by_op_per_step"] == {"aten::to": 5}  # one .cpu() is one sync, named after its outermost op
-    assert syncs["by_call_per_step"] == {"cudaMemcpyAsync (D2H pageable)": 5, "cudaStreamSynchronize": 5}
+    assert syncs.by_op_per_step == {"aten::to": 5}  # one .cpu() is one sync, named after its outermost op
+    assert syncs.by_call_per_step == {"cudaMemcpyAsync (D2H pageable)": 5, "cudaStreamSynchronize": 5}
     assert idle["host-device syncs"] > idle["launch / framework overhead"]
     assert ".cpu()" in diagnosis.advice[0]
 
@@ -167,14 +167,14 @@ def test_the_cpu_copy_case_was_launch_overhead_before_idle_was_charged_from_the_
     # Charged from the sync call alone (the old split), the GPU idle before cudaStreamSynchronize went to
     # launching; from the start of the op that synced, it goes to the sync.
     diagnosis = diagnose(cpu_copy_per_block(tmp_path))
-    idle = diagnosis.profile["gpu"]["idle_split_pct"]
+    idle = diagnosis.profile.gpu.idle_split_pct
     assert idle["host-device syncs"] > 80 and idle["launch / framework overhead"] < 5
-    assert all("cuda-graphs" not in f["levers"] for f in diagnosis.findings)
+    assert all("cuda-graphs" not in f.levers for f in diagnosis.findings)
 
 
 def test_event_synchronize_is_a_sync_source(tmp_path):
     diagnosis = diagnose(cpu_copy_per_block(tmp_path, sync_name="cudaEventSynchronize"))
-    assert diagnosis.profile["syncs"]["by_call_per_step"]["cudaEventSynchronize"] == 5
+    assert diagnosis.profile.syncs.by_call_per_step["cudaEventSynchronize"] == 5
 
 
 def test_nonzero_router_syncs_are_named_after_nonzero(tmp_path):
@@ -193,10 +193,10 @@ def test_nonzero_router_syncs_are_named_after_nonzero(tmp_path):
                           correlation=corr + 2),
                        _x("cuda_runtime", "cudaStreamSynchronize", t + 60, 14)]
     diagnosis = diagnose(write_trace(tmp_path / "t.json", events))
-    syncs = diagnosis.profile["syncs"]
+    syncs = diagnosis.profile.syncs
     assert diagnosis.bottleneck == "host-device sync"
-    assert syncs["by_op_per_step"] == {"aten::nonzero": 4}
-    assert syncs["by_call_per_step"] == {"cudaStreamSynchronize": 4}  # a copy into pinned memory does not block
+    assert syncs.by_op_per_step == {"aten::nonzero": 4}
+    assert syncs.by_call_per_step == {"cudaStreamSynchronize": 4}  # a copy into pinned memory does not block
 
 
 def test_an_explicit_synchronize_in_the_step_is_a_sync_without_an_op(tmp_path):
@@ -208,8 +208,8 @@ def test_an_explicit_synchronize_in_the_step_is_a_sync_without_an_op(tmp_path):
                    _x("cuda_runtime", "cudaDeviceSynchronize", base + 20, 292),
                    launch(base + 700, 20 + i), kernel("ampere_sgemm_64x64_nn", base + 705, 290, 20 + i)]
     diagnosis = diagnose(write_trace(tmp_path / "t.json", events))
-    syncs = diagnosis.profile["syncs"]
-    assert syncs["by_op_per_step"] == {EXPLICIT_SYNC: 1}
+    syncs = diagnosis.profile.syncs
+    assert syncs.by_op_per_step == {EXPLICIT_SYNC: 1}
     assert diagnosis.bottleneck == "host-device sync"
     assert "torch.cuda.synchronize()" in diagnosis.advice[0]
 
@@ -231,13 +231,13 @@ def _ddp_step(base, corr, user_sync=False):
 def test_ddps_runtime_logging_syncs_are_counted_apart_and_a_users_sync_in_its_forward_is_not(tmp_path):
     events = steps(2, 1000) + _ddp_step(0, 10) + _ddp_step(1000, 11)
     diagnosis = diagnose(write_trace(tmp_path / "ddp.json", events))
-    syncs = diagnosis.profile["syncs"]
-    assert syncs["per_step"] == 0 and syncs["framework_per_step"] == {DDP_LOGGING: 8}
+    syncs = diagnosis.profile.syncs
+    assert syncs.per_step == 0 and syncs.framework_per_step == {DDP_LOGGING: 8}
     assert finding(diagnosis, "host-device sync") is None
-    assert any("DDP's runtime-stats logging" in note for note in diagnosis.profile["notes"])
+    assert any("DDP's runtime-stats logging" in note for note in diagnosis.profile.notes)
     events = steps(2, 1000) + _ddp_step(0, 10, user_sync=True) + _ddp_step(1000, 11, user_sync=True)
-    syncs = diagnose(write_trace(tmp_path / "user.json", events)).profile["syncs"]
-    assert syncs["per_step"] == 1 and syncs["by_op_per_step"] == {EXPLICIT_SYNC: 1}  # after the first op: the model's
+    syncs = diagnose(write_trace(tmp_path / "user.json", events)).profile.syncs
+    assert syncs.per_step == 1 and syncs.by_op_per_step == {EXPLICIT_SYNC: 1}  # after the first op: the model's
 
 
 def test_a_sync_that_does_not_lead_is_a_secondary_finding_in_forward(tmp_path):
@@ -254,7 +254,7 @@ def test_a_sync_that_does_not_lead_is_a_secondary_finding_in_forward(tmp_path):
     diagnosis = diagnose(write_trace(tmp_path / "t.json", events))
     sync = finding(diagnosis, "host-device sync")
     assert diagnosis.bottleneck == "launch / framework overhead"
-    assert sync is not None and sync["confidence"] < 0.5
+    assert sync is not None and sync.confidence < 0.5
     assert "cuda-graphs" not in diagnosis.levers  # a CUDA graph cannot capture a step that syncs
     assert any("cannot capture" in advice for advice in diagnosis.advice)
 
@@ -265,8 +265,8 @@ def test_a_sync_that_does_not_lead_is_a_secondary_finding_in_forward(tmp_path):
 def test_every_finding_carries_an_expected_gain_between_0_and_100(trace):
     diagnosis, _ = diagnose_path(trace)
     for f in diagnosis.findings:
-        assert 0.0 <= f["expected_gain_pct"] <= 100.0 and f["gain_basis"], f
-    assert diagnosis.expected_gain_pct == diagnosis.findings[0]["expected_gain_pct"]
+        assert 0.0 <= f.expected_gain_pct <= 100.0 and f.gain_basis, f
+    assert diagnosis.expected_gain_pct == diagnosis.findings[0].expected_gain_pct
 
 
 @pytest.mark.parametrize("name, cause", [
@@ -274,7 +274,7 @@ def test_every_finding_carries_an_expected_gain_between_0_and_100(trace):
     ("launch__tiny_ops", "launch / framework overhead")])
 def test_the_top_findings_gain_is_the_gpu_idle_it_explains(name, cause):
     diagnosis, _ = diagnose_path(GPU / f"{name}.json.gz")
-    assert diagnosis.expected_gain_pct == pytest.approx(diagnosis.profile["gpu"]["idle_split_pct"][cause], abs=0.1)
+    assert diagnosis.expected_gain_pct == pytest.approx(diagnosis.profile.gpu.idle_split_pct[cause], abs=0.1)
     assert diagnosis.expected_gain_pct > 30
 
 
@@ -333,8 +333,8 @@ def test_live_gpu_runs_of_the_planted_sync_workloads_are_host_device_sync(tmp_pa
     _, diagnosis, _ = profile_run(cfg.workload, cfg, tmp_path, CaptureOptions(wait=1, warmup=1, active=2,
                                                                                with_stack=True))
     assert diagnosis.bottleneck == "host-device sync", diagnosis.headline
-    assert op in diagnosis.profile["syncs"]["by_op_per_step"]
-    assert all("cuda-graphs" not in f["levers"] for f in diagnosis.findings)
+    assert op in diagnosis.profile.syncs.by_op_per_step
+    assert all("cuda-graphs" not in f.levers for f in diagnosis.findings)
 
 
 def test_pageable_copies_longer_than_the_data_wait_rank_ahead_of_the_input_pipeline(tmp_path):
@@ -348,8 +348,8 @@ def test_pageable_copies_longer_than_the_data_wait_rank_ahead_of_the_input_pipel
                    _x("user_annotation", "forward", base + 850, 150), launch(base + 852, 60 + i),
                    kernel("ampere_sgemm_64x64_nn", base + 858, 140, 60 + i)]
     diagnosis = diagnose(write_trace(tmp_path / "t.json", events))
-    confidences = {f["cls"]: f["confidence"] for f in diagnosis.findings}
+    confidences = {f.cls: f.confidence for f in diagnosis.findings}
     # the copies take longer than the data wait (435 vs 400 µs): copies vs input puts the copies ahead
     assert confidences["host-to-device copies"] == 0.95 and confidences["input pipeline"] < 0.95
     assert diagnosis.bottleneck == "host-to-device copies"
-    assert [f["cls"] for f in diagnosis.findings][:2] == ["host-to-device copies", "input pipeline"]
+    assert [f.cls for f in diagnosis.findings][:2] == ["host-to-device copies", "input pipeline"]

@@ -22,6 +22,7 @@ from perflab.diagnose import diagnose
 from perflab.diagnose.trace import load_trace
 from perflab.diagnose.communication import communication_profile, is_nccl_kernel
 from perflab.distributed.launch import check_launch, rank_failure, torchrun_argv
+from perflab.sweep import SweepPoint
 from perflab.sweep.scale import at_rank_counts, scaling_rows, single_rank
 from perflab.errors import PerflabError
 from perflab.harness.data import first_batches, make_loader
@@ -147,13 +148,13 @@ def test_multi_node_flags_pass_through_to_torchrun():
 
 
 def test_scaling_efficiency_is_throughput_over_n_times_one_rank():
-    base = {"status": "ok", "config": {"batch_size": 8, "nnodes": 1}}
-    rows = [dict(base, label="1", params={"nproc": 1}, throughput=100.0),
-            dict(base, label="2", params={"nproc": 2}, throughput=190.0),
-            dict(base, label="4", params={"nproc": 4}, throughput=300.0)]
-    scaled = scaling_rows(rows)
-    assert [row["efficiency_pct"] for row in scaled] == pytest.approx([100.0, 95.0, 75.0])
-    assert [row["per_rank_throughput"] for row in scaled] == pytest.approx([100.0, 95.0, 75.0])
+    points = [SweepPoint(status="ok", label=str(nproc), params={"nproc": nproc}, throughput=throughput,
+                         config=RunConfig(batch_size=8, nproc=nproc)) for nproc, throughput in ((1, 100.0), (2, 190.0),
+                                                                                               (4, 300.0))]
+    scaled = scaling_rows(points)
+    assert [row.world_size for row in scaled] == [1, 2, 4]
+    assert [row.efficiency_pct for row in scaled] == pytest.approx([100.0, 95.0, 75.0])
+    assert [row.per_rank_throughput for row in scaled] == pytest.approx([100.0, 95.0, 75.0])
     assert single_rank(RunConfig(nproc=2, parallel="fsdp", grad_accum=2)) == RunConfig(grad_accum=2)
 
 

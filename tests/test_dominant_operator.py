@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from perflab import RunConfig
-from perflab.diagnose import diagnose
+from perflab.diagnose import Finding, diagnose
 from perflab.diagnose.dominant_operator import group_operators, op_key
 from perflab.diagnose.operator_facts import OPERATOR_FACTS, fact_for
+from perflab.diagnose.operators import OperatorRow
 from perflab.pipeline import profile_run, resolve_config
 from perflab.profile.capture import CaptureOptions
 from tests.test_diagnose import _x, kernel, launch, steps, write_trace
@@ -27,9 +28,9 @@ def _profile(tmp_path, workload: str, with_stack: bool = True, **changes):
     return diagnosis
 
 
-def _dominant(diagnosis) -> list[dict]:
-    return [f for f in diagnosis.findings if "operator_fact" in f["evidence"]
-            or "share_of_device_time_pct" in f["evidence"]]
+def _dominant(diagnosis) -> list[Finding]:
+    return [f for f in diagnosis.findings if "operator_fact" in f.evidence
+            or "share_of_device_time_pct" in f.evidence]
 
 
 # --- the operator facts -----------------------------------------------------------------------------------------
@@ -65,9 +66,10 @@ def test_a_forward_op_and_its_backward_node_share_one_key():
     assert op_key("aten::sort") == op_key("SortBackward0")
 
 
-def _row(op, share, module="blocks.*", line=None, gflop=0.0, bound="unknown", pct=None):
-    return {"op": op, "share_pct": share, "ms_per_step": share / 10, "module": module, "line": line,
-            "gflop_per_step": gflop, "bound": bound, "pct_of_roof": pct}
+def _row(op, share, module="blocks.*", line=None, gflop=0.0, bound="unknown", pct=None) -> OperatorRow:
+    return OperatorRow(op=op, module=module, line=line, calls_per_step=1.0, ms_per_step=share / 10, share_pct=share,
+                       mean_us=100.0, gflop_per_step=gflop, mb_per_step=0.0, dtype="float", achieved_tflops=0.0,
+                       achieved_gbps=0.0, intensity_flop_per_byte=None, bound=bound, pct_of_roof=pct)
 
 
 def test_forward_and_backward_rows_of_one_family_add_up_and_matmuls_are_left_to_the_compute_rules():
@@ -76,7 +78,7 @@ def test_forward_and_backward_rows_of_one_family_add_up_and_matmuls_are_left_to_
                               _row("AddmmBackward0", 15), _row("aten::relu", 5)])
     assert [group.key for group in groups] == ["bicubic interpolation"]
     assert groups[0].share_pct == 39
-    assert groups[0].where == {"module": "blocks.*", "line": "model.py(12): forward"}
+    assert groups[0].where == ("blocks.*", "model.py(12): forward")
 
 
 # --- a dominant odd op outranks the TF32 finding (a hand-built GPU trace) ----------------------------------------
@@ -111,15 +113,15 @@ def _bicubic_beside_fp32_matmuls(tmp_path, bicubic_us: float, matmul_us: float) 
 
 def test_a_dominant_bicubic_upsample_outranks_the_fp32_matmul_finding(tmp_path):
     diagnosis = diagnose(_bicubic_beside_fp32_matmuls(tmp_path, bicubic_us=450, matmul_us=340))
-    summaries = [f["summary"] for f in diagnosis.findings]
+    summaries = [f.summary for f in diagnosis.findings]
     bicubic = next(i for i, s in enumerate(summaries) if s.startswith("bicubic interpolation"))
     fp32 = next(i for i, s in enumerate(summaries) if s.startswith("fp32 matmuls/convs with TF32 off"))
     assert bicubic < fp32
     assert diagnosis.headline.startswith("bicubic interpolation")
     finding = diagnosis.findings[bicubic]
-    assert finding["evidence"]["pct_of_roofline"] is not None and finding["evidence"]["pct_of_roofline"] < 50
+    assert finding.evidence["pct_of_roofline"] is not None and finding.evidence["pct_of_roofline"] < 50
     # the gain is what bilinear would not cost: 70% of the operator's share of the step
-    assert finding["expected_gain_pct"] == pytest.approx(0.7 * finding["evidence"]["share_of_step_pct"], abs=0.2)
+    assert finding.expected_gain_pct == pytest.approx(0.7 * finding.evidence["share_of_step_pct"], abs=0.2)
 
 
 def test_a_small_odd_op_is_no_finding_of_its_own(tmp_path):
@@ -177,64 +179,64 @@ def test_launches_mostly_from_the_model_keep_graphs_and_compile_first(tmp_path):
 def test_bicubic_upsampling_is_named_with_its_module_line_share_and_the_bilinear_fix(tmp_path):
     diagnosis = _profile(tmp_path, "bicubic_decoder.py", batch_size=8)
     finding = _dominant(diagnosis)[0]
-    evidence = finding["evidence"]
+    evidence = finding.evidence
     assert evidence["operator_fact"] == "bicubic interpolation"
     assert set(evidence["ops"]) == {"aten::upsample_bicubic2d", "UpsampleBicubic2DBackward0"}
     assert evidence["module"] == "Decoder"
     assert "bicubic_decoder.py(" in evidence["line"]
     assert evidence["share_of_device_time_pct"] >= 20
-    assert "bilinear" in finding["advice"][0] and "Decoder" in finding["advice"][0]
-    assert f"{evidence['share_of_device_time_pct']:.0f}% of the CPU op time" in finding["summary"]
-    assert diagnosis.headline == finding["summary"]
+    assert "bilinear" in finding.advice[0] and "Decoder" in finding.advice[0]
+    assert f"{evidence['share_of_device_time_pct']:.0f}% of the CPU op time" in finding.summary
+    assert diagnosis.headline == finding.summary
 
 
 def test_bilinear_upsampling_in_the_fixed_decoder_is_no_bicubic_finding(tmp_path):
     diagnosis = _profile(tmp_path, "bicubic_decoder.py", batch_size=8, workload_options={"fixed": "1"})
-    assert not [f for f in _dominant(diagnosis) if f["evidence"].get("operator_fact") == "bicubic interpolation"]
+    assert not [f for f in _dominant(diagnosis) if f.evidence.get("operator_fact") == "bicubic interpolation"]
 
 
 def test_a_full_sort_for_the_k_best_is_named_with_topk(tmp_path):
     finding = _dominant(_profile(tmp_path, "sort_topk.py", batch_size=64))[0]
-    assert finding["evidence"]["operator_fact"] == "full sort"
-    assert finding["evidence"]["module"] == "TopScores"
-    assert "torch.topk" in finding["advice"][0]
+    assert finding.evidence["operator_fact"] == "full sort"
+    assert finding.evidence["module"] == "TopScores"
+    assert "torch.topk" in finding.advice[0]
 
 
 def test_topk_in_the_fixed_model_is_not_told_to_use_topk(tmp_path):
     diagnosis = _profile(tmp_path, "sort_topk.py", batch_size=64, workload_options={"fixed": "1"})
-    assert not any("torch.topk" in advice for f in _dominant(diagnosis) for advice in f["advice"])
+    assert not any("torch.topk" in advice for f in _dominant(diagnosis) for advice in f.advice)
 
 
 def test_embedding_rows_pooled_with_index_add_are_named_with_embedding_bag(tmp_path):
     finding = _dominant(_profile(tmp_path, "index_add_scatter.py", batch_size=8))[0]
     # on one CPU thread the embedding's backward or index_add leads, by a little: both scatter into rows
-    assert finding["evidence"]["operator_fact"] in ("embedding backward", "scatter and index accumulation")
-    assert set(finding["evidence"]["ops"]) & {"aten::index_add", "EmbeddingBackward0"}
-    assert "EmbeddingBag" in finding["advice"][0]
-    assert any("use_deterministic_algorithms" in advice for advice in finding["advice"])
+    assert finding.evidence["operator_fact"] in ("embedding backward", "scatter and index accumulation")
+    assert set(finding.evidence["ops"]) & {"aten::index_add", "EmbeddingBackward0"}
+    assert "EmbeddingBag" in finding.advice[0]
+    assert any("use_deterministic_algorithms" in advice for advice in finding.advice)
 
 
 def test_hand_written_gqa_with_a_causal_mask_gets_sdpa_with_is_causal_and_enable_gqa(tmp_path):
     diagnosis = _profile(tmp_path, "gqa_attention.py", batch_size=2, workload_options={"size": 64})
-    finding = next(f for f in diagnosis.findings if "hand-written attention" in f["summary"])
-    evidence = finding["evidence"]
+    finding = next(f for f in diagnosis.findings if "hand-written attention" in f.summary)
+    evidence = finding.evidence
     assert evidence["kv_repeat"] == "aten::repeat_interleave" and evidence["query_heads_per_kv_head"] == 4
     assert evidence["causal_mask_builder"] == "aten::triu" and evidence["mask_applier"] == "aten::masked_fill"
-    assert "grouped-query" in finding["summary"] and "causal mask" in finding["summary"]
-    assert "scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)" in finding["advice"][0]
-    assert any("torch >= 2.5" in advice for advice in finding["advice"])
+    assert "grouped-query" in finding.summary and "causal mask" in finding.summary
+    assert "scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)" in finding.advice[0]
+    assert any("torch >= 2.5" in advice for advice in finding.advice)
 
 
 def test_plain_hand_attention_gets_plain_sdpa(tmp_path):
     diagnosis = _profile(tmp_path, "hand_attention.py", batch_size=2, workload_options={"size": 64})
-    finding = next(f for f in diagnosis.findings if "hand-written attention" in f["summary"])
-    assert "scaled_dot_product_attention(q, k, v)" in finding["advice"][0]
-    assert finding["evidence"]["kv_repeat"] is None and not finding["evidence"]["fp32_softmax"]
+    finding = next(f for f in diagnosis.findings if "hand-written attention" in f.summary)
+    assert "scaled_dot_product_attention(q, k, v)" in finding.advice[0]
+    assert finding.evidence["kv_repeat"] is None and not finding.evidence["fp32_softmax"]
 
 
 def test_the_fixed_gqa_attention_is_no_hand_written_attention(tmp_path):
     diagnosis = _profile(tmp_path, "gqa_attention.py", batch_size=2, workload_options={"size": 64, "fixed": "1"})
-    assert not [f for f in diagnosis.findings if "hand-written attention" in f["summary"]]
+    assert not [f for f in diagnosis.findings if "hand-written attention" in f.summary]
 
 
 def test_adam_over_hundreds_of_small_tensors_counts_the_optimizer_launches_and_puts_foreach_first(tmp_path):

@@ -21,8 +21,8 @@ def test_sweep_records_a_real_cuda_out_of_memory_and_goes_on(tmp_path):
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()
-    assert [row["status"] for row in summary.rows] == ["ok", "oom", "ok"]
-    assert "out of memory" in summary.rows[1]["error"].lower()
+    assert [point.status for point in summary.rows] == ["ok", "oom", "ok"]
+    assert "out of memory" in summary.rows[1].error.lower()
 
 
 @pytest.mark.cuda

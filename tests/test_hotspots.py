@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from perflab import RunConfig
-from perflab.diagnose import diagnose, diagnose_path
+from perflab.diagnose import Finding, diagnose, diagnose_path
 from perflab.pipeline import profile_run, resolve_config
 from perflab.profile.capture import CaptureOptions
 from perflab.report.operators import operators_markdown, top_ops_lines, top_ops_plot
@@ -23,9 +23,9 @@ CPU = HERE / "fixtures" / "traces" / "cpu"
 PLANTED = HERE / "planted"
 
 
-def _finding(diagnosis, text: str) -> dict:
-    found = [f for f in diagnosis.findings if text in f["summary"]]
-    assert found, f"no finding with {text!r} in {[f['summary'] for f in diagnosis.findings]}"
+def _finding(diagnosis, text: str) -> Finding:
+    found = [f for f in diagnosis.findings if text in f.summary]
+    assert found, f"no finding with {text!r} in {[f.summary for f in diagnosis.findings]}"
     return found[0]
 
 
@@ -34,25 +34,25 @@ def _finding(diagnosis, text: str) -> dict:
 def test_operator_view_maps_kernels_to_ops_and_modules_on_a_recorded_gpu_trace():
     diagnosis, _ = diagnose_path(GPU / "sync__nonzero_router.json.gz")
     view = diagnosis.operators
-    top = view["ops"][0]
-    assert view["time_source"] == "GPU kernels"
-    assert top["op"] == "aten::linear" and "Linear" in top["module"]
-    assert top["line"].startswith("tests/planted/nonzero_router.py(")
-    assert top["gflop_per_step"] > 0 and top["achieved_tflops"] > 0
-    assert top["bound"] in ("compute", "bandwidth", "latency")
-    assert view["unattributed_pct"] < 5
-    assert sum(row["share_pct"] for row in view["ops"]) <= 100.5
-    assert view["kernels"][0]["name"] == diagnosis.profile["gpu"]["kernel_table"][0]["name"]
-    assert {"avg_us", "med_us", "min_us", "max_us", "instances_per_step"} <= set(view["kernels"][0])
+    top = view.ops[0]
+    assert view.time_source == "GPU kernels"
+    assert top.op == "aten::linear" and "Linear" in top.module
+    assert top.line.startswith("tests/planted/nonzero_router.py(")
+    assert top.gflop_per_step > 0 and top.achieved_tflops > 0
+    assert top.bound in ("compute", "bandwidth", "latency")
+    assert view.unattributed_pct < 5
+    assert sum(row.share_pct for row in view.ops) <= 100.5
+    assert view.kernels[0].name == diagnosis.profile.gpu.kernel_table[0].name
+    assert {"avg_us", "med_us", "min_us", "max_us", "instances_per_step"} <= set(view.kernels[0].to_dict())
 
 
 def test_big_fp32_matmuls_sit_on_the_compute_roof():
     diagnosis, _ = diagnose_path(GPU / "compute__big_matmul.json.gz")
-    top = diagnosis.operators["ops"][0]
-    assert top["op"] == "aten::linear"
-    assert top["bound"] == "compute"
+    top = diagnosis.operators.ops[0]
+    assert top.op == "aten::linear"
+    assert top.bound == "compute"
     # two of its six kernels were launched before the capture began: no op to charge them to, and said so
-    assert top["share_pct"] + diagnosis.operators["unattributed_pct"] == pytest.approx(100, abs=0.5)
+    assert top.share_pct + diagnosis.operators.unattributed_pct == pytest.approx(100, abs=0.5)
 
 
 def test_top_ops_print_in_at_most_80_columns_and_render_to_markdown_and_a_chart(tmp_path):
@@ -77,57 +77,57 @@ def _profile(tmp_path, workload_file: str, **changes):
 def test_hand_written_attention_on_a_cpu_run_is_an_sdpa_finding_naming_the_module(tmp_path):
     diagnosis = _profile(tmp_path, "hand_attention.py", batch_size=2, workload_options={"size": 64})
     finding = _finding(diagnosis, "hand-written attention")
-    assert finding["evidence"]["module"] == "blocks.0"
-    assert finding["evidence"]["modules"] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
-    assert finding["evidence"]["occurrences_per_step"] == 4
-    assert "64x64" in finding["summary"]
-    assert "scaled_dot_product_attention" in finding["advice"][0]
-    assert 0 <= finding["expected_gain_pct"] <= finding["evidence"]["pattern_share_of_step_pct"]
-    assert diagnosis.operators["modules"][0]["module"].startswith("blocks.")
+    assert finding.evidence["module"] == "blocks.0"
+    assert finding.evidence["modules"] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    assert finding.evidence["occurrences_per_step"] == 4
+    assert "64x64" in finding.summary
+    assert "scaled_dot_product_attention" in finding.advice[0]
+    assert 0 <= finding.expected_gain_pct <= finding.evidence["pattern_share_of_step_pct"]
+    assert diagnosis.operators.modules[0].module.startswith("blocks.")
     # backward ops reach their forward op's module through autograd's sequence numbers
-    backward = [row for row in diagnosis.operators["ops"] if row["op"].endswith("Backward0")]
-    assert any(row["op"] == "BmmBackward0" and row["module"].startswith("blocks.") for row in backward)
+    backward = [row for row in diagnosis.operators.ops if row.op.endswith("Backward0")]
+    assert any(row.op == "BmmBackward0" and row.module.startswith("blocks.") for row in backward)
 
 
 def test_conv_bias_before_batch_norm_is_named(tmp_path):
     finding = _finding(_profile(tmp_path, "conv_bias_bn.py", batch_size=4), "convs with a bias feed batch norm")
-    assert "bias=False" in finding["advice"][0]
-    assert finding["confidence"] < 0.5  # a habit, never the verdict
+    assert "bias=False" in finding.advice[0]
+    assert finding.confidence < 0.5  # a habit, never the verdict
 
 
 def test_single_tensor_optimizer_is_named_with_the_fused_levers(tmp_path):
     finding = _finding(_profile(tmp_path, "single_tensor_adam.py", batch_size=8), "one tensor at a time")
-    assert finding["levers"][:2] == ["fused-optimizer", "foreach-optimizer"]
+    assert finding.levers[:2] == ["fused-optimizer", "foreach-optimizer"]
 
 
 def test_gradients_zeroed_instead_of_set_to_none_are_named(tmp_path):
     finding = _finding(_profile(tmp_path, "zeroed_grads.py", batch_size=8), "zeroed, not set to None")
-    assert "set_to_none=True" in finding["advice"][0]
+    assert "set_to_none=True" in finding.advice[0]
 
 
 def test_16_bit_matmuls_with_odd_dims_are_named_with_the_padding(tmp_path):
     finding = _finding(_profile(tmp_path, "odd_dims.py", batch_size=8, precision="bf16", mode="infer"),
                        "not a multiple of 8")
-    assert 250 in finding["evidence"]["odd_dims"]
-    assert "250 -> 256" in finding["advice"][0]
+    assert 250 in finding.evidence["odd_dims"]
+    assert "250 -> 256" in finding.advice[0]
 
 
 def test_extra_copies_in_forward_are_named(tmp_path):
     finding = _finding(_profile(tmp_path, "extra_copies.py", batch_size=256, mode="infer"), "tensor copies inside")
-    assert finding["evidence"]["module"] == "Copying"
-    assert finding["evidence"]["copies_per_step"] >= 12
+    assert finding.evidence["module"] == "Copying"
+    assert finding.evidence["copies_per_step"] >= 12
 
 
 def test_fp32_matmuls_are_named_on_cpu_as_a_note_and_never_the_verdict():
     diagnosis, _ = diagnose_path(CPU / "compute__big_matmul.json.gz")
     finding = _finding(diagnosis, "fp32 matmuls")
-    assert finding["confidence"] <= 0.45 and diagnosis.bottleneck == "compute bound"
+    assert finding.confidence <= 0.45 and diagnosis.bottleneck == "compute bound"
 
 
 def test_long_elementwise_chains_point_to_compile():
     diagnosis, _ = diagnose_path(CPU / "memory_bandwidth__elementwise_chain.json.gz")
     finding = _finding(diagnosis, "unfused elementwise chains")
-    assert finding["levers"][0] == "compile" and finding["cls"] == "memory bandwidth"
+    assert finding.levers[0] == "compile" and finding.cls == "memory bandwidth"
 
 
 def test_chains_of_tiny_ops_are_launch_overhead_not_bandwidth():
@@ -162,7 +162,7 @@ def test_torch_matcher_is_optional_and_its_matches_become_a_minor_finding(tmp_pa
     assert torch_patterns.save_torch_matches(object(), tmp_path) is not None
     trace = write_trace(tmp_path / "trace.json", steps(1, 100) + [_x("cpu_op", "aten::mm", 10, 50)])
     finding = _finding(diagnose(trace), "torch's anti-pattern matcher")
-    assert finding["evidence"]["matches_by_pattern"] == {"FP32 MatMul Pattern": 1}
+    assert finding.evidence["matches_by_pattern"] == {"FP32 MatMul Pattern": 1}
 
     class Broken(FakePattern):
         def matched_events(self):
@@ -204,18 +204,18 @@ def _lockstep_after_loss_sync(tmp_path, backward_kernel_us: float, forward_kerne
 
 def test_one_sync_per_step_in_the_loss_is_charged_its_lockstep_relaunch_and_named_by_line(tmp_path):
     diagnosis = diagnose(_lockstep_after_loss_sync(tmp_path, backward_kernel_us=15))
-    idle = diagnosis.profile["gpu"]["idle_split_pct"]
+    idle = diagnosis.profile.gpu.idle_split_pct
     assert diagnosis.bottleneck == "host-device sync"
     assert idle["host-device syncs"] > 4 * idle["launch / framework overhead"]
     assert "tolist_loss.py(17)" in diagnosis.headline and "aten::to" in diagnosis.headline
-    assert diagnosis.profile["syncs"]["per_step"] == 1
+    assert diagnosis.profile.syncs.per_step == 1
     assert diagnosis.evidence["syncs_by_module_per_step"] == {"loss": 1}
 
 
 def test_a_host_slower_than_the_gpu_keeps_its_launch_gaps_when_a_sync_is_present(tmp_path):
     # forward kernels of 5 µs: the GPU has little work, the host would not get ahead without the sync
     diagnosis = diagnose(_lockstep_after_loss_sync(tmp_path, backward_kernel_us=3, forward_kernel_us=5))
-    idle = diagnosis.profile["gpu"]["idle_split_pct"]
+    idle = diagnosis.profile.gpu.idle_split_pct
     assert idle["launch / framework overhead"] > idle["host-device syncs"]
 
 
@@ -238,7 +238,7 @@ def test_pageable_copies_with_workers_cap_pinning_at_the_pin_threads_own_copy():
     # cannot get shorter than that copy (on the H100 pin-memory measured -6% where the whole copy share was 78%)
     diagnosis, _ = diagnose_path(GPU / "h2d__pageable_workers.json.gz")
     gains = diagnosis.evidence["expected_gain_by_lever_pct"]
-    step, copy = diagnosis.profile["step_ms"], diagnosis.evidence["h2d_ms_per_step"]
+    step, copy = diagnosis.profile.step_ms, diagnosis.evidence["h2d_ms_per_step"]
     assert gains["pin-memory"] <= 100 * (1 - copy / step) + 0.1
     assert gains["uint8 inputs"] > gains["pin-memory"] and "uint8" in diagnosis.advice[0]
 
@@ -255,10 +255,10 @@ def test_when_the_loader_keeps_up_pageable_copies_outrank_the_data_wait(tmp_path
                    _x("user_annotation", "forward", base + 750, 250), launch(base + 760, corr + 1),
                    kernel("ampere_sgemm_64x64_nn", base + 770, 200, corr + 1)]
     diagnosis = diagnose(write_trace(tmp_path / "t.json", events))
-    by_class = {f["cls"]: f for f in diagnosis.findings}
+    by_class = {f.cls: f for f in diagnosis.findings}
     assert diagnosis.bottleneck == "host-to-device copies"
     assert "pin-memory" in diagnosis.levers[:2]
-    assert by_class["input pipeline"]["confidence"] < by_class["host-to-device copies"]["confidence"]
+    assert by_class["input pipeline"].confidence < by_class["host-to-device copies"].confidence
 
 
 # --- GPU traces of the planted pattern cases (benchmarks/bench_hotspots.py writes them) -------------------------
@@ -303,20 +303,20 @@ def test_pageable_copies_fed_by_workers_that_keep_up_recorded_on_the_h100_are_ho
 def test_fusing_a_training_chain_is_predicted_from_its_forward_passes_only():
     # on the H100 compile gave 28% on this training step, whose elementwise chains take 73% (forward and backward)
     diagnosis, _ = diagnose_path(GPU / "memory_bandwidth__elementwise_chain.json.gz")
-    chain = next(f for f in diagnosis.findings if "unfused elementwise chains" in f["summary"])
-    forward, whole = chain["evidence"]["forward_share_of_step_pct"], chain["evidence"]["chain_share_of_step_pct"]
+    chain = next(f for f in diagnosis.findings if "unfused elementwise chains" in f.summary)
+    forward, whole = chain.evidence["forward_share_of_step_pct"], chain.evidence["chain_share_of_step_pct"]
     assert forward < whole
-    assert chain["expected_gain_pct"] == pytest.approx(forward * (1 - 2 / chain["evidence"]["longest_chain_ops"]),
+    assert chain.expected_gain_pct == pytest.approx(forward * (1 - 2 / chain.evidence["longest_chain_ops"]),
                                                        abs=0.2)
     assert diagnosis.bottleneck == "memory bandwidth" and diagnosis.levers[0] == "compile"
-    assert diagnosis.expected_gain_pct == pytest.approx(chain["expected_gain_pct"], abs=0.2)
-    assert diagnosis.evidence["expected_gain_by_lever_pct"] == {"compile": pytest.approx(chain["expected_gain_pct"],
+    assert diagnosis.expected_gain_pct == pytest.approx(chain.expected_gain_pct, abs=0.2)
+    assert diagnosis.evidence["expected_gain_by_lever_pct"] == {"compile": pytest.approx(chain.expected_gain_pct,
                                                                                          abs=0.2)}
 
 
 def test_a_sync_that_holds_the_host_in_lockstep_proposes_its_removal_then_cuda_graphs():
     diagnosis, _ = diagnose_path(GPU / "sync__tolist_loss.json.gz")
-    idle = diagnosis.profile["gpu"]["idle_split_pct"]
+    idle = diagnosis.profile.gpu.idle_split_pct
     assert diagnosis.evidence["then_levers"] == ["cuda-graphs"]
     assert diagnosis.expected_gain_pct == pytest.approx(
         idle["host-device syncs"] + idle["launch / framework overhead"], abs=0.2)
@@ -325,6 +325,6 @@ def test_a_sync_that_holds_the_host_in_lockstep_proposes_its_removal_then_cuda_g
 def test_backward_nodes_are_placed_on_the_roofline_from_the_aten_ops_under_them():
     # a backward node records no shapes; its bmm calls sit two levels below it (under the node's own op)
     diagnosis, _ = diagnose_path(HERE / "fixtures" / "traces" / "patterns" / "hand_attention.json.gz")
-    rows = {row["op"]: row for row in diagnosis.operators["ops"]}
-    assert rows["BmmBackward0"]["mb_per_step"] > 0 and rows["BmmBackward0"]["bound"] == "compute"
-    assert rows["SoftmaxBackward0"]["mb_per_step"] > 0 and rows["SoftmaxBackward0"]["bound"] == "bandwidth"
+    rows = {row.op: row for row in diagnosis.operators.ops}
+    assert rows["BmmBackward0"].mb_per_step > 0 and rows["BmmBackward0"].bound == "compute"
+    assert rows["SoftmaxBackward0"].mb_per_step > 0 and rows["SoftmaxBackward0"].bound == "bandwidth"

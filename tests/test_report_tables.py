@@ -64,11 +64,11 @@ def test_compare_at_80_columns_keeps_columns_readable_and_the_quality_reason_who
 
 
 def sweep_summary(params: dict) -> "SweepSummary":
-    from perflab.sweep import SweepSummary
+    from perflab.sweep import SweepPoint, SweepSummary
 
-    rows = [{"index": i, "key": str(i), "label": " ".join(f"{k}={v}" for k, v in {**params, "batch": batch}.items()),
-             "params": {**params, "batch_size": batch}, "status": "ok", "throughput": 12345.6, "p50_ms": 12.34,
-             "p95_ms": 123.45, "peak_memory_mb": 23456.0, "mfu_pct": 45.6, "memory_kind": "GPU peak allocated"}
+    rows = [SweepPoint(index=i, key=str(i), label=" ".join(f"{k}={v}" for k, v in {**params, "batch": batch}.items()),
+                       params={**params, "batch_size": batch}, status="ok", throughput=12345.6, p50_ms=12.34,
+                       p95_ms=123.45, peak_memory_mb=23456.0, mfu_pct=45.6, memory_kind="GPU peak allocated")
             for i, batch in enumerate((8, 16, 32))]
     return SweepSummary(Path("runs/20261123-081307-sweep"), list(params) + ["batch_size"], rows, rows[2], None, None, {})
 

@@ -61,7 +61,7 @@ def test_synchronous_memcpy_and_memset_are_reported_with_their_python_frame():
 def test_a_step_without_allocator_sync_or_blocking_copies_has_no_runtime_api_finding():
     assert findings(RUNTIME / "clean.json") == (None, None)
     diagnosis, _ = diagnose_path(RUNTIME / "clean.json")
-    assert diagnosis.profile["runtime_api"]["kinds"] == {}
+    assert diagnosis.profile.runtime_api.kinds == {}
 
 
 def test_recorded_empty_cache_loss_on_a_gpu_is_allocator_churn_in_the_loss():
@@ -93,10 +93,10 @@ def test_recorded_gpu_fixtures_get_no_runtime_api_finding(trace):
 
 def test_syncs_and_pageable_copies_are_accounted_even_where_other_rules_report_them():
     diagnosis, _ = diagnose_path(FIXTURES / "gpu" / "sync__cpu_per_block.json.gz")
-    kinds = diagnosis.profile["runtime_api"]["kinds"]
-    assert kinds["sync API"]["calls_per_step"] == 12 and kinds["pageable async copy"]["calls_per_step"] == 12
-    assert list(kinds["sync API"]["by_caller_per_step"]) == ["tests/planted/cpu_sync_per_block.py(17): forward"]
-    assert diagnosis.profile["runtime_api"]["unclaimed"] is None
+    kinds = diagnosis.profile.runtime_api.kinds
+    assert kinds["sync API"].calls_per_step == 12 and kinds["pageable async copy"].calls_per_step == 12
+    assert list(kinds["sync API"].by_caller_per_step) == ["tests/planted/cpu_sync_per_block.py(17): forward"]
+    assert diagnosis.profile.runtime_api.unclaimed is None
 
 
 def test_a_cpu_trace_has_no_runtime_calls_and_the_rules_say_nothing(tmp_path):

@@ -1,13 +1,16 @@
 """The scaling model of `perflab scale --predict`: its arithmetic on hand-worked cases, and its inputs from a run."""
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
 from perflab.cli import main
+from perflab.config import RunConfig
 from perflab.errors import PerflabError
-from perflab.sweep.predict import (Interconnect, Link, PredictConfig, Recipe, StepBreakdown, breakdown_of,
-                                   interconnect, predict, predict_rows, recipe_of)
+from perflab.sweep.point import ScaleRow
+from perflab.sweep.predict import (Interconnect, Link, PredictConfig, Prediction, Recipe, StepBreakdown,
+                                   breakdown_of, interconnect, predict, predict_rows, recipe_of)
 
 # One GPU: forward 5 + backward 10 + optimizer 2 + other 1 = 18 ms; 25M parameters (100 MB of fp32 gradients).
 STEP = StepBreakdown(forward_ms=5.0, backward_ms=10.0, optimizer_ms=2.0, other_ms=1.0, parameters=25_000_000, units=4)
@@ -114,24 +117,38 @@ def _result(phases, parameters=25_000_000, layers=4):
 def test_the_one_gpu_breakdown_and_the_recipe_come_from_the_run():
     step = breakdown_of(_result({"forward": 5.0, "backward": 10.0, "optimizer": 2.0, "data_wait": 0.5, "h2d": 0.5}))
     assert step == STEP
-    recipe = recipe_of({"parallel": "fsdp", "fsdp_param_dtype": "bf16", "reshard_after_forward": False}, 4)
+    recipe = recipe_of(RunConfig(parallel="fsdp", fsdp_param_dtype="bf16", reshard_after_forward=False), 4)
     assert (recipe.param_dtype, recipe.reduce_dtype, recipe.kept_units) == ("bf16", "fp32", 4)
-    assert recipe_of({"parallel": "ddp", "ddp_comm_hook": "bf16", "ddp_bucket_mb": 50.0}, 4).gradient_dtype == "bf16"
+    assert recipe_of(RunConfig(parallel="ddp", ddp_comm_hook="bf16", ddp_bucket_mb=50.0), 4).gradient_dtype == "bf16"
 
 
 def test_predictions_sit_beside_the_measured_efficiency_of_the_same_recipe():
-    rows = [{"params": {"nproc": 1}, "status": "ok", "world_size": 1, "efficiency_pct": 100.0,
-             "config": {"parallel": "ddp"}},
-            {"params": {"nproc": 2}, "status": "ok", "world_size": 2, "efficiency_pct": 97.0,
-             "config": {"parallel": "ddp"}}]
+    rows = [ScaleRow(params={"nproc": gpus}, config=RunConfig(parallel="ddp", nproc=gpus), status="ok",
+                     world_size=gpus, efficiency_pct=efficiency) for gpus, efficiency in ((1, 100.0), (2, 97.0))]
     single = _result({"forward": 5.0, "backward": 10.0, "optimizer": 2.0, "other": 1.0})
     predicted = predict_rows(rows, {"g": single}, NETWORK, [8], lambda row: "g")
-    assert [(row["parallel"], row["gpus"]) for row in predicted] == [("ddp", 2), ("ddp", 8)]
-    assert predicted[0]["measured_efficiency_pct"] == 97.0 and predicted[1]["measured_efficiency_pct"] is None
+    assert [(prediction.parallel, prediction.gpus) for prediction in predicted] == [("ddp", 2), ("ddp", 8)]
+    assert predicted[0].measured_efficiency_pct == 97.0 and predicted[1].measured_efficiency_pct is None
     # the overlap tax is fitted at the measured 2-GPU point, so the prediction there reproduces it; the model
     # without the tax keeps its figure from the 1-GPU point alone
-    assert predicted[0]["efficiency_pct"] == pytest.approx(97.0)
-    assert predicted[0]["efficiency_without_tax_pct"] == pytest.approx(100 * 18 / 18.26)
+    assert predicted[0].efficiency_pct == pytest.approx(97.0)
+    assert predicted[0].efficiency_without_tax_pct == pytest.approx(100 * 18 / 18.26)
+    assert predicted[0].recipe == Recipe(parallel="ddp")
+
+
+def test_a_prediction_is_written_with_the_same_keys_and_an_old_one_still_loads():
+    prediction = predict(STEP, Recipe(), NETWORK, 2)
+    written = replace(prediction, recipe=Recipe(), measured_efficiency_pct=97.0).to_dict()
+    assert written["recipe"] == {"parallel": "ddp", "bucket_mb": 25.0, "gradient_dtype": "fp32",
+                                 "param_dtype": "fp32", "reduce_dtype": "fp32", "kept_units": 0}
+    assert Prediction.from_dict(written) == replace(prediction, recipe=Recipe(), measured_efficiency_pct=97.0)
+    # a scale.json from before the overlap tax: no tax figures, no recipe's newer settings
+    old = {name: value for name, value in written.items()
+           if name not in ("overlap_tax_ms", "efficiency_without_tax_pct", "overlap_tax")}
+    old["recipe"] = {"parallel": "ddp", "bucket_mb": 25.0}
+    loaded = Prediction.from_dict(old)
+    assert loaded.overlap_tax_ms == 0.0 and loaded.efficiency_without_tax_pct == loaded.efficiency_pct
+    assert loaded.recipe == Recipe()
 
 
 def test_scale_predicts_ddp_and_fsdp_from_one_gpu_and_prints_the_assumed_links(tmp_path, capsys):

@@ -5,8 +5,10 @@ from types import SimpleNamespace
 import pytest
 
 from perflab.sweep.overlap_tax import NO_MULTI_GPU_POINT, fit_overlap_tax
-from perflab.sweep.predict import (Interconnect, Link, Recipe, StepBreakdown, overlap_tax_of, predict,
-                                   predict_rows)
+from perflab.config import RunConfig
+from perflab.sweep.point import ScaleRow
+from perflab.sweep.predict import (Interconnect, Link, Prediction, Recipe, StepBreakdown, overlap_tax_of,
+                                   predict, predict_rows)
 
 # One GPU: forward 5 + backward 10 + optimizer 2 + other 1 = 18 ms; 25M parameters (100 MB of fp32 gradients),
 # DDP's 25 MiB buckets: 4 buckets of 2.5e7 bytes; 100 GB/s and 10 us within a node.
@@ -16,20 +18,19 @@ NETWORK = Interconnect(intra=Link(100.0, 10e-6, "test"), inter=Link(50.0, 10e-6,
 MEASURED_AT_2 = 100 * 18 / 18.65
 
 
-def _rows(*measured: tuple[int, float]) -> list[dict]:
-    rows = [{"params": {"nproc": 1}, "status": "ok", "world_size": 1, "efficiency_pct": 100.0,
-             "config": {"parallel": "ddp"}, "dir": "points/1"}]
-    return rows + [{"params": {"nproc": gpus}, "status": "ok", "world_size": gpus, "efficiency_pct": efficiency,
-                    "config": {"parallel": "ddp"}, "dir": f"points/{gpus}"} for gpus, efficiency in measured]
+def _rows(*measured: tuple[int, float]) -> list[ScaleRow]:
+    return [ScaleRow(params={"nproc": gpus}, config=RunConfig(parallel="ddp", nproc=gpus), status="ok",
+                     world_size=gpus, efficiency_pct=efficiency, dir=f"points/{gpus}")
+            for gpus, efficiency in [(1, 100.0), *measured]]
 
 
-def _predicted(rows, counts=(4,), exposed_of=None) -> dict[int, dict]:
+def _predicted(rows, counts=(4,), exposed_of=None) -> dict[int, Prediction]:
     single = SimpleNamespace(config={"mode": "train"}, workload={"parameters": 25_000_000, "info": {"layers": 4}},
                              metrics=SimpleNamespace(phases_ms={"forward": 5.0, "backward": 10.0, "optimizer": 2.0,
                                                                 "other": 1.0}))
     out = predict_rows(rows, {"g": single}, NETWORK, list(counts), lambda row: "g", exposed_of=exposed_of)
-    assert {row["parallel"] for row in out} <= {"ddp", "fsdp"}
-    return {row["gpus"]: row for row in out if row["parallel"] == "ddp"}
+    assert {prediction.parallel for prediction in out} <= {"ddp", "fsdp"}
+    return {prediction.gpus: prediction for prediction in out if prediction.parallel == "ddp"}
 
 
 def test_the_tax_is_fitted_at_two_gpus_and_grows_with_the_overlapped_all_reduce_at_four():
@@ -42,48 +43,48 @@ def test_the_tax_is_fitted_at_two_gpus_and_grows_with_the_overlapped_all_reduce_
     # 97.91%).
     predicted = _predicted(_rows((2, MEASURED_AT_2)))
     two, four = predicted[2], predicted[4]
-    assert two["overlap_tax_ms"] == pytest.approx(0.39)
-    assert two["efficiency_pct"] == pytest.approx(MEASURED_AT_2)  # the fitted point reproduces its measurement
-    assert four["exposed_ms"] == pytest.approx(0.385)
-    assert four["overlap_tax_ms"] == pytest.approx(0.5775)
-    assert four["step_ms"] == pytest.approx(18.9625)
-    assert four["efficiency_pct"] == pytest.approx(100 * 18 / 18.9625)
-    assert four["efficiency_without_tax_pct"] == pytest.approx(100 * 18 / 18.385)
+    assert two.overlap_tax_ms == pytest.approx(0.39)
+    assert two.efficiency_pct == pytest.approx(MEASURED_AT_2)  # the fitted point reproduces its measurement
+    assert four.exposed_ms == pytest.approx(0.385)
+    assert four.overlap_tax_ms == pytest.approx(0.5775)
+    assert four.step_ms == pytest.approx(18.9625)
+    assert four.efficiency_pct == pytest.approx(100 * 18 / 18.9625)
+    assert four.efficiency_without_tax_pct == pytest.approx(100 * 18 / 18.385)
 
 
 def test_the_prediction_names_the_point_the_tax_was_fitted_from():
-    source = _predicted(_rows((2, MEASURED_AT_2)))[4]["overlap_tax"]
+    source = _predicted(_rows((2, MEASURED_AT_2)))[4].overlap_tax
     assert source.startswith("fitted from the 2-GPU point: +0.39 ms/step")
     assert "0.50 ms per ms of overlapped communication" in source and "the model's exposed 0.26 ms" in source
 
 
 def test_the_smallest_multi_gpu_point_is_fitted_and_the_larger_one_is_checked_against_it():
     predicted = _predicted(_rows((2, MEASURED_AT_2), (4, 90.0)))
-    assert predicted[4]["overlap_tax"].startswith("fitted from the 2-GPU point")
-    assert predicted[4]["measured_efficiency_pct"] == 90.0
-    assert predicted[4]["efficiency_pct"] == pytest.approx(100 * 18 / 18.9625)
+    assert predicted[4].overlap_tax.startswith("fitted from the 2-GPU point")
+    assert predicted[4].measured_efficiency_pct == 90.0
+    assert predicted[4].efficiency_pct == pytest.approx(100 * 18 / 18.9625)
 
 
 def test_with_only_one_gpu_measured_there_is_no_tax_and_the_prediction_says_so():
     predicted = _predicted(_rows(), counts=(2, 4))  # DDP and FSDP2 at their defaults; the DDP rows here
     for row in predicted.values():
-        assert row["overlap_tax"] == NO_MULTI_GPU_POINT == "none: no multi-GPU point measured"
-        assert row["overlap_tax_ms"] == 0.0 and row["efficiency_pct"] == row["efficiency_without_tax_pct"]
-    assert predicted[4]["efficiency_pct"] == pytest.approx(100 * 18 / 18.385)
+        assert row.overlap_tax == NO_MULTI_GPU_POINT == "none: no multi-GPU point measured"
+        assert row.overlap_tax_ms == 0.0 and row.efficiency_pct == row.efficiency_without_tax_pct
+    assert predicted[4].efficiency_pct == pytest.approx(100 * 18 / 18.385)
 
 
 def test_a_point_faster_than_the_model_fits_no_tax():
     # 18.1 ms measured at 2 GPUs: growth 0.1 ms, below the model's 0.26 ms exposed
     row = _predicted(_rows((2, 100 * 18 / 18.1)))[4]
-    assert row["overlap_tax_ms"] == 0.0 and row["overlap_tax"].startswith("none: fitted from the 2-GPU point grew 0.10")
+    assert row.overlap_tax_ms == 0.0 and row.overlap_tax.startswith("none: fitted from the 2-GPU point grew 0.10")
 
 
 def test_a_profiled_point_fits_the_tax_beyond_its_measured_exposed_communication():
     # profiled exposed 0.5 ms: tax(2) = 18.65 - 18 - 0.5 = 0.15 ms; at 4, 0.15 x 1155 / 780 = 0.222115... ms
-    predicted = _predicted(_rows((2, MEASURED_AT_2)), exposed_of=lambda row: 0.5 if row["world_size"] == 2 else None)
-    assert predicted[2]["overlap_tax_ms"] == pytest.approx(0.15)
-    assert predicted[4]["overlap_tax_ms"] == pytest.approx(0.15 * 1155 / 780)
-    assert "profiled exposed 0.50 ms" in predicted[4]["overlap_tax"]
+    predicted = _predicted(_rows((2, MEASURED_AT_2)), exposed_of=lambda row: 0.5 if row.world_size == 2 else None)
+    assert predicted[2].overlap_tax_ms == pytest.approx(0.15)
+    assert predicted[4].overlap_tax_ms == pytest.approx(0.15 * 1155 / 780)
+    assert "profiled exposed 0.50 ms" in predicted[4].overlap_tax
 
 
 def test_a_tax_where_the_model_overlaps_nothing_is_carried_as_fixed_ms():
@@ -104,6 +105,12 @@ def test_with_a_large_tax_the_efficiency_stays_within_zero_and_one_hundred(paral
     assert predict(STEP, recipe, NETWORK, 1, tax).efficiency_pct == 100.0
 
 
+def _prediction(**figures) -> Prediction:
+    """A prediction with the figures a test names, the others filler."""
+    return Prediction(**{"gpus_per_node": 8, "nodes": 1, "step_ms": 18.0, "communication_ms": 1.0, "exposed_ms": 0.2,
+                         "busbw_gbps": 100.0, **figures})
+
+
 def test_the_distributed_bench_prints_the_four_gpu_check_last(monkeypatch, capsys):
     from benchmarks.bench_distributed import Summary, rank_counts
     monkeypatch.setenv("BENCH_DISTRIBUTED_NPROC", "1,2,4")
@@ -112,12 +119,12 @@ def test_the_distributed_bench_prints_the_four_gpu_check_last(monkeypatch, capsy
     summary.add("transformer-1b ddp", 4, 40.0, 90.0, None, 91.0)
     fitted = "fitted from the 2-GPU point: +13.00 ms/step"
     summary.model_check.add("transformer-1b", [
-        {"parallel": "ddp", "gpus": 2, "measured_efficiency_pct": 91.1, "efficiency_pct": 91.1},
-        {"parallel": "ddp", "gpus": 4, "measured_efficiency_pct": 90.0, "efficiency_pct": 89.0,
-         "efficiency_without_tax_pct": 99.9, "overlap_tax_ms": 15.2, "overlap_tax": fitted},
-        {"parallel": "ddp", "gpus": 8, "measured_efficiency_pct": None, "efficiency_pct": 88.0},
-        {"parallel": "fsdp", "gpus": 4, "measured_efficiency_pct": 86.8, "efficiency_pct": 88.0,
-         "efficiency_without_tax_pct": 99.2, "overlap_tax_ms": 20.0, "overlap_tax": fitted}])
+        _prediction(parallel="ddp", gpus=2, measured_efficiency_pct=91.1, efficiency_pct=91.1),
+        _prediction(parallel="ddp", gpus=4, measured_efficiency_pct=90.0, efficiency_pct=89.0,
+                    efficiency_without_tax_pct=99.9, overlap_tax_ms=15.2, overlap_tax=fitted),
+        _prediction(parallel="ddp", gpus=8, measured_efficiency_pct=None, efficiency_pct=88.0),
+        _prediction(parallel="fsdp", gpus=4, measured_efficiency_pct=86.8, efficiency_pct=88.0,
+                    efficiency_without_tax_pct=99.2, overlap_tax_ms=20.0, overlap_tax=fitted)])
     summary.print()
     printed = capsys.readouterr().out
     check = printed[printed.index("scaling model check"):]

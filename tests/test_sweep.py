@@ -10,7 +10,7 @@ import perflab.pipeline
 from perflab.cli import main
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
-from perflab.sweep import best_points, read_rows, run_auto_batch, run_sweep
+from perflab.sweep import SweepPoint, best_points, read_points, read_rows, run_auto_batch, run_sweep
 
 TINY = ["--workload", "mlp", "--steps", "3", "--trials", "2", "--warmup", "1", "--device", "cpu"]
 
@@ -78,10 +78,10 @@ def test_sweep_records_out_of_memory_point_and_goes_on(tmp_path, monkeypatch):
                  if cfg.batch_size == 32 else None)
     configs = [RunConfig(workload="mlp", steps=3, trials=2, warmup=1, device="cpu", batch_size=b) for b in (16, 32, 64)]
     summary = run_sweep(configs, tmp_path / "sweep", plots=False)
-    assert [(row["params"]["batch_size"], row["status"]) for row in summary.rows] == \
+    assert [(point.params["batch_size"], point.status) for point in summary.rows] == \
         [(16, "ok"), (32, "oom"), (64, "ok")]
-    assert "out of memory" in summary.rows[1]["error"]
-    assert summary.rows[1]["dir"] is None
+    assert "out of memory" in summary.rows[1].error
+    assert summary.rows[1].dir is None
 
 
 def test_plain_runtime_error_is_a_bug_not_a_point_status(tmp_path, monkeypatch):
@@ -100,7 +100,7 @@ def test_auto_batch_doubles_until_out_of_memory(tmp_path, monkeypatch):
     base = RunConfig(workload="mlp", steps=3, trials=2, warmup=1, device="cpu", batch_size=16)
     summary = run_auto_batch([base], tmp_path / "auto", growth_pct=5.0, plots=False)
     assert calls == [16, 32, 64]
-    assert [row["status"] for row in summary.rows] == ["ok", "ok", "oom"]
+    assert [point.status for point in summary.rows] == ["ok", "ok", "oom"]
 
 
 def test_auto_batch_stops_when_throughput_stops_growing(tmp_path, monkeypatch):
@@ -109,7 +109,7 @@ def test_auto_batch_stops_when_throughput_stops_growing(tmp_path, monkeypatch):
     base = RunConfig(workload="mlp", steps=3, trials=2, warmup=1, device="cpu", batch_size=16)
     summary = run_auto_batch([base], tmp_path / "auto", growth_pct=10.0, plots=False)
     assert calls == [16, 32, 64]
-    assert summary.best["params"]["batch_size"] == 64
+    assert summary.best.params["batch_size"] == 64
 
 
 def test_partial_last_line_from_a_kill_is_ignored_and_trimmed_on_resume(tmp_path):
@@ -120,7 +120,7 @@ def test_partial_last_line_from_a_kill_is_ignored_and_trimmed_on_resume(tmp_path
         stream.write('{"index": 1, "key": "abc", "sta')  # killed mid-write
     assert len(read_rows(out)) == 1
     summary = run_sweep(configs, out, resume=True, plots=False)
-    assert [row["params"]["batch_size"] for row in summary.rows] == [16, 32]
+    assert [point.params["batch_size"] for point in summary.rows] == [16, 32]
     assert all(json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines())
 
 
@@ -136,9 +136,42 @@ def test_best_points_respect_the_latency_bound():
             {"key": "b", "status": "ok", "throughput": 300.0, "p95_ms": 50.0},
             {"key": "c", "status": "oom", "throughput": None, "p95_ms": None},
             {"key": "d", "status": "ok", "throughput": 900.0, "p95_ms": 1.0, "quality": "fail"}]
-    best, bounded = best_points(rows, max_p95_ms=10.0)
-    assert best["key"] == "b" and bounded["key"] == "a"
+    best, bounded = best_points([SweepPoint.from_dict(row) for row in rows], max_p95_ms=10.0)
+    assert best.key == "b" and bounded.key == "a"
     assert best_points(rows, max_p95_ms=1.0)[1] is None
+    best, bounded = best_points(rows, max_p95_ms=10.0)  # rows read as dicts (perflab report) come back as given
+    assert best is rows[1] and bounded is rows[0]
+
+
+def test_a_sweep_point_is_typed_in_memory_and_written_with_the_same_keys(tmp_path):
+    configs = [RunConfig(workload="mlp", steps=3, trials=2, warmup=1, device="cpu", batch_size=16)]
+    summary = run_sweep(configs, tmp_path / "sweep", plots=False)
+    point = summary.rows[0]
+    assert isinstance(point, SweepPoint) and point.ok and point.throughput > 0 and point.config.batch_size == 16
+    written = json.loads((tmp_path / "sweep" / "sweep.jsonl").read_text().splitlines()[0])
+    assert {"index", "key", "label", "params", "config", "status", "error", "dir", "throughput", "throughput_ci_low",
+            "throughput_ci_high", "trials", "p50_ms", "p95_ms", "p99_ms", "peak_memory_mb", "memory_kind",
+            "gpu_util_pct", "mfu_pct", "quality", "quality_reason", "busy", "world_size", "elapsed_s"} <= set(written)
+    assert RunConfig.from_dict(written["config"]) == point.config
+    assert SweepPoint.from_dict(written) == point
+
+
+def test_an_old_sweep_line_with_missing_and_unknown_keys_still_loads_and_resumes(tmp_path):
+    out = tmp_path / "sweep"
+    configs = [RunConfig(workload="mlp", steps=3, trials=2, warmup=1, device="cpu", batch_size=b) for b in (16, 32)]
+    run_sweep(configs[:1], out, plots=False)
+    line = json.loads((out / "sweep.jsonl").read_text())
+    for name in ("busy", "world_size", "quality_reason", "memory_kind", "trials", "elapsed_s"):
+        line.pop(name)
+    line["config"].pop("nnodes")
+    line["config"]["an_option_since_removed"] = 3
+    line["a_key_from_elsewhere"] = "kept"
+    (out / "sweep.jsonl").write_text(json.dumps(line) + "\n")
+    old = read_points(out)[0]
+    assert old.busy is False and old.world_size is None and old.config.nnodes == 1
+    assert old.extra == {"a_key_from_elsewhere": "kept"} and old.to_dict()["a_key_from_elsewhere"] == "kept"
+    summary = run_sweep(configs, out, resume=True, plots=False)
+    assert [point.params["batch_size"] for point in summary.rows] == [16, 32]
 
 
 def test_every_point_failing_is_a_user_error(tmp_path, capsys):

@@ -15,6 +15,7 @@ from perflab.errors import PerflabError
 from perflab.harness.steady import UNSTEADY_RANGE_PCT
 from perflab.quality import MAX_NOISE_WIDENING, judge_losses, with_noise_floor
 from perflab.results import Result, Trial
+from perflab.sweep import ScaleRow, SweepPoint
 from perflab.sweep.scale import scaling_rows, trusted_efficiency
 from perflab.tune.decision import judge, unjudged_line
 
@@ -192,27 +193,29 @@ def test_one_trial_shows_no_interval_on_the_terminal_in_markdown_html_and_compar
 
 # ---------------------------------------------------------------------------------------------- scale
 
-def scale_rows(**two) -> list:
-    base = {"status": "ok", "config": {"batch_size": 8, "nnodes": 1}, "quality": "pass", "busy": False}
-    return scaling_rows([dict(base, label="nproc=1", params={"nproc": 1}, throughput=100.0),
-                         dict(base, label="nproc=2", params={"nproc": 2}, **two)])
+def scale_rows(**two) -> list[ScaleRow]:
+    base = {"status": "ok", "quality": "pass", "busy": False}
+    return scaling_rows([SweepPoint(**base, label="nproc=1", params={"nproc": 1}, throughput=100.0,
+                                    config=RunConfig(batch_size=8)),
+                         SweepPoint(**{**base, **two}, label="nproc=2", params={"nproc": 2},
+                                    config=RunConfig(batch_size=8, nproc=2))])
 
 
 def test_scale_flags_an_efficiency_over_100_percent_instead_of_showing_it():
     one, two = scale_rows(throughput=1748.0)
-    assert two["efficiency_pct"] == pytest.approx(874.0)
+    assert two.efficiency_pct == pytest.approx(874.0)
     assert trusted_efficiency(two) is None and trusted_efficiency(one) == pytest.approx(100.0)
-    assert any("874% over 100% cannot be right" in flag for flag in two["flags"])
+    assert any("874% over 100% cannot be right" in flag for flag in two.flags)
 
 
 def test_scale_shows_each_points_quality_verdict_and_flags_a_busy_machine():
     one, two = scale_rows(throughput=180.0, quality="fail", quality_reason="final loss 9 vs 1", busy=True)
-    assert any(flag.startswith("quality gate fail: final loss 9 vs 1") for flag in two["flags"])
-    assert any("busy machine" in flag for flag in two["flags"]) and trusted_efficiency(two) is None
-    assert not one["flags"]
-    busy_base = scaling_rows([dict(scale_rows(throughput=180.0)[0], busy=True),
-                              dict(scale_rows(throughput=180.0)[1])])
-    assert any("1-rank point was timed on a busy machine" in flag for flag in busy_base[1]["flags"])
+    assert any(flag.startswith("quality gate fail: final loss 9 vs 1") for flag in two.flags)
+    assert any("busy machine" in flag for flag in two.flags) and trusted_efficiency(two) is None
+    assert not one.flags
+    one, two = scale_rows(throughput=180.0)
+    busy_base = scaling_rows([dataclasses.replace(one, busy=True), two])
+    assert any("1-rank point was timed on a busy machine" in flag for flag in busy_base[1].flags)
 
 
 def test_the_scale_table_prints_each_quality_verdict_and_no_untrusted_efficiency_figure(tmp_path, capsys):

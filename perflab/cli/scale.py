@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 
 from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, grid_from_args
 from perflab.cli._outcome import points_out_of_memory
 from perflab.cli.sweep import RichSweepProgress
 from perflab import options
-from perflab.sweep.predict import PredictConfig
+from perflab.sweep.point import ScaleRow
+from perflab.sweep.predict import PredictConfig, Prediction
 from perflab.sweep.scale import ScaleSummary, at_rank_counts, run_scale, trusted_efficiency
 from perflab.results.rundir import out_path
 from perflab.errors import PerflabError
@@ -58,12 +60,12 @@ def handle(args: argparse.Namespace) -> int:
     print_scaling(summary)
     if summary.predictions or summary.assumptions:
         print_predictions(summary)
-    code = points_out_of_memory(err_console, summary.rows)
+    code = points_out_of_memory(err_console, [row.to_dict() for row in summary.rows])
     if code is not None:
         return code
-    if all(row["status"] != "ok" for row in summary.rows):
-        raise PerflabError(f"every point failed; the first: {summary.rows[0].get('error')}")
-    failed = [row["label"] for row in summary.rows if row["status"] == "ok" and row.get("quality") == "fail"]
+    if not any(row.ok for row in summary.rows):
+        raise PerflabError(f"every point failed; the first: {summary.rows[0].error}")
+    failed = [row.label for row in summary.rows if row.ok and row.quality == "fail"]
     if failed:  # as `perflab run` does: a measured point that computes something else is not a result
         console.print(f"[bold red]quality gate failed[/] at {', '.join(failed)}; the points are saved", highlight=False)
         return 1
@@ -85,49 +87,48 @@ def rank_counts(text) -> list[int]:
 
 def print_scaling(summary: ScaleSummary) -> None:
     """The table of ranks, throughput, throughput per rank and efficiency; failed points; the files."""
-    params = [name for name in dict.fromkeys(n for row in summary.rows for n in row["params"]) if name != "nproc"]
+    params = [name for name in dict.fromkeys(n for row in summary.rows for n in row.params) if name != "nproc"]
     headers = ["ranks"] + [name.replace("_size", "") for name in params] + ["status (quality)", "samples/s",
                                                                               "per rank", "efficiency", "p50 ms"]
     rows = []
     for row in summary.rows:
-        ok = row["status"] == "ok"
-        rows.append([str(row["world_size"]), *[str(row["params"].get(name)) for name in params], _status(row),
-                     fmt(row.get("throughput")) if ok else "", fmt(row.get("per_rank_throughput")) if ok else "",
-                     _efficiency(row), fmt(row.get("p50_ms"), 2) if ok else ""])
+        rows.append([str(row.world_size), *[str(row.params.get(name)) for name in params], _status(row),
+                     fmt(row.throughput) if row.ok else "", fmt(row.per_rank_throughput) if row.ok else "",
+                     _efficiency(row), fmt(row.p50_ms, 2) if row.ok else ""])
     console.print(fitted_tables(f"scale · {summary.sweep.out}", [Column(header) for header in headers], rows,
                                 console.width))
     for row in summary.rows:
-        if row["status"] != "ok":
-            console.print(f"[red]{row['label']}[/]: {row.get('error')}", highlight=False)
-        for flag in row.get("flags") or []:
-            console.print(f"[yellow]{row['label']}[/]: {flag}", highlight=False)
+        if not row.ok:
+            console.print(f"[red]{row.label}[/]: {row.error}", highlight=False)
+        for flag in row.flags:
+            console.print(f"[yellow]{row.label}[/]: {flag}", highlight=False)
     for path in summary.plots.values():
         console.print(f"plot: {summary.sweep.out / path}")
     console.print(f"saved [bold]{summary.sweep.out}/scale.json[/], scaling.csv and the sweep files")
 
 
-def _status(row: dict) -> str:
+def _status(row: ScaleRow) -> str:
     """ok, with the point's quality verdict when it has one: "ok (fail)" is a point that ran but computes wrong."""
-    quality = row.get("quality")
-    return f"{row['status']} ({quality})" if row["status"] == "ok" and quality else row["status"]
+    return f"{row.status} ({row.quality})" if row.ok and row.quality else row.status
 
 
-def _efficiency(row: dict) -> str:
+def _efficiency(row: ScaleRow) -> str:
     """The efficiency as a figure only when it can be trusted; the flags under the table say why not."""
-    efficiency, trusted = row.get("efficiency_pct"), trusted_efficiency(row)
-    if efficiency is None:
+    trusted = trusted_efficiency(row)
+    if row.efficiency_pct is None:
         return ""
     return f"{trusted:.1f}%" if trusted is not None else "untrusted"
 
 
-def overlap_tax_sources(predictions: list[dict]) -> dict[str, str]:
+def overlap_tax_sources(predictions: list[Prediction]) -> dict[str, str]:
     """Each recipe's overlap tax source once, named by its wrapper (and its settings where a wrapper has several)."""
-    recipes = {json.dumps(row.get("recipe"), sort_keys=True): row for row in predictions}
-    wrappers = [row["parallel"] for row in recipes.values()]
+    recipes = {json.dumps(prediction.recipe and asdict(prediction.recipe), sort_keys=True): prediction
+               for prediction in predictions}
+    wrappers = [prediction.parallel for prediction in recipes.values()]
     sources = {}
-    for key, row in recipes.items():
-        name = row["parallel"] if wrappers.count(row["parallel"]) == 1 else f"{row['parallel']} {key}"
-        sources[name] = row.get("overlap_tax") or "none"
+    for key, prediction in recipes.items():
+        name = prediction.parallel if wrappers.count(prediction.parallel) == 1 else f"{prediction.parallel} {key}"
+        sources[name] = prediction.overlap_tax or "none"
     return sources
 
 
@@ -137,12 +138,12 @@ def print_predictions(summary: ScaleSummary) -> None:
     headers = ("parallel", "GPUs", "nodes x GPUs", "busbw GB/s", "comm ms", "exposed ms", "tax ms", "step ms",
                "predicted", "without tax", "measured")
     rows = []
-    for row in summary.predictions:
-        measured = row.get("measured_efficiency_pct")
-        rows.append([row["parallel"], str(row["gpus"]), f"{row['nodes']} x {row['gpus_per_node']}",
-                     fmt(row["busbw_gbps"], 1), fmt(row["communication_ms"], 2), fmt(row["exposed_ms"], 2),
-                     fmt(row.get("overlap_tax_ms"), 2), fmt(row["step_ms"], 2), f"{row['efficiency_pct']:.1f}%",
-                     f"{row.get('efficiency_without_tax_pct', row['efficiency_pct']):.1f}%",
+    for prediction in summary.predictions:
+        measured = prediction.measured_efficiency_pct
+        rows.append([prediction.parallel, str(prediction.gpus), f"{prediction.nodes} x {prediction.gpus_per_node}",
+                     fmt(prediction.busbw_gbps, 1), fmt(prediction.communication_ms, 2),
+                     fmt(prediction.exposed_ms, 2), fmt(prediction.overlap_tax_ms, 2), fmt(prediction.step_ms, 2),
+                     f"{prediction.efficiency_pct:.1f}%", f"{prediction.efficiency_without_tax_pct:.1f}%",
                      f"{measured:.1f}%" if measured is not None else ""])
     console.print(fitted_tables("scaling model (--predict)", [Column(header) for header in headers], rows,
                                 console.width, key_columns=2))  # a row is a recipe at a GPU count

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -16,7 +16,7 @@ from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
 from perflab.results import read_json_object
 from perflab.results.rundir import out_path
-from perflab.sweep import SWEEP_JSON, SweepObserver, read_rows, run_auto_batch, run_sweep
+from perflab.sweep import SWEEP_JSON, SweepObserver, SweepPoint, read_rows, run_auto_batch, run_sweep
 from perflab.cli import build_parser
 from perflab.options import Option
 
@@ -73,16 +73,16 @@ class RichSweepProgress(SweepObserver):
     def point_started(self, label: str) -> None:
         self.progress.update(self.task, description=f"sweep: {label}")
 
-    def point_finished(self, row: dict[str, Any], reused: bool) -> None:
+    def point_finished(self, row: SweepPoint, reused: bool) -> None:
         self.progress.advance(self.task)
-        self.progress.console.print(f"  {row['label']}: {_status_text(row)}" + (" [dim](recorded)[/]" if reused else ""),
+        self.progress.console.print(f"  {row.label}: {_status_text(row)}" + (" [dim](recorded)[/]" if reused else ""),
                                     highlight=False)
 
 
-def _status_text(row: dict[str, Any]) -> str:
-    if row["status"] == "ok":
-        return f"{fmt(row['throughput'])} samples/s, p95 {fmt(row['p95_ms'], 2)} ms"
-    return f"[red]{row['status']}[/]: {row.get('error') or ''}"
+def _status_text(point: SweepPoint) -> str:
+    if point.ok:
+        return f"{fmt(point.throughput)} samples/s, p95 {fmt(point.p95_ms, 2)} ms"
+    return f"[red]{point.status}[/]: {point.error or ''}"
 
 
 def _gave_sweep_options(args: argparse.Namespace) -> bool:
@@ -142,12 +142,12 @@ def handle(args: argparse.Namespace) -> int:
         return 130
     print_sweep_summary(console, summary)
     if not args.auto_batch:  # --auto-batch grows until one does not fit, by design
-        code = points_out_of_memory(err_console, summary.rows)
+        code = points_out_of_memory(err_console, [point.to_dict() for point in summary.rows])
         if code is not None:
             return code
-    failed = [row for row in summary.rows if row["status"] in ("error", "invalid")]
+    failed = [point for point in summary.rows if point.status in ("error", "invalid")]
     if summary.rows and len(failed) == len(summary.rows):
-        raise PerflabError(f"every point failed; the first: {summary.rows[0]['error']}")
+        raise PerflabError(f"every point failed; the first: {summary.rows[0].error}")
     if failed:
         err_console.print(f"[yellow]{len(failed)} of {len(summary.rows)} point(s) failed or diverged[/] (status "
                           "error/invalid in the table); the others are kept", highlight=False)

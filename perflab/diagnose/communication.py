@@ -15,13 +15,14 @@ trace summary gives this cause rather than "launch / framework overhead".
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
 
 from perflab.calibrate_collectives import KINDS as BUS_KINDS, bus_factor
 from perflab.diagnose.intervals import Intervals, intervals_of
+from perflab.diagnose.records import Record
 from perflab.diagnose.trace import ParsedTrace
 
 NCCL_KERNEL = re.compile(r"^\s*(?:void\s+)?(?:[A-Za-z_]\w*::)*nccl", re.IGNORECASE)
@@ -46,7 +47,30 @@ def is_nccl_kernel(name: str) -> bool:
 
 
 @dataclass
-class CommunicationProfile:
+class CollectiveKind(Record):
+    """One kind of collective per step: calls, time, the mean message and the bus bandwidth over the kernels' time
+    (None where no size was recorded), a sized call's median time and bus bytes, and, where the ranks' traces tell
+    the transfer from the wait (ranks_waiting), the transfer's time and bus bandwidth and the time spent waiting."""
+
+    calls_per_step: float
+    ms_per_step: float
+    mean_message_mb: Optional[float] = None
+    busbw_gbps: Optional[float] = None
+    median_call_ms: Optional[float] = None
+    median_call_bus_mb: Optional[float] = None
+    transfer_ms_per_call: Optional[float] = None
+    transfer_busbw_gbps: Optional[float] = None
+    waiting_ms_per_step: Optional[float] = None
+
+    @property
+    def bus_gbps(self) -> Optional[float]:
+        """The bus bandwidth while moving data where the ranks' traces tell it from the wait, else over the
+        kernels' time."""
+        return self.transfer_busbw_gbps or self.busbw_gbps
+
+
+@dataclass
+class CommunicationProfile(Record):
     """Per step, in ms: NCCL kernel time (union over streams), the part of it under compute kernels, and the
     exposed rest; `exposed_share_pct` is the exposed time over the step time."""
 
@@ -59,13 +83,48 @@ class CommunicationProfile:
     exposed_share_pct: float
     nccl_kernels_per_step: float
     top_collectives: dict[str, float] = field(default_factory=dict)  # kernel name -> ms per step
-    # kind -> calls_per_step, ms_per_step, mean_message_mb and busbw_gbps (None where no size was recorded)
-    by_kind: dict[str, dict[str, Optional[float]]] = field(default_factory=dict)
+    by_kind: dict[str, CollectiveKind] = field(default_factory=dict)  # costliest first
     host_wait_ms_per_step: float = 0.0  # GPU idle while the host is in a collective or an FSDP hook
     group_size: Optional[int] = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+
+@dataclass
+class RankCommunication(CommunicationProfile):
+    """One rank's profile, as the gathered result lists them."""
+
+    rank: int = 0
+
+
+@dataclass
+class GatheredCommunication(CommunicationProfile):
+    """A result's communication: one rank's own profile, or the worst rank's of a gathered multi-rank result (with
+    every rank's, and its by_kind widened by ranks_waiting). The rule reads this; metrics.collectives holds it as a
+    dict (perflab/distributed/gather.py)."""
+
+    worst_rank: Optional[int] = None
+    per_rank: list[RankCommunication] = field(default_factory=list)
+
+
+@dataclass
+class _KindTotals:
+    """One kind's sums while its figures are counted."""
+
+    calls: int = 0
+    us: float = 0.0
+    sized_us: float = 0.0
+    bytes: float = 0.0
+    bus_bytes: float = 0.0
+    call_us: list[float] = field(default_factory=list)
+    call_bus_bytes: list[float] = field(default_factory=list)
+
+    def figures(self, steps: int) -> CollectiveKind:
+        sized = self.sized_us > 0
+        return CollectiveKind(
+            calls_per_step=self.calls / steps, ms_per_step=self.us / 1e3 / steps,
+            mean_message_mb=self.bytes / 2**20 / self.calls if sized else None,
+            busbw_gbps=self.bus_bytes / self.sized_us / 1e3 if sized else None,
+            median_call_ms=float(np.median(self.call_us)) / 1e3 if self.call_us else None,
+            median_call_bus_mb=float(np.median(self.call_bus_bytes)) / 2**20 if self.call_bus_bytes else None)
 
 
 def communication_profile(trace: ParsedTrace) -> Optional[CommunicationProfile]:
@@ -120,37 +179,30 @@ def message_bytes(kind: str, args: dict[str, Any]) -> Optional[float]:
     return max(elements) * size if kind in ("all_gather", "reduce_scatter") else elements[0] * size
 
 
-def collectives_by_kind(trace: ParsedTrace, nccl: np.ndarray, steps: int) -> dict[str, dict[str, Optional[float]]]:
+def collectives_by_kind(trace: ParsedTrace, nccl: np.ndarray, steps: int) -> dict[str, CollectiveKind]:
     """Per kind: calls and ms per step, the mean message (MB), the bus bandwidth over the kernels' time (GB/s), and
     a sized call's median time and bus bytes (a collective's kernel also runs while it waits for the other ranks to
     arrive; ranks_waiting compares the ranks' medians to tell the transfer from the wait)."""
     kernels = trace.kernels
     group = _group_size(trace) or 2
-    totals: dict[str, dict[str, Any]] = {}
+    totals: dict[str, _KindTotals] = {}
     for index in np.flatnonzero(nccl):
-        args = trace.collectives.get(int(kernels.correlation[index]), {})
+        args = trace.collectives.get(int(kernels.correlation[index]), {})  # the trace's record_param_comms args
         kind = collective_kind(str(args.get("Collective name") or kernels.name(index)))
-        entry = totals.setdefault(kind, {"calls": 0, "us": 0.0, "sized_us": 0.0, "bytes": 0.0, "bus_bytes": 0.0,
-                                         "call_us": [], "call_bus_bytes": []})
+        entry = totals.setdefault(kind, _KindTotals())
         duration = float(kernels.dur_us[index])
-        entry["calls"] += 1
-        entry["us"] += duration
+        entry.calls += 1
+        entry.us += duration
         sent = message_bytes(kind, args)
         if sent is not None and duration > 0:
             ranks = int(args.get("Group size") or group)
             bus = sent * bus_factor(kind if kind in BUS_KINDS else "all_gather", ranks)
-            entry["sized_us"] += duration
-            entry["bytes"] += sent
-            entry["bus_bytes"] += bus
-            entry["call_us"].append(duration)
-            entry["call_bus_bytes"].append(bus)
-    return {kind: {"calls_per_step": entry["calls"] / steps, "ms_per_step": entry["us"] / 1e3 / steps,
-                   "mean_message_mb": entry["bytes"] / 2**20 / entry["calls"] if entry["sized_us"] else None,
-                   "busbw_gbps": entry["bus_bytes"] / entry["sized_us"] / 1e3 if entry["sized_us"] else None,
-                   "median_call_ms": float(np.median(entry["call_us"])) / 1e3 if entry["call_us"] else None,
-                   "median_call_bus_mb": float(np.median(entry["call_bus_bytes"])) / 2**20
-                   if entry["call_bus_bytes"] else None}
-            for kind, entry in sorted(totals.items(), key=lambda item: -item[1]["us"])}
+            entry.sized_us += duration
+            entry.bytes += sent
+            entry.bus_bytes += bus
+            entry.call_us.append(duration)
+            entry.call_bus_bytes.append(bus)
+    return {kind: entry.figures(steps) for kind, entry in sorted(totals.items(), key=lambda item: -item[1].us)}
 
 
 def ranks_waiting(per_rank_by_kind: list[dict[str, dict[str, Any]]], by_kind: dict[str, dict[str, Any]]
@@ -162,18 +214,19 @@ def ranks_waiting(per_rank_by_kind: list[dict[str, dict[str, Any]]], by_kind: di
     its median call is the transfer (transfer_ms_per_call, and the bus bandwidth while moving data,
     transfer_busbw_gbps); the rest of this rank's time in that kind, waiting_ms_per_step, was spent waiting for the
     other ranks. On 2 H200s, FSDP2's all-gathers read 4 GB/s bus on rank 0 over their kernels' time, and 74 us a
-    call (~190 GB/s) on rank 1."""
-    widened = {kind: dict(figures) for kind, figures in by_kind.items()}
+    call (~190 GB/s) on rank 1. Takes and gives the figures as metrics.collectives holds them (dicts)."""
+    widened = {kind: CollectiveKind.from_dict(figures) for kind, figures in by_kind.items()}
+    ranks = [{kind: CollectiveKind.from_dict(figures) for kind, figures in kinds.items()} for kinds in per_rank_by_kind]
     for kind, figures in widened.items():
-        medians = [(ranks.get(kind) or {}).get("median_call_ms") for ranks in per_rank_by_kind]
-        bus_mb = figures.get("median_call_bus_mb")
+        medians = [kinds[kind].median_call_ms if kind in kinds else None for kinds in ranks]
+        bus_mb = figures.median_call_bus_mb
         if len(medians) < 2 or any(median is None or median <= 0 for median in medians) or not bus_mb:
             continue
         transfer_ms = min(medians)
-        figures["transfer_ms_per_call"] = transfer_ms
-        figures["transfer_busbw_gbps"] = bus_mb * 2**20 / (transfer_ms / 1e3) / 1e9
-        figures["waiting_ms_per_step"] = max(0.0, figures["ms_per_step"] - figures["calls_per_step"] * transfer_ms)
-    return widened
+        figures.transfer_ms_per_call = transfer_ms
+        figures.transfer_busbw_gbps = bus_mb * 2**20 / (transfer_ms / 1e3) / 1e9
+        figures.waiting_ms_per_step = max(0.0, figures.ms_per_step - figures.calls_per_step * transfer_ms)
+    return {kind: figures.to_dict() for kind, figures in widened.items()}
 
 
 def communication_host(trace: ParsedTrace) -> Intervals:

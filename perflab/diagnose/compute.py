@@ -33,14 +33,14 @@ def compute_bound(ctx: Context) -> Optional[Finding]:
         matmul_ms = ctx.profile.host.compute_phase_ms_per_step * share / 100
     advice = []
     expected, basis = ctx.step_pct(matmul_ms), "matmul/conv time per step (upper bound: no roofline placement)"
-    rows = [row for row in ctx.profile.roofline if row.get("pct_of_roof") is not None]
+    rows = [row for row in ctx.profile.roofline if row.pct_of_roof is not None]
     if rows:
         best = rows[0]
-        expected *= max(0.0, 1 - best["pct_of_roof"] / 100)
+        expected *= max(0.0, 1 - best.pct_of_roof / 100)
         basis = "matmul/conv time per step above the roofline of the heaviest op, at this precision"
-        evidence.update(top_op=f"{best['op']} {best['shapes']}", top_op_achieved_tflops=best["achieved_tflops"],
-                        top_op_pct_of_roofline=best["pct_of_roof"], ceiling_source=best["ceiling_source"])
-        if best["pct_of_roof"] >= GOOD_ROOF_PCT:
+        evidence.update(top_op=f"{best.op} {best.shapes}", top_op_achieved_tflops=best.achieved_tflops,
+                        top_op_pct_of_roofline=best.pct_of_roof, ceiling_source=best.ceiling_source)
+        if best.pct_of_roof >= GOOD_ROOF_PCT:
             advice.append(f"the heaviest op already reaches {best['pct_of_roof']:.0f}% of its roofline: this is "
                           "already good; only lower precision or less work helps")
     mfu = ctx.metrics.flops.mfu_pct if ctx.metrics.flops else None

@@ -11,6 +11,7 @@ from typing import Optional
 
 from perflab.bottlenecks import H2D_COPIES, PAGEABLE_COPIES
 from perflab.diagnose.findings import Context, Finding, by_expected_gain, clamp, gain, rounded
+from perflab.diagnose.summary import MemcpyRow
 from perflab.levers import levers_for
 
 THRESHOLD_PCT = 10.0  # GPU idle (no kernel) while host-to-device copies are prepared or in flight
@@ -19,15 +20,15 @@ FLOAT32_TO_UINT8 = 0.25
 UINT8_INPUTS = "uint8 inputs"  # the code change: compact dtypes copied, converted on the GPU
 
 
-def h2d_rows(ctx: Context) -> list[dict]:
+def h2d_rows(ctx: Context) -> list[MemcpyRow]:
     gpu = ctx.profile.gpu
-    return [row for row in gpu.memcpy_table if str(row["kind"]).startswith("H2D")] if gpu is not None else []
+    return [row for row in gpu.memcpy_table if row.kind.startswith("H2D")] if gpu is not None else []
 
 
 def copy_bound(ctx: Context) -> bool:
     """The loader keeps up and pageable copies take longer per step than the data wait: the copies lead."""
     rows = h2d_rows(ctx)
-    pageable_ms = sum(row["ms_per_step"] for row in rows if "pageable" in str(row["kind"]))
+    pageable_ms = sum(row.ms_per_step for row in rows if "pageable" in row.kind)
     data_ms = ctx.profile.host.phase_ms_per_step.get("data", 0.0)
     return pageable_ms > 0 and pageable_ms >= data_ms
 
@@ -40,10 +41,10 @@ def host_to_device_copies(ctx: Context) -> Optional[Finding]:
     idle = gpu.idle_split_pct["waiting on H2D copies"]
     if idle < THRESHOLD_PCT or not rows:
         return None
-    copy_ms = sum(row["ms_per_step"] for row in rows)
-    pageable_ms = sum(row["ms_per_step"] for row in rows if "pageable" in str(row["kind"]))
-    overlap = sum(row["overlap_with_compute_pct"] * row["ms_per_step"] for row in rows) / copy_ms if copy_ms else 0.0
-    megabytes = sum(row["mb_per_step"] for row in rows)
+    copy_ms = sum(row.ms_per_step for row in rows)
+    pageable_ms = sum(row.ms_per_step for row in rows if "pageable" in row.kind)
+    overlap = sum(row.overlap_with_compute_pct * row.ms_per_step for row in rows) / copy_ms if copy_ms else 0.0
+    megabytes = sum(row.mb_per_step for row in rows)
     measured_gbps = megabytes * 2**20 / (copy_ms * 1e6) if copy_ms else None
     gains = lever_gains(ctx, copy_ms, pageable_ms, measured_gbps)
     evidence = {"gpu_idle_waiting_on_h2d_pct": idle, "h2d_ms_per_step": copy_ms, "h2d_mb_per_step": megabytes,

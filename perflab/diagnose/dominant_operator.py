@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from perflab.bottlenecks import COMPUTE_BOUND, MEMORY_BANDWIDTH
 from perflab.diagnose.findings import CPU_MAX_CONFIDENCE, Context, Finding, clamp, gain, rounded
 from perflab.diagnose.operator_facts import OperatorFact, fact_for
-from perflab.diagnose.operators import FLOP_OPS
+from perflab.diagnose.operators import FLOP_OPS, OperatorRow
 from perflab.diagnose.pattern_context import (ATTENTION_MAX_CONFIDENCE, COPY_OPS, MATMULS, POINTWISE,
                                               REFINEMENT_MAX_CONFIDENCE, SOFTMAX, VIEWS)
 from perflab.diagnose.pattern_precision import LINEAR_OPS
@@ -38,41 +38,41 @@ class DominantOperator:
 
     key: str
     fact: Optional[OperatorFact]
-    rows: list[dict[str, Any]]
+    rows: list[OperatorRow]
 
     @property
     def share_pct(self) -> float:
-        return sum(row["share_pct"] for row in self.rows)
+        return sum(row.share_pct for row in self.rows)
 
     @property
     def ms_per_step(self) -> float:
-        return sum(row["ms_per_step"] for row in self.rows)
+        return sum(row.ms_per_step for row in self.rows)
 
     @property
     def ops(self) -> list[str]:
-        return [row["op"] for row in self.rows]
+        return [row.op for row in self.rows]
 
     @property
     def backward_share_pct(self) -> float:
-        return sum(row["share_pct"] for row in self.rows if is_backward_node(row["op"]))
+        return sum(row.share_pct for row in self.rows if is_backward_node(row.op))
 
     @property
-    def where(self) -> dict[str, Any]:
-        """Module and line of the costliest forward row (backward rows carry their forward op's module)."""
-        forward = [row for row in self.rows if not is_backward_node(row["op"])]
+    def where(self) -> tuple[str, Optional[str]]:
+        """(module, line) of the costliest forward row (backward rows carry their forward op's module)."""
+        forward = [row for row in self.rows if not is_backward_node(row.op)]
         top = (forward or self.rows)[0]
-        line = next((row["line"] for row in forward + self.rows if row.get("line")), None)
-        return {"module": top["module"], "line": line}
+        line = next((row.line for row in forward + self.rows if row.line), None)
+        return top.module, line
 
     @property
     def roof_pct(self) -> Optional[float]:
         """The roofline share of its costliest row that has one (None: not placed)."""
-        return next((row["pct_of_roof"] for row in self.rows if row.get("pct_of_roof") is not None), None)
+        return next((row.pct_of_roof for row in self.rows if row.pct_of_roof is not None), None)
 
     @property
     def bound(self) -> str:
-        return next((row["bound"] for row in self.rows if row.get("pct_of_roof") is not None),
-                    self.rows[0].get("bound") or "unknown")
+        return next((row.bound for row in self.rows if row.pct_of_roof is not None),
+                    self.rows[0].bound or "unknown")
 
 
 def op_key(name: str) -> str:
@@ -89,22 +89,22 @@ def is_backward_node(name: str) -> bool:
     return re.search(r"Backward\d*$", name) is not None
 
 
-def group_operators(rows: list[dict[str, Any]]) -> list[DominantOperator]:
+def group_operators(rows: list[OperatorRow]) -> list[DominantOperator]:
     """The operator view's top ops grouped into operators (a facts entry, or forward + backward of one op), costliest
     first; ops that other rules name are left out."""
     groups: dict[str, DominantOperator] = {}
     for row in rows:
-        fact = fact_for(row["op"])
+        fact = fact_for(row.op)
         if fact is None and _named_by_other_rules(row):
             continue
-        key = fact.name if fact is not None else op_key(row["op"])
+        key = fact.name if fact is not None else op_key(row.op)
         groups.setdefault(key, DominantOperator(key, fact, [])).rows.append(row)
     return sorted(groups.values(), key=lambda group: -group.share_pct)
 
 
-def _named_by_other_rules(row: dict[str, Any]) -> bool:
-    op = row["op"]
-    if row.get("gflop_per_step") or op in OTHER_RULES_OPS or "_foreach_" in op or "_fused_" in op:
+def _named_by_other_rules(row: OperatorRow) -> bool:
+    op = row.op
+    if row.gflop_per_step or op in OTHER_RULES_OPS or "_foreach_" in op or "_fused_" in op:
         return True
     return op_key(op) in OTHER_RULES_KEYS
 
@@ -145,15 +145,15 @@ def known_operator_cap(group: DominantOperator) -> float:
 
 def operator_finding(ctx: Context, group: DominantOperator, time_source: str) -> Finding:
     """The finding for one dominant operator: headline with module and line, share, roofline place, the facts."""
-    where = group.where
+    module, line = group.where
     step_share = ctx.step_pct(group.ms_per_step)
     fact = group.fact
-    place = where["module"] + (f", {where['line']}" if where["line"] else "")
+    place = module + (f", {line}" if line else "")
     name = fact.name if fact is not None else group.ops[0]
     time_text = "GPU kernel time" if time_source == "GPU kernels" else time_source
     summary = (f"{name} ({', '.join(group.ops)}) in {place} takes {group.share_pct:.0f}% of the {time_text}, "
                f"{roof_text(group)}")
-    evidence = {"op": group.ops[0], "ops": group.ops, "module": where["module"], "line": where["line"],
+    evidence = {"op": group.ops[0], "ops": group.ops, "module": module, "line": line,
                 "share_of_device_time_pct": group.share_pct, "share_of_step_pct": step_share,
                 "backward_share_pct": group.backward_share_pct, "bound": group.bound,
                 "pct_of_roofline": group.roof_pct, "time_source": time_source}

@@ -2,9 +2,11 @@
 inputs."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from perflab.diagnose.operators import OperatorView
+from perflab.diagnose.records import Record
 from perflab.diagnose.summary import TraceProfile
 from perflab.diagnose.trace import ParsedTrace
 from perflab.results.metrics import Metrics
@@ -15,7 +17,7 @@ CPU_MAX_CONFIDENCE = 0.85
 
 
 @dataclass
-class Finding:
+class Finding(Record):
     """One rule's conclusion: a class from the map, how sure, the numbers behind it, what to try, and how much
     of the step it explains."""
 
@@ -26,12 +28,14 @@ class Finding:
     levers: list[str]  # lever names (`perflab levers`), best first
     advice: list[str] = field(default_factory=list)  # actions that are not levers (remove a sync, cache data)
     # The share of the step this cause accounts for: the step time to expect back if it were removed entirely
-    # (a step 40% shorter is 1/(1 - 0.4) = 1.67x faster). gain_basis says what was measured.
-    expected_gain_pct: float = 0.0
+    # (a step 40% shorter is 1/(1 - 0.4) = 1.67x faster). gain_basis says what was measured. None: a finding
+    # loaded from a diagnosis.json written before gains were measured.
+    expected_gain_pct: Optional[float] = 0.0
     gain_basis: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Finding":
+        return super().from_dict({"expected_gain_pct": None, **data})
 
 
 def by_expected_gain(levers: list[str], gains: dict[str, float]) -> list[str]:
@@ -50,7 +54,7 @@ class Context:
     result: Any = None  # perflab.Result or None
     tried_and_lost: frozenset[str] = frozenset()  # levers already measured on this run that did not win
     graph: Any = None  # perflab.diagnose.op_graph.OpGraph of the window (the anti-pattern rules read it)
-    operators: Any = None  # perflab.diagnose.operators.OperatorView
+    operators: Optional[OperatorView] = None
 
     def config(self, key: str, default: Any = None) -> Any:
         if self.result is None:

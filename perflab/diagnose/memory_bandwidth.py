@@ -20,7 +20,7 @@ def memory_bandwidth(ctx: Context) -> Optional[Finding]:
         share = gpu.kernel_kind_pct.get("elementwise/reduction", 0.0)
         if gpu.busy_pct < BUSY_THRESHOLD_PCT or share < SHARE_THRESHOLD_PCT:
             return None
-        top = [row["name"][:60] for row in gpu.kernel_table if row["kind"] == "elementwise/reduction"][:3]
+        top = [row.name[:60] for row in gpu.kernel_table if row.kind == "elementwise/reduction"][:3]
         evidence = {"gpu_busy_pct": gpu.busy_pct, "elementwise_reduction_kernel_time_pct": share,
                     "top_memory_bound_kernels": top}
         confidence = clamp(gpu.busy_pct / 100 * dominance(share))
@@ -35,9 +35,9 @@ def memory_bandwidth(ctx: Context) -> Optional[Finding]:
         confidence = clamp(dominance(share), high=CPU_MAX_CONFIDENCE)
         summary = f"{share:.0f}% of compute time is large elementwise/reduction ops (memory-bandwidth bound)"
         bound_ms = ctx.profile.host.compute_phase_ms_per_step * share / 100
-    memory_bound_rows = [row for row in ctx.profile.roofline if row.get("bound") == "memory"]
+    memory_bound_rows = [row for row in ctx.profile.roofline if row.bound == "memory"]
     if memory_bound_rows:
-        evidence["memory_bound_matmul_conv_achieved_gbps"] = memory_bound_rows[0]["achieved_gbps"]
+        evidence["memory_bound_matmul_conv_achieved_gbps"] = memory_bound_rows[0].achieved_gbps
     situations = set()
     if _has_convolutions(ctx):
         situations.add(CONVOLUTIONS)

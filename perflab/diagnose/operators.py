@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
 from perflab.diagnose.op_graph import VIEWS, OpCall, OpGraph
-from perflab.diagnose.roofline import DTYPE_BYTES, DTYPE_PRECISION, ceilings
+from perflab.diagnose.records import Record
+from perflab.diagnose.roofline import DTYPE_BYTES, DTYPE_PRECISION, Ceilings, ceilings
 from perflab.diagnose.trace import ParsedTrace
 
 TOP = 10
@@ -28,18 +29,85 @@ FLOP_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::conv
 
 
 @dataclass
-class OperatorView:
+class OperatorRow(Record):
+    """One op's device time per step, its FLOPs and bytes, achieved rates and place on the roofline."""
+
+    op: str
+    module: str  # module_label of the modules it ran in
+    line: Optional[str]  # the user's source line that called it, when the trace has stacks
+    calls_per_step: float
+    ms_per_step: float
+    share_pct: float  # of the view's device time
+    mean_us: float
+    gflop_per_step: float
+    mb_per_step: float
+    dtype: str
+    achieved_tflops: float
+    achieved_gbps: float
+    intensity_flop_per_byte: Optional[float]  # None when the trace does not say the bytes it moved
+    bound: str = "unknown"  # roofline_place: compute, bandwidth, latency or unknown
+    pct_of_roof: Optional[float] = None
+
+
+@dataclass
+class ModuleRow(Record):
+    """One nn.Module's device time per step and its costliest op."""
+
+    module: str
+    ms_per_step: float
+    share_pct: float
+    calls_per_step: float
+    top_op: str
+
+
+@dataclass
+class KernelSummaryRow(Record):
+    """One kernel name per step, as nsys' cuda_gpu_kern_sum lists it."""
+
+    name: str
+    share_pct: float
+    ms_per_step: float
+    instances_per_step: float
+    avg_us: float
+    med_us: float
+    min_us: float
+    max_us: float
+
+
+@dataclass
+class OperatorView(Record):
     steps: int
     device_ms_per_step: float  # the time every op's device work adds up to (kernels on CUDA, ops on the CPU)
     time_source: str  # "GPU kernels" or "CPU op time"
     ceiling_source: str
-    ops: list[dict[str, Any]] = field(default_factory=list)
-    modules: list[dict[str, Any]] = field(default_factory=list)
-    kernels: list[dict[str, Any]] = field(default_factory=list)
+    ops: list[OperatorRow] = field(default_factory=list)
+    modules: list[ModuleRow] = field(default_factory=list)
+    kernels: list[KernelSummaryRow] = field(default_factory=list)
     unattributed_pct: float = 0.0  # kernel time whose launching op is not in the trace
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+
+@dataclass
+class _OpGroup:
+    """The calls of one op name, summed while the view is built."""
+
+    op: str
+    calls: int = 0
+    time_us: float = 0.0
+    flops: float = 0.0
+    bytes: float = 0.0
+    dtype: str = ""
+    line: Optional[str] = None
+    by_module: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _ModuleGroup:
+    """The calls made inside one module, summed while the view is built."""
+
+    module: str
+    calls: int = 0
+    time_us: float = 0.0
+    by_op: dict[str, float] = field(default_factory=dict)
 
 
 def call_flops(trace: ParsedTrace, graph: OpGraph, call: OpCall) -> float:
@@ -154,34 +222,33 @@ def operator_view(trace: ParsedTrace, start: float, end: float, steps: int,
     roof = ceilings(trace)
     on_gpu = trace.has_gpu
     total_us = _device_total_us(trace, graph, start, end)
-    groups: dict[str, dict[str, Any]] = {}
-    modules: dict[str, dict[str, Any]] = {}
+    groups: dict[str, _OpGroup] = {}
+    modules: dict[str, _ModuleGroup] = {}
     for call in graph.calls:
         if call.device_us <= 0:
             continue
-        group = groups.setdefault(call.name, {"op": call.name, "calls": 0, "time_us": 0.0, "flops": 0.0, "bytes": 0.0,
-                                              "dtype": "", "by_module": {}, "line": None})
-        group["calls"] += 1
-        group["time_us"] += call.device_us
-        group["flops"] += call_flops(trace, graph, call)
-        group["bytes"] += call_bytes(trace, graph, call)
-        group["dtype"] = group["dtype"] or call_dtype(trace, graph, call)
+        group = groups.setdefault(call.name, _OpGroup(op=call.name))
+        group.calls += 1
+        group.time_us += call.device_us
+        group.flops += call_flops(trace, graph, call)
+        group.bytes += call_bytes(trace, graph, call)
+        group.dtype = group.dtype or call_dtype(trace, graph, call)
         module = call.module or "(no module)"
-        group["by_module"][module] = group["by_module"].get(module, 0.0) + call.device_us
-        group["line"] = group["line"] or call.line
-        entry = modules.setdefault(module, {"module": module, "time_us": 0.0, "calls": 0, "by_op": {}})
-        entry["time_us"] += call.device_us
-        entry["calls"] += 1
-        entry["by_op"][call.name] = entry["by_op"].get(call.name, 0.0) + call.device_us
+        group.by_module[module] = group.by_module.get(module, 0.0) + call.device_us
+        group.line = group.line or call.line
+        entry = modules.setdefault(module, _ModuleGroup(module=module))
+        entry.time_us += call.device_us
+        entry.calls += 1
+        entry.by_op[call.name] = entry.by_op.get(call.name, 0.0) + call.device_us
     op_rows = [_op_row(g, roof, precision, total_us, steps, on_gpu)
-               for g in sorted(groups.values(), key=lambda g: -g["time_us"])[:TOP]]
-    module_rows = [{"module": m["module"], "ms_per_step": m["time_us"] / 1e3 / steps,
-                    "share_pct": 100 * m["time_us"] / total_us if total_us else 0.0,
-                    "calls_per_step": m["calls"] / steps, "top_op": max(m["by_op"], key=m["by_op"].get)}
-                   for m in sorted(modules.values(), key=lambda m: -m["time_us"])[:TOP]]
-    attributed = sum(g["time_us"] for g in groups.values())
+               for g in sorted(groups.values(), key=lambda g: -g.time_us)[:TOP]]
+    module_rows = [ModuleRow(module=m.module, ms_per_step=m.time_us / 1e3 / steps,
+                             share_pct=100 * m.time_us / total_us if total_us else 0.0,
+                             calls_per_step=m.calls / steps, top_op=max(m.by_op, key=m.by_op.get))
+                   for m in sorted(modules.values(), key=lambda m: -m.time_us)[:TOP]]
+    attributed = sum(g.time_us for g in groups.values())
     return OperatorView(steps=steps, device_ms_per_step=total_us / 1e3 / steps,
-                        time_source="GPU kernels" if on_gpu else "CPU op time", ceiling_source=roof["source"],
+                        time_source="GPU kernels" if on_gpu else "CPU op time", ceiling_source=roof.source,
                         ops=op_rows, modules=module_rows, kernels=kernel_summary(trace, start, end, steps),
                         unattributed_pct=max(0.0, 100 * (1 - attributed / total_us)) if total_us else 0.0)
 
@@ -194,19 +261,17 @@ def _device_total_us(trace: ParsedTrace, graph: OpGraph, start: float, end: floa
     return float(sum(call.device_us for call in graph.calls))
 
 
-def _op_row(group: dict[str, Any], roof: dict[str, Any], precision: Optional[str], total_us: float, steps: int,
-            on_gpu: bool) -> dict[str, Any]:
-    time_us = group["time_us"]
-    flops, moved = group["flops"], group["bytes"]
-    module = module_label(group["by_module"])
-    row = {"op": group["op"], "module": module, "line": group["line"], "calls_per_step": group["calls"] / steps,
-           "ms_per_step": time_us / 1e3 / steps, "share_pct": 100 * time_us / total_us if total_us else 0.0,
-           "mean_us": time_us / group["calls"], "gflop_per_step": flops / 1e9 / steps,
-           "mb_per_step": moved / 2**20 / steps, "dtype": group["dtype"],
-           "achieved_tflops": flops / (time_us * 1e6) if time_us else 0.0,
-           "achieved_gbps": moved / (time_us * 1e3) if time_us else 0.0,
-           "intensity_flop_per_byte": flops / moved if moved else None}
-    row["bound"], row["pct_of_roof"] = roofline_place(row, roof, precision, on_gpu)
+def _op_row(group: _OpGroup, roof: Ceilings, precision: Optional[str], total_us: float, steps: int,
+            on_gpu: bool) -> OperatorRow:
+    time_us, flops, moved = group.time_us, group.flops, group.bytes
+    row = OperatorRow(op=group.op, module=module_label(group.by_module), line=group.line,
+                      calls_per_step=group.calls / steps, ms_per_step=time_us / 1e3 / steps,
+                      share_pct=100 * time_us / total_us if total_us else 0.0, mean_us=time_us / group.calls,
+                      gflop_per_step=flops / 1e9 / steps, mb_per_step=moved / 2**20 / steps, dtype=group.dtype,
+                      achieved_tflops=flops / (time_us * 1e6) if time_us else 0.0,
+                      achieved_gbps=moved / (time_us * 1e3) if time_us else 0.0,
+                      intensity_flop_per_byte=flops / moved if moved else None)
+    row.bound, row.pct_of_roof = roofline_place(row, roof, precision, on_gpu)
     return row
 
 
@@ -225,32 +290,33 @@ def module_shape(name: str) -> str:
     return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", re.sub(r"_\d+(?=\.|$)", "_*", name))
 
 
-def roofline_place(row: dict[str, Any], roof: dict[str, Any], precision: Optional[str],
+def roofline_place(row: OperatorRow, roof: Ceilings, precision: Optional[str],
                    on_gpu: bool) -> tuple[str, Optional[float]]:
     """'compute', 'bandwidth', 'latency' (too small or far below both roofs) or 'unknown' without ceilings."""
-    if on_gpu and row["mean_us"] < SMALL_CALL_US:
+    if on_gpu and row.mean_us < SMALL_CALL_US:
         return "latency", None
-    dtype_precision = DTYPE_PRECISION.get(row["dtype"], "fp32")
+    dtype_precision = DTYPE_PRECISION.get(row.dtype, "fp32")
     if dtype_precision == "fp32" and precision == "tf32":
         dtype_precision = "tf32"
-    peak = (roof.get("tflops") or {}).get(dtype_precision)
-    bandwidth = roof.get("memory_gbps")
-    if not peak or not bandwidth or row["intensity_flop_per_byte"] is None:
+    peak = roof.tflops.get(dtype_precision)
+    bandwidth = roof.memory_gbps
+    intensity = row.intensity_flop_per_byte
+    if not peak or not bandwidth or intensity is None:
         return "unknown", None  # no ceilings, or the bytes the op moved are not in the trace
-    intensity = row["intensity_flop_per_byte"]
     ridge = peak * 1e12 / (bandwidth * 1e9)
     if intensity >= ridge:
-        pct = 100 * row["achieved_tflops"] / peak
+        pct = 100 * row.achieved_tflops / peak
         bound = "compute"
     else:
-        pct = 100 * row["achieved_gbps"] / bandwidth
+        pct = 100 * row.achieved_gbps / bandwidth
         bound = "bandwidth"
     if pct < LATENCY_PCT_OF_ROOF:
         bound = "latency"
     return bound, pct
 
 
-def kernel_summary(trace: ParsedTrace, start: float, end: float, steps: int, top: int = TOP) -> list[dict[str, Any]]:
+def kernel_summary(trace: ParsedTrace, start: float, end: float, steps: int,
+                   top: int = TOP) -> list[KernelSummaryRow]:
     """Top kernels by name over the window, as nsys' cuda_gpu_kern_sum lists them (per step)."""
     k = trace.kernels
     if not len(k):
@@ -265,8 +331,8 @@ def kernel_summary(trace: ParsedTrace, start: float, end: float, steps: int, top
         if totals[name_id] <= 0:
             break
         mine = durations[ids == name_id]
-        rows.append({"name": k.names[name_id], "share_pct": 100 * totals[name_id] / total,
-                     "ms_per_step": totals[name_id] / 1e3 / steps, "instances_per_step": len(mine) / steps,
-                     "avg_us": float(mine.mean()), "med_us": float(np.median(mine)), "min_us": float(mine.min()),
-                     "max_us": float(mine.max())})
+        rows.append(KernelSummaryRow(name=k.names[name_id], share_pct=100 * totals[name_id] / total,
+                                     ms_per_step=totals[name_id] / 1e3 / steps, instances_per_step=len(mine) / steps,
+                                     avg_us=float(mine.mean()), med_us=float(np.median(mine)),
+                                     min_us=float(mine.min()), max_us=float(mine.max())))
     return rows

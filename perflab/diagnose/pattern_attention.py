@@ -4,7 +4,7 @@ with triu/tril and applied with masked_fill(-inf), a softmax upcast to fp32. Eac
 F.scaled_dot_product_attention, which the advice spells out."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from perflab.bottlenecks import COMPUTE_BOUND, HAND_WRITTEN_ATTENTION, MEMORY_BANDWIDTH
@@ -81,9 +81,19 @@ def _last2(dims: list, position: int) -> Optional[tuple[int, int]]:
     return None
 
 
-def find_hand_attention(pc: PatternContext, window: int = 8) -> list[Match]:
+@dataclass
+class AttentionMatch(Match):
+    """One hand-written attention: its two matmuls over an s x s score matrix, and what precedes them (shape)."""
+
+    seq_len: int = 0
+    matmuls: list[OpCall] = field(default_factory=list)
+    shape: Optional[AttentionShape] = None
+    end: int = 0  # the position after the second matmul in its thread's calls
+
+
+def find_hand_attention(pc: PatternContext, window: int = 8) -> list[AttentionMatch]:
     """matmul giving an s x s tensor, a softmax over it, a matmul that reads it: the pattern SDPA replaces; with the
-    K/V repeats and mask construction before it (extra['shape'])."""
+    K/V repeats and mask construction before it (AttentionMatch.shape)."""
     matches = []
     for calls in pc.per_thread().values():
         i = 0
@@ -103,12 +113,12 @@ def find_hand_attention(pc: PatternContext, window: int = 8) -> list[Match]:
             if second is None:
                 i += 1
                 continue
-            begin = _preamble_start(calls, i, matches[-1].extra["end"] if matches else 0)
+            begin = _preamble_start(calls, i, matches[-1].end if matches else 0)
             shape = attention_shape(pc, calls[begin:second + 1], first, calls[softmax])
-            matches.append(Match(calls[begin:second + 1],
-                                 f"{first.name} -> {calls[softmax].name} -> {calls[second].name} over {s}x{s} scores",
-                                 {"seq_len": s, "matmuls": [first, calls[second]], "shape": shape,
-                                  "end": second + 1}))
+            matches.append(AttentionMatch(
+                calls[begin:second + 1],
+                f"{first.name} -> {calls[softmax].name} -> {calls[second].name} over {s}x{s} scores",
+                seq_len=s, matmuls=[first, calls[second]], shape=shape, end=second + 1))
             i = second + 1
     return matches
 
@@ -177,7 +187,7 @@ def hand_attention(ctx: Context) -> Optional[Finding]:
     if not matches:
         return None
     total_us = sum(pc.with_backward_us(m.calls) for m in matches)
-    matmul_us = sum(pc.with_backward_us(m.extra["matmuls"]) for m in matches)
+    matmul_us = sum(pc.with_backward_us(m.matmuls) for m in matches)
     share = pc.share_pct(total_us)
     if share < MIN_SHARE_PCT:
         return None
@@ -187,14 +197,14 @@ def hand_attention(ctx: Context) -> Optional[Finding]:
     # runs the matmuls fused; in fp32 only the memory-efficient kernel applies, with no faster matmuls (on the H100:
     # 19% measured where 43% was predicted with them). A training step's backward recomputes the scores: one more of
     # the pattern's six matmul passes (two forward, four backward).
-    sixteen_bit = any(dtype in SIXTEEN_BIT_DTYPES for m in matches for dtype in pc.dtypes(m.extra["matmuls"][0].index))
-    backward = pc.backward_us(matches[0].extra["matmuls"]) > 0
+    sixteen_bit = any(dtype in SIXTEEN_BIT_DTYPES for m in matches for dtype in pc.dtypes(m.matmuls[0].index))
+    backward = pc.backward_us(matches[0].matmuls) > 0
     saved_us = (total_us - matmul_us) + (FLASH_MATMUL_SAVING * matmul_us if sixteen_bit else 0.0)
     if backward:
         saved_us -= matmul_us / 6
     other_share = 100 * (total_us - matmul_us) / total_us if total_us else 0.0
-    shape: AttentionShape = matches[0].extra["shape"]
-    evidence = {**where, "pattern": matches[0].detail, "pattern_share_of_step_pct": share,
+    shape = matches[0].shape
+    evidence = {**where.evidence(), "pattern": matches[0].detail, "pattern_share_of_step_pct": share,
                 "pattern_ms_per_step": total_us / 1e3 / ctx.profile.steps,
                 "outside_matmuls_pct_of_pattern": other_share, "kv_repeat": shape.kv_repeat,
                 "query_heads_per_kv_head": shape.groups, "causal_mask_builder": shape.causal_builder,
@@ -203,15 +213,15 @@ def hand_attention(ctx: Context) -> Optional[Finding]:
     # the SDPA levers switch perflab's own transformer's kernels; any other model needs the code change
     levers = (ctx.rank_levers(levers_for(cls, {HAND_WRITTEN_ATTENTION}, always=False))
               if ctx.config("workload") == "transformer" else [])
-    s = matches[0].extra["seq_len"]
+    s = matches[0].seq_len
     extras = shape.described()
     return Finding(
         cls=cls, confidence=clamp(0.3 + share / 50, high=ATTENTION_MAX_CONFIDENCE),
         summary=f"hand-written attention in {place(where)}: matmul -> softmax -> matmul over a {s}x{s} score "
                 f"matrix" + (f" ({'; '.join(extras)})" if extras else "") + f" takes {share:.0f}% of the step "
-                f"({where['occurrences_per_step']:g}x per step)",
+                f"({where.occurrences_per_step:g}x per step)",
         evidence=rounded(evidence), levers=levers,
-        advice=[f"in {where['module']}, replace the matmul/softmax/matmul with torch.nn.functional."
+        advice=[f"in {where.module}, replace the matmul/softmax/matmul with torch.nn.functional."
                 f"{shape.sdpa_call().removeprefix('F.')}: flash/memory-efficient kernels never write the s x s "
                 "scores", *shape.notes()],
         expected_gain_pct=gain(pc.share_pct(saved_us)),

@@ -2,7 +2,7 @@
 autograd made from them (by Sequence number), shapes and dtypes by op, and where a match sits (module, line)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -44,7 +44,6 @@ class Match:
 
     calls: list[OpCall]
     detail: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class PatternContext:
@@ -100,18 +99,33 @@ class PatternContext:
         return threads
 
 
-def where_of(matches: list[Match], steps: int = 1) -> dict[str, Any]:
+@dataclass
+class Where:
+    """Where a pattern's matches sit: the costliest one's module, up to 8 modules, its line and op, and how often
+    it occurs. Its fields lead the finding's evidence (evidence())."""
+
+    module: str
+    modules: list[str]
+    line: Optional[str]
+    op: str
+    occurrences_per_step: float
+
+    def evidence(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def where_of(matches: list[Match], steps: int = 1) -> Where:
     """Module(s) and line of the matches, most costly first."""
     modules = list(dict.fromkeys(m.calls[0].module or "(no module)" for m in matches))
     lines = list(dict.fromkeys(m.calls[0].line for m in matches if m.calls[0].line))
-    return {"module": modules[0], "modules": modules[:8], "line": lines[0] if lines else None,
-            "op": matches[0].calls[0].name, "occurrences_per_step": len(matches) / max(steps, 1)}
+    return Where(module=modules[0], modules=modules[:8], line=lines[0] if lines else None,
+                 op=matches[0].calls[0].name, occurrences_per_step=len(matches) / max(steps, 1))
 
 
-def place(where: dict[str, Any]) -> str:
-    more = f" (and {len(where['modules']) - 1} more)" if len(where["modules"]) > 1 else ""
-    line = f", {where['line']}" if where["line"] else ""
-    return f"{where['module']}{more}{line}"
+def place(where: Where) -> str:
+    more = f" (and {len(where.modules) - 1} more)" if len(where.modules) > 1 else ""
+    line = f", {where.line}" if where.line else ""
+    return f"{where.module}{more}{line}"
 
 
 def pattern_context(ctx: Context) -> Optional[PatternContext]:

@@ -2,6 +2,7 @@
 of 8."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional
 
 from perflab.bottlenecks import COMPUTE_BOUND, FP32_MATMULS
@@ -50,7 +51,7 @@ def fp32_matmuls(ctx: Context) -> Optional[Finding]:
         return None
     where = where_of(matches, ctx.profile.steps)
     speedup = _tf32_speedup(ctx) if ctx.on_gpu else 1.5
-    evidence = {**where, "fp32_matmul_share_of_step_pct": share, "expected_speedup_of_matmuls": speedup}
+    evidence = {**where.evidence(), "fp32_matmul_share_of_step_pct": share, "expected_speedup_of_matmuls": speedup}
     # TF32 is a CUDA feature: on a CPU trace the finding is a note for the GPU run, not this run's verdict
     high = REFINEMENT_MAX_CONFIDENCE if ctx.on_gpu else MINOR_MAX_CONFIDENCE
     levers = ctx.rank_levers(levers_for(COMPUTE_BOUND, {FP32_MATMULS}, always=False))  # TF32 only on CUDA
@@ -66,10 +67,17 @@ def fp32_matmuls(ctx: Context) -> Optional[Finding]:
 
 
 def _tf32_speedup(ctx: Context) -> float:
-    peaks = ceilings(ctx.trace).get("tflops") or {}
+    peaks = ceilings(ctx.trace).tflops
     fast, slow = peaks.get("tf32") or peaks.get("bf16"), peaks.get("fp32")
     # matmuls at their roof rarely reach the full ratio (memory-bound edges, epilogues): cap it
     return min(4.0, fast / slow) if fast and slow else 2.0
+
+
+@dataclass
+class OddDimsMatch(Match):
+    """A 16-bit matmul whose dims are not a multiple of 8."""
+
+    dims: list[int] = field(default_factory=list)
 
 
 def odd_16bit_dims(ctx: Context) -> Optional[Finding]:
@@ -83,18 +91,18 @@ def odd_16bit_dims(ctx: Context) -> Optional[Finding]:
             odd.append((call, _odd_dims(pc, bad[0])))
     if not odd:
         return None
-    matches = [Match([c], extra={"dims": d}) for c, d in sorted(odd, key=lambda p: -p[0].device_us)]
+    matches = [OddDimsMatch([c], dims=d) for c, d in sorted(odd, key=lambda p: -p[0].device_us)]
     total_us = sum(pc.with_backward_us(m.calls) for m in matches)
     share = pc.share_pct(total_us)
     if share < MIN_SHARE_PCT:
         return None
     where = where_of(matches, ctx.profile.steps)
-    dims = matches[0].extra["dims"]
+    dims = matches[0].dims
     return Finding(
         cls=COMPUTE_BOUND, confidence=clamp(0.3 + share / 60, high=REFINEMENT_MAX_CONFIDENCE),
         summary=f"16-bit matmuls with dims not a multiple of 8 ({', '.join(map(str, dims))} in {place(where)}) "
                 f"take {share:.0f}% of the step: tensor cores run them padded or not at all",
-        evidence=rounded({**where, "odd_dims": dims, "share_of_step_pct": share}), levers=[],
+        evidence=rounded({**where.evidence(), "odd_dims": dims, "share_of_step_pct": share}), levers=[],
         advice=[f"pad the model's widths to multiples of 8 (e.g. {dims[0]} -> {-(-dims[0] // 8) * 8}); "
                 "vocabulary sizes to multiples of 64"],
         expected_gain_pct=gain(0.3 * share), gain_basis="30% of those matmuls' measured time (aligned tiles)")

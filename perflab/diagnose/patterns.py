@@ -80,7 +80,7 @@ def elementwise_chains(ctx: Context) -> Optional[Finding]:
     mean_bytes = sum(call_bytes(pc.trace, pc.graph, c) for c in forward_calls) / max(1, len(forward_calls))
     tiny = mean_bytes < TINY_CALL_BYTES or mean_call_us < (TINY_CALL_US_GPU if ctx.on_gpu else TINY_CALL_US_CPU)
     forward_share = pc.share_pct(forward_us)
-    evidence = {**where, "chains_per_step": len(matches) / ctx.profile.steps, "longest_chain_ops": longest,
+    evidence = {**where.evidence(), "chains_per_step": len(matches) / ctx.profile.steps, "longest_chain_ops": longest,
                 "chain_share_of_step_pct": share, "forward_share_of_step_pct": forward_share,
                 "ops": sorted({c.name for c in matches[0].calls})}
     cls = LAUNCH_OVERHEAD if tiny else MEMORY_BANDWIDTH
@@ -121,7 +121,7 @@ def conv_bias_batchnorm(ctx: Context) -> Optional[Finding]:
         cls=MEMORY_BANDWIDTH, confidence=clamp(0.25 + share / 100, high=MINOR_MAX_CONFIDENCE),
         summary=f"{len(matches) // ctx.profile.steps} convs with a bias feed batch norm ({place(where)}): the "
                 "norm subtracts the mean, so the bias is computed, stored and differentiated for nothing",
-        evidence=rounded({**where, "conv_share_of_step_pct": share}), levers=[],
+        evidence=rounded({**where.evidence(), "conv_share_of_step_pct": share}), levers=[],
         advice=["nn.Conv2d(..., bias=False) before BatchNorm"],
         expected_gain_pct=gain(0.05 * share), gain_basis="5% of those convs' time (the bias add and its gradient)")
 
@@ -142,7 +142,7 @@ def extra_copies(ctx: Context) -> Optional[Finding]:
         return None
     matches = [Match([c]) for c in sorted(copies, key=lambda c: -c.device_us)]
     where = where_of(matches, ctx.profile.steps)
-    evidence = {**where, "copies_per_step": len(copies) / ctx.profile.steps, "share_of_step_pct": share,
+    evidence = {**where.evidence(), "copies_per_step": len(copies) / ctx.profile.steps, "share_of_step_pct": share,
                 "h2d_copies_in_forward_backward_per_step": h2d_in_model / ctx.profile.steps}
     return Finding(
         cls=MEMORY_BANDWIDTH, confidence=clamp(0.25 + share / 40, high=0.7),

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ast
 import math
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
+from perflab.diagnose.records import Record
 from perflab.diagnose.trace import OpShapes, ParsedTrace
 from perflab.calibrate import DATASHEET, load_cache
 from perflab.calibrate import cached_ceilings
@@ -76,27 +78,59 @@ def _conv(op: OpShapes, elt: int) -> Optional[tuple[float, float]]:
     return flops, elt * (_numel(x) + _numel(w) + n * out_c * ho * wo)
 
 
-def ceilings(trace: ParsedTrace) -> dict[str, Any]:
+@dataclass
+class Ceilings:
+    """The traced device's roofs: peak TFLOP/s by precision (fp32, tf32, bf16, ...) and memory GB/s, and where
+    they come from."""
+
+    source: str
+    tflops: dict[str, float] = field(default_factory=dict)
+    memory_gbps: Optional[float] = None
+
+
+@dataclass
+class RooflineRow(Record):
+    """One matmul/conv shape: its FLOPs, bytes, intensity, achieved rate and place on the roofline."""
+
+    op: str
+    shapes: str  # the first three input shapes
+    dtype: str
+    calls: int = 0
+    flops: float = 0.0
+    bytes: float = 0.0
+    time_us: float = 0.0
+    intensity_flop_per_byte: Optional[float] = None
+    achieved_tflops: float = 0.0
+    achieved_gbps: float = 0.0
+    peak_tflops: Optional[float] = None
+    memory_gbps: Optional[float] = None
+    ceiling_source: str = ""
+    bound: Optional[str] = None  # "compute" or "memory"; None without ceilings
+    pct_of_roof: Optional[float] = None
+    ridge_flop_per_byte: Optional[float] = None
+
+
+def ceilings(trace: ParsedTrace) -> Ceilings:
     """Peak TFLOP/s by precision and memory GB/s for the traced device, with their source."""
     name = trace.gpu_name
     if name:
-        for key, entry in load_cache().items():
+        for key, entry in load_cache().items():  # calibrate's cache file: its own format
             if key.startswith(f"{name} |"):
-                return {"tflops": entry.get("tflops", {}), "memory_gbps": entry.get("memory_gbps"),
-                        "source": f"calibrated {entry.get('measured_utc', '')}"}
+                return Ceilings(tflops=entry.get("tflops", {}), memory_gbps=entry.get("memory_gbps"),
+                                source=f"calibrated {entry.get('measured_utc', '')}")
         for model, sheet in DATASHEET.items():  # ordered: "H100 PCIe" before "H100"
             if all(part in name for part in model.split()):
-                return {"tflops": {k: v for k, v in sheet.items() if k != "memory_gbps"},
-                        "memory_gbps": sheet["memory_gbps"], "source": f"datasheet ({model})"}
-        return {"tflops": {}, "memory_gbps": None, "source": "none: unknown GPU"}
+                return Ceilings(tflops={k: v for k, v in sheet.items() if k != "memory_gbps"},
+                                memory_gbps=sheet["memory_gbps"], source=f"datasheet ({model})")
+        return Ceilings(source="none: unknown GPU")
     if trace.has_gpu:
-        return {"tflops": {}, "memory_gbps": None, "source": "none: the trace names no device"}
+        return Ceilings(source="none: the trace names no device")
     import torch
     entry = cached_ceilings(torch.device("cpu"))
     if entry:  # the CPU that runs diagnose; right when diagnosing a trace recorded here
-        return {"tflops": entry.get("tflops", {}), "memory_gbps": entry.get("memory_gbps"),
-                "source": f"calibrated on this CPU {entry.get('measured_utc', '')}"}
-    return {"tflops": {}, "memory_gbps": None, "source": "none: run `perflab calibrate` for CPU ceilings"}
+        return Ceilings(tflops=entry.get("tflops", {}), memory_gbps=entry.get("memory_gbps"),
+                        source=f"calibrated on this CPU {entry.get('measured_utc', '')}")
+    return Ceilings(source="none: run `perflab calibrate` for CPU ceilings")
 
 
 def _op_time_us(trace: ParsedTrace) -> dict[int, float]:
@@ -113,45 +147,43 @@ def _op_time_us(trace: ParsedTrace) -> dict[int, float]:
     return {ext: op.dur_us for ext, op in trace.shapes.items() if op.name in outer}
 
 
-def roofline_rows(trace: ParsedTrace, top: int = 5, precision: Optional[str] = None) -> list[dict[str, Any]]:
+def roofline_rows(trace: ParsedTrace, top: int = 5, precision: Optional[str] = None) -> list[RooflineRow]:
     """The heaviest matmul/conv shapes: FLOPs, bytes, intensity, achieved rate and where they sit on the roofline."""
     if not trace.shapes:
         return []
     times = _op_time_us(trace)
-    groups: dict[tuple, dict[str, Any]] = {}
+    groups: dict[tuple, RooflineRow] = {}
     for ext, time_us in times.items():
         op = trace.shapes[ext]
         counted = flops_and_bytes(op)
         if counted is None or time_us <= 0:
             continue
         key = (op.name, str(op.dims[:3]), op.types[0] if op.types else "")
-        group = groups.setdefault(key, {"op": op.name, "shapes": str(op.dims[:3]), "dtype": key[2], "calls": 0,
-                                        "flops": 0.0, "bytes": 0.0, "time_us": 0.0})
-        group["calls"] += 1
-        group["flops"] += counted[0]
-        group["bytes"] += counted[1]
-        group["time_us"] += time_us
+        row = groups.setdefault(key, RooflineRow(op=op.name, shapes=key[1], dtype=key[2]))
+        row.calls += 1
+        row.flops += counted[0]
+        row.bytes += counted[1]
+        row.time_us += time_us
     roof = ceilings(trace)
-    rows = []
-    for group in sorted(groups.values(), key=lambda g: -g["time_us"])[:top]:
-        rows.append(_place(group, roof, precision))
+    rows = sorted(groups.values(), key=lambda row: -row.time_us)[:top]
+    for row in rows:
+        _place(row, roof, precision)
     return rows
 
 
-def _place(group: dict[str, Any], roof: dict[str, Any], precision: Optional[str]) -> dict[str, Any]:
-    intensity = group["flops"] / group["bytes"] if group["bytes"] else None
-    achieved_tflops = group["flops"] / (group["time_us"] * 1e6)
-    achieved_gbps = group["bytes"] / (group["time_us"] * 1e3)
-    dtype_precision = DTYPE_PRECISION.get(group["dtype"], "fp32")
+def _place(row: RooflineRow, roof: Ceilings, precision: Optional[str]) -> None:
+    """Fill in the row's rates and its place under the roofs."""
+    row.intensity_flop_per_byte = intensity = row.flops / row.bytes if row.bytes else None
+    row.achieved_tflops = row.flops / (row.time_us * 1e6)
+    row.achieved_gbps = row.bytes / (row.time_us * 1e3)
+    dtype_precision = DTYPE_PRECISION.get(row.dtype, "fp32")
     precision = "tf32" if dtype_precision == "fp32" and precision == "tf32" else dtype_precision
-    peak = roof["tflops"].get(precision)
-    bandwidth = roof["memory_gbps"]
-    row = {**group, "intensity_flop_per_byte": intensity, "achieved_tflops": achieved_tflops,
-           "achieved_gbps": achieved_gbps, "peak_tflops": peak, "memory_gbps": bandwidth,
-           "ceiling_source": roof["source"], "bound": None, "pct_of_roof": None}
+    row.peak_tflops = peak = roof.tflops.get(precision)
+    row.memory_gbps = bandwidth = roof.memory_gbps
+    row.ceiling_source = roof.source
     if peak and bandwidth and intensity:
         ridge = peak * 1e12 / (bandwidth * 1e9)
         roof_tflops = min(peak, intensity * bandwidth / 1e3)
-        row.update(ridge_flop_per_byte=ridge, bound="compute" if intensity >= ridge else "memory",
-                   pct_of_roof=100 * achieved_tflops / roof_tflops)
-    return row
+        row.ridge_flop_per_byte = ridge
+        row.bound = "compute" if intensity >= ridge else "memory"
+        row.pct_of_roof = 100 * row.achieved_tflops / roof_tflops

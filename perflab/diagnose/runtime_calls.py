@@ -23,6 +23,7 @@ import numpy as np
 
 from perflab.diagnose.intervals import Intervals, intervals_of
 from perflab.diagnose.phases import step_intervals
+from perflab.diagnose.records import Record
 from perflab.diagnose.sync_sites import (BLOCKING_CALLS, SiteContext, SyncSite, blocking_labels, runtime_call_sites,
                                          sync_shadow)
 from perflab.diagnose.trace import ParsedTrace
@@ -44,7 +45,7 @@ TOP_CALLERS = 3
 
 
 @dataclass
-class ApiKind:
+class ApiKind(Record):
     """One kind of runtime call in the profiled steps."""
 
     calls_per_step: float
@@ -57,7 +58,7 @@ class ApiKind:
 
 
 @dataclass
-class RuntimeApiProfile:
+class RuntimeApiProfile(Record):
     """The runtime calls of the profiled steps by kind, what made the allocator's, and the copies and memsets that
     neither the sync rule (a sync in the same op) nor the copy rule (the input copies) reports: `unclaimed`."""
 

@@ -3,18 +3,19 @@ its split, the kernel and copy tables, host phases, the CPU op mix and the host-
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
 from perflab.diagnose.intervals import Intervals, intervals_of
+from perflab.diagnose.records import Record
 from perflab.diagnose.phases import COMPUTE_PHASES, PHASES, loader_intervals, phase_intervals
 from perflab.diagnose.runtime_calls import RuntimeApiProfile, runtime_calls
 from perflab.diagnose.sync_sites import SyncProfile, SyncSite, find_sync_sites, sync_profile, sync_shadow
 from perflab.diagnose.communication import communication_host, is_nccl_kernel
 from perflab.diagnose.trace import EventTable, ParsedTrace
-from perflab.diagnose.roofline import roofline_rows
+from perflab.diagnose.roofline import RooflineRow, roofline_rows
 
 SHORT_KERNEL_US = 10.0
 LARGE_CPU_OP_US = 20.0
@@ -58,7 +59,42 @@ def memcpy_kind(name: str) -> str:
 
 
 @dataclass
-class GpuProfile:
+class KernelRow(Record):
+    """One kernel name's time in the profiled steps."""
+
+    name: str
+    kind: str  # kernel_kind
+    count_per_step: float
+    ms_per_step: float
+    mean_us: float
+    share_pct: float  # of all kernel time
+
+
+@dataclass
+class MemcpyRow(Record):
+    """One kind of memory copy (memcpy_kind) in the profiled steps."""
+
+    kind: str
+    count_per_step: float
+    ms_per_step: float
+    mb_per_step: float
+    gbps: Optional[float]
+    overlap_with_compute_pct: float
+
+
+@dataclass
+class HostOpRow(Record):
+    """One CPU op's self time in the compute phases."""
+
+    name: str
+    calls_per_step: float
+    self_ms_per_step: float
+    mean_self_us: float
+    share_pct: float  # of the compute phases' time
+
+
+@dataclass
+class GpuProfile(Record):
     busy_pct: float  # share of the window with at least one kernel running
     copy_only_pct: float  # copies running, no kernel
     idle_pct: float  # neither kernels nor copies
@@ -69,15 +105,15 @@ class GpuProfile:
     short_kernel_time_pct: float
     median_kernel_us: float
     kernel_kind_pct: dict[str, float]  # share of kernel time by kind
-    kernel_table: list[dict[str, Any]]
-    memcpy_table: list[dict[str, Any]]
+    kernel_table: list[KernelRow]
+    memcpy_table: list[MemcpyRow]
     launch_queue_median_us: Optional[float]  # launch call end -> kernel start; small means the GPU waits on the host
     sync_calls_per_step: dict[str, float]  # blocking runtime calls in the step, outside the DataLoader
     d2h_copies_per_step: float
 
 
 @dataclass
-class HostProfile:
+class HostProfile(Record):
     phase_ms_per_step: dict[str, float]
     phase_share_pct: dict[str, float]
     ops_per_step: float
@@ -85,11 +121,11 @@ class HostProfile:
     compute_phase_ms_per_step: float
     op_mix_pct: dict[str, float]  # share of compute-phase time: matmul/conv, large elementwise, small ops and overhead
     median_op_self_us: Optional[float]
-    op_table: list[dict[str, Any]]
+    op_table: list[HostOpRow]
 
 
 @dataclass
-class TraceProfile:
+class TraceProfile(Record):
     device: str  # "cuda" when the trace holds GPU activity, else "cpu"
     steps: int
     window_ms: float
@@ -97,16 +133,13 @@ class TraceProfile:
     host: HostProfile
     syncs: SyncProfile
     gpu: Optional[GpuProfile] = None
-    roofline: list[dict[str, Any]] = field(default_factory=list)
+    roofline: list[RooflineRow] = field(default_factory=list)
     gpu_name: Optional[str] = None
     notes: list[str] = field(default_factory=list)
     start_us: float = 0.0  # the analysed window on the trace's clock (the operator view and the rules share it)
     end_us: float = 0.0
     gpu_start_us: float = 0.0  # where the GPU's busy/idle split starts: start_us, or a later first kernel (notes)
     runtime_api: Optional[RuntimeApiProfile] = None  # GPU traces: the blocking runtime calls (runtime_calls.py)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def step_window(trace: ParsedTrace) -> tuple[float, float, int]:
@@ -239,7 +272,7 @@ def _self_times(ops: EventTable) -> np.ndarray:
 
 
 def _op_table(ops: EventTable, self_us: np.ndarray, selected: np.ndarray, total_us: float, steps: int,
-              top: int = 10) -> list[dict[str, Any]]:
+              top: int = 10) -> list[HostOpRow]:
     ids = ops.name_id[selected]
     totals = np.bincount(ids, weights=self_us[selected], minlength=len(ops.names))
     counts = np.bincount(ids, minlength=len(ops.names))
@@ -247,9 +280,10 @@ def _op_table(ops: EventTable, self_us: np.ndarray, selected: np.ndarray, total_
     for name_id in np.argsort(-totals)[:top]:
         if counts[name_id] == 0:
             break
-        rows.append({"name": ops.names[name_id], "calls_per_step": counts[name_id] / steps,
-                     "self_ms_per_step": totals[name_id] / 1e3 / steps,
-                     "mean_self_us": totals[name_id] / counts[name_id], "share_pct": 100 * totals[name_id] / total_us})
+        rows.append(HostOpRow(name=ops.names[name_id], calls_per_step=counts[name_id] / steps,
+                              self_ms_per_step=totals[name_id] / 1e3 / steps,
+                              mean_self_us=totals[name_id] / counts[name_id],
+                              share_pct=100 * totals[name_id] / total_us))
     return rows
 
 
@@ -340,20 +374,20 @@ def _idle_split(trace: ParsedTrace, gaps: Intervals, sync_shadow: Intervals,
     return {cause: split[cause] for cause in IDLE_CAUSES}
 
 
-def _kernel_table(k: EventTable, kinds: list[str], total_us: float, steps: int, top: int = 10) -> list[dict]:
+def _kernel_table(k: EventTable, kinds: list[str], total_us: float, steps: int, top: int = 10) -> list[KernelRow]:
     if not len(k):
         return []
     totals = np.bincount(k.name_id, weights=k.dur_us, minlength=len(k.names))
     counts = np.bincount(k.name_id, minlength=len(k.names))
     rows = []
     for name_id in np.argsort(-totals)[:top]:
-        rows.append({"name": k.names[name_id], "kind": kinds[name_id], "count_per_step": counts[name_id] / steps,
-                     "ms_per_step": totals[name_id] / 1e3 / steps, "mean_us": totals[name_id] / counts[name_id],
-                     "share_pct": 100 * totals[name_id] / total_us})
+        rows.append(KernelRow(name=k.names[name_id], kind=kinds[name_id], count_per_step=counts[name_id] / steps,
+                              ms_per_step=totals[name_id] / 1e3 / steps, mean_us=totals[name_id] / counts[name_id],
+                              share_pct=100 * totals[name_id] / total_us))
     return rows
 
 
-def _memcpy_table(mc: EventTable, kernel_busy: Intervals, steps: int) -> list[dict]:
+def _memcpy_table(mc: EventTable, kernel_busy: Intervals, steps: int) -> list[MemcpyRow]:
     if not len(mc):
         return []
     kinds = np.array([memcpy_kind(mc.names[i]) for i in mc.name_id])
@@ -364,8 +398,8 @@ def _memcpy_table(mc: EventTable, kernel_busy: Intervals, steps: int) -> list[di
         copied = Intervals.union(mc.start_us[mask], mc.end_us[mask])
         overlapped = kernel_busy.overlap(copied)
         total_bytes = float(mc.extra[mask].sum())
-        rows.append({"kind": kind, "count_per_step": float(mask.sum()) / steps, "ms_per_step": dur_us / 1e3 / steps,
-                     "mb_per_step": total_bytes / 2**20 / steps,
-                     "gbps": total_bytes / (dur_us * 1e3) if dur_us else None,
-                     "overlap_with_compute_pct": 100 * overlapped / copied.total if copied.total else 0.0})
+        rows.append(MemcpyRow(kind=str(kind), count_per_step=float(mask.sum()) / steps,
+                              ms_per_step=dur_us / 1e3 / steps, mb_per_step=total_bytes / 2**20 / steps,
+                              gbps=total_bytes / (dur_us * 1e3) if dur_us else None,
+                              overlap_with_compute_pct=100 * overlapped / copied.total if copied.total else 0.0))
     return rows

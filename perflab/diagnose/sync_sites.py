@@ -27,6 +27,7 @@ from perflab.diagnose.intervals import Intervals
 from perflab.diagnose.op_graph import ModuleLookup, is_user_frame
 from perflab.diagnose.phases import (MODEL_PHASES, PHASES, loader_intervals, phase_intervals,
                                      step_intervals)
+from perflab.diagnose.records import Record
 from perflab.diagnose.trace import EventTable, ParsedTrace
 
 BLOCKING_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
@@ -68,7 +69,7 @@ class SyncSite:
 
 
 @dataclass
-class SyncProfile:
+class SyncProfile(Record):
     """Sync sites per profiled step, by source; those inside the DataLoader are counted apart."""
 
     source: str  # what a site is on this trace: blocking runtime calls (GPU) or ops that sync on CUDA (CPU)

@@ -1,7 +1,7 @@
 """The verdict: run every rule over one parsed trace and name the bottleneck, or say there is none."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from perflab.diagnose.activation_memory import activation_memory
@@ -17,8 +17,11 @@ from perflab.diagnose.input_pipeline import input_pipeline
 from perflab.diagnose.launch_overhead import launch_overhead
 from perflab.diagnose.lost_levers import apply_tried_and_lost
 from perflab.diagnose.memory_bandwidth import memory_bandwidth
+from perflab.diagnose.operators import OperatorView
 from perflab.diagnose.patterns import PATTERN_RULES
+from perflab.diagnose.records import Record
 from perflab.diagnose.runtime_api import RUNTIME_API_RULES
+from perflab.diagnose.summary import TraceProfile
 from perflab.diagnose.sync import host_device_sync
 
 # One function per rule family; each returns a Finding or None with its candidate levers, best first.
@@ -36,7 +39,7 @@ BUSY_ENOUGH_PCT = 95.0
 
 
 @dataclass
-class Diagnosis:
+class Diagnosis(Record):
     """The verdict (bottleneck class, confidence, evidence, ranked levers), every finding, and the trace summary."""
 
     bottleneck: str
@@ -45,20 +48,27 @@ class Diagnosis:
     evidence: dict[str, Any]
     levers: list[str]
     advice: list[str]
-    findings: list[dict[str, Any]]
-    profile: dict[str, Any]
+    findings: list[Finding]
+    profile: Optional[TraceProfile]  # None: a diagnosis of a result alone (perflab serve)
     source: dict[str, Optional[str]] = field(default_factory=dict)
     expected_gain_pct: Optional[float] = None  # the named finding's (see Finding); None when none is named
     tried_and_lost: list[str] = field(default_factory=list)  # levers left out because they lost on this run
-    operators: dict[str, Any] = field(default_factory=dict)  # the operator view (perflab.diagnose.operators)
+    operators: Optional[OperatorView] = None  # None without a trace, or in a diagnosis.json from before the view
+
+    def __post_init__(self) -> None:
+        # saved dicts handed in directly (a diagnosis planted in a test) become records as from_dict makes them
+        self.findings = [f if isinstance(f, Finding) else Finding.from_dict(f) for f in self.findings]
+        if isinstance(self.profile, dict):
+            self.profile = TraceProfile.from_dict(self.profile) if self.profile else None
+        if isinstance(self.operators, dict):
+            self.operators = OperatorView.from_dict(self.operators) if self.operators else None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Diagnosis":
-        known = set(cls.__dataclass_fields__)
-        return cls(**{key: value for key, value in data.items() if key in known})
+        """As diagnosis.json holds it: no profile or operator view is saved as {}."""
+        data = super().to_dict()
+        data["profile"] = data["profile"] or {}
+        data["operators"] = data["operators"] or {}
+        return data
 
 
 def run_rules(ctx: Context) -> list[Finding]:
@@ -74,9 +84,8 @@ def decide(ctx: Context, findings: list[Finding]) -> Diagnosis:
     """Name the most confident finding, or 'no clear bottleneck' with what the numbers do say."""
     profile = ctx.profile
     busy = profile.gpu.busy_pct if profile is not None and profile.gpu else None
-    common = {"findings": [f.to_dict() for f in findings], "profile": profile.to_dict() if profile else {},
-              "tried_and_lost": sorted(ctx.tried_and_lost),
-              "operators": ctx.operators.to_dict() if ctx.operators is not None else {}}
+    common = {"findings": findings, "profile": profile, "tried_and_lost": sorted(ctx.tried_and_lost),
+              "operators": ctx.operators}
     if findings and findings[0].confidence >= MIN_CONFIDENCE:
         top = findings[0]
         evidence = dict(top.evidence)

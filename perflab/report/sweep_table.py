@@ -6,7 +6,7 @@ from rich.console import Console, Group
 from perflab.report.fit import Column, fitted_tables
 from perflab.report.terminal import fmt
 from perflab.plots import value_text
-from perflab.sweep import SweepSummary
+from perflab.sweep import SweepPoint, SweepSummary
 
 
 def sweep_table(summary: SweepSummary, width: int = 200) -> Group:
@@ -16,19 +16,18 @@ def sweep_table(summary: SweepSummary, width: int = 200) -> Group:
     wraps; columns that still do not fit go to a second table under the first, so every number stays whole
     (a number cut to "12,…" reads as nothing)."""
     rows = summary.rows
-    params = list(dict.fromkeys(name for row in rows for name in row["params"]))
-    show_mfu = any(row.get("mfu_pct") is not None for row in rows if row["status"] == "ok")
-    index = {"#": [f"{row['index']}{' ★' if _is_best(summary, row) else ''}" for row in rows]}
-    swept = {name.replace("_size", ""): [value_text(row["params"].get(name)) for row in rows] for name in params}
+    params = list(dict.fromkeys(name for row in rows for name in row.params))
+    show_mfu = any(row.mfu_pct is not None for row in rows if row.ok)
+    index = {"#": [f"{row.index}{' ★' if _is_best(summary, row) else ''}" for row in rows]}
+    swept = {name.replace("_size", ""): [value_text(row.params.get(name)) for row in rows] for name in params}
     # status says whether a point finished (ok, oom, error, invalid: NaN/inf); quality is its gate's verdict.
-    measured = {"status": [row["status"] for row in rows],
-                "quality": [row.get("quality") or "—" for row in rows]}
-    for header, key, digits in [("samples/s", "throughput", 1), ("p50 ms", "p50_ms", 2), ("p95 ms", "p95_ms", 2),
-                                ("peak MiB", "peak_memory_mb", 0)] + ([("MFU %", "mfu_pct", 1)] if show_mfu else []):
-        measured[header] = [fmt(row.get(key), digits) if row["status"] == "ok" else "" for row in rows]
+    measured = {"status": [row.status for row in rows], "quality": [row.quality or "—" for row in rows]}
+    for header, figure, digits in [("samples/s", "throughput", 1), ("p50 ms", "p50_ms", 2), ("p95 ms", "p95_ms", 2),
+                                   ("peak MiB", "peak_memory_mb", 0)] + ([("MFU %", "mfu_pct", 1)] if show_mfu else []):
+        measured[header] = [fmt(getattr(row, figure), digits) if row.ok else "" for row in rows]
     one_point_column = _width_needed({**index, **swept, **measured}) > width
     if one_point_column:
-        swept = {"point": [row["label"] for row in rows]}
+        swept = {"point": [row.label for row in rows]}
     columns = [Column("#"), *[Column(header, "left", wraps=True) if one_point_column else Column(header)
                               for header in swept], *[Column(header) for header in measured]]
     cells = [list(row) for row in zip(*index.values(), *swept.values(), *measured.values())]
@@ -37,8 +36,8 @@ def sweep_table(summary: SweepSummary, width: int = 200) -> Group:
                          key_columns=key_columns if _width_needed({**index, **swept}) < width // 2 else 1)
 
 
-def _is_best(summary: SweepSummary, row: dict) -> bool:
-    return bool(summary.best) and row["key"] == summary.best["key"]
+def _is_best(summary: SweepSummary, point: SweepPoint) -> bool:
+    return summary.best is not None and point.key == summary.best.key
 
 
 def _width_needed(columns: dict[str, list[str]]) -> int:
@@ -50,14 +49,14 @@ def print_sweep_summary(console: Console, summary: SweepSummary) -> None:
     """The table, the best point (and the best under the latency bound), the plots and the saved files."""
     console.print(sweep_table(summary, console.width))
     if summary.best:
-        console.print(f"best throughput: [bold]{summary.best['label']}[/] "
-                      f"({fmt(summary.best['throughput'])} samples/s)", highlight=False)
+        console.print(f"best throughput: [bold]{summary.best.label}[/] "
+                      f"({fmt(summary.best.throughput)} samples/s)", highlight=False)
     if summary.max_p95_ms is not None:
         bounded = summary.best_under_bound
-        text = (f"[bold]{bounded['label']}[/] ({fmt(bounded['throughput'])} samples/s, p95 "
-                f"{fmt(bounded['p95_ms'], 2)} ms)" if bounded else "[red]no point meets the bound[/]")
+        text = (f"[bold]{bounded.label}[/] ({fmt(bounded.throughput)} samples/s, p95 "
+                f"{fmt(bounded.p95_ms, 2)} ms)" if bounded else "[red]no point meets the bound[/]")
         console.print(f"best with p95 ≤ {summary.max_p95_ms:g} ms: {text}", highlight=False)
-    memory_kind = next((row.get("memory_kind") for row in summary.rows if row["status"] == "ok"), None)
+    memory_kind = next((point.memory_kind for point in summary.rows if point.ok), None)
     if memory_kind:
         console.print(f"[dim]peak MiB: {memory_kind}[/]", highlight=False)
     for path in summary.plots.values():

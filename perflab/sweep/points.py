@@ -21,9 +21,9 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, Union
 
 import torch
 
@@ -34,10 +34,11 @@ from perflab.errors import OutOfMemoryFailure, PerflabError, is_out_of_memory
 from perflab.oom import OutOfMemory
 from perflab.harness.progress import Reporter
 from perflab.pipeline import resolve_config
-from perflab.results import Result, atomic_file, validate, write_json_atomic
+from perflab.results import atomic_file, validate, write_json_atomic
 from perflab.results.result import check_schema_version
 from perflab.results.rundir import locked_out
 from perflab.plots import sweep_plots, value_text
+from perflab.sweep.point import SweepPoint, measured_figures
 from perflab.workloads import check_spec
 
 SWEEP_JSON = "sweep.json"
@@ -78,7 +79,7 @@ class SweepObserver:
     def point_started(self, label: str) -> None:
         pass
 
-    def point_finished(self, row: dict[str, Any], reused: bool) -> None:
+    def point_finished(self, row: SweepPoint, reused: bool) -> None:
         pass
 
 
@@ -88,9 +89,9 @@ class SweepSummary:
 
     out: Path
     axes: list[str]
-    rows: list[dict[str, Any]]
-    best: Optional[dict[str, Any]]
-    best_under_bound: Optional[dict[str, Any]]
+    rows: list[SweepPoint]
+    best: Optional[SweepPoint]
+    best_under_bound: Optional[SweepPoint]
     max_p95_ms: Optional[float]
     plots: dict[str, str] = field(default_factory=dict)
 
@@ -127,37 +128,15 @@ def _dir_name(label: str, key: str) -> str:
     return f"{safe}-{key[:6]}"
 
 
-def result_row(result: Result) -> dict[str, Any]:
-    """The flat summary of one point's result that sweep.jsonl and sweep.csv hold."""
-    m = result.metrics
-    throughput, latency = m.throughput_samples_per_s, m.latency_ms
-    return {
-        "throughput": throughput.median,
-        "throughput_ci_low": throughput.ci95_low,
-        "throughput_ci_high": throughput.ci95_high,
-        "trials": throughput.n,
-        "p50_ms": latency.p50,
-        "p95_ms": latency.p95,
-        "p99_ms": latency.p99,
-        "peak_memory_mb": result.peak_memory.mb,
-        "memory_kind": result.peak_memory.label,
-        "gpu_util_pct": m.gpu.util_mean_pct if m.gpu else None,
-        "mfu_pct": m.flops.mfu_pct if m.flops else None,
-        "quality": (result.quality or {}).get("verdict"),
-        "quality_reason": (result.quality or {}).get("reason"),
-        "busy": bool(m.interference and m.interference.busy),  # timed beside other busy processes
-        "world_size": result.world_size,
-    }
-
-
-# the figures a sweep.jsonl or tune.jsonl row may hold (result_row, tune/trial.py): each a number or null
+# the figures a sweep.jsonl or tune.jsonl row may hold (measured_figures, tune/trial.py): each a number or null
 ROW_NUMBERS = ("throughput", "throughput_ci_low", "throughput_ci_high", "trials", "p50_ms", "p95_ms", "p99_ms",
                "peak_memory_mb", "gpu_util_pct", "mfu_pct", "world_size", "warmup_s", "compile_s", "timed_s",
                "max_qps", "resolution_pct", "wall_s")
 
 
 def read_rows(path: Union[str, Path]) -> list[dict[str, Any]]:
-    """Rows of a sweep.jsonl; a partial last line (a kill during a write) is ignored; last write of a key wins."""
+    """Rows of a sweep.jsonl (or tune.jsonl) as written; a partial last line (a kill during a write) is ignored; last
+    write of a key wins."""
     path = Path(path)
     if path.is_dir():
         path = path / SWEEP_JSONL
@@ -184,6 +163,11 @@ def read_rows(path: Union[str, Path]) -> list[dict[str, Any]]:
     return sorted(rows.values(), key=lambda row: row["index"])
 
 
+def read_points(path: Union[str, Path]) -> list[SweepPoint]:
+    """The finished points of a sweep.jsonl, typed (read_rows' rows, from any perflab version)."""
+    return [SweepPoint.from_dict(row) for row in read_rows(path)]
+
+
 def trim_partial_line(path: Path) -> None:
     """Cut a trailing partial line so that appended rows start on a line of their own."""
     if not path.is_file():
@@ -194,16 +178,22 @@ def trim_partial_line(path: Path) -> None:
             stream.truncate(data.rfind(b"\n") + 1)
 
 
-def best_points(rows: Iterable[dict[str, Any]], max_p95_ms: Optional[float] = None
-                ) -> tuple[Optional[dict[str, Any]], Optional[dict[str, Any]]]:
+Point = TypeVar("Point", SweepPoint, dict)
+
+
+def best_points(rows: Iterable[Point], max_p95_ms: Optional[float] = None) -> tuple[Optional[Point], Optional[Point]]:
     """The fastest point by throughput, and the fastest whose p95 step latency is within the bound.
-    Points that failed their quality gate, or diverged (status invalid), are never the best."""
-    ok = [row for row in rows if row["status"] == "ok" and row.get("quality") != "fail"]
-    best = max(ok, key=lambda row: row["throughput"], default=None)
+    Points that failed their quality gate, or diverged (status invalid), are never the best. Rows read as dicts
+    (`perflab report` reads sweep.jsonl with read_rows) are judged the same and returned as given."""
+    given = list(rows)
+    typed = [row if isinstance(row, SweepPoint) else SweepPoint.from_dict(row) for row in given]
+    ok = [(point, row) for point, row in zip(typed, given) if point.ok and point.quality != "fail"]
+    best = max(ok, key=lambda pair: pair[0].throughput, default=None)
     if max_p95_ms is None:
-        return best, None
-    bounded = [row for row in ok if row["p95_ms"] <= max_p95_ms]
-    return best, max(bounded, key=lambda row: row["throughput"], default=None)
+        return best and best[1], None
+    bounded = max(((point, row) for point, row in ok if point.p95_ms <= max_p95_ms),
+                  key=lambda pair: pair[0].throughput, default=None)
+    return best and best[1], bounded and bounded[1]
 
 
 class Sweep:
@@ -224,9 +214,9 @@ class Sweep:
         self._prepare(resume)
         if resume:
             self._check_same_sweep()
-        self.rows: dict[str, dict[str, Any]] = {row["key"]: row for row in read_rows(self.jsonl)} \
+        self.rows: dict[str, SweepPoint] = {point.key: point for point in read_points(self.jsonl)} \
             if self.jsonl.exists() else {}
-        self.next_index = max((row["index"] for row in self.rows.values()), default=-1) + 1
+        self.next_index = max((point.index for point in self.rows.values()), default=-1) + 1
         self._write_meta()
 
     def _prepare(self, resume: bool) -> None:
@@ -263,29 +253,29 @@ class Sweep:
         check_same_search(self.out, search(recorded), search(self.description), "a sweep")
 
     @property
-    def done(self) -> list[dict[str, Any]]:
-        return sorted(self.rows.values(), key=lambda row: row["index"])
+    def done(self) -> list[SweepPoint]:
+        return sorted(self.rows.values(), key=lambda point: point.index)
 
-    def point(self, config: RunConfig) -> dict[str, Any]:
+    def point(self, config: RunConfig) -> SweepPoint:
         """Run one point, or return its recorded row if it was finished before (ok or oom)."""
         cfg = resolve_config(config, None)
         key = point_key(cfg)
         recorded = self.rows.get(key)
-        if recorded is not None and recorded["status"] in DONE_STATUSES:
+        if recorded is not None and recorded.status in DONE_STATUSES:
             self.observer.point_finished(recorded, reused=True)
             return recorded
         label = point_label(cfg, self.axes)
         self.observer.point_started(label)
-        row = self._measure(cfg, key, label)
-        self._record(row)
-        self.observer.point_finished(row, reused=False)
-        return row
+        point = self._measure(cfg, key, label)
+        self._record(point)
+        self.observer.point_finished(point, reused=False)
+        return point
 
-    def _measure(self, cfg: RunConfig, key: str, label: str) -> dict[str, Any]:
+    def _measure(self, cfg: RunConfig, key: str, label: str) -> SweepPoint:
         point_dir = self.out / POINTS_DIR / _dir_name(label, key)
         point_dir.mkdir(parents=True, exist_ok=True)
-        row: dict[str, Any] = {"index": self.next_index, "key": key, "label": label,
-                               "params": point_params(cfg, self.axes), "config": cfg.to_dict()}
+        point = SweepPoint(index=self.next_index, key=key, label=label, params=point_params(cfg, self.axes),
+                           config=cfg)
         began = time.perf_counter()
         failure: Optional[tuple[str, str]] = None
         try:
@@ -311,59 +301,59 @@ class Sweep:
             free_memory()
             record = OutOfMemory.from_dict(failure[1])
             kept = (point_dir / "result.json").is_file()
-            row.update(status="oom", error=record.summary(), out_of_memory=record.to_dict(),
-                       dir=str(point_dir.relative_to(self.out)) if kept else None)
+            point = replace(point, status="oom", error=record.summary(), out_of_memory=record.to_dict(),
+                            dir=str(point_dir.relative_to(self.out)) if kept else None)
             if not kept:
                 shutil.rmtree(point_dir, ignore_errors=True)
         elif failure is not None:
             shutil.rmtree(point_dir, ignore_errors=True)
             free_memory()
-            row.update(status=failure[0], error=failure[1], dir=None)
+            point = replace(point, status=failure[0], error=failure[1], dir=None)
         else:
             status = "invalid" if result.status == "invalid" else "ok"
-            row.update(status=status, error=result.status_reason or None, dir=str(point_dir.relative_to(self.out)),
-                       **result_row(result))
+            point = replace(point, status=status, error=result.status_reason or None,
+                            dir=str(point_dir.relative_to(self.out)), **measured_figures(result))
             del result
             free_memory()
-        row["elapsed_s"] = time.perf_counter() - began
-        return row
+        return replace(point, elapsed_s=time.perf_counter() - began)
 
-    def _record(self, row: dict[str, Any]) -> None:
+    def _record(self, point: SweepPoint) -> None:
         with open(self.jsonl, "a") as stream:
-            stream.write(json.dumps(row, allow_nan=True) + "\n")
+            stream.write(json.dumps(point.to_dict(), allow_nan=True) + "\n")
             stream.flush()
             os.fsync(stream.fileno())
-        self.rows[row["key"]] = row
+        self.rows[point.key] = point
         self.next_index += 1
         self._write_csv()
         self._write_meta()
 
     def _write_csv(self) -> None:
-        params = list(dict.fromkeys(name for row in self.done for name in row["params"]))
+        params = list(dict.fromkeys(name for point in self.done for name in point.params))
         buffer = io.StringIO()
         writer = csv.writer(buffer)
         writer.writerow(["index", "label", "status"] + params + CSV_METRICS)
-        for row in self.done:
-            writer.writerow([row["index"], row["label"], row["status"]]
-                            + [value_text(row["params"].get(name)) for name in params]
-                            + ["" if row.get(name) is None else row[name] for name in CSV_METRICS])
+        for point in self.done:
+            figures = [getattr(point, name) for name in CSV_METRICS]
+            writer.writerow([point.index, point.label, point.status]
+                            + [value_text(point.params.get(name)) for name in params]
+                            + ["" if figure is None else figure for figure in figures])
         with atomic_file(self.out / SWEEP_CSV) as temp:
             temp.write_text(buffer.getvalue())
 
     def _write_meta(self, plots: Optional[dict[str, str]] = None) -> None:
         best, bounded = best_points(self.done, self.max_p95_ms)
         meta = {"kind": "sweep", "axes": self.axes, "command": self.command, "max_p95_ms": self.max_p95_ms,
-                "points_done": len(self.rows), "best": best and best["key"],
-                "best_under_bound": bounded and bounded["key"], "plots": plots or {}, **self.description}
+                "points_done": len(self.rows), "best": best and best.key,
+                "best_under_bound": bounded and bounded.key, "plots": plots or {}, **self.description}
         write_json_atomic(self.out / SWEEP_JSON, meta)
 
     def finish(self, plots: bool = True) -> SweepSummary:
         """Name the best points and draw the plots; safe to call on a partial sweep."""
         rows = self.done
         files: dict[str, str] = {}
-        if plots and any(row["status"] == "ok" for row in rows):
-            files = {name: str(path.relative_to(self.out)) for name, path in sweep_plots(rows, self.axes,
-                                                                                           self.out).items()}
+        if plots and any(point.ok for point in rows):
+            drawn = sweep_plots([point.to_dict() for point in rows], self.axes, self.out)
+            files = {name: str(path.relative_to(self.out)) for name, path in drawn.items()}
         self._write_meta(files)
         best, bounded = best_points(rows, self.max_p95_ms)
         return SweepSummary(self.out, self.axes, rows, best, bounded, self.max_p95_ms, files)
@@ -430,11 +420,11 @@ def run_auto_batch(configs: Sequence[RunConfig], out: Union[str, Path], growth_p
             batch = resolve_config(base, None).batch_size
             previous: Optional[float] = None
             while batch <= max_batch:
-                row = sweep.point(base.replace(batch_size=batch))
-                if row["status"] != "ok":
+                point = sweep.point(base.replace(batch_size=batch))
+                if not point.ok:
                     break
-                if previous is not None and row["throughput"] < previous * (1 + growth_pct / 100):
+                if previous is not None and point.throughput < previous * (1 + growth_pct / 100):
                     break
-                previous = row["throughput"]
+                previous = point.throughput
                 batch *= 2
         return sweep.finish(plots)

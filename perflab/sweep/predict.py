@@ -29,13 +29,15 @@ limit).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Optional
 
 from perflab.calibrate_collectives import collective_seconds
+from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.options import option
 from perflab.sweep.overlap_tax import NO_TAX, OverlapTax, fit_overlap_tax
+from perflab.sweep.point import ScaleRow
 
 PREDICT = "scaling model (--predict)"
 SCALE = ("scale",)
@@ -143,7 +145,7 @@ class Recipe:
 
 @dataclass
 class Prediction:
-    """The model at one GPU count."""
+    """The model at one GPU count (a row of scale.json's predictions)."""
 
     gpus: int
     gpus_per_node: int
@@ -158,9 +160,24 @@ class Prediction:
     overlap_tax_ms: float = 0.0  # the compute's slowdown under the overlapped communication, in step_ms
     efficiency_without_tax_pct: float = 100.0  # exposed communication alone, as the model had it before the tax
     overlap_tax: str = NO_TAX.source  # where the tax came from
+    recipe: Optional[Recipe] = None  # the data-parallel settings predicted (predict_rows)
+    measured_efficiency_pct: Optional[float] = None  # the scale run's trusted efficiency at this count, if measured
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Prediction":
+        """A row of scale.json's predictions, from any perflab version: missing keys take their defaults (an old
+        file's tax is none), unknown keys are dropped."""
+        known = {item.name for item in fields(cls)}
+        values = {name: value for name, value in data.items() if name in known}
+        values.setdefault("efficiency_without_tax_pct", values.get("efficiency_pct", 100.0))
+        recipe = values.pop("recipe", None)
+        if isinstance(recipe, dict):
+            settings = {item.name for item in fields(Recipe)}
+            recipe = Recipe(**{name: value for name, value in recipe.items() if name in settings})
+        return cls(**values, recipe=recipe)
 
 
 def ddp_exposed_s(gradient_bytes: float, bucket_bytes: float, backward_s: float, link: Link, gpus: int
@@ -238,7 +255,7 @@ NOMINAL_INTRA_LATENCY_US = 10.0  # stated with the nominal link where no collect
 
 def breakdown_of(result) -> StepBreakdown:
     """The one-GPU step of a training result: its phases (ms), parameters and blocks (the FSDP units)."""
-    if result.config.get("mode") != "train":
+    if RunConfig.from_dict(result.config).mode != "train":
         raise PerflabError("--predict models a training step (gradients to all-reduce): use --mode train")
     phases = dict(result.metrics.phases_ms)
     main = {name: phases.pop(name, 0.0) for name in ("forward", "backward", "optimizer")}
@@ -248,14 +265,13 @@ def breakdown_of(result) -> StepBreakdown:
                          units=int(info.get("layers") or 1))
 
 
-def recipe_of(config: dict[str, Any], units: int) -> Recipe:
+def recipe_of(config: RunConfig, units: int) -> Recipe:
     """The data-parallel settings of a run's config."""
-    param_dtype = config.get("fsdp_param_dtype") or "fp32"
-    kept = units if config.get("reshard_after_forward") is False else int(config.get("fsdp_no_reshard_last") or 0)
-    return Recipe(parallel=config.get("parallel") or "ddp",
-                  bucket_mb=config.get("ddp_bucket_mb") or DDP_DEFAULT_BUCKET_MB,
-                  gradient_dtype="bf16" if config.get("ddp_comm_hook") else "fp32",
-                  param_dtype=param_dtype, reduce_dtype=config.get("fsdp_reduce_dtype") or "fp32", kept_units=kept)
+    kept = units if config.reshard_after_forward is False else int(config.fsdp_no_reshard_last or 0)
+    return Recipe(parallel=config.parallel or "ddp", bucket_mb=config.ddp_bucket_mb or DDP_DEFAULT_BUCKET_MB,
+                  gradient_dtype="bf16" if config.ddp_comm_hook else "fp32",
+                  param_dtype=config.fsdp_param_dtype or "fp32", reduce_dtype=config.fsdp_reduce_dtype or "fp32",
+                  kept_units=kept)
 
 
 def interconnect(settings: PredictConfig, measured: Optional[dict], nominal: Optional[dict]) -> Interconnect:
@@ -286,31 +302,30 @@ def interconnect(settings: PredictConfig, measured: Optional[dict], nominal: Opt
     return Interconnect(intra=intra, inter=inter, gpus_per_node=settings.gpus_per_node)
 
 
-def predict_rows(rows: list[dict[str, Any]], single_results: dict[str, Any], network: Interconnect,
-                 counts: list[int], group_of, exposed_of: Optional[Callable[[dict], Optional[float]]] = None
-                 ) -> list[dict[str, Any]]:
+def predict_rows(rows: list[ScaleRow], single_results: dict[str, Any], network: Interconnect, counts: list[int],
+                 group_of: Callable[[ScaleRow], str],
+                 exposed_of: Optional[Callable[[ScaleRow], Optional[float]]] = None) -> list[Prediction]:
     """For every data-parallel recipe of the scale run (DDP and FSDP2 at their defaults where only one GPU ran), the
     prediction at each count and at each measured count, beside the measured efficiency where the run has that
     point, with the overlap tax fitted from its smallest multi-GPU point. `single_results`: group key -> the 1-GPU
     Result; `group_of(row)`: a row's group key; `exposed_of(row)`: a point's profiled exposed ms, or None."""
     out = []
     for group, single in single_results.items():
-        configs = {json_key(recipe_settings(row["config"])): row["config"] for row in rows
-                   if group_of(row) == group and row["params"]["nproc"] > 1}
+        configs = {recipe_settings(row.config): row.config for row in rows
+                   if group_of(row) == group and row.config.nproc > 1}
         if not configs:  # one GPU only: both wrappers at their defaults
-            configs = {kind: {"parallel": kind} for kind in ("ddp", "fsdp")}
+            configs = {(kind,): RunConfig(parallel=kind) for kind in ("ddp", "fsdp")}
         step = breakdown_of(single)
         for key, config in configs.items():
             recipe = recipe_of(config, step.units)
-            points = [row for row in rows if group_of(row) == group and row["status"] == "ok"
-                      and row["params"]["nproc"] > 1 and json_key(recipe_settings(row["config"])) == key]
-            measured = {row["world_size"]: row.get("efficiency_pct") for row in points}
-            exposed = {row["world_size"]: exposed_of(row) for row in points} if exposed_of else {}
+            points = [row for row in rows if group_of(row) == group and row.ok and row.config.nproc > 1
+                      and recipe_settings(row.config) == key]
+            measured = {row.world_size: row.efficiency_pct for row in points}
+            exposed = {row.world_size: exposed_of(row) for row in points} if exposed_of else {}
             tax = overlap_tax_of(step, recipe, network, measured, exposed)
             for gpus in sorted(set(counts) | set(measured)):
                 prediction = predict(step, recipe, network, gpus, tax)
-                out.append({**prediction.to_dict(), "recipe": asdict(recipe),
-                            "measured_efficiency_pct": measured.get(gpus)})
+                out.append(replace(prediction, recipe=recipe, measured_efficiency_pct=measured.get(gpus)))
     return out
 
 
@@ -318,9 +333,6 @@ RECIPE_FIELDS = ("parallel", "ddp_bucket_mb", "ddp_comm_hook", "fsdp_param_dtype
                  "reshard_after_forward", "fsdp_no_reshard_last")
 
 
-def recipe_settings(config: dict[str, Any]) -> dict[str, Any]:
-    return {name: config.get(name) for name in RECIPE_FIELDS}
-
-
-def json_key(settings: dict[str, Any]) -> str:
-    return ",".join(f"{name}={settings[name]}" for name in sorted(settings))
+def recipe_settings(config: RunConfig) -> tuple[Any, ...]:
+    """The config's settings that make a recipe: points with the same ones are one recipe at several counts."""
+    return tuple(getattr(config, name) for name in RECIPE_FIELDS)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -21,7 +21,8 @@ from perflab.plots import scaling_plots
 from perflab.config import DISTRIBUTED, RunConfig
 from perflab.harness.progress import Reporter
 from perflab.results import Result, atomic_file, write_json_atomic
-from perflab.sweep.predict import PredictConfig, interconnect, predict_rows
+from perflab.sweep.point import ScaleRow, SweepPoint
+from perflab.sweep.predict import PredictConfig, Prediction, interconnect, predict_rows
 from perflab.sweep.points import SweepObserver, SweepSummary, run_sweep, swept_axes
 
 SCALE_JSON = "scale.json"
@@ -43,9 +44,9 @@ class ScaleSummary:
     """What `perflab scale` produced: the sweep, its rows with efficiency, and the plots written."""
 
     sweep: SweepSummary
-    rows: list[dict[str, Any]]  # the sweep's rows with world_size, per_rank_throughput, efficiency_pct
+    rows: list[ScaleRow]  # the sweep's points with world_size, per_rank_throughput, efficiency_pct and flags
     plots: dict[str, str] = field(default_factory=dict)
-    predictions: list[dict[str, Any]] = field(default_factory=list)  # --predict: perflab/sweep/predict.py
+    predictions: list[Prediction] = field(default_factory=list)  # --predict: perflab/sweep/predict.py
     assumptions: dict[str, str] = field(default_factory=dict)  # the links the predictions assumed
 
 
@@ -79,41 +80,41 @@ def with_single_rank(configs: Sequence[RunConfig]) -> list[RunConfig]:
     return ordered
 
 
-def _group_key(row: dict[str, Any]) -> str:
-    skip = set(distributed_fields())
-    params = {name: value for name, value in row["config"].items() if name not in skip and name != "out"}
+def _group_key(point: SweepPoint) -> str:
+    skip = set(distributed_fields()) | {"out"}
+    params = {name: value for name, value in point.config.to_dict().items() if name not in skip}
     return json.dumps(params, sort_keys=True, default=str)
 
 
-def scaling_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each row with world_size, throughput per rank, efficiency against its group's 1-rank point, and the flags
+def scaling_rows(points: Sequence[SweepPoint]) -> list[ScaleRow]:
+    """Each point with world_size, throughput per rank, efficiency against its group's 1-rank point, and the flags
     that say why a point's figures cannot be trusted (a failed quality gate, a busy machine, efficiency over 100%)."""
-    single = {_group_key(row): row for row in rows if row["status"] == "ok" and row["params"]["nproc"] == 1}
+    single = {_group_key(point): point for point in points if point.ok and point.config.nproc == 1}
     scaled = []
-    for row in rows:
-        world = row["params"]["nproc"] * (row["config"].get("nnodes") or 1)
-        row = dict(row, world_size=world, per_rank_throughput=None, efficiency_pct=None, flags=[])
-        base = single.get(_group_key(row))
-        if row["status"] == "ok":
-            row["per_rank_throughput"] = row["throughput"] / world
-            if base and base["throughput"]:
-                row["efficiency_pct"] = 100 * row["throughput"] / (world * base["throughput"])
-            row["flags"] = point_flags(row, base)
+    for point in points:
+        row = ScaleRow.of_point(point)
+        base = single.get(_group_key(point))
+        if row.ok:
+            row.per_rank_throughput = row.throughput / row.world_size
+            if base and base.throughput:
+                row.efficiency_pct = 100 * row.throughput / (row.world_size * base.throughput)
+            row.flags = point_flags(row, None if base is point else base)
         scaled.append(row)
     return scaled
 
 
-def point_flags(row: dict[str, Any], base: Optional[dict[str, Any]]) -> list[str]:
-    """Why a finished point's figures cannot be taken as they stand (empty: nothing to say)."""
+def point_flags(row: ScaleRow, base: Optional[SweepPoint]) -> list[str]:
+    """Why a finished point's figures cannot be taken as they stand (empty: nothing to say); `base`: its group's
+    1-rank point, None for that point itself."""
     flags = []
-    if row.get("quality") in ("fail", "inconclusive"):
-        flags.append(f"quality gate {row['quality']}: {row.get('quality_reason') or 'see its result.json'}")
-    if row.get("busy"):
+    if row.quality in ("fail", "inconclusive"):
+        flags.append(f"quality gate {row.quality}: {row.quality_reason or 'see its result.json'}")
+    if row.busy:
         flags.append(BUSY_POINT)
-    elif base is not None and base is not row and base.get("busy"):
+    elif base is not None and base.busy:
         flags.append(BUSY_BASE)
-    if over_ceiling(row.get("efficiency_pct")):
-        flags.append(f"efficiency {row['efficiency_pct']:.0f}% {OVER_CEILING}")
+    if over_ceiling(row.efficiency_pct):
+        flags.append(f"efficiency {row.efficiency_pct:.0f}% {OVER_CEILING}")
     return flags
 
 
@@ -122,10 +123,10 @@ def over_ceiling(efficiency_pct: Optional[float]) -> bool:
     return efficiency_pct is not None and round(efficiency_pct, CEILING_DIGITS) > EFFICIENCY_CEILING_PCT
 
 
-def trusted_efficiency(row: dict[str, Any]) -> Optional[float]:
+def trusted_efficiency(row: ScaleRow) -> Optional[float]:
     """The efficiency to show as a figure: None when it is over the ceiling or was timed on a busy machine."""
-    efficiency = row.get("efficiency_pct")
-    if efficiency is None or over_ceiling(efficiency) or {BUSY_POINT, BUSY_BASE} & set(row["flags"]):
+    efficiency = row.efficiency_pct
+    if efficiency is None or over_ceiling(efficiency) or {BUSY_POINT, BUSY_BASE} & set(row.flags):
         return None
     return efficiency
 
@@ -145,15 +146,16 @@ def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool 
     rows = scaling_rows(sweep.rows)
     files: dict[str, str] = {}
     # no untrusted efficiency on a plot, nor beside a prediction as the measured figure
-    trusted = [dict(row, efficiency_pct=trusted_efficiency(row)) for row in rows]
-    if plots and any(row["efficiency_pct"] is not None for row in trusted):
-        drawn = scaling_plots(trusted, axes, sweep.out)
+    trusted = [replace(row, efficiency_pct=trusted_efficiency(row)) for row in rows]
+    if plots and any(row.efficiency_pct is not None for row in trusted):
+        drawn = scaling_plots([row.to_dict() for row in trusted], axes, sweep.out)
         files = {name: str(path.relative_to(sweep.out)) for name, path in drawn.items()}
     predictions, assumptions = scaling_predictions(trusted, sweep.out, predict, configs[0]) if predict else ([], {})
     write_json_atomic(sweep.out / SCALE_JSON, {"kind": "scale", "axes": axes, "command": command or [],
                                                "efficiency": "throughput(N) / (N x throughput(1))",
                                                "rows": [_scale_record(row) for row in rows], "plots": files,
-                                               "predictions": predictions, "assumptions": assumptions})
+                                               "predictions": [prediction.to_dict() for prediction in predictions],
+                                               "assumptions": assumptions})
     _write_csv(sweep.out / SCALE_CSV, rows)
     return ScaleSummary(sweep, rows, files, predictions, assumptions)
 
@@ -170,13 +172,13 @@ def check_prediction_inputs(settings: PredictConfig, cfg: RunConfig) -> None:
         interconnect(settings, cached_collectives(torch.device("cpu")), None)  # raises the one-line error
 
 
-def scaling_predictions(rows: Sequence[dict[str, Any]], out: Path, settings: PredictConfig, cfg: RunConfig
-                        ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def scaling_predictions(rows: Sequence[ScaleRow], out: Path, settings: PredictConfig, cfg: RunConfig
+                        ) -> tuple[list[Prediction], dict[str, str]]:
     """The scaling model from each group's 1-rank point, with the links it assumed."""
     device = _model_device(cfg)
     network = interconnect(settings, cached_collectives(device), nominal_link(device))
-    singles = {_group_key(row): Result.load(out / row["dir"]) for row in rows
-               if row["status"] == "ok" and row["params"]["nproc"] == 1 and row.get("dir")}
+    singles = {_group_key(row): Result.load(out / row.dir) for row in rows
+               if row.ok and row.config.nproc == 1 and row.dir}
     predictions = predict_rows(list(rows), singles, network, settings.counts(), _group_key,
                                exposed_of=lambda row: profiled_exposed_ms(out, row))
     assumptions = {"within a node": network.intra.source, "between nodes": network.inter.source,
@@ -187,28 +189,30 @@ def scaling_predictions(rows: Sequence[dict[str, Any]], out: Path, settings: Pre
     return predictions, assumptions
 
 
-def profiled_exposed_ms(out: Path, row: dict[str, Any]) -> Optional[float]:
+def profiled_exposed_ms(out: Path, row: SweepPoint) -> Optional[float]:
     """A point's exposed communication per step as its profile measured it (NCCL time not under compute plus the
     GPU idle in collectives' host ops, the worst rank), or None for an unprofiled point (scale's own points)."""
-    if not row.get("dir"):
+    if not row.dir:
         return None
-    collectives = Result.load(out / row["dir"]).metrics.collectives
+    collectives = Result.load(out / row.dir).metrics.collectives
     if not collectives:
         return None
     return collectives["exposed_ms_per_step"] + (collectives.get("host_wait_ms_per_step") or 0.0)
 
 
-def _scale_record(row: dict[str, Any]) -> dict[str, Any]:
-    return {"label": row["label"], "status": row["status"], "params": row["params"],
-            **{name: row.get(name) for name in SCALE_COLUMNS if name not in ("label", "status", "nproc")}}
+def _scale_record(row: ScaleRow) -> dict[str, Any]:
+    """A row of scale.json: the point's label, status and swept values, and its scaling figures."""
+    return {"label": row.label, "status": row.status, "params": row.params,
+            **{name: getattr(row, name) for name in SCALE_COLUMNS if name not in ("label", "status", "nproc")}}
 
 
-def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+def _write_csv(path: Path, rows: Sequence[ScaleRow]) -> None:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(SCALE_COLUMNS)
     for row in rows:
-        values = {**row, "nproc": row["params"]["nproc"], "flags": "; ".join(row.get("flags") or [])}
-        writer.writerow(["" if values.get(name) is None else values[name] for name in SCALE_COLUMNS])
+        values = [row.config.nproc if name == "nproc" else "; ".join(row.flags) if name == "flags"
+                  else getattr(row, name) for name in SCALE_COLUMNS]
+        writer.writerow(["" if value is None else value for value in values])
     with atomic_file(path) as temp:
         temp.write_text(buffer.getvalue())
