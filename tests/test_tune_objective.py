@@ -347,7 +347,7 @@ def test_tune_max_qps_carries_each_run_option_into_its_serve_trials_or_refuses_i
         return
     start, settings = start_of_tune(argv, monkeypatch)
     assert contains(trial_command(start, "serve", tmp_path / "trial", settings.serve), words)
-    assert contains(recipe(start, start, settings.serve)["argv"], words)
+    assert contains(recipe(start, start, settings.serve).argv, words)
 
 
 @pytest.mark.parametrize("declared", [o for o in options.options_of(ServeConfig) if "tune" in o.commands],
@@ -357,4 +357,4 @@ def test_tune_max_qps_passes_each_serve_setting_to_its_serve_trials(declared, tm
     p99 = [] if declared.name == "p99_ms" else ["--p99-ms", "20"]
     start, settings = start_of_tune([*MAX_QPS_TUNE, *p99, *words], monkeypatch)
     assert contains(trial_command(start, "serve", tmp_path / "trial", settings.serve), words)
-    assert contains(recipe(start, start, settings.serve)["argv"], words)
+    assert contains(recipe(start, start, settings.serve).argv, words)

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from perflab.tune import screening
+from perflab.tune.rows import TrialRow
 from perflab.tune.screening import SCREEN, screen_config, win_threshold_pct
 from perflab.tune.trial import OK, TrialOutcome
 from test_tune import START, FakeTrials, diagnosis_of, fake_result, run_tuner
@@ -197,11 +198,11 @@ def test_a_resumed_tune_reuses_every_recorded_screen_and_ends_where_an_uninterru
 
 def test_start_noise_is_the_wider_of_its_confidence_interval_and_a_reference_repeat():
     # the planted nonzero router on an H200 (2026-11-26): start 5,145 (95% CI 4,842-5,722), reference 5,560
-    start = {"throughput": 5145.1, "throughput_ci95": [4841.7, 5722.0]}
-    assert screening.start_noise_pct(start, [{"throughput": 5560.2}]) == pytest.approx(8.55, abs=0.01)
-    assert screening.start_noise_pct(start, [{"throughput": 6000.0}]) == pytest.approx(16.6, abs=0.1)
-    assert screening.start_noise_pct({"throughput": 100.0, "throughput_ci95": [None, None]}, []) is None
-    assert screening.start_noise_pct({"throughput": None}, [{"throughput": 5.0}]) is None
+    start = TrialRow(throughput=5145.1, throughput_ci95=[4841.7, 5722.0])
+    assert screening.start_noise_pct(start, [TrialRow(throughput=5560.2)]) == pytest.approx(8.55, abs=0.01)
+    assert screening.start_noise_pct(start, [TrialRow(throughput=6000.0)]) == pytest.approx(16.6, abs=0.1)
+    assert screening.start_noise_pct(TrialRow(throughput=100.0, throughput_ci95=[None, None]), []) is None
+    assert screening.start_noise_pct(TrialRow(throughput=None), [TrialRow(throughput=5.0)]) is None
 
 
 class NoisyStart(Timed):

@@ -20,8 +20,11 @@ from perflab.results.rundir import default_run_dir
 from perflab.serve.config import ServeConfig
 from perflab.tune import TuneConfig, tune
 from perflab.tune.output import TUNE_JSON, objective_figure
+from perflab.tune.objective import SERVE
+from perflab.tune.rows import TrialRow
 from perflab.tune.settings import serve_settings
 from perflab.tune.journal import TUNE_JSONL
+from perflab.tune.summary import Side, TuneSummary
 from perflab.sweep import read_rows
 from perflab.report.tune_live import LiveTuneTable
 
@@ -55,10 +58,10 @@ def _recorded_start(out: Path) -> RunConfig:
     path = out / TUNE_JSONL
     if not path.is_file():
         raise PerflabError(f"--resume: {out} holds no {TUNE_JSONL}; give the directory of an earlier tune")
-    rows = read_rows(path)
+    rows = [TrialRow.from_dict(row) for row in read_rows(path)]
     if not rows:
         raise PerflabError(f"--resume: {path} is empty; start the tune again without --resume")
-    return RunConfig.from_dict(rows[0]["config"])
+    return RunConfig.from_dict(rows[0].config)
 
 
 def _recorded_settings(out: Path) -> Optional[TuneConfig]:
@@ -67,14 +70,15 @@ def _recorded_settings(out: Path) -> Optional[TuneConfig]:
     resuming it with the default objective would mix two searches in one directory."""
     path = out / TUNE_JSON
     if path.is_file():
-        recorded = read_json_object(path, "a perflab tune record", "give the tune's options again").get("settings")
+        recorded = TuneSummary.from_dict(read_json_object(path, "a perflab tune record",
+                                                          "give the tune's options again")).settings
         if recorded:
             serve = recorded.pop("serve", None)
             known = {declared.name for declared in options.options_of(TuneConfig)}
             return TuneConfig(**{k: v for k, v in recorded.items() if k in known},
                               serve=ServeConfig(**serve) if serve else None)
     journal = out / TUNE_JSONL
-    if journal.is_file() and any(row.get("kind") == "serve" for row in read_rows(journal)):
+    if journal.is_file() and any(TrialRow.from_dict(row).kind == SERVE for row in read_rows(journal)):
         raise PerflabError(f"--resume: {out} holds a max-qps tune but no tune.json with its settings; give its "
                            "options again (--objective max-qps --p99-ms MS ...) with --resume")
     return None
@@ -113,35 +117,36 @@ def handle(args: argparse.Namespace) -> int:
         err_console.print(f"[yellow]interrupted[/]: every finished trial is saved in {escape(str(out / TUNE_JSONL))}; "
                           f"continue with:\n  {escape(shlex.join(resume))}", highlight=False, soft_wrap=True)
         return 130
-    _print_summary(summary, out, time.perf_counter() - began)
-    if summary.get("not_judged"):  # the last line: what the verdicts above could not rest on
-        console.print(f"[yellow]not judged[/]: {escape(summary['not_judged'])}", highlight=False, soft_wrap=True)
+    record = TuneSummary.from_dict(summary)
+    _print_summary(record, out, time.perf_counter() - began)
+    if record.not_judged:  # the last line: what the verdicts above could not rest on
+        console.print(f"[yellow]not judged[/]: {escape(record.not_judged)}", highlight=False, soft_wrap=True)
         return 1 if settings.fail_on_not_judged else 0
     return 0
 
 
-def _kept(summary: dict) -> str:
+def _kept(summary: TuneSummary) -> str:
     """The kept levers (or 'nothing'), then each screened win left unconfirmed."""
-    unconfirmed = [win["line"] for win in summary["recipe"].get("unconfirmed") or []]
-    return "; ".join([", ".join(summary["kept"]) or "nothing", *unconfirmed])
+    unconfirmed = [win.recipe_line() for win in summary.recipe.unconfirmed]
+    return "; ".join([", ".join(summary.kept) or "nothing", *unconfirmed])
 
 
-def _print_summary(summary: dict, out: Path, elapsed_s: float) -> None:
-    start, best = summary["start"] or {}, summary["best"] or {}
-    speedup = summary.get("speedup")
-    objective = summary["objective"]
-    key, unit = objective_figure(objective["name"])
-    bound = f" at p99 ≤ {objective['p99_ms']:g} ms" if objective.get("p99_ms") is not None else ""
-    console.print(f"[bold]{start.get(key) or 0:,.1f} → {best.get(key) or 0:,.1f} {unit}{bound}"
+def _print_summary(summary: TuneSummary, out: Path, elapsed_s: float) -> None:
+    start, best = summary.start or Side(), summary.best or Side()
+    speedup = summary.speedup
+    objective = summary.objective
+    key, unit = objective_figure(objective.name)
+    bound = f" at p99 ≤ {objective.p99_ms:g} ms" if objective.p99_ms is not None else ""
+    console.print(f"[bold]{start.figure(key) or 0:,.1f} → {best.figure(key) or 0:,.1f} {unit}{bound}"
                   + (f" ({speedup:.2f}×)" if speedup else "") + "[/]"
                   f"; kept: {escape(_kept(summary))}", highlight=False)
-    console.print(f"stopped: {escape(summary['stop_reason'])}; {summary['trials']} trials, "
-                  f"{summary['spent_s']:.0f} s of trials ({elapsed_s:.0f} s in all)", highlight=False)
-    for note in summary.get("notes") or []:
+    console.print(f"stopped: {escape(summary.stop_reason)}; {summary.trials} trials, "
+                  f"{summary.spent_s:.0f} s of trials ({elapsed_s:.0f} s in all)", highlight=False)
+    for note in summary.notes:
         console.print(f"[yellow]note[/]: {escape(note)}", highlight=False)
-    console.print("recipe:\n  " + escape(summary["recipe"]["command"]) + "\n  " + escape(summary["recipe"]["snippet"]),
+    console.print("recipe:\n  " + escape(summary.recipe.command) + "\n  " + escape(summary.recipe.snippet),
                   highlight=False, soft_wrap=True)
-    for win in summary["recipe"].get("unconfirmed") or []:
-        console.print(f"[yellow]{escape(win['line'])}[/]; confirm it with:\n  {escape(win['command'])}",
+    for win in summary.recipe.unconfirmed:
+        console.print(f"[yellow]{escape(win.recipe_line())}[/]; confirm it with:\n  {escape(win.command)}",
                       highlight=False, soft_wrap=True)
-    console.print(f"saved {escape(str(out / 'tune.json'))}, report {escape(str(out / 'report.html'))}", highlight=False)
+    console.print(f"saved {escape(str(out / TUNE_JSON))}, report {escape(str(out / 'report.html'))}", highlight=False)

@@ -2,21 +2,23 @@
 after, predicted against measured gain, and the recipe. report.html is rendered from the same Markdown."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from perflab.report.markdown import cell, config_table, environment_table, image, num, table
 from perflab.plots import phase_breakdown_plot, waterfall_plot
 from perflab.results import RESULT_FILE, Result, read_json_object, validate
-from perflab.tune.output import objective_figure
-from perflab.tune.output import TUNE_JSON
+from perflab.tune.output import TUNE_JSON, objective_figure
+from perflab.tune.recipe import Recipe
+from perflab.tune.summary import Side, TuneSummary
 
 
-def _objective(meta: dict[str, Any]) -> tuple[str, str, str]:
+def _objective(meta: TuneSummary) -> tuple[str, str, str]:
     """The figure the tune raised (its row key), its unit, and the p99 bound it was held to (max-qps)."""
-    objective = meta.get("objective") or {}
-    key, unit = objective_figure(objective.get("name", "throughput"))
-    bound = f" at p99 ≤ {objective['p99_ms']:g} ms" if objective.get("p99_ms") is not None else ""
+    objective = meta.objective
+    key, unit = objective_figure(objective.name)
+    bound = f" at p99 ≤ {objective.p99_ms:g} ms" if objective.p99_ms is not None else ""
     return key, unit, bound
 
 
@@ -32,81 +34,85 @@ def _interval(ci: Optional[list], resolution_pct: Optional[float] = None) -> str
     return f"{ci[0]:+.1f}% … {ci[1]:+.1f}%"
 
 
-def _load(directory: Path, side: Optional[dict[str, Any]]) -> Optional[Result]:
-    if not side or not side.get("dir") or not (directory / side["dir"] / RESULT_FILE).is_file():
+def _load(directory: Path, side: Optional[Side]) -> Optional[Result]:
+    if side is None or not side.dir or not (directory / side.dir / RESULT_FILE).is_file():
         return None
-    return Result.load(directory / side["dir"])
+    return Result.load(directory / side.dir)
 
 
-def tune_images(directory: Path, meta: dict[str, Any], out: Path) -> dict[str, str]:
+@dataclass
+class TuneImages:
+    """The plots of a tune's report, as file names in its folder (None: not drawn)."""
+
+    waterfall: Optional[str] = None
+    breakdown: Optional[str] = None
+
+
+def tune_images(directory: Path, meta: TuneSummary, out: Path) -> TuneImages:
     """The waterfall of kept gains and the step-time breakdown of the start and the tuned best."""
-    images = {}
-    start = meta.get("start") or {}
+    images = TuneImages()
+    start = meta.start or Side()
     key, unit, _ = _objective(meta)
-    kept = [(link["label"], link.get(key)) for link in meta.get("chain", []) if link["kept"]]
-    if start.get(key):
-        waterfall_plot("start", start[key], kept, out / "tune_waterfall.png", unit=unit)
-        images["waterfall"] = "tune_waterfall.png"
-    before, after = _load(directory, meta.get("start")), _load(directory, meta.get("best"))
+    kept = [(link.label, link.figure(key)) for link in meta.chain if link.kept]
+    if start.figure(key):
+        waterfall_plot("start", start.figure(key), kept, out / "tune_waterfall.png", unit=unit)
+        images.waterfall = "tune_waterfall.png"
+    before, after = _load(directory, meta.start), _load(directory, meta.best)
     # a serve trial has no per-phase step times (its profiles do; the chain's diagnoses read those)
     if before is not None and after is not None and before.metrics.phases_ms and after.metrics.phases_ms:
         phase_breakdown_plot({"start": before.metrics.phases_ms, "tuned": after.metrics.phases_ms},
                              out / "tune_breakdown.png",
                              "step-time breakdown: start vs tuned")
-        images["breakdown"] = "tune_breakdown.png"
+        images.breakdown = "tune_breakdown.png"
     return images
 
 
-def _kept(meta: dict[str, Any]) -> str:
+def _kept(meta: TuneSummary) -> str:
     """'bf16, channels-last', or 'nothing', then any screened win left unconfirmed: never 'nothing' alone when a
     screen won."""
-    kept = ", ".join(meta.get("kept") or []) or "nothing"
-    lines = [win["line"] for win in (meta.get("recipe") or {}).get("unconfirmed") or []]
-    return "; ".join([kept, *lines])
+    kept = ", ".join(meta.kept) or "nothing"
+    return "; ".join([kept, *(win.recipe_line() for win in meta.recipe.unconfirmed)])
 
 
-def _unconfirmed_wins(recipe: dict[str, Any]) -> str:
+def _unconfirmed_wins(recipe: Recipe) -> str:
     """The screened wins the budget left unconfirmed (not in the recipe above), each with its confirming command."""
-    wins = recipe.get("unconfirmed") or []
-    return "\n\n".join(f"{win['line']}; not in the recipe above. Confirm it (full trials, the quality gate) with:"
-                        f"\n\n```\n{win['command']}\n```" for win in wins)
+    return "\n\n".join(f"{win.recipe_line()}; not in the recipe above. Confirm it (full trials, the quality gate) "
+                        f"with:\n\n```\n{win.command}\n```" for win in recipe.unconfirmed)
 
 
-def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str]) -> str:
-    start, best = meta.get("start") or {}, meta.get("best") or {}
-    config = (meta.get("recipe") or {}).get("config") or {}
-    chain_rows = [[link["name"], cell(link.get("bottleneck")), link["label"], _pct(link.get("predicted_gain_pct")),
-                   _pct(link.get("measured_gain_pct")), _interval(link.get("ci95_pct"), link.get("resolution_pct")),
-                   cell(link.get("quality")),
-                   "**kept**" if link["kept"] else "rejected", cell(link.get("why")),
-                   num(link.get("wall_s"), 1), num(link.get("compile_s") or link.get("warmup_s"), 1)]
-                  for link in meta.get("chain", [])]
-    speedup = meta.get("speedup")
+def tune_markdown(directory: Path, meta: TuneSummary, images: TuneImages) -> str:
+    start, best = meta.start or Side(), meta.best or Side()
+    config = meta.recipe.config
+    chain_rows = [[link.name, cell(link.bottleneck), link.label, _pct(link.predicted_gain_pct),
+                   _pct(link.measured_gain_pct), _interval(link.ci95_pct, link.resolution_pct), cell(link.quality),
+                   "**kept**" if link.kept else "rejected", cell(link.why),
+                   num(link.wall_s, 1), num(link.compile_s or link.warmup_s, 1)]
+                  for link in meta.chain]
+    speedup = meta.speedup
     key, unit, bound = _objective(meta)
-    summary = [f"- **{num(start.get(key))} → {num(best.get(key))} {unit}{bound}**"
+    summary = [f"- **{num(start.figure(key))} → {num(best.figure(key))} {unit}{bound}**"
                + (f" ({speedup:.2f}×)" if speedup else ""),
-               f"- kept: {_kept(meta)}; lost: {', '.join(meta.get('lost') or []) or 'nothing'}",
-               f"- {meta.get('trials')} trials in {num(meta.get('spent_s'), 0)} s of a "
-               f"{num(meta.get('budget_s'), 0)} s budget (warm-up and compilation: "
-               f"{num(meta.get('compile_and_warmup_s'), 0)} s of it)",
-               f"- stopped: {meta.get('stop_reason')}"]
-    screened_rows = [[cell(entry.get("trial")), entry["label"], _pct(entry.get("screened_gain_pct")),
-                      "win" if entry.get("win") else "—", cell(entry.get("outcome")), num(entry.get("wall_s"), 1),
-                      num(entry.get("compile_s"), 1)]
-                     for entry in meta.get("screened") or []]
-    if meta.get("unconfirmed"):
-        summary.append("- screened but not confirmed (not in the recipe): " + "; ".join(meta["unconfirmed"]))
-    if meta.get("compile_s"):
-        summary.append(f"- compilation measured in the trials: {num(meta.get('compile_s'), 0)} s")
-    diagnosis_rows = [[d.get("trial"), d.get("after"), cell(d.get("bottleneck")), num(d.get("confidence"), 2),
-                       cell(d.get("headline")), cell(", ".join(d.get("levers") or []))]
-                      for d in meta.get("diagnoses", [])]
-    recipe = meta.get("recipe") or {}
+               f"- kept: {_kept(meta)}; lost: {', '.join(meta.lost) or 'nothing'}",
+               f"- {meta.trials} trials in {num(meta.spent_s, 0)} s of a "
+               f"{num(meta.budget_s, 0)} s budget (warm-up and compilation: "
+               f"{num(meta.compile_and_warmup_s, 0)} s of it)",
+               f"- stopped: {meta.stop_reason or None}"]
+    screened_rows = [[cell(entry.trial), entry.label, _pct(entry.screened_gain_pct),
+                      "win" if entry.win else "—", cell(entry.outcome), num(entry.wall_s, 1), num(entry.compile_s, 1)]
+                     for entry in meta.screened]
+    if meta.unconfirmed:
+        summary.append("- screened but not confirmed (not in the recipe): " + "; ".join(meta.unconfirmed))
+    if meta.compile_s:
+        summary.append(f"- compilation measured in the trials: {num(meta.compile_s, 0)} s")
+    diagnosis_rows = [[d.trial, d.after, cell(d.bottleneck), num(d.confidence, 2), cell(d.headline or None),
+                       cell(", ".join(d.levers or []))]
+                      for d in meta.diagnoses]
+    recipe = meta.recipe
     parts = [f"# perflab tune: {config.get('workload')} · {config.get('mode')} · {config.get('device')}",
-             f"Command: `{' '.join(meta.get('command') or [])}`" if meta.get("command") else "",
+             f"Command: `{' '.join(meta.command)}`" if meta.command else "",
              "## Result", "\n".join(summary),
-             image(f"{unit} waterfall", images.get("waterfall")),
-             "## The recipe", f"```\n{recipe.get('command', '')}\n```", f"```python\n{recipe.get('snippet', '')}\n```",
+             image(f"{unit} waterfall", images.waterfall),
+             "## The recipe", f"```\n{recipe.command}\n```", f"```python\n{recipe.snippet}\n```",
              _unconfirmed_wins(recipe),
              "## The chain of decisions",
              table(["trial", "bottleneck", "lever", "predicted", "measured", "95% CI", "quality", "decision", "why",
@@ -126,11 +132,11 @@ def tune_markdown(directory: Path, meta: dict[str, Any], images: dict[str, str])
                if screened_rows else []),
              "## Diagnoses", table(["profile", "of", "bottleneck", "confidence", "headline", "levers"],
                                    diagnosis_rows) if diagnosis_rows else "",
-             "## Step-time breakdown, before and after", image("step-time breakdown", images.get("breakdown"))]
-    if meta.get("skipped"):
-        parts += ["## Not tried", table(["lever", "why"], [[k, cell(v)] for k, v in meta["skipped"].items()])]
-    if meta.get("notes"):
-        parts += ["## Notes", "\n".join(f"- {note}" for note in meta["notes"])]
+             "## Step-time breakdown, before and after", image("step-time breakdown", images.breakdown)]
+    if meta.skipped:
+        parts += ["## Not tried", table(["lever", "why"], [[k, cell(v)] for k, v in meta.skipped.items()])]
+    if meta.notes:
+        parts += ["## Notes", "\n".join(f"- {note}" for note in meta.notes)]
     parts += ["## Tuned configuration", config_table(config, skip=["out"])]
     best_result = _load(directory, best)
     if best_result is not None:
@@ -158,6 +164,7 @@ def check_tune_record(meta: dict[str, Any], path: Path) -> None:
 
 def tune_report(directory: Path, out: Path) -> str:
     """The Markdown of a tune directory (its tune.json), writing its plots into `out`."""
-    meta = read_json_object(directory / TUNE_JSON, "a perflab tune record", "re-run perflab tune")
-    check_tune_record(meta, directory / TUNE_JSON)
+    recorded = read_json_object(directory / TUNE_JSON, "a perflab tune record", "re-run perflab tune")
+    check_tune_record(recorded, directory / TUNE_JSON)
+    meta = TuneSummary.from_dict(recorded)
     return tune_markdown(directory, meta, tune_images(directory, meta, out))

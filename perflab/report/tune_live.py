@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -13,34 +13,43 @@ from perflab.report.fit import Column, fitted_tables
 from perflab.report.terminal import fmt
 from perflab.tune.driver import TuneObserver
 from perflab.tune.output import objective_figure
+from perflab.tune.record import SCREEN
+from perflab.tune.rows import TrialRow
+from perflab.tune.screening import CONFIRM
+from perflab.tune.trial import OK
 
 
-def _decision_text(row: dict[str, Any]) -> str:
-    decision = row.get("decision")
-    if row["kind"] == "profile":
-        return "[dim]profiled[/]" if row["status"] == "ok" else f"[red]{row['status']}[/]"
-    if row.get("stage") == "screen":  # one short trial: a win still has to be confirmed in full
-        if row.get("reference"):
+def _typed(row: Union[TrialRow, dict[str, Any]]) -> TrialRow:
+    """A row as the table shows it (one handed over as recorded, a dict, is read as tune.jsonl would be)."""
+    return row if isinstance(row, TrialRow) else TrialRow.from_dict(row)
+
+
+def _decision_text(row: TrialRow) -> str:
+    decision = row.decision
+    if row.kind == "profile":
+        return "[dim]profiled[/]" if row.status == OK else f"[red]{row.status}[/]"
+    if row.stage == SCREEN:  # one short trial: a win still has to be confirmed in full
+        if row.reference:
             return "[dim]screen reference[/]"
-        if row["status"] != "ok":
-            return f"[red]screen: {escape(row['status'])}[/]"
-        gain = row.get("screened_gain_pct")
+        if row.status != OK:
+            return f"[red]screen: {escape(row.status)}[/]"
+        gain = row.screened_gain_pct
         return "[dim]screened[/]" if gain is None else f"[dim]screened {gain:+.0f}%[/]"
     if decision is None:
         return "[bold]start[/]"
-    if decision["kept"]:
-        return "[bold green]confirmed, kept[/]" if row.get("stage") == "confirm" else "[bold green]kept[/]"
-    style = "red" if decision.get("judged", True) else "yellow"  # not judged is no loss: shown as such
-    return f"[{style}]{escape(decision['verdict'])}[/]"
+    if decision.kept:
+        return "[bold green]confirmed, kept[/]" if row.stage == CONFIRM else "[bold green]kept[/]"
+    style = "red" if decision.judged else "yellow"  # not judged is no loss: shown as such
+    return f"[{style}]{escape(decision.verdict)}[/]"
 
 
-def _gain(row: dict[str, Any]) -> str:
-    decision = row.get("decision") or {}
-    gain, ci = decision.get("gain_pct"), decision.get("ci95_pct") or [None, None]
-    if gain is None:
+def _gain(row: TrialRow) -> str:
+    decision = row.decision
+    if decision is None or decision.gain_pct is None:
         return ""
-    if decision.get("resolution_pct") is not None:  # max-qps: the search's resolution, not an interval
-        return f"{gain:+.1f}% [dim](res. {decision['resolution_pct']:g}%)[/]"
+    gain, ci = decision.gain_pct, decision.ci95_pct or [None, None]
+    if decision.resolution_pct is not None:  # max-qps: the search's resolution, not an interval
+        return f"{gain:+.1f}% [dim](res. {decision.resolution_pct:g}%)[/]"
     return f"{gain:+.1f}%" + (f" [dim]({ci[0]:+.0f}…{ci[1]:+.0f})[/]" if ci[0] is not None else "")
 
 
@@ -52,7 +61,7 @@ class LiveTuneTable(TuneObserver):
         self.console = console
         self.figure, unit = objective_figure(objective)
         self.unit = "max " + unit if objective == "max-qps" else unit
-        self.rows: list[tuple[dict[str, Any], bool]] = []
+        self.rows: list[tuple[TrialRow, bool]] = []
         self.running: Optional[str] = None
         self.began = time.perf_counter()
         self.live = Live(self._render(), console=console, refresh_per_second=2, transient=False)
@@ -71,26 +80,27 @@ class LiveTuneTable(TuneObserver):
                    Column("predicted"), Column("measured (95% CI)"), Column("quality", "left", wraps=True),
                    Column("decision", "left", wraps=True), Column("wall s")]
         rows = []
-        for row, reused in self.rows:
-            predicted = row.get("predicted_gain_pct")
-            rows.append([row["name"] + (" [dim](recorded)[/]" if reused else ""), escape(row["label"]),
+        for recorded, reused in self.rows:
+            row = _typed(recorded)
+            predicted = row.predicted_gain_pct
+            quality = (row.decision.quality if row.decision is not None else None) or row.quality or ""
+            rows.append([row.name + (" [dim](recorded)[/]" if reused else ""), escape(row.label),
                          self._figure(row), "" if predicted is None else f"{predicted:+.0f}%", _gain(row),
-                         escape(str((row.get("decision") or {}).get("quality") or row.get("quality") or "")),
-                         _decision_text(row), fmt(row.get("wall_s"), 0)])
+                         escape(str(quality)), _decision_text(row), fmt(row.wall_s, 0)])
         status = Text(f"running {self.running} … ({time.perf_counter() - self.began:.0f} s so far)",
                       style="dim") if self.running else Text("")
         return Group(fitted_tables("perflab tune", columns, rows, self.console.width), status)
 
-    def _figure(self, row: dict[str, Any]) -> str:
-        if row["kind"] == "profile" and self.figure != "throughput":
+    def _figure(self, row: TrialRow) -> str:
+        if row.kind == "profile" and self.figure != "throughput":
             return ""  # a profile measures the step, not the objective
-        return fmt(row.get(self.figure))
+        return fmt(row.figure(self.figure))
 
     def trial_started(self, name: str, kind: str) -> None:
         self.running = f"{name} ({kind})"
         self.live.update(self._render())
 
-    def trial_finished(self, row: dict[str, Any], reused: bool) -> None:
+    def trial_finished(self, row: TrialRow, reused: bool) -> None:
         self.rows.append((row, reused))
         self.running = None
         self.live.update(self._render())

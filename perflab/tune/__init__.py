@@ -14,9 +14,11 @@ confirmation (a confirmation sized to the budget left), candidates (what to try 
 modes' estimated cost), ordering (tune's order of the proposals: cheap and paired levers first), retry (one
 more try for a lever inside the noise against a large prediction), trial (one trial's process, classified), warm
 and worker (the default runner: most trials in one warm worker process), record (one trial run or
-reused, its row and its journal line), journal (tune.jsonl), decision (keep or reject), objective (--objective
-max-qps: serve trials judged by max QPS), stop (why the search stopped, and the stop line), driver (the loop),
-output (tune.json), recipe (the tuned command line and RunConfig, and the screened wins left unconfirmed).
+reused, its row and its journal line), rows (a trial's row, typed: TrialRow, its decision and its memory trade),
+journal (tune.jsonl), decision (keep or reject), objective (--objective max-qps: serve trials judged by max QPS), stop
+(why the search stopped, and the stop line), driver (the loop), summary (tune.json, typed: the chain, the screens,
+the diagnoses), recorded (reading either file back, tolerating keys an older one lacks), output (tune.json from a
+Tuner), recipe (the tuned command line and RunConfig, and the screened wins left unconfirmed).
 """
 from __future__ import annotations
 
@@ -55,9 +57,9 @@ def tune(start: RunConfig, settings: TuneConfig, out: Union[str, Path], observer
             raise
         summary = tune_summary(tuner, stop_reason, command or [], tuner.stopped)
         write_tune_json(tuner.out, summary)
+        record = summary.to_dict()  # what tune.json holds, and the report's files beside it
         if report is not None:
-            summary["report"] = [str(path) for path in report(tuner.out)]
-        return summary
-
+            record.update(report=[str(path) for path in report(tuner.out)])
+        return record
 
 __all__ = ["tune", "Tuner", "TuneObserver", "TuneConfig", "parse_duration", "TUNE_JSON"]

@@ -16,6 +16,7 @@ from perflab import options
 from perflab.bottlenecks import NO_CLEAR_BOTTLENECK
 from perflab.config import RunConfig
 from perflab.environment import usable_cpus  # noqa: F401  (where the tune driver reads it)
+from perflab.levers import COMPILES, Lever
 from perflab.levers.compile import MODES as COMPILE_MODE_HINTS  # each mode's cost_scale
 from perflab.workloads import load_workload
 
@@ -144,6 +145,17 @@ def covered_by_kept(candidate: Candidate, lever: Any, best: RunConfig) -> Option
     kept = getattr(best, candidate.option)
     why = dict(lever.tune.hints_for(candidate.value).covered_by).get(kept)
     return f"{candidate.option.replace('_', '-')}={kept} (kept) {why}" if why else None
+
+
+def compiles(lever: Optional[Lever]) -> bool:
+    """Whether a lever's trial compiles the model (TuneHints.cost COMPILES): its cost is estimated before it runs."""
+    return lever is not None and lever.tune.cost == COMPILES
+
+
+def measures_compile_cost(candidate: Candidate, lever: Optional[Lever]) -> bool:
+    """Whether the candidate is a compiling lever's leading value (compile=default, cost_scale 1): the one whose
+    trial measures what compiling adds, from which the other values' costs are estimated."""
+    return compiles(lever) and bool(lever.tune.values) and candidate.value == lever.tune.values[0]
 
 
 def compile_trial_cost_s(mode: str, plain_trial_s: float, measured_extra_s: Optional[float]) -> Optional[float]:

@@ -6,10 +6,11 @@ minimum effect, and the quality gate passed) and it stays inside --max-p99-ms an
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterable, Optional, Union
 
 from perflab.compare import INCONCLUSIVE, NOT_JUDGED, compare_results
 from perflab.results import Result
+from perflab.tune.recorded import from_fields, text
 
 ACCEPT = "accept"
 
@@ -34,6 +35,11 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Decision":
+        """A decision as tune.jsonl or an older version of it recorded it: missing entries take their defaults."""
+        return from_fields(cls, data, {"kept": bool, "verdict": text, "why": text}, kept=False, verdict="", why="")
 
 
 def peak_memory_gb(result: Result) -> Optional[float]:
@@ -75,14 +81,16 @@ def judge(best: Result, candidate: Result, min_effect_pct: float, max_p99_ms: Op
     return decision
 
 
-def unjudged_line(decisions: list[dict[str, Any]]) -> Optional[str]:
-    """'2 of 3 trials not judged: <why the first was not>', or None when every measured trial was judged."""
-    measured = [d for d in decisions if d and d.get("verdict") not in NOT_MEASURED]
-    unjudged = [d for d in measured if not d.get("judged", True)]
+def unjudged_line(decisions: Iterable[Union[Decision, dict[str, Any], None]]) -> Optional[str]:
+    """'2 of 3 trials not judged: <why the first was not>', or None when every measured trial was judged (a decision
+    may come as recorded, a dict)."""
+    read = [Decision.from_dict(d) if isinstance(d, dict) else d for d in decisions if d]
+    measured = [d for d in read if d.verdict not in NOT_MEASURED]
+    unjudged = [d for d in measured if not d.judged]
     if not unjudged:
         return None
-    verdicts = ", ".join(dict.fromkeys(d.get("verdict") or NOT_JUDGED for d in unjudged))
-    return f"{len(unjudged)} of {len(measured)} trial(s) not judged ({verdicts}): {unjudged[0].get('why')}"
+    verdicts = ", ".join(dict.fromkeys(d.verdict or NOT_JUDGED for d in unjudged))
+    return f"{len(unjudged)} of {len(measured)} trial(s) not judged ({verdicts}): {unjudged[0].why}"
 
 
 NOT_MEASURED = ("refused", "oom", "error", "invalid", "timeout")

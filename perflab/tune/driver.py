@@ -41,16 +41,20 @@ from perflab.serve.config import ServeConfig
 from perflab.tune.objective import SERVE, judge_max_qps, max_qps_of, serve_record, serve_refusal
 from perflab.tune.journal import Journal
 from perflab.tune.memory_trade import checkpointed_batch, trade_verdict
+from perflab.tune.recipe import UnconfirmedWin
 from perflab.tune.record import TRIALS_DIR, Runner, TrialRecord, TrialRecorder, TrialRequest
 from perflab.tune.retry import NoiseRetries
-from perflab.tune.screening import Screener, UnconfirmedWin, insurance_proposals, start_noise_pct, win_threshold_pct
+from perflab.tune.rows import MemoryTrade, TrialRow
+from perflab.tune.screening import Screener, insurance_proposals, start_noise_pct, win_threshold_pct
 from perflab.tune.settings import MAX_QPS, TuneConfig, strict_tolerances
 from perflab.tune.stop import StopContext, StopKind, StopReason, stop_line
+from perflab.tune.summary import DiagnosisEntry
 from perflab.tune.trial import OK, OOM, PROFILE_STEPS, QUALITY_FAIL, TIMEOUT, TrialOutcome, run_trial
 from perflab.diagnose import diagnose
 from perflab.diagnose.inference_queue import setting_changes
 
 SERVE_SETTING = "serve-setting"  # the search kind of a serve-settings candidate (max-qps objective)
+CHECKPOINTING = "activation-checkpointing"  # the lever that trades memory for a larger batch (memory_trade.py)
 
 NEAR_PEAK_BUSY_PCT = 95.0
 NEAR_PEAK_MFU_PCT = 70.0  # share of the calibrated peak that counts as "near it"
@@ -64,6 +68,7 @@ MANY_KERNELS_PER_STEP = 2000
 SHORT_PROFILE_STEPS = 3  # wait 1, warm-up 1, active 1 (perflab/tune/trial.py profile_capture)
 BATCH_NOTE = ("batch size changes the optimisation (the learning rate and schedule were tuned for the old batch): "
               "re-check convergence before adopting it")
+FINDING_KEYS = ("cls", "confidence", "expected_gain_pct", "levers")  # what tune.json's diagnoses keep of a finding
 NO_LEVER_WON = "every proposed lever was tried, refused or lost"
 NO_SETTING_WON = "every proposed lever and every setting the queue diagnosis proposed was tried, refused or lost"
 
@@ -76,7 +81,7 @@ class TuneObserver:
     def trial_started(self, name: str, kind: str) -> None:
         pass
 
-    def trial_finished(self, row: dict[str, Any], reused: bool) -> None:
+    def trial_finished(self, row: TrialRow, reused: bool) -> None:
         pass
 
     def note(self, text: str) -> None:
@@ -138,8 +143,8 @@ class Tuner:
         self.lost: list[str] = []  # levers tried that never won (the diagnosis is told, and never re-proposes)
         self.settled: set[str] = set()  # levers whose search is over, won or lost
         self.retries = NoiseRetries()  # inside the noise against a large prediction: once more after a keep
-        self.chain: list[dict[str, Any]] = []
-        self.diagnoses: list[dict[str, Any]] = []
+        self.chain: list[TrialRow] = []  # every judged trial, in order
+        self.diagnoses: list[DiagnosisEntry] = []
         self.skipped: dict[str, str] = {}
         self.notes: list[str] = []
         self.last_profile_s: Optional[float] = None  # wall time of the last profile trial
@@ -151,8 +156,8 @@ class Tuner:
         self.serve_cfg = settings.serve
         self.tried_settings: set[str] = set()
         self.best: Optional[Result] = None
-        self.best_row: Optional[dict[str, Any]] = None
-        self.baseline_row: Optional[dict[str, Any]] = None
+        self.best_row: Optional[TrialRow] = None
+        self.baseline_row: Optional[TrialRow] = None
         self.diagnosis: Any = None
         self.stopped: Optional[StopReason] = None
 
@@ -175,12 +180,12 @@ class Tuner:
 
     def stop_line(self, reason: StopReason) -> str:
         """The stop line: the reason, and what the best, the kept levers and the unconfirmed wins are."""
-        kept = [row["label"] for row in self.chain if (row.get("decision") or {}).get("kept")]
+        kept = [row.label for row in self.chain if row.kept]
         context = StopContext(
-            best_label=self.best_row["label"] if self.best_row is not None else None, kept=kept,
+            best_label=self.best_row.label if self.best_row is not None else None, kept=kept,
             advice=list(getattr(self.diagnosis, "advice", None) or []),
             unconfirmed=[win.describe() for win in self.unconfirmed], noise=self._noise(),
-            profile_cut=self.profile_cut, unjudged=unjudged_line([row.get("decision") for row in self.chain]))
+            profile_cut=self.profile_cut, unjudged=unjudged_line([row.decision for row in self.chain]))
         return stop_line(reason, context)
 
     def _noise(self) -> Optional[str]:
@@ -227,10 +232,10 @@ class Tuner:
             raise self._start_failed(row)
         if self.measure == SERVE and max_qps_of(result) is None:
             raise PerflabError(f"the starting point meets no rate with p99 under --p99-ms "
-                               f"{self.settings.serve.p99_ms:g} ({row.get('search_skipped') or 'every rate tried failed'})"
-                               f"; raise --p99-ms (see {self.out / row['dir']})")
-        if row["status"] == QUALITY_FAIL:
-            self.notes.append(f"the starting point itself failed its quality gate ({row['reason']}); every "
+                               f"{self.settings.serve.p99_ms:g} ({row.search_skipped or 'every rate tried failed'})"
+                               f"; raise --p99-ms (see {self.out / row.dir})")
+        if row.status == QUALITY_FAIL:
+            self.notes.append(f"the starting point itself failed its quality gate ({row.reason}); every "
                               "candidate is still gated against the fp32 eager baseline")
         broken = constraint_violations(result, self.settings.max_p99_ms, self.settings.max_memory_gb)
         if broken:  # said once: every candidate is held to a bound the start itself does not meet
@@ -241,25 +246,25 @@ class Tuner:
         self.best_cfg = self.start
         self.best, self.best_row, self.baseline_row = result, row, row
 
-    def _start_failed(self, row: dict[str, Any]) -> PerflabError:
+    def _start_failed(self, row: TrialRow) -> PerflabError:
         """Why the starting point gave nothing to tune from: it did not finish in the budget, ran out of memory,
         or failed."""
-        if row["status"] == TIMEOUT:
+        if row.status == TIMEOUT:
             return PerflabError(f"the starting point did not finish within --budget {self.settings.budget} "
-                                f"({row['wall_s']:.0f} s; the budget is a promise, and every trial is stopped when "
-                                f"it runs out): give a larger --budget (see {self.out / row['dir']}.log)")
-        if row["status"] == OOM:
+                                f"({row.wall_s:.0f} s; the budget is a promise, and every trial is stopped when "
+                                f"it runs out): give a larger --budget (see {self.out / row.dir}.log)")
+        if row.status == OOM:
             return self._start_out_of_memory(row)
-        return PerflabError(f"the starting point did not run ({row['status']}: {row['reason']}); see "
-                            f"{self.out / row['dir']}.log")
+        return PerflabError(f"the starting point did not run ({row.status}: {row.reason}); see "
+                            f"{self.out / row.dir}.log")
 
-    def _start_out_of_memory(self, row: dict[str, Any]) -> PerflabError:
+    def _start_out_of_memory(self, row: TrialRow) -> PerflabError:
         """The starting point did not fit: its own record (the short block, exit code 3) when its run saved one."""
-        path = self.out / row["dir"] / "result.json"
+        path = self.out / row.dir / "result.json"
         record = getattr(Result.load(path.parent), "out_of_memory", None) if path.is_file() else None
         if not record:
-            return OutOfMemoryFailure(f"the starting point ran out of memory ({row['reason']}); see "
-                                      f"{self.out / row['dir']}.log", {"message": row["reason"], "device": "?"})
+            return OutOfMemoryFailure(f"the starting point ran out of memory ({row.reason}); see "
+                                      f"{self.out / row.dir}.log", {"message": row.reason, "device": "?"})
         return OutOfMemory.from_dict(record).failure()
 
     def _nothing_to_try(self) -> StopReason:
@@ -291,9 +296,9 @@ class Tuner:
         if self.last_profile_s is None:
             return
         left = self.budget.total_s - self.budget.spent_s
-        trial_s = self.best_row["wall_s"]
+        trial_s = self.best_row.wall_s
         if self.screener is not None and self.screener.reference is not None:
-            trial_s = 2 * self.screener.reference["wall_s"]  # a round: a reference and one screen at least
+            trial_s = 2 * self.screener.reference.wall_s  # a round: a reference and one screen at least
         if left < self.last_profile_s + trial_s:
             self.stop(StopReason(StopKind.BUDGET_NEARLY_SPENT,
                                  f"{max(0.0, left):.0f} s left, less than a profile ({self.last_profile_s:.0f} s) "
@@ -303,7 +308,7 @@ class Tuner:
 
     def round_proposals(self) -> list[search.Proposal]:
         """The levers this round proposes: the diagnosis's, or, when the profile was cut, the insurance levers."""
-        if self.diagnosis is None and self.diagnoses and self.diagnoses[-1].get("cut"):
+        if self.diagnosis is None and self._last_profile_cut():
             return insurance_proposals(self.levers)
         return search.proposals(self.diagnosis, self.levers)
 
@@ -345,7 +350,7 @@ class Tuner:
                 continue
             self.check_budget()
             context = {"lever": flag, "label": label, "option": change.option, "value": change.value,
-                       "search": SERVE_SETTING, "against": self.best_row["name"], "bottleneck": INFERENCE_QUEUE,
+                       "search": SERVE_SETTING, "against": self.best_row.name, "bottleneck": INFERENCE_QUEUE,
                        "proposed_by": INFERENCE_QUEUE, "why_proposed": change.why}
             record = self.record(TrialRequest(self.trial_config(self.best_cfg), SERVE, label, context,
                                               judge_against=self.best, time_limit_s=self.budget.left_s(),
@@ -376,8 +381,7 @@ class Tuner:
             self.check_budget()
             kept, tried = self.try_candidate(candidate), True
             kept_any = kept_any or kept
-            measured = measured or self.chain[-1]["decision"].get("judged", True) and \
-                self.chain[-1]["status"] in (OK, QUALITY_FAIL)
+            measured = measured or self.chain[-1].judged and self.chain[-1].measured
             misses = 0 if kept else misses + 1
             if candidate.search == search.ONCE or candidate.search == search.LADDER and \
                     misses >= search.LADDER_PATIENCE:
@@ -406,7 +410,7 @@ class Tuner:
             if kept:
                 good, kept_any = batch, True
                 batch = good * 2 if out_of_memory is None else search.bisect_batch(good, out_of_memory)
-            elif self.chain[-1]["status"] == OOM:
+            elif self.chain[-1].status == OOM:
                 out_of_memory = batch
                 batch = search.bisect_batch(good, out_of_memory)
             else:
@@ -419,12 +423,13 @@ class Tuner:
     def _trade_memory_for_batch(self, good: int, out_of_memory: int) -> bool:
         """Activation checkpointing with the larger batch it allows (perflab/tune/memory_trade.py), tried as one
         candidate against the best; kept only when it wins. Its outcome, kept or why not, is a note."""
-        lever = "activation-checkpointing"
+        lever = CHECKPOINTING
         if self.best_cfg.mode != "train" or self.best_cfg.activation_checkpointing or lever in self.settings.exclude \
                 or lever in self.settled and lever not in self.lost:
             return False
+        declared = self.levers[lever]  # its option and value, as the lever declares them
         proposal = search.Proposal(lever, "batch size (--tune-batch) ran out of memory", None, None)
-        probe = search.Candidate(proposal, "activation_checkpointing", True, search.BATCH)
+        probe = search.Candidate(proposal, declared.option, declared.value, search.BATCH)
         if not self.can_try(probe):  # the lever is refused here (no checkpointable blocks, inference)
             return False
         batch, basis = checkpointed_batch(self.best_cfg, good, out_of_memory)
@@ -435,12 +440,13 @@ class Tuner:
             self.observer.note(f"not trying {label}: {self.skipped[label]}")
             return False
         self.check_budget()
-        pair = search.Candidate(proposal, "activation_checkpointing", True, search.BATCH, also=(("batch_size", batch),))
-        kept = self.try_candidate(pair, {"trade": {"batch_ran": good, "batch_out_of_memory": out_of_memory,
-                                          "batch_tried": batch, "basis": basis}})
+        pair = search.Candidate(proposal, declared.option, declared.value, search.BATCH, also=(("batch_size", batch),))
+        trade = MemoryTrade(good, out_of_memory, batch, basis)
+        kept = self.try_candidate(pair, {"trade": trade.to_dict()})
         row = self.chain[-1]
-        row["trade"]["verdict"] = trade_verdict(row, good)
-        self.notes.append(row["trade"]["verdict"] + f"; {basis}")
+        row.trade = trade  # its verdict, once judged, is tune.json's (tune.jsonl has the trade as it was tried)
+        trade.verdict = trade_verdict(row, trade)
+        self.notes.append(f"{trade.verdict}; {basis}")
         self.settled.add(lever)
         return kept
 
@@ -453,7 +459,7 @@ class Tuner:
             reason = serve_refusal(candidate.option)
         if reason is None and candidate.search == search.ONCE:
             reason = ordering.replaces_kept(candidate.option, candidate.value, self.best_cfg, self.start)
-        if reason is None and candidate.option == "compile" and estimate_cost:
+        if reason is None and search.compiles(self.levers.get(candidate.lever)) and estimate_cost:
             reason = self._compile_over_budget(candidate.value)
         if reason is None:
             reason = search.covered_by_kept(candidate, self.levers.get(candidate.lever), self.best_cfg)
@@ -475,7 +481,7 @@ class Tuner:
 
     def _compile_over_budget(self, mode: str) -> Optional[str]:
         """Why a compile mode does not fit in the budget left (its trial's expected wall time is more), or None."""
-        return self.compile_cost.over_budget(mode, self.best_row["wall_s"], self.budget.left_s())
+        return self.compile_cost.over_budget(mode, self.best_row.wall_s, self.budget.left_s())
 
     # ------------------------------------------------------------------------------------------ one trial
 
@@ -494,7 +500,7 @@ class Tuner:
     def context(self, candidate: search.Candidate) -> dict[str, Any]:
         """What tune.jsonl records of a candidate beside its figures: the lever, who proposed it, the prediction."""
         return {"lever": candidate.lever, "label": candidate.label, "option": candidate.option,
-                "value": candidate.value, "search": candidate.search, "against": self.best_row["name"],
+                "value": candidate.value, "search": candidate.search, "against": self.best_row.name,
                 "bottleneck": self._verdict(), "proposed_by": candidate.proposal.source,
                 "finding_confidence": candidate.proposal.confidence,
                 "predicted_step_share_pct": candidate.proposal.expected_share_pct,
@@ -507,13 +513,13 @@ class Tuner:
         cfg = self.trial_config(self.candidate_config(candidate))
         if trials is not None:
             cfg = cfg.replace(trials=trials[0], min_trial_s=trials[1])
-        against_s = self.best_row["wall_s"]
+        against_s = self.best_row.wall_s
         # Every trial is stopped (status timeout) when it would pass the budget: the budget is a promise.
         record = self.record(TrialRequest(cfg, self.measure, candidate.label, {**self.context(candidate), **(extra or {})},
                                           judge_against=self.best, time_limit_s=self.budget.left_s()))
         self.chain.append(record.row)
-        if candidate.option == "compile" and candidate.value == "default" and record.status in (OK, QUALITY_FAIL):
-            self.compile_cost.measured(against_s, record.row["wall_s"])  # what the other modes will cost
+        if search.measures_compile_cost(candidate, self.levers.get(candidate.lever)) and record.row.measured:
+            self.compile_cost.measured(against_s, record.row.wall_s)  # what the other modes will cost
         if record.kept:
             self.best_cfg = cfg
             self.best, self.best_row = record.result, record.row
@@ -543,32 +549,30 @@ class Tuner:
         steps = profile_steps(self.best_cfg.steps, self._kernels_per_step(), self._last_profile_cut())
         cfg = self.best_cfg.replace(trials=1, check_quality=False, steps=steps, min_trial_s=0.0)
         limit_s = min(self.budget.left_s(), self.budget.share_s(PROFILE_SHARE))
-        record = self.record(TrialRequest(cfg, "profile", f"profile-{self.best_row['label']}", time_limit_s=limit_s))
+        record = self.record(TrialRequest(cfg, "profile", f"profile-{self.best_row.label}", time_limit_s=limit_s))
         row = record.row
-        self.last_profile_s = row["wall_s"]
-        entry = {"trial": row["name"], "after": self.best_row["name"], "status": row["status"], "steps": steps}
+        self.last_profile_s = row.wall_s
+        entry = DiagnosisEntry(row.name, self.best_row.name, row.status, steps)
         diagnosis = None
-        trace = self.out / row["dir"] / "trace.json"
-        if row["status"] == OK and trace.is_file():
+        trace = self.out / row.dir / "trace.json"
+        if row.status == OK and trace.is_file():
             diagnosis = self.diagnoser(trace, record.result, list(self.lost))
-            entry.update(bottleneck=diagnosis.bottleneck, confidence=diagnosis.confidence,
-                         headline=diagnosis.headline, levers=list(diagnosis.levers),
-                         findings=[{key: f.get(key) for key in ("cls", "confidence", "expected_gain_pct", "levers")}
-                                   for f in diagnosis.findings])
-        elif row["status"] == TIMEOUT:
-            entry.update(cut=True, headline=self._profile_was_cut(row, limit_s))
+            entry.bottleneck, entry.confidence = diagnosis.bottleneck, diagnosis.confidence
+            entry.headline, entry.levers = diagnosis.headline, list(diagnosis.levers)
+            entry.findings = [{key: getattr(f, key, None) for key in FINDING_KEYS} for f in diagnosis.findings]
+        elif row.status == TIMEOUT:
+            entry.cut, entry.headline = True, self._profile_was_cut(limit_s)
         else:
-            entry["headline"] = f"no diagnosis ({row['status']}: {row['reason']}); trying every applicable lever"
+            entry.headline = f"no diagnosis ({row.status}: {row.reason}); trying every applicable lever"
         self.diagnoses.append(entry)
-        self.observer.note(f"diagnosis of {self.best_row['name']}: {entry.get('bottleneck', 'none')} — "
-                           f"{entry['headline']}")
+        self.observer.note(f"diagnosis of {self.best_row.name}: {entry.bottleneck or 'none'} — {entry.headline}")
         return diagnosis
 
-    def _profile_was_cut(self, row: dict[str, Any], limit_s: float) -> str:
+    def _profile_was_cut(self, limit_s: float) -> str:
         """A profile stopped at its limit: no diagnosis; the round screens the insurance levers. Said in the notes
         and the stop line."""
         names = ", ".join(proposal.lever for proposal in insurance_proposals(self.levers))
-        line = (f"the profile of {self.best_row['label']} was cut at its limit ({limit_s:.0f} s, "
+        line = (f"the profile of {self.best_row.label} was cut at its limit ({limit_s:.0f} s, "
                 f"{PROFILE_SHARE:.0%} of the budget): no diagnosis, so the levers every workload is screened with "
                 f"were screened instead ({names})")
         self.profile_cut = line
@@ -576,14 +580,17 @@ class Tuner:
             self.notes.append(line)
         return line
 
+    def _gpu_figure(self, name: str) -> Optional[float]:
+        """A figure of the GPU's share of the last diagnosis's trace profile (None before one, or without a GPU)."""
+        gpu = getattr(getattr(self.diagnosis, "profile", None), "gpu", None)
+        return getattr(gpu, name, None)
+
     def _kernels_per_step(self) -> Optional[float]:
         """Kernels a step launched, as the last diagnosis counted them (None before one)."""
-        if self.diagnosis is None:
-            return None
-        return ((self.diagnosis.profile or {}).get("gpu") or {}).get("kernels_per_step")
+        return self._gpu_figure("kernels_per_step")
 
     def _last_profile_cut(self) -> bool:
-        return bool(self.diagnoses and self.diagnoses[-1].get("cut"))
+        return bool(self.diagnoses and self.diagnoses[-1].cut)
 
     def _verdict(self) -> Optional[str]:
         return None if self.diagnosis is None else self.diagnosis.bottleneck
@@ -591,6 +598,6 @@ class Tuner:
     def _near_peak(self) -> bool:
         if self.diagnosis is None or self.best is None:
             return False
-        busy = ((self.diagnosis.profile or {}).get("gpu") or {}).get("busy_pct")
+        busy = self._gpu_figure("busy_pct")
         mfu = self.best.metrics.flops.mfu_pct if self.best.metrics.flops else None
         return busy is not None and mfu is not None and busy >= NEAR_PEAK_BUSY_PCT and mfu >= NEAR_PEAK_MFU_PCT

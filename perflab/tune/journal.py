@@ -14,6 +14,7 @@ from typing import Any, Optional
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.sweep.points import check_same_search, point_key, read_rows, trim_partial_line
+from perflab.tune.rows import TrialRow
 
 TUNE_JSONL = "tune.jsonl"
 
@@ -37,31 +38,31 @@ class Journal:
             raise PerflabError(f"--out {out} already holds a tune; add --resume to continue it, or choose "
                                "another --out")
         trim_partial_line(self.path)
-        self.rows: dict[str, dict[str, Any]] = {row["key"]: row for row in read_rows(self.path)} \
-            if self.path.exists() else {}
+        read = [TrialRow.from_dict(row) for row in read_rows(self.path)] if self.path.exists() else []
+        self.rows: dict[str, TrialRow] = {row.key: row for row in read}
 
     def check_same_start(self, start: RunConfig, kind: str) -> None:
         """On --resume, the journal's first trial must be this tune's start (same options, same kind of measured
         trial): another tune's trials would be overwritten and its trial numbers repeated."""
-        first = min(self.rows.values(), key=lambda row: row["index"], default=None)
+        first = min(self.rows.values(), key=lambda row: row.index, default=None)
         if first is None:
             return
-        recorded = {"measured trial": first.get("kind"), **(first.get("config") or {})}
+        recorded = {"measured trial": first.kind or None, **first.config}
         current = {"measured trial": kind, **start.to_dict()}
         check_same_search(self.path.parent, recorded, current, "a tune")
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def get(self, key: str) -> Optional[dict[str, Any]]:
+    def get(self, key: str) -> Optional[TrialRow]:
         return self.rows.get(key)
 
-    def append(self, row: dict[str, Any]) -> None:
+    def append(self, row: TrialRow) -> None:
         with open(self.path, "a") as stream:
-            stream.write(json.dumps(row, allow_nan=True, default=str) + "\n")
+            stream.write(json.dumps(row.to_dict(), allow_nan=True, default=str) + "\n")
             stream.flush()
             os.fsync(stream.fileno())
-        self.rows[row["key"]] = row
+        self.rows[row.key] = row
 
-    def ordered(self) -> list[dict[str, Any]]:
-        return sorted(self.rows.values(), key=lambda row: row["index"])
+    def ordered(self) -> list[TrialRow]:
+        return sorted(self.rows.values(), key=lambda row: row.index)

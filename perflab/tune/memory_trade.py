@@ -16,6 +16,8 @@ from perflab.errors import PerflabError
 from perflab.memory.levers import lever_savings
 from perflab.memory.step import measure_step, memory_limit_mb
 from perflab.memory.study import capacity_mb
+from perflab.tune.rows import MemoryTrade, TrialRow
+from perflab.tune.trial import OOM
 
 CHECKPOINTING = "activation checkpointing"  # perflab.memory.levers' name of the lever
 UNDER_PREDICTION = 0.9  # the model leaves the workspace out: its largest batch comes out a few percent high
@@ -51,18 +53,19 @@ def _checkpointing(levers: list[Any]) -> Optional[Any]:
     return next((lever for lever in levers if lever.lever == CHECKPOINTING), None)
 
 
-def trade_verdict(row: dict[str, Any], good: int) -> str:
-    """One line on the pair's outcome: kept, or why not."""
-    decision = row.get("decision") or {}
-    batch = (row.get("config") or {}).get("batch_size")
+def trade_verdict(row: TrialRow, trade: MemoryTrade) -> str:
+    """One line on the pair's outcome (its trial's `row`): kept, or why not."""
+    decision = row.decision
+    why = decision.why if decision is not None else None
+    batch, good = trade.batch_tried, trade.batch_ran
     head = f"checkpointing + batch {batch} ({batch / good:.1f}x batch {good})"
-    if decision.get("kept"):
-        return f"{head}: kept ({decision.get('why')})"
-    if row.get("status") == "oom":
+    if row.kept:
+        return f"{head}: kept ({why})"
+    if row.status == OOM:
         return f"{head}: not kept: ran out of memory even with checkpointing"
-    if row.get("status") in ("ok", "quality-fail") and decision.get("judged", True):
-        gain = decision.get("gain_pct")
+    if row.measured and row.judged:
+        gain = decision.gain_pct if decision is not None else None
         slower = gain is not None and gain < 0
         return (f"{head}: not kept: {'slower' if slower else 'no significant gain'}: recomputing the activations costs "
-                f"more than the larger batch gains ({decision.get('why')})")
-    return f"{head}: not kept ({row.get('status')}: {decision.get('why') or row.get('reason')})"
+                f"more than the larger batch gains ({why})")
+    return f"{head}: not kept ({row.status}: {why or row.reason})"

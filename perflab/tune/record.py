@@ -18,6 +18,7 @@ from perflab.tune.budget import MIN_TRIAL_LEFT_S, Budget
 from perflab.tune.decision import Decision, not_measured
 from perflab.tune.journal import Journal, trial_key
 from perflab.tune.objective import SERVE
+from perflab.tune.rows import TrialRow
 from perflab.tune.trial import OK, QUALITY_FAIL, TrialOutcome, trial_figures
 
 TRIALS_DIR = "trials"
@@ -55,17 +56,17 @@ class TrialRequest:
 class TrialRecord:
     """A recorded trial: its tune.jsonl row, its result (None when nothing was measured), and whether it was reused."""
 
-    row: dict[str, Any]
+    row: TrialRow
     result: Optional[Result]
     reused: bool
 
     @property
     def status(self) -> str:
-        return self.row["status"]
+        return self.row.status
 
     @property
     def kept(self) -> bool:
-        return bool((self.row.get("decision") or {}).get("kept"))
+        return self.row.kept
 
 
 class TrialRecorder:
@@ -82,7 +83,7 @@ class TrialRecorder:
         key = trial_key(request.cfg, request.kind, request.serve_cfg if request.kind == SERVE else None)
         row = self.journal.get(key)
         record = self._run(key, request) if row is None else TrialRecord(row, self._load(row), reused=True)
-        self.budget.charge(key, record.row["wall_s"])
+        self.budget.charge(key, record.row.wall_s)
         self.count += 1
         self.observer.trial_finished(record.row, record.reused)
         if not record.reused and self.on_record is not None:
@@ -94,32 +95,32 @@ class TrialRecorder:
         self.observer.trial_started(name, request.kind)
         limit: dict[str, Any] = {}
         if request.time_limit_s is not None:
-            limit["time_limit_s"] = max(MIN_TRIAL_LEFT_S, request.time_limit_s)
+            limit.update(time_limit_s=max(MIN_TRIAL_LEFT_S, request.time_limit_s))
         if request.kind == SERVE:
-            limit["serve"] = request.serve_cfg
+            limit.update(serve=request.serve_cfg)
         with self.budget.running_trial():
             outcome = self.runner(request.cfg, request.kind, self.out / TRIALS_DIR / name, **limit)
         row = self._row(key, name, request, outcome)
         self.journal.append(row)
         return TrialRecord(row, outcome.result, reused=False)
 
-    def _row(self, key: str, name: str, request: TrialRequest, outcome: TrialOutcome) -> dict[str, Any]:
-        row = {"index": self.count, "key": key, "name": name, "kind": request.kind, "label": request.label,
-               "dir": f"{TRIALS_DIR}/{name}", "status": outcome.status, "reason": outcome.reason,
-               "wall_s": round(outcome.wall_s, 3), **trial_figures(outcome), **request.context,
-               "config": request.cfg.to_dict(), "created_unix": time.time()}
-        if row.get("stage") == SCREEN and row.get("reference_throughput"):
-            row["screened_gain_pct"] = gain_pct(row.get("throughput"), row["reference_throughput"])
+    def _row(self, key: str, name: str, request: TrialRequest, outcome: TrialOutcome) -> TrialRow:
+        # the figures and the context are named as tune.jsonl names them: the row takes them by those names
+        row = TrialRow.from_dict({**trial_figures(outcome), **request.context})
+        row.index, row.key, row.name, row.kind, row.label = self.count, key, name, request.kind, request.label
+        row.dir, row.status, row.reason = f"{TRIALS_DIR}/{name}", outcome.status, outcome.reason
+        row.wall_s, row.config, row.created_unix = round(outcome.wall_s, 3), request.cfg.to_dict(), time.time()
+        if row.stage == SCREEN and row.reference_throughput:
+            row.screened_gain_pct = gain_pct(row.throughput, row.reference_throughput)
         if request.judge_against is not None:
             decision = (self.judge(request.judge_against, outcome) if outcome.result is not None
                         else not_measured(outcome.status, outcome.reason))
-            row["decision"] = decision.to_dict()
-            row["measured_gain_pct"] = decision.gain_pct
+            row.decision, row.measured_gain_pct = decision, decision.gain_pct
         return row
 
-    def _load(self, row: dict[str, Any]) -> Optional[Result]:
-        path = self.out / row["dir"] / "result.json"
-        if row["status"] not in (OK, QUALITY_FAIL):
+    def _load(self, row: TrialRow) -> Optional[Result]:
+        path = self.out / row.dir / "result.json"
+        if row.status not in (OK, QUALITY_FAIL):
             return None
         if not path.is_file():
             raise PerflabError(f"{path} is missing but tune.jsonl records it; restore it or start a new tune")

@@ -7,7 +7,9 @@ Searches (worker counts, compile modes) are not retried: their prediction is the
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
+
+from perflab.tune.rows import TrialRow
 
 RETRY_PREDICTED_PCT = 25.0
 NO_SIGNIFICANT_CHANGE = "no significant change"
@@ -20,15 +22,16 @@ class NoiseRetries:
         self.deferred: list[str] = []
         self.retried: set[str] = set()
 
-    def defer(self, lever: str, once: bool, row: dict[str, Any]) -> Optional[str]:
+    def defer(self, lever: str, once: bool, row: TrialRow) -> Optional[str]:
         """Defer a lever whose trial (`row`) was inside the noise against a large prediction; the note to record,
         or None when the lever is lost instead."""
-        predicted = row.get("predicted_gain_pct")
+        predicted = row.predicted_gain_pct
+        verdict = row.decision.verdict if row.decision is not None else None
         if (not once or lever in self.retried or predicted is None or predicted < RETRY_PREDICTED_PCT
-                or (row.get("decision") or {}).get("verdict") != NO_SIGNIFICANT_CHANGE):
+                or verdict != NO_SIGNIFICANT_CHANGE):
             return None
         self.deferred.append(lever)
-        return (f"{lever} measured inside the noise ({row.get('measured_gain_pct') or 0:+.1f}%) although the "
+        return (f"{lever} measured inside the noise ({row.measured_gain_pct or 0:+.1f}%) although the "
                 f"diagnosis predicted {predicted:+.0f}%: tried once more after the next kept lever")
 
     def release(self) -> list[str]:

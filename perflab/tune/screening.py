@@ -19,6 +19,7 @@ left no room to confirm is reported as such (with the command that confirms it),
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -28,9 +29,11 @@ from perflab.tune import candidates as search
 from perflab.tune import ordering
 from perflab.tune.confirmation import ConfirmationCost, ConfirmationSize, gate_s, size_confirmation
 from perflab.tune.record import SCREEN, TrialRequest, gain_pct
-from perflab.tune.recipe import recipe_command
+from perflab.tune.recipe import UnconfirmedWin, recipe_command
+from perflab.tune.rows import TrialRow
 from perflab.tune.stop import StopKind, StopReason
-from perflab.tune.trial import OK, QUALITY_FAIL
+from perflab.tune.summary import ScreenEntry
+from perflab.tune.trial import OK
 
 if TYPE_CHECKING:  # the driver owns the Screener; only its type is needed here
     from perflab.tune.driver import Tuner
@@ -70,19 +73,19 @@ def win_threshold_pct(min_effect_pct: float) -> float:
     return max(SCREEN_WIN_PCT, 2 * min_effect_pct)
 
 
-def start_noise_pct(start: dict[str, Any], references: list[dict[str, Any]]) -> Optional[float]:
+def start_noise_pct(start: TrialRow, references: list[TrialRow]) -> Optional[float]:
     """How much the starting point's own throughput moves, in %: the larger of its trials' 95% CI half-width and
     how far any screens' reference trial of it lies from it; None without a figure. A planted nonzero router on an
     H200 measured 4,842-5,722 samples/s (+-8.6%) for its start and 5,560 for the reference: a +5% screen cannot
     tell a lever from that."""
-    value = start.get("throughput")
+    value = start.throughput
     if not value:
         return None
     spreads = []
-    low, high = (start.get("throughput_ci95") or [None, None])[:2]
+    low, high = (start.throughput_ci95 or [None, None])[:2]
     if low is not None and high is not None:
         spreads.append(100 * (high - low) / 2 / value)
-    spreads += [100 * abs(row["throughput"] / value - 1) for row in references if row.get("throughput")]
+    spreads += [100 * abs(row.throughput / value - 1) for row in references if row.throughput]
     return max(spreads) if spreads else None
 
 
@@ -126,42 +129,15 @@ class Screened:
     """One candidate's screen: its trial row and gain over the round's reference, and what became of it."""
 
     candidate: search.Candidate
-    row: dict[str, Any]
+    row: TrialRow
     gain_pct: Optional[float]
     win: bool
     outcome: str = ""  # confirmed | rejected at confirmation: why | not confirmed: budget | no win
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"label": self.candidate.label, "lever": self.candidate.lever, "trial": self.row["name"],
-                "status": self.row["status"], "screened_gain_pct": self.gain_pct, "win": self.win,
-                "outcome": self.outcome, "wall_s": self.row.get("wall_s"), "compile_s": self.row.get("compile_s")}
-
-
-def _gain_text(gain: Optional[float]) -> str:
-    return "n/a" if gain is None else f"{gain:+.0f}%"
-
-
-@dataclass(frozen=True)
-class UnconfirmedWin:
-    """A screened win the budget left no room to confirm: never kept, but in the recipe with the command that
-    confirms it (a full run of the best plus the lever, with the quality gate)."""
-
-    label: str
-    screened_gain_pct: Optional[float]
-    outcome: str  # not confirmed: why
-    command: str
-
-    def describe(self) -> str:
-        """'compile=default screened +40%, not confirmed: budget (...)' for the stop line and the report."""
-        return f"{self.label} screened {_gain_text(self.screened_gain_pct)}, {self.outcome}"
-
-    def recipe_line(self) -> str:
-        """'compile=default: screened, not confirmed: +40% (screen)' for the recipe."""
-        return f"{self.label}: screened, not confirmed: {_gain_text(self.screened_gain_pct)} (screen)"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "screened_gain_pct": self.screened_gain_pct, "outcome": self.outcome,
-                "line": self.recipe_line(), "command": self.command}
+    def entry(self) -> ScreenEntry:
+        """What tune.json's "screened" says of it."""
+        return ScreenEntry(self.candidate.label, self.candidate.lever, self.row.name, self.row.status, self.gain_pct,
+                           self.win, self.outcome, self.row.wall_s, self.row.compile_s)
 
 
 class Screener:
@@ -171,8 +147,8 @@ class Screener:
         self.tuner = tuner
         self.budget = tuner.budget
         self.screens: list[Screened] = []  # every screen of the tune, in order
-        self.reference: Optional[dict[str, Any]] = None  # the row of the round's reference trial
-        self.references: list[dict[str, Any]] = []  # every round's measured reference (the noise of the best)
+        self.reference: Optional[TrialRow] = None  # the row of the round's reference trial
+        self.references: list[TrialRow] = []  # every round's measured reference (the noise of the best)
         self.out_of_budget: Optional[StopReason] = None  # why no further screen fits in the budget left
         self.pending: list[Screened] = []  # this round's wins waiting for their confirmation
         self.round_wins: list[Screened] = []  # every win screened this round
@@ -253,15 +229,15 @@ class Screener:
 
     # ---------------------------------------------------------------------------------------- screens
 
-    def _reference(self) -> dict[str, Any]:
+    def _reference(self) -> TrialRow:
         """One short trial of the best so far: screens are read against it (same length, same conditions). If it
         did not measure, the best's own full trial is the yardstick."""
         t = self.tuner
         t.check_budget()
-        record = t.record(TrialRequest(screen_config(t.best_cfg), t.measure, f"screen-{t.best_row['label']}",
+        record = t.record(TrialRequest(screen_config(t.best_cfg), t.measure, f"screen-{t.best_row.label}",
                                        {"stage": SCREEN, "reference": True}, time_limit_s=self.budget.left_s()))
-        if record.status != OK or not record.row.get("throughput"):
-            return {**t.best_row, "wall_s": record.row["wall_s"]}
+        if record.status != OK or not record.row.throughput:
+            return dataclasses.replace(t.best_row, wall_s=record.row.wall_s)
         self.references.append(record.row)
         return record.row
 
@@ -291,7 +267,7 @@ class Screener:
         """A lever screened and lost is told to the diagnosis (not proposed again); one refused or crashed every
         time is settled without a loss (nothing was measured)."""
         t = self.tuner
-        measured = [s for s in results if s.row["status"] == OK]
+        measured = [s for s in results if s.row.status == OK]
         if measured and not any(s.win for s in results):
             t.settled.add(lever)
             t.lost.append(lever)
@@ -337,7 +313,7 @@ class Screener:
         self.tuner.skipped.setdefault(candidate.label, f"not screened: needs about {expected_s:.0f} s and "
                                                        f"{free_s:.0f} s of the budget is left (after the confirmation "
                                                        "of the best win screened so far)")
-        if candidate.option != "compile":  # not even a plain screen fits: the budget is spent
+        if not search.compiles(self.tuner.levers.get(candidate.lever)):  # not even a plain screen fits: spent
             self.out_of_budget = StopReason(StopKind.BUDGET_SPENT, f"{self.budget.spent_line()} ({free_s:.0f} s "
                                                                    f"left, less than a screen takes, about "
                                                                    f"{expected_s:.0f} s)")
@@ -345,8 +321,7 @@ class Screener:
     def _measure_screen(self, candidate: search.Candidate, expected_s: float, free_s: float) -> Screened:
         t = self.tuner
         context = t.context(candidate)
-        context.update(stage=SCREEN, against=self.reference["name"],
-                       reference_throughput=self.reference.get("throughput"))
+        context.update(stage=SCREEN, against=self.reference.name, reference_throughput=self.reference.throughput)
         # a screen may not eat the time held for confirming the best win so far (compile=default's first screen is
         # its own compile-time measurement and runs until this limit); it stops a margin short of it, so that the
         # time tune itself spends around a trial does not leave the held confirmation a moment too short
@@ -354,10 +329,10 @@ class Screener:
         record = t.record(TrialRequest(screen_config(t.candidate_config(candidate)), t.measure,
                                        f"screen-{candidate.label}", context, time_limit_s=limit_s))
         row = record.row
-        gain = gain_pct(row.get("throughput"), self.reference.get("throughput")) if row["status"] == OK else None
+        gain = gain_pct(row.throughput, self.reference.throughput) if row.status == OK else None
         win = gain is not None and gain >= win_threshold_pct(t.settings.min_effect_pct)
-        if candidate.option == "compile" and candidate.value == "default" and row["status"] == OK:
-            t.compile_cost.measured(self.reference["wall_s"], row["wall_s"])  # every later compile's estimate
+        if search.measures_compile_cost(candidate, t.levers.get(candidate.lever)) and row.status == OK:
+            t.compile_cost.measured(self.reference.wall_s, row.wall_s)  # every later compile's estimate
         screened = Screened(candidate, row, gain, win, "" if win else self._why_no_win(row))
         self.screens.append(screened)
         t.observer.note(f"{candidate.label}: screened {'n/a' if gain is None else f'{gain:+.1f}%'} ("
@@ -375,16 +350,16 @@ class Screener:
                 return size.expected_s
         return 0.0
 
-    def _why_no_win(self, row: dict[str, Any]) -> str:
-        if row["status"] != OK:
-            return f"not measured: {row['status']} ({row.get('reason') or ''})"
+    def _why_no_win(self, row: TrialRow) -> str:
+        if row.status != OK:
+            return f"not measured: {row.status} ({row.reason or ''})"
         return f"no win (below +{win_threshold_pct(self.tuner.settings.min_effect_pct):g}%)"
 
     def _expected_screen_s(self, candidate: search.Candidate) -> Optional[float]:
         """A screen costs what the reference took, plus, for a compile mode, what compiling measured adds (None:
         unknown, a compile mode other than default before default's compile was measured)."""
-        plain = self.reference["wall_s"]
-        if candidate.option != "compile":
+        plain = self.reference.wall_s
+        if not search.compiles(self.tuner.levers.get(candidate.lever)):
             return plain
         return self.tuner.compile_cost.trial_s(candidate.value, plain)
 
@@ -416,7 +391,7 @@ class Screener:
     def _run_confirmation(self, screened: Screened, size: ConfirmationSize) -> bool:
         t = self.tuner
         candidate = screened.candidate
-        extra = {"stage": CONFIRM, "screened_gain_pct": screened.gain_pct, "screen_trial": screened.row["name"],
+        extra = {"stage": CONFIRM, "screened_gain_pct": screened.gain_pct, "screen_trial": screened.row.name,
                  "confirmation": size.to_dict()}
         if not size.full:
             t.observer.note(f"{candidate.label}: confirmed with {size.describe()}")
@@ -427,11 +402,10 @@ class Screener:
         if kept:
             screened.outcome = f"confirmed: kept{sized}"
             return True
-        screened.outcome = f"not confirmed: {(row.get('decision') or {}).get('why') or row['status']}{sized}"
-        judged = (row.get("decision") or {}).get("judged", True) and row["status"] in (OK, QUALITY_FAIL)
-        if row["status"] not in (OK, QUALITY_FAIL):  # stopped or crashed: the win stands, unconfirmed
+        screened.outcome = f"not confirmed: {(row.decision.why if row.decision else '') or row.status}{sized}"
+        if not row.measured:  # stopped or crashed: the win stands, unconfirmed
             self._leave_unconfirmed(screened, screened.outcome)
-        elif judged and candidate.lever not in t.lost:
+        elif row.judged and candidate.lever not in t.lost:
             t.lost.append(candidate.lever)
         return False
 
@@ -448,11 +422,11 @@ class Screener:
         t = self.tuner
         cfg, best = t.best_cfg, t.best_row
         screen_min_trial_s = min(cfg.min_trial_s, SCREEN_MIN_TRIAL_S)
-        reference_s = (self.reference or {}).get("wall_s", 0.0)
-        gate = gate_s(best["wall_s"], reference_s, _steps_s(cfg, best.get("throughput")), cfg.trials,
+        reference_s = self.reference.wall_s if self.reference is not None else 0.0
+        gate = gate_s(best.wall_s, reference_s, _steps_s(cfg, best.throughput), cfg.trials,
                       cfg.min_trial_s, screen_min_trial_s)
-        return ConfirmationCost(screened.row["wall_s"], screen_min_trial_s,
-                                _steps_s(cfg, screened.row.get("throughput")), gate, cfg.trials, cfg.min_trial_s)
+        return ConfirmationCost(screened.row.wall_s, screen_min_trial_s,
+                                _steps_s(cfg, screened.row.throughput), gate, cfg.trials, cfg.min_trial_s)
 
     def _partner(self, lever: str) -> None:
         """The lever a kept one needs (channels-last after bf16), screened and confirmed at once."""
@@ -471,8 +445,8 @@ class Screener:
 
     # ---------------------------------------------------------------------------------------- reporting
 
-    def summary(self) -> list[dict[str, Any]]:
-        return [screened.to_dict() for screened in self.screens]
+    def summary(self) -> list[ScreenEntry]:
+        return [screened.entry() for screened in self.screens]
 
 
 def _steps_s(cfg: RunConfig, throughput: Optional[float]) -> float:
