@@ -18,16 +18,19 @@ scaling,levers, which needs two calls' worth: run one part per call.
   all-reduce's bus bandwidth beside NVLink 4's nominal 450 GB/s per direction, H100 SXM); `perflab scale --nproc 1,2
   --predict 2,8,64,512` for resnet50 DDP and the transformer size=1b with DDP and FSDP2: measured efficiency at 2
   GPUs beside the scaling model's prediction (and its predictions past 2 GPUs, with the assumed links and the
-  overlap tax fitted at 2 GPUs). With BENCH_DISTRIBUTED_NPROC=1,2,4 (device kind nvidia-h100-x4): calibrated over 4
+  overlap tax from the measured points below each count). With BENCH_DISTRIBUTED_NPROC=1,2,4 (device kind nvidia-h100-x4): calibrated over 4
   ranks, measured at 1, 2 and 4 GPUs, and the 4-GPU prediction from the 1- and 2-GPU points checked against it
-- levers: the transformer size=1b profiled at 2 GPUs (`perflab profile --nproc 2`), DDP and FSDP2, before and after
-  the levers for exposed communication: throughput, exposed-communication share, overlap, the verdict
+- levers: the transformer size=1b profiled at the most GPUs of BENCH_DISTRIBUTED_NPROC (`perflab profile --nproc N`),
+  DDP and FSDP2, before and after the levers for exposed communication: throughput, exposed-communication share,
+  overlap, the verdict
 - after: `perflab scale --nproc 1,2` of the transformer size=1b with the levers of `levers` on (DDP and FSDP2): the
   unprofiled scaling efficiency after the levers, against the same 1-GPU point (the levers need ranks: scale's
   1-rank point drops them)
 - tune: `perflab tune --nproc N` (N: the largest of BENCH_DISTRIBUTED_NPROC) from the transformer size=1b under each
   wrapper of BENCH_DISTRIBUTED_WRAPPERS with no lever on, BENCH_DISTRIBUTED_TUNE_BUDGET each (default 150s): which
   levers it screened and kept, and its speedup
+- spread: the run-to-run spread of scaling efficiency: the transformer under each wrapper run BENCH_DISTRIBUTED_REPEATS
+  times (default 3) at each count of BENCH_DISTRIBUTED_NPROC, each a separate `perflab run`, against the 1-GPU median
 - compile: the FSDP2 "after" with per-block compile (--fsdp-compile-blocks), profiled the same way
 - issue12: resnet50 DDP at bucket sizes 1, 25, 100 MiB profiled, and the planted collectives-bound case
 - fixtures: small 2-rank profiles recorded for tests/fixtures/traces/ranks (each rank's trace and rank 0's
@@ -35,8 +38,9 @@ scaling,levers, which needs two calls' worth: run one part per call.
 
 With BENCH_DISTRIBUTED_NPROC past 2 (e.g. 1,2,4), the calibration runs over the most ranks, the scale runs measure
 every count, and a second table, printed last, checks the scaling model: the efficiency at the largest count
-predicted from the 1- and 2-GPU points (the overlap tax fitted at 2) beside the measured one and the prediction
-without the tax.
+predicted from the points below it (the 1-GPU step and the overlap tax the smaller multi-GPU points show) beside
+the measured one and the prediction without the tax. benchmarks/replay_scaling.py recomputes the predictions from a
+copied-back scale folder on a CPU.
 
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 unless already set). The table
 printed last sums the part up.
@@ -46,6 +50,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -54,6 +59,7 @@ from typing import Any, Optional
 import torch
 
 from benchmarks.common import Rows, parse_args
+import perflab
 from perflab import RunConfig
 from perflab.calibrate_collectives import cached_collectives, nominal_link
 from perflab.cli import main as perflab_main
@@ -65,7 +71,7 @@ from perflab.sweep.scale import at_rank_counts, run_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 AREA = "distributed"
-PARTS = ("scaling", "levers", "after", "tune", "compile", "issue12", "fixtures")
+PARTS = ("scaling", "levers", "after", "tune", "spread", "compile", "issue12", "fixtures")
 PROFILE = CaptureOptions(wait=2, warmup=2, active=3, record_shapes=False, gzip=True)
 FIXTURE_PROFILE = CaptureOptions(wait=1, warmup=1, active=2, record_shapes=True, gzip=True)
 PLANTED = str(ROOT / "tests" / "planted" / "big_gradients.py") + ":build"
@@ -109,7 +115,7 @@ def pct(value: Optional[float]) -> str:
 
 class ModelCheck:
     """The last table with BENCH_DISTRIBUTED_NPROC past 2: at the largest count, the efficiency the scaling model
-    predicted from the 1-GPU point and the overlap tax fitted at the smallest multi-GPU point, beside the measured."""
+    predicted from the 1-GPU point and the overlap tax of the multi-GPU points below it, beside the measured."""
 
     HEADER = ("workload", "parallel", "GPUs", "measured", "predicted", "error", "without tax", "tax ms",
               "tax from")
@@ -252,7 +258,7 @@ def profiled(rows: Rows, summary: Summary, out: Path, name: str, cfg: RunConfig,
         match = "" if not expected else (" (expected)" if diagnosis.bottleneck == expected else f" (EXPECTED {expected})")
         rows.add(name, "verdict_confidence", diagnosis.confidence,
                  note=f"{diagnosis.bottleneck}{match}: {diagnosis.headline}; levers: {', '.join(diagnosis.levers)}"[:400])
-    summary.add(name, 2, result.throughput, None, exposed)
+    summary.add(name, cfg.nproc, result.throughput, None, exposed)
 
 
 def part_scaling(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
@@ -269,7 +275,7 @@ def wrappers() -> list[str]:
 
 
 def part_levers(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
-    transformer = transformer_1b(quick).replace(nproc=2, trials=1)
+    transformer = transformer_1b(quick).replace(nproc=max(rank_counts()), trials=1)
     if "ddp" in wrappers():
         profiled(rows, summary, out, "1b ddp before", transformer)
         profiled(rows, summary, out, "1b ddp after", transformer.replace(**DDP_LEVERS))
@@ -312,6 +318,9 @@ def part_tune(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
         except (OSError, ValueError) as err:
             rows.add(name, "status", None, note=f"exit {code}, no tune.json: {err}"[:300])
             continue
+        if not record.get("start") or not record.get("best"):
+            rows.add(name, "status", None, note=f"exit {code}: no measured start: {record.get('stop_reason')}"[:400])
+            continue
         screened = ", ".join(f"{item['label']} {item['screened_gain_pct']:+.0f}%" for item in record["screened"]
                              if item.get("screened_gain_pct") is not None)
         kept = ", ".join(record["kept"]) or "nothing"
@@ -321,6 +330,53 @@ def part_tune(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
                       f"{record['budget_s']:.0f} s; exit {code}; {time.time() - began:.0f}s"[:600])
         rows.add(name, "stop", None, note=record["stop_reason"][:400])
         summary.add(f"{name}: kept {kept}", ranks, record["best"]["throughput"])
+
+
+def repeats() -> int:
+    """BENCH_DISTRIBUTED_REPEATS: how many separate runs of each configuration the spread part makes (default 3)."""
+    return int(os.environ.get("BENCH_DISTRIBUTED_REPEATS", "3"))
+
+
+def part_spread(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
+    """The same configuration run several times, each run its own ranks: how far its scaling efficiency moves between
+    runs (the scaling model fits its overlap tax from one such run)."""
+    transformer = transformer_1b(quick)
+    single = []
+    for repeat in range(repeats()):
+        try:
+            single.append(perflab.run(transformer.workload, transformer.replace(nproc=1)).throughput)
+        except Exception as err:  # one failing run must not lose the others' rows
+            rows.add("spread 1 GPU", "status", None, note=f"failed: {type(err).__name__}: {err}"[:300])
+    if not single:
+        return
+    base = statistics.median(single)
+    rows.add("spread 1 GPU", "throughput", base, "samples/s", note=f"runs: {', '.join(f'{x:.2f}' for x in single)}")
+    summary.add("spread 1 GPU (median of runs)", 1, base)
+    for wrapper in wrappers():
+        for ranks in [count for count in rank_counts() if count > 1]:
+            cfg = transformer.replace(nproc=ranks, parallel=wrapper)
+            efficiencies = []
+            for repeat in range(repeats()):
+                try:
+                    result = perflab.run(cfg.workload, cfg)
+                    if result is None:
+                        raise RuntimeError("no result came back from rank 0")
+                except Exception as err:  # one failing run must not lose the others' rows
+                    rows.add(f"spread {wrapper} {ranks}", "status", None,
+                             note=f"failed: {type(err).__name__}: {err}"[:300])
+                    continue
+                efficiency = 100.0 * result.throughput / (ranks * base)
+                efficiencies.append(efficiency)
+                trials = [trial.throughput_samples_per_s for trial in result.trials]
+                rows.add(f"spread {wrapper} {ranks} run {repeat + 1}", "scaling_efficiency", efficiency, "%",
+                         note=f"{result.throughput:.2f} samples/s; trials {', '.join(f'{x:.2f}' for x in trials)}")
+            if efficiencies:
+                summary.add(f"spread {wrapper}: min / median / max of {len(efficiencies)} runs", ranks, None,
+                            statistics.median(efficiencies),
+                            predicted=None)
+                rows.add(f"spread {wrapper} {ranks}", "efficiency_range", max(efficiencies) - min(efficiencies),
+                         "points", note=f"min {min(efficiencies):.1f}%, median {statistics.median(efficiencies):.1f}%, "
+                                        f"max {max(efficiencies):.1f}%")
 
 
 def part_compile(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
@@ -368,7 +424,7 @@ def part_fixtures(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
 def run(out: Path, quick: bool, parts: Optional[list[str]] = None) -> list[dict]:
     parts = parts or selected_parts()
     rows = Rows(AREA, out)
-    needed = max(rank_counts()) if {"scaling", "after", "tune"} & set(parts) else 2
+    needed = max(rank_counts()) if {"scaling", "levers", "after", "tune", "spread"} & set(parts) else 2
     if torch.cuda.device_count() < needed:
         rows.add("(area)", "status", None, note=f"needs {needed} GPUs, {torch.cuda.device_count()} visible")
         return rows.rows
@@ -376,6 +432,7 @@ def run(out: Path, quick: bool, parts: Optional[list[str]] = None) -> list[dict]
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     summary = Summary()
     steps = {"scaling": part_scaling, "levers": part_levers, "after": part_after, "tune": part_tune,
+             "spread": part_spread,
              "compile": part_compile,
              "issue12": part_issue12, "fixtures": part_fixtures}
     for part in parts:

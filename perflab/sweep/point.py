@@ -47,6 +47,13 @@ class SweepPoint:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def throughput_uncertainty(self) -> Optional[float]:
+        """Half the 95% interval of the throughput as a share of it (0.02: +/-2%), or None where it has none."""
+        if not self.throughput or self.throughput_ci_low is None or self.throughput_ci_high is None:
+            return None
+        return (self.throughput_ci_high - self.throughput_ci_low) / 2 / self.throughput
+
     def to_dict(self) -> dict[str, Any]:
         """The line of sweep.jsonl (the config as RunConfig.to_dict), for writing or a reader of dicts."""
         data = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.name != "extra"}

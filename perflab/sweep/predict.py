@@ -20,8 +20,9 @@ b = backward/U) and only the excess waits; the first all-gather and the last red
     exposed backward = [a] + (U-1) x max(0, a + r - b) + r      ([a]: the first unit's re-gather, when resharded)
 and the optimizer keeps its one-GPU time (on a shard its element work shrinks 1/W, but not its per-tensor launches,
 which lead in small models). Step(W) = forward + backward + optimizer + other + exposed + tax;
-efficiency = step(1) / step(W). The tax is NCCL's kernels slowing the compute they overlap, fitted from the smallest
-measured multi-GPU point and carried in proportion to the overlapped communication (perflab/sweep/overlap_tax.py);
+efficiency = step(1) / step(W). The tax is the step's growth beyond exposed communication (NCCL's kernels slowing
+the compute they overlap, the wrapper's hooks, ranks waiting), fitted from the measured multi-GPU points below the
+predicted count: held from one, a line in the overlapped communication from two (perflab/sweep/overlap_tax.py);
 none where only one GPU ran. Left out: stragglers, the compute's slowdown lengthening the backward that hides
 communication, and a deeper prefetch than one unit (in this even model it changes nothing once the links are the
 limit).
@@ -36,7 +37,7 @@ from perflab.calibrate_collectives import collective_seconds
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.options import option
-from perflab.sweep.overlap_tax import NO_TAX, OverlapTax, fit_overlap_tax
+from perflab.sweep.overlap_tax import NO_TAX, OverlapTax, fit_overlap_tax, tax_point
 from perflab.sweep.point import ScaleRow
 
 PREDICT = "scaling model (--predict)"
@@ -236,16 +237,20 @@ def predict(step: StepBreakdown, recipe: Recipe, network: Interconnect, gpus: in
 
 
 def overlap_tax_of(step: StepBreakdown, recipe: Recipe, network: Interconnect, measured: dict[int, Optional[float]],
-                   measured_exposed: dict[int, Optional[float]]) -> OverlapTax:
-    """The tax fitted from the smallest multi-GPU count with a measured efficiency (none without one).
-    `measured`: GPUs -> efficiency %; `measured_exposed`: GPUs -> profiled exposed ms, where the point has it."""
-    counts = sorted(gpus for gpus, efficiency in measured.items() if gpus > 1 and efficiency)
-    if not counts:
-        return NO_TAX
-    gpus = counts[0]
-    untaxed = predict(step, recipe, network, gpus)
-    return fit_overlap_tax(step.step_ms, gpus, measured[gpus], untaxed.communication_ms, untaxed.exposed_ms,
-                           measured_exposed.get(gpus))
+                   measured_exposed: dict[int, Optional[float]], below: Optional[int] = None,
+                   uncertainty: Optional[dict[int, Optional[float]]] = None) -> OverlapTax:
+    """The tax fitted from the multi-GPU counts with a measured efficiency (below `below` GPUs, where given: a
+    prediction at a measured count is then a check, not a fit of itself). `measured`: GPUs -> efficiency %;
+    `measured_exposed`: GPUs -> profiled exposed ms, where the point has it; `uncertainty`: GPUs -> the throughput's
+    95% half-interval as a share of it, where known."""
+    points = []
+    for gpus in sorted(gpus for gpus, efficiency in measured.items() if gpus > 1 and efficiency):
+        if below is not None and gpus >= below:
+            continue
+        untaxed = predict(step, recipe, network, gpus)
+        points.append(tax_point(step.step_ms, gpus, measured[gpus], untaxed.communication_ms, untaxed.exposed_ms,
+                                measured_exposed.get(gpus), (uncertainty or {}).get(gpus)))
+    return fit_overlap_tax(points)
 
 
 # ---------------------------------------------------------------------------------------------- from a scale run
@@ -307,7 +312,7 @@ def predict_rows(rows: list[ScaleRow], single_results: dict[str, Any], network: 
                  exposed_of: Optional[Callable[[ScaleRow], Optional[float]]] = None) -> list[Prediction]:
     """For every data-parallel recipe of the scale run (DDP and FSDP2 at their defaults where only one GPU ran), the
     prediction at each count and at each measured count, beside the measured efficiency where the run has that
-    point, with the overlap tax fitted from its smallest multi-GPU point. `single_results`: group key -> the 1-GPU
+    point, with the overlap tax fitted from its multi-GPU points below each count. `single_results`: group key -> the 1-GPU
     Result; `group_of(row)`: a row's group key; `exposed_of(row)`: a point's profiled exposed ms, or None."""
     out = []
     for group, single in single_results.items():
@@ -322,8 +327,9 @@ def predict_rows(rows: list[ScaleRow], single_results: dict[str, Any], network: 
                       and recipe_settings(row.config) == key]
             measured = {row.world_size: row.efficiency_pct for row in points}
             exposed = {row.world_size: exposed_of(row) for row in points} if exposed_of else {}
-            tax = overlap_tax_of(step, recipe, network, measured, exposed)
+            uncertainty = {row.world_size: row.throughput_uncertainty for row in points}
             for gpus in sorted(set(counts) | set(measured)):
+                tax = overlap_tax_of(step, recipe, network, measured, exposed, below=gpus, uncertainty=uncertainty)
                 prediction = predict(step, recipe, network, gpus, tax)
                 out.append(replace(prediction, recipe=recipe, measured_efficiency_pct=measured.get(gpus)))
     return out

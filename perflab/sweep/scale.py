@@ -185,7 +185,7 @@ def scaling_predictions(rows: Sequence[ScaleRow], out: Path, settings: PredictCo
                    "gpus per node": str(network.gpus_per_node),
                    "model": "alpha-beta collectives; DDP buckets overlap backward; FSDP2 units prefetch one ahead; "
                             "the overlap tax (compute slowed by the communication it overlaps) fitted from the "
-                            "smallest multi-GPU point (docs/distributed.md, perflab/sweep/predict.py)"}
+                            "measured multi-GPU points below each count (docs/distributed.md, perflab/sweep/overlap_tax.py)"}
     return predictions, assumptions
 
 
