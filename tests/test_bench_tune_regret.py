@@ -29,3 +29,18 @@ def test_a_best_pair_that_slows_the_step_down_is_no_share_and_not_noise(tmp_path
     line = regret.record(Rows("tune_regret", tmp_path), "slower", "3m", measured, TUNED)
     assert line.split(" | ")[7] == "n/a"  # tune / best pair: a 0.47x pair has no gain to share
     assert line.split(" | ")[6] == "0.00%"  # tune / best single: 1.29x is beyond the 4.4% noise
+
+
+def test_tune_and_the_singles_gain_over_one_common_start(tmp_path):
+    # pageable_inputs on an H200: the bench's fp32 eager read 1618 then 2094 samples/s; tune's start 2100 and its best
+    # (pin-memory) 8550; pin-memory alone 8665. Each over its own start: 4.07x against 5.36x, a 71% "share" for the
+    # same lever. Over the common start (the median, 2094): 4.08x against 4.14x.
+    measured = _measured(1618.0, 2094.0, 8665.0)
+    tuned = {"summary": {**TUNED["summary"], "speedup": 8550.0 / 2100.0, "kept": ["pin-memory"],
+                         "start": {"throughput": 2100.0}, "best": {"throughput": 8550.0}},
+             "wall_s": 80.8, "finished": True}
+    line = regret.record(Rows("tune_regret", tmp_path), "pageable", "2m", measured, tuned)
+    expected = 100 * (8550.0 / 2094.0 - 1) / (8665.0 / 2094.0 - 1)
+    assert line.split(" | ")[6] == f"{expected:.2f}%"
+    assert line.split(" | ")[8] == f"{100 * (2100.0 / 1618.0 - 1):.1f}%"  # the noise: highest start over lowest
+    assert regret.common_start(measured, 2100.0) == 2094.0
