@@ -64,8 +64,10 @@ from perflab import RunConfig
 from perflab.calibrate_collectives import cached_collectives, nominal_link
 from perflab.cli import main as perflab_main
 from perflab.diagnose.collectives import exposed_share_pct
+from perflab.diagnose.communication import GatheredCommunication
 from perflab.pipeline import profile_run, resolve_config
 from perflab.profile.capture import CaptureOptions
+from perflab.report.plots import scaling_plots, sweep_plots
 from perflab.sweep.predict import PredictConfig, Prediction
 from perflab.sweep.scale import at_rank_counts, run_scale
 
@@ -194,7 +196,8 @@ def scaling(rows: Rows, summary: Summary, out: Path, name: str, base: list[RunCo
     prediction at each measured count beside the measured efficiency and the predictions past them."""
     began = time.time()
     try:
-        result = run_scale(at_rank_counts(base, rank_counts()), out / name, predict=PREDICT)
+        result = run_scale(at_rank_counts(base, rank_counts()), out / name, predict=PREDICT,
+                           plots=sweep_plots, scaling_plots=scaling_plots)
     except Exception as err:  # one failing experiment must not lose the others' rows
         rows.add(name, "status", None, note=f"failed: {type(err).__name__}: {err}"[:300])
         return
@@ -241,19 +244,19 @@ def profiled(rows: Rows, summary: Summary, out: Path, name: str, cfg: RunConfig,
         return
     rows.add(name, "throughput", result.throughput, "samples/s", note=f"profiled run, {time.time() - began:.0f}s; "
              f"levers: {', '.join(result.levers)}")
-    comm = result.metrics.collectives
+    comm = GatheredCommunication.from_dict(result.metrics.collectives) if result.metrics.collectives else None
     exposed = exposed_share_pct(comm) if comm else None
     if comm:
-        rows.add(name, "nccl_ms_per_step", comm["communication_ms_per_step"], "ms")
-        rows.add(name, "overlap", comm["overlap_pct"], "%", note="NCCL time under compute kernels (worst rank)")
+        rows.add(name, "nccl_ms_per_step", comm.communication_ms_per_step, "ms")
+        rows.add(name, "overlap", comm.overlap_pct, "%", note="NCCL time under compute kernels (worst rank)")
         rows.add(name, "exposed_share_of_step", exposed, "%",
-                 note=f"{comm['exposed_ms_per_step']:.2f} ms/step of NCCL not under compute + "
-                      f"{comm.get('host_wait_ms_per_step') or 0:.2f} ms/step GPU idle in collectives' host ops; "
-                      f"worst rank {comm.get('worst_rank')}")
-        for kind, figures in (comm.get("by_kind") or {}).items():
-            rows.add(name, f"{kind}_busbw", figures.get("busbw_gbps"), "GB/s",
-                     note=f"{figures['ms_per_step']:.2f} ms/step, {figures['calls_per_step']:.0f} calls, "
-                          f"{figures.get('mean_message_mb') or 0:.1f} MB a call")
+                 note=f"{comm.exposed_ms_per_step:.2f} ms/step of NCCL not under compute + "
+                      f"{comm.host_wait_ms_per_step or 0:.2f} ms/step GPU idle in collectives' host ops; "
+                      f"worst rank {comm.worst_rank}")
+        for kind, figures in comm.by_kind.items():
+            rows.add(name, f"{kind}_busbw", figures.busbw_gbps, "GB/s",
+                     note=f"{figures.ms_per_step:.2f} ms/step, {figures.calls_per_step:.0f} calls, "
+                          f"{figures.mean_message_mb or 0:.1f} MB a call")
     if diagnosis is not None:
         match = "" if not expected else (" (expected)" if diagnosis.bottleneck == expected else f" (EXPECTED {expected})")
         rows.add(name, "verdict_confidence", diagnosis.confidence,

@@ -114,7 +114,7 @@ def slug(text: str) -> str:
 def quality_text(result: perflab.Result) -> str:
     if result.quality is None:
         return "quality: not run (no lever changes numerics)"
-    return f"quality: {result.quality.get('verdict')} ({result.quality.get('reason', '')})"
+    return f"quality: {result.quality.verdict} ({result.quality.reason})"
 
 
 def run_variant(rows: Rows, out: Path, experiment: Experiment, label: str, changes: dict[str, Any],

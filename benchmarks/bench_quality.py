@@ -61,15 +61,15 @@ def main() -> None:
         except Exception as err:  # one failing case must not cost the area's other rows
             rows.add(label, "error", None, note=f"{type(err).__name__}: {err}")
             continue
-        gate_figures, tolerance = quality["metrics"], quality["tolerances"]
+        gate_figures, tolerance = quality.metrics, quality.tolerances
         error_name = "rel_error" if cfg.mode == "infer" else "final_loss_rel_delta"
-        rows.add(label, "verdict_pass", float(quality["verdict"] == "pass"), note=quality["reason"])
-        rows.add(label, error_name, gate_figures[error_name])
-        rows.add(label, "tolerance", tolerance["rtol"], note=tolerance["source"])
-        if "noise_floor" in tolerance:
-            rows.add(label, "noise_floor", tolerance["noise_floor"])
-        if "top1_agreement" in gate_figures:
-            rows.add(label, "top1_agreement", gate_figures["top1_agreement"])
+        rows.add(label, "verdict_pass", float(quality.passed), note=quality.reason)
+        rows.add(label, error_name, getattr(gate_figures, error_name))
+        rows.add(label, "tolerance", tolerance.rtol, note=tolerance.source)
+        if tolerance.precision_rtol is not None:  # the noise floor was measured (training)
+            rows.add(label, "noise_floor", tolerance.noise_floor)
+        if getattr(gate_figures, "top1_agreement", None) is not None:
+            rows.add(label, "top1_agreement", gate_figures.top1_agreement)
         rows.add(label, "gate_s", time.perf_counter() - began, "s")
 
 

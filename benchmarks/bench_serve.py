@@ -138,17 +138,17 @@ def measure_server(rows: Rows, name: str, experiment: ServeExperiment, setting: 
             f"{at_max['instance_busy_pct']:.0f}%, GPU {(at_max.get('gpu') or {}).get('util_mean_pct')}%, "
             f"{parts(at_max)}" if at_max else "no rate met the bound")
     rows.add(name, f"server max QPS at p99 <= {experiment.p99_ms:g} ms ({setting})", max_qps, "queries/s",
-             f"{note}; {len(record.search['tried'])} points; session {server_s:.0f} s "
-             f"{record.search.get('skipped') or ''}")
+             f"{note}; {len(record.search.tried)} points; session {server_s:.0f} s "
+             f"{record.search.skipped or ''}")
     if at_max:
         rows.add(name, f"server dispatch delay p99 at max QPS ({setting})", at_max["dispatch_delay_ms"]["p99_ms"], "ms",
                  f"max {at_max['dispatch_delay_ms']['max_ms']:.3f} ms; a point is harness-late past "
                  f"{record.settings.harness_late_ms:g} ms")
     capacity = record.capacity
-    rows.add(name, "batcher capacity (no-op model)", capacity["batcher_qps_at_max_batch"], "queries/s",
-             f"at max batch; {capacity['batcher_batches_per_s']:.0f} batches/s at batch 1; dispatch delay p99 "
-             f"{capacity['dispatch_delay_p99_ms']:.3f} ms on a Poisson schedule at "
-             f"{capacity['dispatch_probe_qps']:.0f} queries/s")
+    rows.add(name, "batcher capacity (no-op model)", capacity.batcher_qps_at_max_batch, "queries/s",
+             f"at max batch; {capacity.batcher_batches_per_s:.0f} batches/s at batch 1; dispatch delay p99 "
+             f"{capacity.dispatch_delay_p99_ms:.3f} ms on a Poisson schedule at "
+             f"{capacity.dispatch_probe_qps:.0f} queries/s")
     late = [p["offered_qps"] for p in record.points if p["harness_late"]]
     if late:
         rows.add(name, "points where the batcher dispatched late (not valid)", len(late), "points", str(late))

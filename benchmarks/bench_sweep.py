@@ -18,6 +18,7 @@ from benchmarks.common import Rows, parse_args
 from perflab.compare import compare_paths
 from perflab.config import RunConfig
 from perflab.report.build import write_report
+from perflab.report.plots import sweep_plots
 from perflab.sweep import SweepObserver, SweepPoint, SweepSummary, run_sweep
 
 
@@ -49,7 +50,8 @@ def resnet50_sweep(out: Path, rows: Rows, small: bool) -> SweepSummary:
     configs = [RunConfig(batch_size=batch, **common, **variant) for variant in variants for batch in batches]
     began = time.perf_counter()
     summary = run_sweep(configs, out / "resnet50_infer", max_p95_ms=None if small else 50.0,
-                        observer=PrintProgress("resnet50_infer"), command=["benchmarks/bench_sweep.py"])
+                        observer=PrintProgress("resnet50_infer"), command=["benchmarks/bench_sweep.py"],
+                        plots=sweep_plots)
     write_report(summary.out)
     rows.add("resnet50_infer", "sweep wall time", time.perf_counter() - began, "s", f"{len(summary.rows)} points")
     record(rows, "resnet50_infer", summary)
@@ -84,7 +86,7 @@ def driving_sweep(out: Path, rows: Rows, small: bool, cuda: bool) -> SweepSummar
                for batch in ([4, 8] if small else [16, 32]) for w in workers for pin in pins]
     began = time.perf_counter()
     summary = run_sweep(configs, out / "driving_train", observer=PrintProgress("driving_train"),
-                        command=["benchmarks/bench_sweep.py"])
+                        command=["benchmarks/bench_sweep.py"], plots=sweep_plots)
     write_report(summary.out)
     rows.add("driving_train", "sweep wall time", time.perf_counter() - began, "s", f"{len(summary.rows)} points")
     record(rows, "driving_train", summary)

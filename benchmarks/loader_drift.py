@@ -6,7 +6,7 @@
 On the H100 machine, driving train bs32 with 8 workers ran 227, 221, 209, 201, 207 samples/s in five
 consecutive trials, and augment with CPU augmentation 661 -> 593: a fall, while forward, backward and the copy
 stayed fixed and only the data wait moved. This takes the model and the GPU out: each case iterates perflab's
-own loader (harness/data.make_loader) over the driving dataset at bs32 and drops the batches, for WINDOWS
+own loader (step/data.make_loader) over the driving dataset at bs32 and drops the batches, for WINDOWS
 windows after a warm-up, and records per window the batches made, the CPU time split /proc/stat reports
 (user, system, softirq, steal), and /proc/meminfo's shared memory and free memory. A case that stays flat
 where another falls names the cause:
@@ -57,7 +57,7 @@ def _pin_worker(worker_id: int) -> None:
 
 def _batches(case: str, dataset) -> Callable[[], object]:
     """A function that makes the next batch the case's way."""
-    from perflab.harness.data import loader_batches, make_loader
+    from perflab.step.data import loader_batches, make_loader
     if case == "in-process":
         from torch.utils.data import default_collate
         index = iter(range(10**9))

@@ -10,8 +10,9 @@ fewer bytes should win, then the generation gate of each scheme against the bf16
 A variant is a scheme (bf16: no quantization, the reference; int8-weight, int4-weight, fp8) with changes, each
 `+NAME`: a decode tuning (perflab/workloads/generation.py's DECODE_TUNINGS: gpt-fast, autotune, torchao, mm-templates,
 off), `inductor-graphs` (Inductor's cudagraph trees capture the step instead of perflab) or `sdpa-efficient` (the
-decode attention by SDPA's memory-efficient kernel, not Inductor's generated math) or `gemlite` (the scheme through
-torchao's gemlite path instead of its default: GEMLITE below). Every variant runs
+decode attention by SDPA's memory-efficient kernel, not Inductor's generated math) or a kernel for the quantized
+weights (`gemlite`, `torchao-kernel`: perflab's --quantize-kernel; KERNELS below; the plain scheme takes perflab's
+default, auto, which is gemlite for int8 where gemlite is installed). Every variant runs
 `--kv-cache static --compile reduce-overhead` like the grid's perflab row. Profiled, a variant's first trial records
 one request, and the table's kernel split gives per layer: the weight products, the kernels that read no weights,
 standalone dequantisation and the GPU's idle gaps, beside the bound (perflab/diagnose/decode.py).
@@ -25,22 +26,20 @@ second call, for the settings that matter less if the first call's kernels expla
     BENCH_PEERS_BUDGET_S=390 python -m benchmarks.bench_generate_peers --out OUT
 
 bf16 against bf16+gpt-fast: whether Inductor's generated matrix-vector products (what int8 compiles to by default)
-read slower than cuBLAS's at this shape; int4 against int4+gemlite and int8 against int8+gemlite: whether tinygemm and
-Inductor's products are what hold the schemes back, against gemlite's GEMV (the gemlite rows need gemlite installed,
-and say so otherwise); TTFT against ms/step: how much of a scheme's tokens/s its eager prefill takes; the kernel
+read slower than cuBLAS's at this shape; int8 through torchao's kernel against int8 through gemlite: whether
+Inductor's products are what hold the scheme back, against gemlite's GEMV (the gemlite row needs gemlite < 0.6
+installed beside torchao 0.18, and says so otherwise); TTFT against ms/step: how much of a scheme's tokens/s its eager prefill takes; the kernel
 split: which kernels hold each step. diagnostic-more: int8 with Triton's matmul templates or torchao's Inductor
 settings, SDPA's attention instead of Inductor's generated one, Inductor's CUDA graphs instead of perflab's.
 """
 from __future__ import annotations
 
 import copy
-import importlib.util
 import time
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -53,7 +52,7 @@ DEFAULT_VARIANTS = "int8-weight,int4-weight"
 # BENCH_PEERS_QUANT=NAME runs a preset's variants; each fits one device call on an H100 and starts with its bf16
 # reference (the x-bf16 columns compare within a call, on one card)
 PRESETS = {
-    "diagnostic": "bf16,int8-weight,int4-weight,bf16+gpt-fast,int4-weight+gemlite,int8-weight+gemlite",
+    "diagnostic": "bf16,int8-weight+torchao-kernel,int4-weight,bf16+gpt-fast,int8-weight+gemlite",
     "diagnostic-more": "bf16,int8-weight+mm-templates,int8-weight+torchao,int8-weight+sdpa-efficient,"
                        "int8-weight+inductor-graphs",
 }
@@ -63,13 +62,10 @@ CHANGES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
     "inductor-graphs": ({}, {"decode_graphs": "inductor"}),
     "sdpa-efficient": ({"sdpa": "efficient"}, {}),
 }
-# torchao's other batch-1 kernels (torchao.prototype.quantization.UIntxWeightOnlyConfig, 0.18): gemlite's Triton GEMV,
-# tuned per GPU (its configs include the H100's), for 4-bit weights in groups of 128 (HQQ's rounding) and 8-bit per row,
-# where the defaults run int4 through tinygemm and int8 through Inductor's generated products. gemlite is pure Python
-# (the 0.6.0.post2 sdist is 179 KB): pip install --no-deps gemlite. Not a perflab lever: the variant swaps the config
-# perflab.generation.quantize asks torchao for, in this process, while it runs.
-GEMLITE = "gemlite"
-GEMLITE_BITS = {"int4-weight": (4, 128), "int8-weight": (8, None)}  # scheme -> (bit width, group size)
+# The kernel of a variant's quantized weights (perflab's --quantize-kernel; the plain scheme takes perflab's default,
+# auto): `gemlite` (gemlite's Triton GEMV through torchao's UIntxWeightOnlyConfig) or `torchao-kernel` (torchao's
+# default: Inductor's generated product for int8, tinygemm for int4).
+KERNELS = {"gemlite": "gemlite", "torchao-kernel": "torchao"}
 
 
 @dataclass(frozen=True)
@@ -80,7 +76,6 @@ class Variant:
     scheme: Optional[str]
     settings: dict[str, Any] = field(default_factory=dict)
     options: dict[str, str] = field(default_factory=dict)
-    gemlite: bool = False  # the scheme through torchao's gemlite kernels (GEMLITE)
 
 
 def parse_variants(text: str) -> list[Variant]:
@@ -97,20 +92,20 @@ def parse_variant(text: str) -> Variant:
                          f"{', '.join(SCHEMES)}")
     settings: dict[str, Any] = {}
     options: dict[str, str] = {}
-    if GEMLITE in changes and scheme not in GEMLITE_BITS:
-        raise ValueError(f"BENCH_PEERS_QUANT: {text!r}: gemlite takes {', '.join(GEMLITE_BITS)}")
     for change in changes:
-        if change == GEMLITE:
-            continue
-        if change in DECODE_TUNINGS:
+        if change in KERNELS:
+            if scheme == "bf16":
+                raise ValueError(f"BENCH_PEERS_QUANT: {text!r}: {change} picks a quantized scheme's kernel")
+            settings["quantize_kernel"] = KERNELS[change]
+        elif change in DECODE_TUNINGS:
             options["decode_tuning"] = change
         elif change in CHANGES:
             settings.update(CHANGES[change][0])
             options.update(CHANGES[change][1])
         else:
             raise ValueError(f"BENCH_PEERS_QUANT: unknown change {change!r} in {text!r}; changes are a decode tuning "
-                             f"({', '.join(DECODE_TUNINGS)}) or one of {', '.join([*CHANGES, GEMLITE])}")
-    return Variant(text.strip(), None if scheme == "bf16" else scheme, settings, options, GEMLITE in changes)
+                             f"({', '.join(DECODE_TUNINGS)}) or one of {', '.join([*CHANGES, *KERNELS])}")
+    return Variant(text.strip(), None if scheme == "bf16" else scheme, settings, options)
 
 
 def parse_gate(text: str, cell: Cell) -> Optional[tuple[str, str]]:
@@ -131,9 +126,8 @@ def run_variant(rows: Rows, out: Path, cell: Cell, cuda: bool, variant: Variant,
     from perflab.generation.quantize import scheme_refusal
     system = f"perflab {variant.name}"
     if variant.scheme is not None:
-        why = scheme_refusal(variant.scheme, torch.device("cuda" if cuda else "cpu"), "bf16" if cuda else "fp32")
-        if variant.gemlite and not why:
-            why = gemlite_missing(cuda)
+        why = scheme_refusal(variant.scheme, torch.device("cuda" if cuda else "cpu"), "bf16" if cuda else "fp32",
+                             variant.settings.get("quantize_kernel", "auto"))
         if why:
             return Row(cell, system, quality=f"not run: {why}")
     hooks = []
@@ -146,40 +140,11 @@ def run_variant(rows: Rows, out: Path, cell: Cell, cuda: bool, variant: Variant,
         capture = ProfilerCapture(run_dir_of(out, f"{cell.shape} bs{cell.batch}", system),
                                   CaptureOptions(wait=0, warmup=1, active=1, record_shapes=False), with_modules=False)
         hooks, changes["trials"] = [capture], 3
-    with torchao_config_for(variant):
-        row = run_perflab(rows, out, cell, cuda, system, hooks=hooks, **changes)
+    row = run_perflab(rows, out, cell, cuda, system, hooks=hooks, **changes)
     if profile and row.result is not None and capture.written:
         row.kernels = kernel_split(capture.trace_path, row.result)
         capture.trace_path.unlink()  # large; the split keeps what matters
     return row
-
-
-def gemlite_missing(cuda: bool) -> Optional[str]:
-    if not cuda:
-        return "gemlite's kernels are Triton kernels for a GPU"
-    if importlib.util.find_spec("gemlite") is None:
-        return "gemlite is not importable here: pip install --no-deps gemlite (pure Python)"
-    return None
-
-
-@contextmanager
-def torchao_config_for(variant: Variant) -> Iterator[None]:
-    """While a gemlite variant runs, perflab's quantize asks torchao for UIntxWeightOnlyConfig (gemlite's kernels)."""
-    if not variant.gemlite:
-        yield
-        return
-    from perflab.generation import quantize
-    from torchao.prototype.quantization.quant_api import UIntxWeightOnlyConfig
-    default = quantize.quantization_config
-
-    def gemlite_config(scheme: str):
-        bits, group = GEMLITE_BITS[scheme]
-        return UIntxWeightOnlyConfig(group_size=group, bit_width=bits, set_inductor_config=False)
-    quantize.quantization_config = gemlite_config
-    try:
-        yield
-    finally:
-        quantize.quantization_config = default
 
 
 def kernel_split(trace_path: Path, result) -> Optional[dict[str, Any]]:

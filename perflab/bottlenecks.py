@@ -5,7 +5,7 @@ It imports nothing of perflab, so levers (which address classes) and diagnose (w
 """
 from __future__ import annotations
 
-# The classes of the bottleneck map (DESIGN.md; docs/diagnose.md)
+# The classes of the bottleneck map (docs/diagnose.md)
 INPUT_PIPELINE = "input pipeline"
 H2D_COPIES = "host-to-device copies"
 LAUNCH_OVERHEAD = "launch / framework overhead"

@@ -9,8 +9,9 @@ import json
 import os
 import platform
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -115,61 +116,97 @@ def measure_h2d_gbps(device: torch.device, megabytes: int, pinned: bool, repeats
     return host.numel() * 4 / seconds / 1e9
 
 
-def calibrate(device: torch.device, quick: bool = False,
-              progress: Optional[Callable[[str], None]] = None) -> dict:
-    """Measure this device's ceilings and store them in the cache; returns the entry.
+@dataclass
+class MeasuredCeilings:
+    """One device's measured ceilings, as calibrate's cache holds them (keys an older cache lacks take defaults)."""
 
-    The entry says how the cache was updated (`cache`), or why it could not be (`cache_error`): the figures
-    are returned either way. A quick calibration never replaces a full one."""
+    device: str = ""
+    matmul_size: int = 0
+    measured_utc: str = ""
+    tflops: dict[str, Optional[float]] = field(default_factory=dict)  # None: the precision has no fast path here
+    quick: bool = False
+    unsupported: dict[str, str] = field(default_factory=dict)  # precision -> why it is not supported
+    memory_gbps: Optional[float] = None
+    h2d_pinned_gbps: Optional[float] = None  # CUDA only
+    h2d_pageable_gbps: Optional[float] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The cache's entry: the host-to-device figures only where they were measured."""
+        entry = asdict(self)
+        return {key: value for key, value in entry.items() if value is not None or not key.startswith("h2d_")}
+
+    @classmethod
+    def from_dict(cls, data: Optional[dict[str, Any]]) -> Optional[MeasuredCeilings]:
+        return cls(**{key: data[key] for key in cls.__dataclass_fields__ if key in data}) if data else None
+
+
+def measure_ceilings(device: torch.device, quick: bool = False,
+                     progress: Optional[Callable[[str], None]] = None) -> MeasuredCeilings:
+    """Measure this device's ceilings (not cached: `store_ceilings`)."""
     say = progress or (lambda _msg: None)
     cuda = device.type == "cuda"
     # Sizes that reach the ceiling: a CPU matmul below ~1024 spends a large part of its time outside the FMA loops
     size = (4096 if quick else 8192) if cuda else (1024 if quick else 2048)
     precisions = ("fp32", "tf32", "bf16", "fp16") if cuda else ("fp32", "bf16")
-    entry: dict = {"device": device_key(device), "matmul_size": size, "measured_utc": _now(), "tflops": {},
-                   "quick": quick, "unsupported": {}}
+    ceilings = MeasuredCeilings(device=device_key(device), matmul_size=size, measured_utc=_now(), quick=quick)
     for precision in precisions:
         say(f"matmul {precision} {size}x{size}")
-        entry["tflops"][precision] = measure_matmul_tflops(device, precision, size)
-    fp32 = entry["tflops"]["fp32"]
+        ceilings.tflops[precision] = measure_matmul_tflops(device, precision, size)
+    fp32 = ceilings.tflops["fp32"]
     for precision in ("bf16", "fp16"):
-        value = entry["tflops"].get(precision)
+        value = ceilings.tflops.get(precision)
         if value is not None and value < SUPPORTED_FRACTION_OF_FP32 * fp32:
-            entry["tflops"][precision] = None
-            entry["unsupported"][precision] = (f"{value:.3g} TFLOP/s, slower than fp32 ({fp32:.3g}): no fast "
+            ceilings.tflops[precision] = None
+            ceilings.unsupported[precision] = (f"{value:.3g} TFLOP/s, slower than fp32 ({fp32:.3g}): no fast "
                                                f"{precision} matmul on this device")
     say("device memory copy")
-    entry["memory_gbps"] = measure_copy_gbps(device, 1024 if cuda else 128)
+    ceilings.memory_gbps = measure_copy_gbps(device, 1024 if cuda else 128)
     if cuda:
-        for pinned in (True, False):
-            say(f"host-to-device copy ({'pinned' if pinned else 'pageable'})")
-            key = "h2d_pinned_gbps" if pinned else "h2d_pageable_gbps"
-            entry[key] = measure_h2d_gbps(device, 256, pinned)
+        say("host-to-device copy (pinned)")
+        ceilings.h2d_pinned_gbps = measure_h2d_gbps(device, 256, True)
+        say("host-to-device copy (pageable)")
+        ceilings.h2d_pageable_gbps = measure_h2d_gbps(device, 256, False)
+    return ceilings
+
+
+def calibrate(device: torch.device, quick: bool = False,
+              progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Measure this device's ceilings and store them in the cache; returns the entry (MeasuredCeilings.to_dict()).
+
+    The entry says how the cache was updated (`cache`), or why it could not be (`cache_error`): the figures
+    are returned either way. A quick calibration never replaces a full one."""
+    ceilings = measure_ceilings(device, quick, progress)
+    entry = ceilings.to_dict()
     try:
-        entry["cache"] = _store(entry)
+        entry["cache"] = store_ceilings(ceilings)
     except OSError as err:
-        entry["cache_error"] = f"cannot write {cache_path()}: {err.strerror}"
+        entry["cache_error"] = cache_error(err)
     return entry
+
+
+def cache_error(err: OSError) -> str:
+    return f"cannot write {cache_path()}: {err.strerror}"
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _store(entry: dict) -> str:
+def store_ceilings(ceilings: MeasuredCeilings) -> str:
     """Put the entry in the cache unless it is quick and a full calibration is there; says what happened."""
     path = cache_path()
     cache = load_cache()
-    previous = cache.get(entry["device"])
-    if entry.get("quick") and previous and not previous.get("quick"):
-        return f"kept the full calibration of {previous['measured_utc']} in {path} (a --quick one never replaces it)"
+    previous = MeasuredCeilings.from_dict(cache.get(ceilings.device))
+    if ceilings.quick and previous and not previous.quick:
+        return f"kept the full calibration of {previous.measured_utc} in {path} (a --quick one never replaces it)"
     path.parent.mkdir(parents=True, exist_ok=True)
-    cache[entry["device"]] = entry
+    cache[ceilings.device] = ceilings.to_dict()
     write_json_atomic(path, cache)
     return f"cached in {path}"
 
 
 def load_cache() -> dict:
+    """The calibration cache file: entry key -> entry (ceilings, and collectives: perflab/calibrate_collectives.py)."""
     path = cache_path()
     try:
         return json.loads(path.read_text())
@@ -178,7 +215,19 @@ def load_cache() -> dict:
 
 
 def cached_ceilings(device: torch.device) -> Optional[dict]:
+    """The cache's entry for `device` as stored (for scripts); perflab reads `measured_ceilings`."""
     return load_cache().get(device_key(device))
+
+
+def measured_ceilings(device: torch.device) -> Optional[MeasuredCeilings]:
+    """The ceilings `perflab calibrate` measured on `device`, typed; None where it has not run."""
+    return MeasuredCeilings.from_dict(cached_ceilings(device))
+
+
+def measured_ceilings_named(gpu_name: str) -> list[MeasuredCeilings]:
+    """The ceilings measured on a GPU of this name (a trace's deviceProperties), under any torch version."""
+    return [MeasuredCeilings.from_dict(entry) for key, entry in load_cache().items()
+            if key.startswith(f"{gpu_name} |") and " | collectives over " not in key and entry]
 
 
 def datasheet_ceilings(device: torch.device) -> Optional[dict]:
@@ -193,11 +242,11 @@ def datasheet_ceilings(device: torch.device) -> Optional[dict]:
 
 def peak_tflops(device: torch.device, precision: str) -> tuple[Optional[float], str]:
     """(peak TFLOP/s for this precision, where it came from: 'calibrated', 'datasheet ...' or 'none')."""
-    measured = cached_ceilings(device)
-    if measured and precision in (measured.get("unsupported") or {}):
-        return None, f"not supported here: {measured['unsupported'][precision]} (calibrated {measured['measured_utc']})"
-    if measured and measured.get("tflops", {}).get(precision):
-        return measured["tflops"][precision], f"calibrated {measured['measured_utc']}"
+    measured = measured_ceilings(device)
+    if measured and precision in measured.unsupported:
+        return None, f"not supported here: {measured.unsupported[precision]} (calibrated {measured.measured_utc})"
+    if measured and measured.tflops.get(precision):
+        return measured.tflops[precision], f"calibrated {measured.measured_utc}"
     sheet = datasheet_ceilings(device)
     if sheet:
         return sheet[precision], f"datasheet ({sheet['model']}, dense); run `perflab calibrate` to measure"
@@ -206,9 +255,9 @@ def peak_tflops(device: torch.device, precision: str) -> tuple[Optional[float], 
 
 def memory_bandwidth(device: torch.device) -> tuple[Optional[float], str]:
     """(device-memory GB/s, where it came from: 'calibrated ...', 'datasheet ...' or 'none: ...')."""
-    measured = cached_ceilings(device)
-    if measured and measured.get("memory_gbps"):
-        return measured["memory_gbps"], f"calibrated {measured['measured_utc']} (copy, read + write)"
+    measured = measured_ceilings(device)
+    if measured and measured.memory_gbps:
+        return measured.memory_gbps, f"calibrated {measured.measured_utc} (copy, read + write)"
     sheet = datasheet_ceilings(device)
     if sheet:
         return sheet["memory_gbps"], f"datasheet ({sheet['model']}); run `perflab calibrate` to measure"

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Callable, Optional, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,56 @@ def collective_seconds(kind: str, message_bytes: float, busbw_gbps: float, laten
     if ranks <= 1:
         return 0.0
     return latency_s + message_bytes * bus_factor(kind, ranks) / (busbw_gbps * 1e9)
+
+
+@dataclass
+class CollectiveTime:
+    """One kind at one message size: its time on the slowest rank and the bandwidths it gives."""
+
+    bytes: int = 0
+    time_us: float = 0.0
+    algbw_gbps: float = 0.0
+    busbw_gbps: float = 0.0
+
+
+@dataclass
+class PeerLink:
+    """A GPU's nominal link to its peers, per direction."""
+
+    name: str = ""
+    gbps: float = 0.0
+
+
+@dataclass
+class CollectivesCalibration:
+    """The collectives measured over `ranks` ranks, as the calibration cache holds them (its key is `device`);
+    keys an older cache lacks take their defaults."""
+
+    device: str = ""
+    ranks: int = 0
+    backend: str = ""
+    dtype: str = "fp32"
+    measured_utc: str = ""
+    repeats: int = 0
+    results: dict[str, list[CollectiveTime]] = field(default_factory=dict)  # kind -> one row per message size
+    peak_busbw_gbps: dict[str, float] = field(default_factory=dict)
+    latency_us: dict[str, float] = field(default_factory=dict)  # kind -> the smallest message's time
+    method: str = ""
+    link: Optional[PeerLink] = None  # the nominal link, where perflab knows the GPU
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Optional[dict[str, Any]]) -> Optional[CollectivesCalibration]:
+        if not data:
+            return None
+        known = {key: data[key] for key in cls.__dataclass_fields__ if key in data}
+        known["results"] = {kind: [CollectiveTime(**{key: row[key] for key in CollectiveTime.__dataclass_fields__
+                                                     if key in row}) for row in rows]
+                            for kind, rows in (known.get("results") or {}).items()}
+        known["link"] = PeerLink(**known["link"]) if known.get("link") else None
+        return cls(**known)
 
 
 def collectives_key(device: torch.device, ranks: int) -> str:
@@ -118,47 +169,54 @@ def message_sizes(device: torch.device, quick: bool, max_mib: Optional[float] = 
 
 
 def measure_collectives(device: torch.device, sizes: Sequence[int],
-                        progress: Optional[Callable[[str], None]] = None) -> dict:
+                        progress: Optional[Callable[[str], None]] = None) -> CollectivesCalibration:
     """Inside a rank: every kind at every size; the entry rank 0 caches (every rank returns it)."""
     say = progress or (lambda _msg: None)
     ranks = dist.get_world_size()
     repeats = REPEATS if device.type == "cuda" else CPU_REPEATS
-    results: dict[str, list[dict]] = {}
+    results: dict[str, list[CollectiveTime]] = {}
     for kind in KINDS:
         rows = []
         for size in sizes:
             say(f"{kind} {size / MIB:g} MiB")
             seconds = time_collective(kind, size, device, repeats)
-            rows.append({"bytes": size, "time_us": seconds * 1e6, "algbw_gbps": size / seconds / 1e9,
-                         "busbw_gbps": bus_gbps(kind, size, seconds, ranks)})
+            rows.append(CollectiveTime(bytes=size, time_us=seconds * 1e6, algbw_gbps=size / seconds / 1e9,
+                                       busbw_gbps=bus_gbps(kind, size, seconds, ranks)))
         results[kind] = rows
-    return {"device": collectives_key(device, ranks), "ranks": ranks, "backend": dist.get_backend(),
-            "dtype": "fp32", "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "repeats": repeats, "results": results,
-            "peak_busbw_gbps": {kind: max(row["busbw_gbps"] for row in rows) for kind, rows in results.items()},
-            "latency_us": {kind: rows[0]["time_us"] for kind, rows in results.items()},
-            "method": "nccl-tests' convention: S = the whole tensor's bytes, algbw = S / t (slowest rank), busbw = "
-                      "algbw x 2(n-1)/n (all-reduce) or x (n-1)/n (reduce-scatter, all-gather); latency = the "
-                      "smallest message's time"}
+    return CollectivesCalibration(
+        device=collectives_key(device, ranks), ranks=ranks, backend=dist.get_backend(), dtype="fp32",
+        measured_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), repeats=repeats, results=results,
+        peak_busbw_gbps={kind: max(row.busbw_gbps for row in rows) for kind, rows in results.items()},
+        latency_us={kind: rows[0].time_us for kind, rows in results.items()},
+        method="nccl-tests' convention: S = the whole tensor's bytes, algbw = S / t (slowest rank), busbw = "
+               "algbw x 2(n-1)/n (all-reduce) or x (n-1)/n (reduce-scatter, all-gather); latency = the "
+               "smallest message's time")
 
 
-def store_collectives(entry: dict) -> str:
+def store_collectives(entry: CollectivesCalibration) -> str:
     """Put the entry in the calibration cache (a file of its own key per device and rank count)."""
     path = cache_path()
     cache = load_cache()
-    cache[entry["device"]] = entry
+    cache[entry.device] = entry.to_dict()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, cache)
     return f"cached in {path}"
 
 
-def cached_collectives(device: torch.device, ranks: Optional[int] = None) -> Optional[dict]:
+def measured_collectives(device: torch.device, ranks: Optional[int] = None) -> Optional[CollectivesCalibration]:
     """The cached collectives of this device type: at `ranks`, or at the most ranks measured."""
     cache = load_cache()
     if ranks is not None:
-        return cache.get(collectives_key(device, ranks))
+        return CollectivesCalibration.from_dict(cache.get(collectives_key(device, ranks)))
     prefix = f"{device_key(device)} | collectives over "
-    found = [entry for key, entry in cache.items() if key.startswith(prefix)]
-    return max(found, key=lambda entry: entry["ranks"]) if found else None
+    found = [CollectivesCalibration.from_dict(entry) for key, entry in cache.items() if key.startswith(prefix)]
+    return max(found, key=lambda entry: entry.ranks) if found else None
+
+
+def cached_collectives(device: torch.device, ranks: Optional[int] = None) -> Optional[dict]:
+    """measured_collectives as the cache stores it (for scripts)."""
+    entry = measured_collectives(device, ranks)
+    return entry.to_dict() if entry is not None else None
 
 
 # A GPU's nominal link to its peers, per direction (what bus bandwidth compares with); the scaling model's stated
@@ -171,25 +229,32 @@ NOMINAL_LINKS = {
 }
 
 
-def nominal_link(device: torch.device) -> Optional[dict]:
-    """{'name', 'gbps'} of this GPU's nominal peer link, or None (a CPU, an unknown GPU)."""
+def peer_link(device: torch.device) -> Optional[PeerLink]:
+    """This GPU's nominal peer link, or None (a CPU, an unknown GPU)."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
     for model, (link, gbps) in NOMINAL_LINKS.items():
         if all(part in name for part in model.split()):
-            return {"name": link, "gbps": gbps}
+            return PeerLink(link, gbps)
     return None
 
 
-def cached_collectives_named(gpu_name: Optional[str], ranks: Optional[int] = None) -> Optional[dict]:
+def nominal_link(device: torch.device) -> Optional[dict]:
+    """peer_link as {'name', 'gbps'} (for scripts)."""
+    link = peer_link(device)
+    return asdict(link) if link is not None else None
+
+
+def cached_collectives_named(gpu_name: Optional[str], ranks: Optional[int] = None
+                             ) -> Optional[CollectivesCalibration]:
     """The cached collectives of a GPU by its name (a trace's deviceProperties; any torch version): at `ranks` when
     measured there, else at the most ranks measured."""
     if not gpu_name:
         return None
-    found = [entry for key, entry in load_cache().items()
+    found = [CollectivesCalibration.from_dict(entry) for key, entry in load_cache().items()
              if key.startswith(f"{gpu_name} | torch ") and " | collectives over " in key]
     if not found:
         return None
-    exact = [entry for entry in found if entry.get("ranks") == ranks]
-    return (exact or sorted(found, key=lambda entry: entry["ranks"]))[-1]
+    exact = [entry for entry in found if entry.ranks == ranks]
+    return (exact or sorted(found, key=lambda entry: entry.ranks))[-1]

@@ -8,6 +8,7 @@ torch.load(weights_only=True).
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -22,28 +23,86 @@ CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT_VERSION = 1
 
 
-def rng_state() -> dict[str, Any]:
+@dataclass
+class NumpyRng:
+    """numpy's global generator state (np.random.get_state), its key array as a tensor so the file loads with
+    weights_only=True."""
+
+    kind: str = "MT19937"
+    keys: Optional[torch.Tensor] = None
+    pos: int = 0
+    has_gauss: int = 0
+    cached_gaussian: float = 0.0
+
+
+@dataclass
+class RngState:
+    """Every random generator a step can draw from: torch (CPU and each GPU), numpy and Python."""
+
+    torch: Optional[torch.Tensor] = None
+    cuda: list[torch.Tensor] = field(default_factory=list)
+    numpy: NumpyRng = field(default_factory=NumpyRng)
+    python: Optional[list[Any]] = None  # random.getstate() with its tuples as lists
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"torch": self.torch, "cuda": self.cuda, "numpy": dict(vars(self.numpy)), "python": self.python}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RngState":
+        known = _known(cls, data)
+        known["numpy"] = NumpyRng(**_known(NumpyRng, known.get("numpy") or {}))
+        return cls(**known)
+
+
+@dataclass
+class TrainingState:
+    """What a checkpoint holds: the step it was saved after and the state dicts of the training objects. The file
+    is TrainingState.to_dict() (plain values and tensors); keys an older file lacks take their defaults."""
+
+    step: int = 0
+    model: dict[str, Any] = field(default_factory=dict)
+    optimizer: Optional[dict[str, Any]] = None
+    scaler: Optional[dict[str, Any]] = None
+    rng: Optional[RngState] = None
+    format: int = FORMAT_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.format, "step": self.step, "model": self.model, "optimizer": self.optimizer,
+                "scaler": self.scaler, "rng": self.rng.to_dict() if self.rng is not None else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainingState":
+        known = _known(cls, data)
+        known["rng"] = RngState.from_dict(known["rng"]) if known.get("rng") else None
+        return cls(**known)
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """The keys of `data` that are fields of the dataclass `cls` (older or newer files: the rest defaults)."""
+    return {key: data[key] for key in cls.__dataclass_fields__ if key in data}
+
+
+def rng_state() -> RngState:
     """Every random generator a step can draw from: torch (CPU and each GPU), numpy and Python."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        # numpy's key array as a tensor keeps the file loadable with weights_only=True
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
-                  "has_gauss": has_gauss, "cached_gaussian": cached},
-        "python": _to_lists(random.getstate()),
-    }
+    return RngState(torch=torch.get_rng_state(),
+                    cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                    numpy=NumpyRng(kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+                    python=_to_lists(random.getstate()))
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
-    numpy = state["numpy"]
-    np.random.set_state((numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"],
-                         numpy["has_gauss"], numpy["cached_gaussian"]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
+def set_rng_state(state: RngState) -> None:
+    if state.torch is not None:
+        torch.set_rng_state(state.torch)
+    if state.cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state.cuda[:torch.cuda.device_count()])
+    numpy = state.numpy
+    if numpy.keys is not None:
+        np.random.set_state((numpy.kind, numpy.keys.numpy().astype(np.uint32), numpy.pos, numpy.has_gauss,
+                             numpy.cached_gaussian))
+    if state.python is not None:
+        version, internal, gauss = state.python
+        random.setstate((version, tuple(internal), gauss))
 
 
 def _to_lists(value: Any) -> Any:
@@ -53,16 +112,11 @@ def _to_lists(value: Any) -> Any:
 def save_checkpoint(path: Union[str, Path], plan, step: int) -> Path:
     """Write the training state of `plan` after `step` steps to `path`, atomically."""
     path = Path(path)
-    state = {
-        "format": FORMAT_VERSION,
-        "step": step,
-        "model": plan.eager_model.state_dict(),
-        "optimizer": plan.optimizer.state_dict() if plan.optimizer is not None else None,
-        "scaler": plan.scaler.state_dict() if plan.scaler is not None else None,
-        "rng": rng_state(),
-    }
+    state = TrainingState(step=step, model=plan.eager_model.state_dict(),
+                          optimizer=plan.optimizer.state_dict() if plan.optimizer is not None else None,
+                          scaler=plan.scaler.state_dict() if plan.scaler is not None else None, rng=rng_state())
     with atomic_file(path) as temp:
-        torch.save(state, temp)
+        torch.save(state.to_dict(), temp)
     return path
 
 
@@ -82,24 +136,26 @@ def load_checkpoint(path: Union[str, Path], plan) -> int:
     Loaded on the CPU: load_state_dict copies into the plan's tensors wherever they live."""
     path = resolve_checkpoint(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated or foreign file: say which and what to do
         raise PerflabError(f"--resume-from {path}: cannot read it as a perflab checkpoint "
                            f"({type(err).__name__}); point at a checkpoint.pt written by perflab") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT_VERSION:
         raise PerflabError(f"--resume-from {path}: not a perflab checkpoint (format {FORMAT_VERSION} expected)")
+    state = TrainingState.from_dict(saved)
     try:
-        plan.eager_model.load_state_dict(state["model"])
+        plan.eager_model.load_state_dict(state.model)
     except RuntimeError as err:
         first = str(err).strip().splitlines()[0]
         raise PerflabError(f"--resume-from {path}: the model does not match this checkpoint ({first}); "
                            "use the same workload and options as the run that saved it") from None
-    if plan.optimizer is not None and state["optimizer"] is not None:
-        plan.optimizer.load_state_dict(state["optimizer"])
-    if plan.scaler is not None and state["scaler"] is not None:
-        plan.scaler.load_state_dict(state["scaler"])
-    set_rng_state(state["rng"])
-    return int(state["step"])
+    if plan.optimizer is not None and state.optimizer is not None:
+        plan.optimizer.load_state_dict(state.optimizer)
+    if plan.scaler is not None and state.scaler is not None:
+        plan.scaler.load_state_dict(state.scaler)
+    if state.rng is not None:
+        set_rng_state(state.rng)
+    return int(state.step)
 
 
 class CheckpointHook(StepHook):

@@ -3,13 +3,14 @@ its flag, type, choices, default, help, group, and what it needs. Validation, th
 profile and sweep, the argv that reproduces a run, and the levers' refusals all come from here."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from perflab import options
 from perflab.errors import PerflabError
-from perflab.options import Bound, Conflict, option
+from perflab.options import Bound, Conflict, Requires, option
 
 MODES = ("train", "infer")
 DEVICES = ("auto", "cuda", "cpu")
@@ -24,6 +25,7 @@ SDPA_BACKENDS = ("auto", "flash", "efficient", "math")
 DATA_SOURCES = ("auto", "loader", "device")
 KV_CACHES = ("dynamic", "static")
 QUANT_SCHEMES = ("int8-weight", "fp8", "int4-weight")
+QUANT_KERNELS = ("auto", "torchao", "gemlite")  # perflab/generation/quantize.py: which kernel each means
 PARALLEL_KINDS = ("ddp", "fsdp")
 COMM_HOOKS = ("bf16", "fp16")
 FSDP_DTYPES = ("fp32", "bf16")  # MixedPrecisionPolicy's param_dtype (bf16 only) and reduce_dtype
@@ -177,6 +179,13 @@ class RunConfig:
                                      "'perflab[quant]'): int8-weight, fp8 or int4-weight", GENERATION,
                                      choices=QUANT_SCHEMES, metavar="SCHEME", changes_numerics=True, modes=INFER,
                                      needs_cuda=("fp8", "int4-weight"), commands=RUN_AND_SERVE)
+    quantize_kernel: str = option("--quantize-kernel", str, "the matrix products of --quantize's weights: auto "
+                                  "(gemlite's Triton GEMV for int8-weight on CUDA where gemlite is installed, else "
+                                  "torchao's default), torchao (int8-weight: Inductor's generated product; int4-weight: "
+                                  "tinygemm) or gemlite (int8-weight, CUDA: pip install 'perflab[quant]')",
+                                  GENERATION, "auto", choices=QUANT_KERNELS, modes=INFER, commands=RUN_AND_SERVE,
+                                  conflicts=(Requires("quantize", "it picks the kernel of --quantize's weights: add "
+                                                                  "--quantize int8-weight"),))
     speculative: Optional[int] = option("--speculative", int, "speculative decoding: a draft model proposes K tokens, "
                                         "the target verifies them in one forward (greedy outputs stay identical)",
                                         GENERATION, minimum=1, metavar="K", changes_numerics=True, modes=INFER,
@@ -360,6 +369,45 @@ class RunConfig:
     def pins_memory(self, device_type: str) -> bool:
         """Whether host batches are page-locked on `device_type`: --pin-memory / --no-pin-memory, else on with CUDA."""
         return device_type == "cuda" if self.pin_memory is None else self.pin_memory
+
+    def run_config(self) -> "RunConfig":
+        """Just the run options: a script's or serve's saved config without the fields only they record."""
+        return RunConfig(**{name: getattr(self, name) for name in RUN_FIELDS})
+
+
+RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
+SCRIPT_FIELDS = ("workload", "mode", "batch_size", "precision", "device", "warmup", "steps", "trials", "workers",
+                 "sync_phases", "script", "step_source")
+
+
+@dataclass
+class ScriptConfig(RunConfig):
+    """A script run's config (`perflab run -- python train.py`): what perflab saw the script do, not what it set.
+    The other run options keep their defaults (perflab turned no lever on); result.json holds SCRIPT_FIELDS only."""
+
+    precision: Optional[str] = None  # the script chooses its own
+    script: dict[str, Any] = dataclasses.field(default_factory=dict)  # perflab.script.command.ScriptCommand.to_dict()
+    step_source: Optional[str] = None  # where the step boundaries were found
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: copy.deepcopy(getattr(self, name)) for name in SCRIPT_FIELDS}
+
+
+@dataclass
+class ServeRunConfig(RunConfig):
+    """A `perflab serve` result's config: the run options plus the serve settings (ServeConfig.to_dict())."""
+
+    serve: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def saved_config(data: dict[str, Any]) -> RunConfig:
+    """The config a result.json holds: a ScriptConfig for a script run, a ServeRunConfig for serve, else a RunConfig
+    (keys this version does not know are ignored; missing ones, as in older results, take their defaults)."""
+    if "script" in data:
+        return ScriptConfig.from_dict(data)
+    if "serve" in data:
+        return ServeRunConfig.from_dict(data)
+    return RunConfig.from_dict(data)
 
 
 MIN_EFFECT_PCT = 2.0  # the smallest significant throughput change that counts as a win or a loss, in percent

@@ -66,6 +66,18 @@ class Bound:
 
 
 @dataclass(frozen=True)
+class Requires:
+    """This option, whenever it is set, needs option `other` set too (--quantize-kernel without --quantize picks a
+    kernel for nothing). Checked, as a Conflict is, whenever it is set."""
+
+    other: str
+    reason: str
+
+    def applies(self, config: Any, own_value: Any) -> bool:
+        return not is_set(option_named(type(config), self.other), getattr(config, self.other))
+
+
+@dataclass(frozen=True)
 class Option:
     """Everything perflab knows about one option; `name` is the config field it fills."""
 
@@ -89,7 +101,7 @@ class Option:
     changes_numerics: Union[bool, tuple] = False  # True, or the values that may change the outputs
     needs_cuda: Union[bool, tuple] = False  # True (whenever set), or the values that need a CUDA GPU
     modes: tuple = ()  # the --mode values it applies to; empty: every mode
-    conflicts: tuple = ()  # Conflict and Bound rules, checked whenever this option is set
+    conflicts: tuple = ()  # Conflict, Bound and Requires rules, checked whenever this option is set
     key_value: bool = False  # repeatable KEY=VALUE pairs collected into a dict
     repeatable: bool = False  # the flag may be given several times; the values are collected into a list
     # a workload's build(cfg) reads it (--augment picks the dataset and sets gpu_augment): what the build made for

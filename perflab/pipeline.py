@@ -14,6 +14,8 @@ serve reuses `load`, `prepared`, `new_result` and `quality_stage` around its own
 """
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 import os
 import sys
@@ -30,7 +32,7 @@ from perflab.ranks import in_rank, is_primary, needs_launch
 from perflab.environment import collect_environment
 from perflab.errors import OutOfMemoryFailure, PerflabError, is_out_of_memory
 from perflab.hooks import StepHook
-from perflab.harness.plan import StepPlan
+from perflab.step.plan import StepPlan
 from perflab.harness.progress import Reporter
 from perflab.harness.runner import measure
 from perflab.oom import OOM_BREAKDOWN_ENV, OutOfMemory, free_after
@@ -40,6 +42,7 @@ from perflab.profile.capture import CaptureOptions, ProfilerCapture, capture_arg
 from perflab.profile.nsys import nsys_command, nsys_hooks, save_nsys_command
 from perflab.quality import run_quality_gate
 from perflab.results import Result, write_json_atomic
+from perflab.results.quality import QualityVerdict
 from perflab.version import __version__
 from perflab.workloads import Workload
 from perflab.diagnose import DIAGNOSIS_FILE, diagnose
@@ -49,7 +52,7 @@ from perflab.diagnose.trace import load_trace
 from perflab.diagnose.verdict import Diagnosis
 
 
-def quality_stage(prep: Prepared, reporter: Reporter) -> Optional[dict[str, Any]]:
+def quality_stage(prep: Prepared, reporter: Reporter) -> Optional[QualityVerdict]:
     """The quality gate of a prepared run (None when it is off): baseline vs candidate from the pristine weights."""
     if prep.pristine is None:
         return None
@@ -69,10 +72,10 @@ def describe_workload(workload: Workload, flops_per_sample: Optional[float]) -> 
     }
 
 
-def new_result(config: dict[str, Any], device: torch.device, workload: dict[str, Any],
+def new_result(config: RunConfig, device: torch.device, workload: dict[str, Any],
                command: Optional[Sequence[str]], **fields: Any) -> Result:
     """A Result stamped with this machine's environment, the time, perflab's version and the command line."""
-    return Result(config=config, environment=collect_environment(device), workload=workload,
+    return Result(config=copy.deepcopy(config), environment=collect_environment(device), workload=workload,
                   command=list(command if command is not None else sys.argv),
                   created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), perflab_version=__version__,
                   **{"trials": [], "metrics": Metrics(), **fields})
@@ -117,7 +120,7 @@ def _run_here(workload: Union[Workload, str, None], cfg: RunConfig, device: torc
             checksum = _replica_checksum(prep.plan, cfg)
         quality = None if measured.interrupted else quality_stage(prep, reporter)
     status, reason = _status(measured.interrupted, measured.non_finite)
-    result = new_result(cfg.to_dict(), device, describe_workload(workload, measured.flops_per_sample), command,
+    result = new_result(cfg, device, describe_workload(workload, measured.flops_per_sample), command,
                         trials=measured.trials, metrics=measured.metrics, timing=measured.timing, levers=levers,
                         notes=plan_notes + measured.notes, quality=quality, status=status, status_reason=reason)
     for hook in hooks:
@@ -183,7 +186,7 @@ def with_breakdown_advice(cfg: RunConfig, device: torch.device, command: Optiona
 def _save_out_of_memory(record: OutOfMemory, cfg: RunConfig, device: torch.device,
                         command: Optional[Sequence[str]]) -> None:
     if cfg.out and is_primary():
-        new_result(cfg.to_dict(), device, {"name": cfg.workload}, command, status="oom",
+        new_result(cfg, device, {"name": cfg.workload}, command, status="oom",
                    status_reason=record.summary(), out_of_memory=record.to_dict()).save(cfg.out)
 
 

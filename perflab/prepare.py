@@ -20,7 +20,7 @@ import torch
 
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
-from perflab.harness.plan import StepPlan
+from perflab.step.plan import StepPlan
 from perflab.levers import Lever, check_levers
 from perflab.levers.plan import build_plan
 from perflab.ranks import needs_launch

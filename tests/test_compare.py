@@ -17,6 +17,7 @@ from perflab.compare import compare_results, load_comparison, regression_exceeds
 from perflab.harness.runner import aggregate
 from perflab.results.metrics import Flops
 from perflab.results import Result, Trial
+from perflab.results.quality import QualityVerdict
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def with_throughputs(result: Result, throughputs: list[float]) -> Result:
                             throughput_samples_per_s=throughput, step_ms=[step_ms] * trial.steps,
                             phase_ms={k: v / phase_total * step_ms for k, v in trial.phase_ms.items()}))
     derived.trials = trials
-    merged = aggregate(trials, result.config["batch_size"])
+    merged = aggregate(trials, result.config.batch_size)
     derived.metrics = dataclasses.replace(derived.metrics, throughput_samples_per_s=merged.throughput_samples_per_s,
                                           latency_ms=merged.latency_ms, phases_ms=merged.phases_ms,
                                           phase_share_pct=merged.phase_share_pct)
@@ -70,7 +71,7 @@ def test_clear_speedup_is_accepted_with_its_interval(measured):
     assert throughput.change_pct == pytest.approx(50.0)
     assert 30 < throughput.ci_low_pct <= 50 <= throughput.ci_high_pct < 60
     assert comparison.metric("p50 latency").improved
-    assert comparison.phases[0]["delta_ms"] < 0  # the phases account for the time saved
+    assert comparison.phases[0].delta_ms < 0  # the phases account for the time saved
 
 
 def test_speedup_inside_the_noise_is_not_accepted(measured):
@@ -84,12 +85,12 @@ def test_speedup_inside_the_noise_is_not_accepted(measured):
 def test_quality_failure_rejects_whatever_the_speed(measured):
     base = with_throughputs(measured, [1000.0, 1010.0, 990.0])
     candidate = with_throughputs(measured, [3000.0, 3030.0, 2970.0])
-    candidate.quality = {"verdict": "fail", "reason": "relative output error 3.1e-01 > 1e-02 tolerance",
-                         "metrics": {"rel_error": 0.31}}
+    candidate.quality = QualityVerdict.from_dict({"verdict": "fail", "metrics": {"rel_error": 0.31},
+                                                  "reason": "relative output error 3.1e-01 > 1e-02 tolerance"})
     comparison = compare_results(base, candidate)
     assert comparison.decision == "reject"
     assert "quality gate" in comparison.reasons[0]
-    assert comparison.quality["numbers"] == {"rel_error": 0.31}
+    assert comparison.quality.numbers == {"rel_error": 0.31}
 
 
 def test_significant_slowdown_is_rejected_and_trips_the_gate(measured):
@@ -109,7 +110,7 @@ def test_fail_on_regression_sets_the_exit_code(measured, tmp_path):
     assert main(["compare", slower, base, "--out", str(tmp_path / "c3"), "--fail-on-regression", "10"]) == 0
     saved_comparison = load_comparison(tmp_path / "c3")
     assert saved_comparison.decision == "accept"
-    assert saved_comparison.candidate["path"].endswith("base/result.json")
+    assert saved_comparison.candidate.path.endswith("base/result.json")
 
 
 @pytest.mark.parametrize("content", ['{"schema_version": 1, "config"', "[1, 2]", '{"hello": 1}',
@@ -152,10 +153,10 @@ def test_kernels_that_account_for_the_difference_come_from_both_traces(measured,
     candidate = trace(cand_dir, {"sgemm_bf16": 150, "relu": 50})
     comparison = compare_results(base, candidate)
     assert comparison.kernels is not None, comparison.kernel_note
-    by_name = {row["kernel"]: row for row in comparison.kernels}
-    assert by_name["sgemm_fp32"]["delta_ms"] == pytest.approx(-0.4)
-    assert by_name["sgemm_bf16"]["delta_ms"] == pytest.approx(0.15)
-    assert by_name["relu"]["delta_ms"] == pytest.approx(0.0)
+    by_name = {row.kernel: row for row in comparison.kernels}
+    assert by_name["sgemm_fp32"].delta_ms == pytest.approx(-0.4)
+    assert by_name["sgemm_bf16"].delta_ms == pytest.approx(0.15)
+    assert by_name["relu"].delta_ms == pytest.approx(0.0)
 
 
 def test_without_traces_kernels_are_skipped_with_a_note(measured):
@@ -167,7 +168,7 @@ def with_flops(result: Result, per_sample: float, peak_tflops: float, precision:
     """A copy of `result` whose MFU is derived, as a run derives it, from its throughput, FLOPs and peak."""
     derived = copy.deepcopy(result)
     achieved = per_sample * derived.throughput / 1e12
-    derived.config["precision"] = precision
+    derived.config.precision = precision
     derived.metrics.flops = Flops(per_sample=per_sample, achieved_tflops=achieved, peak_tflops=peak_tflops,
                                   peak_source="calibrated", mfu_pct=100 * achieved / peak_tflops)
     return derived

@@ -2,6 +2,7 @@
 (synthetic, kineto-format) trace of CUDA-graph decode steps."""
 import pytest
 
+from perflab.config import RunConfig
 from perflab.diagnose.decode import KernelSpan, decode_kernels, decode_layer_costs
 from perflab.diagnose.trace import load_trace
 from tests.test_diagnose import _x, kernel, write_trace
@@ -82,7 +83,7 @@ def test_the_decode_regime_of_a_profiled_run_carries_the_per_layer_figures(tmp_p
              "measured_over_bound": 2.2, "memory_gbps": 3000.0, "memory_gbps_source": "test"}
     generation = Generation.from_dict({"bandwidth_bound": bound, "output_len_mean": STEPS + 1.0})
     result = SimpleNamespace(metrics=Metrics(generation=generation), levers=[], workload={"info": {"layers": LAYERS}},
-                             config={"device": "cpu", "batch_size": 1, "compile": None})
+                             config=RunConfig(device="cpu", batch_size=1))
     finding = decode_regime(Context(trace=synthetic_trace(tmp_path), profile=None, result=result))
     per_layer = finding.evidence["per_layer_us"]
     assert per_layer["weight_kernels"] == pytest.approx(20.0) and per_layer["dequantisation"] == pytest.approx(5.0)

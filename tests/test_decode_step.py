@@ -3,6 +3,7 @@ scoped to the compiled step, and the compiled path's outputs equal to eager deco
 import pytest
 import torch
 
+from perflab.config import RunConfig
 from perflab.workloads.generation import GPT_FAST_OPTIONS
 from perflab.generation.compiled_decode import (compile_decode, decode_attention,
                                                 inductor_options)
@@ -147,7 +148,7 @@ def test_a_compiled_decode_whose_host_needs_the_whole_step_to_issue_it_is_host_b
                  "measured_over_bound": 3.7, "memory_gbps": 2900.0, "memory_gbps_source": "test",
                  "host_issue_ms_per_token": host_ms}
         return Generation.from_dict({"bandwidth_bound": bound})
-    config = {"batch_size": 1, "compile": "reduce-overhead", "device": "cuda"}
+    config = RunConfig(batch_size=1, compile="reduce-overhead", device="cuda")
     host_bound = classify_decode(metrics(2.7), config, None)
     assert host_bound.cls == LAUNCH_OVERHEAD and "host-bound" in host_bound.summary
     assert host_bound.evidence["host_issue_ms_per_token"] == 2.7
@@ -162,7 +163,7 @@ def test_a_graph_replayed_decode_far_below_the_bound_is_kernel_efficiency_not_la
     bound = {"pct_of_bound": 28.3, "measured_ms_per_token": 1.314, "bound_ms_per_token": 0.372,
              "measured_over_bound": 3.53, "memory_gbps": 2972.0, "memory_gbps_source": "calibrated",
              "host_issue_ms_per_token": 0.62, "achieved_gbps": 842.0}
-    config = {"batch_size": 1, "compile": "reduce-overhead", "device": "cuda"}
+    config = RunConfig(batch_size=1, compile="reduce-overhead", device="cuda")
     graphed = {"bandwidth_bound": bound, "decode_compile": {"graphs": "perflab", "captured_lengths": [1]}}
     finding = classify_decode(Generation.from_dict(graphed), config, None)
     assert finding.cls == MEMORY_BANDWIDTH and "kernel efficiency" in finding.summary and "842 GB/s" in finding.summary
@@ -178,7 +179,7 @@ def test_device_wait_not_the_hosts_issue_clock_decides_host_bound_when_recorded(
     request = RequestTiming(1, 8, [1.0, 3.0, 5.0], [1, 1, 1], started_ms=[1.1, 4.5])
     assert device_wait_ms_per_token([request]) == pytest.approx(0.8)
     assert device_wait_ms_per_token([RequestTiming(1, 8, [1.0, 3.0], [1, 1])]) is None
-    config = {"batch_size": 1, "compile": "reduce-overhead", "device": "cuda"}
+    config = RunConfig(batch_size=1, compile="reduce-overhead", device="cuda")
 
     def regime(wait_ms, host_ms=1.2):  # the host's issue clock at 80% of the step: a full launch queue reads so
         bound = {"pct_of_bound": 40.0, "measured_ms_per_token": 1.5, "bound_ms_per_token": 0.6,

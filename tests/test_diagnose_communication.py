@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from perflab.diagnose import diagnose
-from perflab.diagnose.communication import collective_kind, communication_profile
+from perflab.diagnose.communication import GatheredCommunication, collective_kind, communication_profile
 from perflab.diagnose.summary import summarize
 from perflab.diagnose.trace import load_trace
-from perflab.distributed.gather import RankReport, collectives_summary
+from perflab.distributed.gather import RankReport, collectives_record
 from perflab.results import Result
 from perflab.results.metrics import Metrics, RankFigures
 
@@ -74,13 +74,14 @@ def test_kinds_sizes_and_bus_bandwidth_of_the_collectives_of_a_step(tmp_path):
 
 
 def _gathered(tmp_path, rank_traces) -> dict:
+    """metrics.collectives of a gathered result, as result.json holds it."""
     reports = []
     for rank, trace in enumerate(rank_traces):
         figures = RankFigures(rank=rank, local_rank=rank, host="node", throughput_samples_per_s=1.0, step_ms_mean=10.0,
                               step_ms_p50=10.0, phases_ms={}, memory=None, gpu=None,
                               collectives=communication_profile(load_trace(trace)).to_dict())
         reports.append(RankReport(figures=figures, trials=[], notes=[]))
-    return collectives_summary(reports)
+    return collectives_record(reports)
 
 
 def _result(parallel: str, collectives: dict) -> Result:
@@ -169,19 +170,20 @@ def test_the_transfer_is_told_from_waiting_for_the_other_rank_on_recorded_traces
     monkeypatch.setenv("PERFLAB_CACHE_DIR", str(tmp_path))
     folder = RANKS / "fsdp__transformer_125m"
     traces = [folder / "trace.json.gz", folder / "trace.rank1.json.gz"]
-    summary = _gathered(tmp_path, traces)
-    all_gather = summary["by_kind"]["all_gather"]
-    assert summary["worst_rank"] == 0
-    assert all_gather["busbw_gbps"] < 10 and all_gather["transfer_busbw_gbps"] > 100
-    assert all_gather["waiting_ms_per_step"] > 0.9 * all_gather["ms_per_step"]
+    summary = GatheredCommunication.from_dict(_gathered(tmp_path, traces))
+    all_gather = summary.by_kind["all_gather"]
+    assert summary.worst_rank == 0
+    assert all_gather.busbw_gbps < 10 and all_gather.transfer_busbw_gbps > 100
+    assert all_gather.waiting_ms_per_step > 0.9 * all_gather.ms_per_step
     result = Result.load(folder)
-    result.metrics.collectives = summary
+    result.metrics.collectives = _gathered(tmp_path, traces)
     diagnosis = diagnose(traces[0], result)
     assert diagnosis.bottleneck == "collectives" and "waiting for the other ranks to arrive" in diagnosis.headline
     assert "most of it is rank 0 waiting for the other ranks" in diagnosis.headline
     # DDP's ranks arrive together: the figures stand as measured and no wait is named
     folder = RANKS / "ddp__big_gradients"
-    summary = _gathered(tmp_path, [folder / "trace.json.gz", folder / "trace.rank1.json.gz"])
-    all_reduce = summary["by_kind"]["all_reduce"]
-    assert all_reduce["waiting_ms_per_step"] < 0.25 * all_reduce["ms_per_step"]
-    assert all_reduce["transfer_busbw_gbps"] == pytest.approx(all_reduce["busbw_gbps"], rel=0.25)
+    summary = GatheredCommunication.from_dict(_gathered(tmp_path, [folder / "trace.json.gz",
+                                                                    folder / "trace.rank1.json.gz"]))
+    all_reduce = summary.by_kind["all_reduce"]
+    assert all_reduce.waiting_ms_per_step < 0.25 * all_reduce.ms_per_step
+    assert all_reduce.transfer_busbw_gbps == pytest.approx(all_reduce.busbw_gbps, rel=0.25)

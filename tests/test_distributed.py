@@ -25,11 +25,11 @@ from perflab.distributed.launch import check_launch, rank_failure, torchrun_argv
 from perflab.sweep import SweepPoint
 from perflab.sweep.scale import at_rank_counts, scaling_rows, single_rank
 from perflab.errors import PerflabError
-from perflab.harness.data import first_batches, make_loader
+from perflab.step.data import first_batches, make_loader
 from perflab.harness.loop import run_steps
 from perflab.levers.plan import build_plan
 from perflab.harness.steady import reach_steady_state
-from perflab.harness.timers import NullTimer
+from perflab.step.timers import NullTimer
 from perflab.workloads import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]

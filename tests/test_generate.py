@@ -11,7 +11,7 @@ from perflab.cli import main
 from perflab.models.language import trained_decoder
 from perflab.generation.decode import generate_greedy
 from perflab.models.decoder import DRAFT_SIZES, SIZES, Decoder, DecoderSize
-from perflab.config import parse_slo
+from perflab.config import RunConfig, parse_slo
 from perflab.generation.metrics import (BandwidthBound, RequestTiming, TokenClock, summarize_requests,
                                         weight_bytes_per_step)
 from perflab.generation.session import open_session
@@ -139,14 +139,14 @@ def test_decode_regime_names_launch_bandwidth_and_compute_bound_steps():
                  "measured_over_bound": 100 / pct, "memory_gbps": 3000.0, "memory_gbps_source": "test",
                  "compute_ms_per_token": compute_ms}
         return Generation.from_dict({"bandwidth_bound": bound})
-    launch = classify_decode(metrics(8), {"batch_size": 1, "compile": None}, None)
+    launch = classify_decode(metrics(8), RunConfig(batch_size=1), None)
     assert launch.cls == LAUNCH_OVERHEAD and "compile" in launch.levers and "8% of the bound" in launch.summary
-    bandwidth = classify_decode(metrics(75), {"batch_size": 1, "compile": "reduce-overhead"}, None,
+    bandwidth = classify_decode(metrics(75), RunConfig(batch_size=1, compile="reduce-overhead"), None,
                                 active=["int8-weight"])
     assert bandwidth.cls == MEMORY_BANDWIDTH and "int8-weight" not in bandwidth.levers
-    compute = classify_decode(metrics(40, compute_ms=0.8), {"batch_size": 256, "compile": "default"}, None)
+    compute = classify_decode(metrics(40, compute_ms=0.8), RunConfig(batch_size=256, compile="default"), None)
     assert compute.cls == COMPUTE_BOUND
-    assert classify_decode(Generation(), {}, None) is None
+    assert classify_decode(Generation(), RunConfig(), None) is None
 
 
 def test_trained_pair_is_made_once_then_read_from_the_cache(monkeypatch):

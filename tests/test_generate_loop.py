@@ -10,6 +10,7 @@ from torch import nn
 
 import perflab
 from perflab.cli import main
+from perflab.config import RunConfig
 from perflab.bottlenecks import LAUNCH_OVERHEAD
 from perflab.diagnose.decode import classify_decode
 from perflab.diagnose.generation_loop import (MEASURABLE_PCT, loop_overhead, loop_overhead_between,
@@ -146,8 +147,8 @@ def test_a_loop_within_the_noise_of_the_step_is_no_finding():
 def test_the_decode_regime_is_not_judged_on_a_loop_timed_whole():
     bound = BandwidthBoundSummary(pct_of_bound=20.0, measured_ms_per_token=5.0, bound_ms_per_token=1.0,
                                   measured_over_bound=5.0, memory_gbps=1000.0)
-    assert classify_decode(Generation(timed_path="step", bandwidth_bound=bound), {}, None) is not None
-    assert classify_decode(Generation(timed_path="loop", bandwidth_bound=bound), {}, None) is None
+    assert classify_decode(Generation(timed_path="step", bandwidth_bound=bound), RunConfig(), None) is not None
+    assert classify_decode(Generation(timed_path="loop", bandwidth_bound=bound), RunConfig(), None) is None
 
 
 def test_compare_of_a_step_run_and_a_loop_run_reports_the_loops_own_work(tmp_path):

@@ -175,22 +175,18 @@ def test_a_gemlite_variant_is_refused_with_the_reason_where_its_kernels_cannot_r
     from benchmarks.common import Rows
     from benchmarks.peers_quantized import parse_variant, run_variant
     variant = parse_variant("int8-weight+gemlite")
-    assert variant.gemlite and variant.scheme == "int8-weight"
-    with pytest.raises(ValueError, match="gemlite takes int4-weight, int8-weight"):
-        parse_variant("bf16+gemlite")
+    assert variant.settings["quantize_kernel"] == "gemlite" and variant.scheme == "int8-weight"
     row = run_variant(Rows("t", tmp_path), tmp_path, peers.Cell("llama-tiny", 1, 8, 4), False, variant, profile=False)
-    assert row.tokens_per_s is None and row.quality == "not run: gemlite's kernels are Triton kernels for a GPU"
+    assert row.tokens_per_s is None
+    assert row.quality == "not run: --quantize-kernel gemlite: gemlite's kernels are Triton kernels for a CUDA GPU"
 
 
-def test_a_gemlite_variant_asks_torchao_for_its_gemlite_config_only_while_it_runs():
-    pytest.importorskip("torchao")
-    from benchmarks.peers_quantized import parse_variant, torchao_config_for
-    from perflab.generation import quantize
-    with torchao_config_for(parse_variant("int4-weight+gemlite")):
-        config = quantize.quantization_config("int4-weight")
-        assert (type(config).__name__, config.bit_width, config.group_size) == ("UIntxWeightOnlyConfig", 4, 128)
-        assert config.set_inductor_config is False and quantize.quantization_config("int8-weight").bit_width == 8
-    assert type(quantize.quantization_config("int4-weight")).__name__ == "Int4WeightOnlyConfig"
+def test_a_variant_names_its_quantized_kernel_and_bf16_takes_none():
+    from benchmarks.peers_quantized import parse_variant
+    assert parse_variant("int8-weight+torchao-kernel").settings == {"quantize_kernel": "torchao"}
+    assert parse_variant("int8-weight").settings == {}  # perflab's default, auto
+    with pytest.raises(ValueError, match="picks a quantized scheme's kernel"):
+        parse_variant("bf16+gemlite")
 
 
 def test_agreement_is_inconclusive_when_generates_own_calls_spread_wider_than_the_tolerance():

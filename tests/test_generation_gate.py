@@ -4,9 +4,10 @@ import math
 
 import torch
 
-from perflab.quality.generation import CONFIDENT_TOP1_PROB, baseline_confidence, judge
+from perflab.quality.generation import CONFIDENT_TOP1_PROB, Compared, baseline_confidence, judge
+from perflab.results.quality import Tolerance
 
-TOLERANCE = {"rtol": 5e-2, "perplexity_rtol": 2e-2, "source": "int8-weight test"}
+TOLERANCE = Tolerance(rtol=5e-2, perplexity_rtol=2e-2, source="int8-weight test")
 
 
 def logits(confident: bool, seed: int = 0, positions: int = 16, vocab: int = 512) -> torch.Tensor:
@@ -18,9 +19,9 @@ def logits(confident: bool, seed: int = 0, positions: int = 16, vocab: int = 512
     return values
 
 
-def figures(base: torch.Tensor, cand: torch.Tensor, ppl_delta: float = 0.0) -> dict:
-    return {"baseline_logits": [base], "candidate_logits": [cand], "perplexity_baseline": 100.0,
-            "perplexity_candidate": 100.0 * (1 + ppl_delta)}
+def figures(base: torch.Tensor, cand: torch.Tensor, ppl_delta: float = 0.0) -> Compared:
+    return Compared(baseline_logits=[base], candidate_logits=[cand], perplexity_baseline=100.0,
+                    perplexity_candidate=100.0 * (1 + ppl_delta))
 
 
 def noisy(base: torch.Tensor, relative: float, seed: int = 1) -> torch.Tensor:
@@ -31,36 +32,36 @@ def noisy(base: torch.Tensor, relative: float, seed: int = 1) -> torch.Tensor:
 def test_a_failed_check_is_inconclusive_with_the_reason_when_the_baseline_is_too_flat():
     base = logits(confident=False)
     verdict = judge(figures(base, noisy(base, 0.2)), TOLERANCE, speculative=False)
-    assert verdict["verdict"] == "inconclusive"
-    assert verdict["reason"].startswith("relative next-token logits error 2.00e-01 > 5.0e-02")
-    assert "too flat to judge" in verdict["reason"] and "weights=trained" in verdict["reason"]
-    assert verdict["metrics"]["baseline_confident_share"] == 0.0 and verdict["metrics"]["vocab"] == 512
+    assert verdict.verdict == "inconclusive"
+    assert verdict.reason.startswith("relative next-token logits error 2.00e-01 > 5.0e-02")
+    assert "too flat to judge" in verdict.reason and "weights=trained" in verdict.reason
+    assert verdict.metrics.baseline_confident_share == 0.0 and verdict.metrics.vocab == 512
 
 
 def test_the_same_error_on_a_confident_baseline_fails():
     base = logits(confident=True)
     verdict = judge(figures(base, noisy(base, 0.2)), TOLERANCE, speculative=False)
-    assert verdict["verdict"] == "fail" and "too flat" not in verdict["reason"]
-    assert verdict["metrics"]["baseline_confident_share"] == 1.0
+    assert verdict.verdict == "fail" and "too flat" not in verdict.reason
+    assert verdict.metrics.baseline_confident_share == 1.0
 
 
 def test_a_flat_baseline_still_passes_a_candidate_inside_every_tolerance():
     base = logits(confident=False)
     verdict = judge(figures(base, noisy(base, 1e-3)), TOLERANCE, speculative=False)
-    assert verdict["verdict"] == "pass"
+    assert verdict.verdict == "pass"
 
 
 def test_nan_fails_whatever_the_baseline():
     base = logits(confident=False)
     cand = base.clone()
     cand[0, 3, 7] = math.nan
-    assert judge(figures(base, cand), TOLERANCE, speculative=False)["verdict"] == "fail"
+    assert judge(figures(base, cand), TOLERANCE, speculative=False).verdict == "fail"
 
 
 def test_perplexity_failure_on_a_flat_baseline_is_inconclusive_too():
     base = logits(confident=False)
     verdict = judge(figures(base, base.clone(), ppl_delta=0.05), TOLERANCE, speculative=False)
-    assert verdict["verdict"] == "inconclusive" and verdict["reason"].startswith("perplexity")
+    assert verdict.verdict == "inconclusive" and verdict.reason.startswith("perplexity")
 
 
 def test_confidence_is_the_probability_the_baseline_gives_its_own_greedy_token():

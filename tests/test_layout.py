@@ -1,10 +1,17 @@
-"""The package reads as the flow: no import cycle between perflab's packages, and no hidden one.
+"""The package reads as the flow: every package imports only packages at or left of it in the import order, and
+no import cycle, not even a hidden one.
+
+IMPORT_ORDER is the order of docs/architecture.md's picture, left to right (a test reads the picture and checks that
+both say the same). Each layer is one package or flat module, or a few that stand side by side: a package may import
+packages of its own layer or of a layer to its left, never one to its right, except through the short, commented
+ALLOWED_HIDDEN_EDGES (registries only: cli, levers, workloads).
 
 Package graph: an edge A -> B when a module of A imports a module of B. Two graphs are checked:
 - the import-time graph (the imports at the top of a file, the ones that run when A is imported; those under
   `if TYPE_CHECKING:` are for type checkers only and do not count): a cycle there is never allowed;
 - the all-imports graph (every import statement, function-level ones and `if TYPE_CHECKING:` ones too): a cycle
-  there is a layering bend hidden by a deferred import, allowed only for the edges in ALLOWED_HIDDEN_EDGES.
+  there is a layering bend hidden by a deferred import, allowed only for the edges in ALLOWED_HIDDEN_EDGES; the
+  import order is checked on this graph too.
 A function-level import of perflab's own code must say why on its line (a registry loaded by name, a launcher that
 only a multi-process run needs, ...).
 """
@@ -127,8 +134,9 @@ def test_every_function_level_import_of_perflab_says_why():
 
 # --- every import counted: cycles hidden by function-level imports ------------------------------------------------
 
-# (importing file, package it imports) -> why the edge may close a cycle. Only the registries (levers, cli, workloads)
-# may be reached this way; keep it short: each entry is a bend in the flow that the code has not straightened yet.
+# (importing file, package it imports) -> why the edge may close a cycle or point right in IMPORT_ORDER. Only the
+# registries (levers, cli, workloads) may be reached this way; keep it short: each entry is a bend in the flow that the
+# code has not straightened yet.
 ALLOWED_HIDDEN_EDGES = {
     # tune's warm worker is a process entry point (`python -m perflab.tune.worker`) that runs each trial through the
     # CLI's command registry in-process (`perflab run|profile ...`); the CLI in turn registers `perflab tune`, and
@@ -227,3 +235,77 @@ def test_every_allowed_hidden_edge_is_a_registry_the_code_still_imports():
              if target not in registries or not any(where.startswith(f"{path}:")
                                                     for where in edges[_file_unit(path)].get(target, []))]
     assert not stale, f"allow-list entries that are not registries or no longer imported (remove them): {stale}"
+
+
+# --- the import order: a package imports only packages at or left of it ------------------------------------------
+
+DOC = PACKAGE.parent / "docs" / "architecture.md"
+
+# Left to right, as docs/architecture.md draws it; packages are named without their slash, flat modules without .py,
+# `perflab` is the package's own __init__ (the public API). A new package or flat module takes its place here and in
+# the doc's picture.
+IMPORT_ORDER: list[tuple[str, ...]] = [
+    ("errors", "user_frames", "version", "environment", "options", "config", "ranks", "hooks", "backends",
+     "bottlenecks", "cost", "stats", "oom"),  # the foundation: no perflab imports but each other
+    ("models",),
+    ("workloads",),
+    ("results",),
+    ("profile",),
+    ("calibrate", "calibrate_collectives"),
+    ("step",),
+    ("generation",),
+    ("levers",),
+    ("harness",),
+    ("diagnose",),
+    ("compare", "quality", "checkpoint"),
+    ("distributed",),
+    ("prepare",),
+    ("memory",),
+    ("pipeline",),
+    ("perflab",),
+    ("script", "serve", "sweep", "tune"),  # the drivers
+    ("report",),
+    ("cli", "__main__"),
+]
+
+
+def doc_import_order() -> list[tuple[str, ...]]:
+    """The layers of the doc's picture: its first fenced block, layers joined by `-->`, names split by spaces."""
+    text = DOC.read_text()
+    block = text.split("```", 2)[1].split("\n", 1)[1]  # the first fenced block, past its opening line
+    return [tuple(name.rstrip("/").removesuffix(".py") for name in layer.split()) for layer in block.split("-->")]
+
+
+def order_violations(edges: dict[str, dict[str, list[str]]], order: list[tuple[str, ...]]) -> list[str]:
+    """Every import of a package to the right of the importer's layer, as "source -> target: file:line -> module"."""
+    layer = {unit: index for index, units in enumerate(order) for unit in units}
+    return [f"{source} -> {target}: {where}" for source, targets in sorted(edges.items())
+            for target, wheres in sorted(targets.items())
+            if layer.get(target, -1) > layer.get(source, len(order)) for where in wheres]  # unplaced: see below
+
+
+def test_order_violations_finds_an_import_to_the_right_and_accepts_one_to_the_left_or_beside():
+    order = [("errors", "options"), ("levers",), ("harness",)]
+    edges = {"levers": {"harness": ["perflab/levers/plan.py:10 -> perflab.harness.plan"], "errors": ["..."]},
+             "options": {"errors": ["..."]}, "harness": {"levers": ["..."]}}
+    assert order_violations(edges, order) == ["levers -> harness: perflab/levers/plan.py:10 -> perflab.harness.plan"]
+
+
+def test_the_doc_draws_the_import_order_the_layout_test_checks():
+    assert doc_import_order() == IMPORT_ORDER, (
+        "docs/architecture.md's picture and IMPORT_ORDER differ; change both together:\n"
+        f"  doc:  {doc_import_order()}\n  test: {IMPORT_ORDER}")
+
+
+def test_every_package_and_flat_module_has_one_place_in_the_import_order():
+    placed = [unit for units in IMPORT_ORDER for unit in units]
+    units = {_file_unit(path) for path in _modules()}
+    assert sorted(set(placed)) == sorted(placed), "named twice in IMPORT_ORDER"
+    assert not units - set(placed), f"not in IMPORT_ORDER (nor in the doc's picture): {sorted(units - set(placed))}"
+    assert not set(placed) - units, f"in IMPORT_ORDER but not in perflab/: {sorted(set(placed) - units)}"
+
+
+def test_every_package_imports_only_packages_at_or_left_of_it():
+    violations = order_violations(all_imports_graph(frozenset(ALLOWED_HIDDEN_EDGES)), IMPORT_ORDER)
+    assert not violations, ("imports of a package to the right in docs/architecture.md's order (move the shared "
+                            "piece left, or pass it in):\n" + "\n".join(violations))

@@ -12,7 +12,7 @@ from perflab.config import RunConfig
 from perflab.diagnose.activation_memory import activation_memory
 from perflab.diagnose.findings import Context
 from perflab.memory import step as step_module
-from perflab.memory.breakdown import Breakdown
+from perflab.memory.breakdown import AutocastStep, Breakdown
 from perflab.memory.fit import fit_peaks
 from perflab.memory.levers import lever_savings
 from perflab.memory.search import Probe, find_largest_batch, probe_in_process
@@ -38,7 +38,7 @@ def test_the_breakdown_sums_to_the_measured_peak_within_5_percent(workload, batc
     assert breakdown.peak_mb > 0
     assert abs(breakdown.unattributed_mb) <= 0.05 * breakdown.peak_mb
     assert breakdown.categories_mb["parameters"] == pytest.approx(model_bytes_mb(cfg), rel=0.05)
-    assert breakdown.activations["total_mb"] > 0 and breakdown.largest_module() is not None
+    assert breakdown.activations.total_mb > 0 and breakdown.largest_module() is not None
     timeline = breakdown.category_timeline()
     assert max(timeline.totals()) == pytest.approx(breakdown.attributed_mb)
 
@@ -124,7 +124,7 @@ def test_the_bf16_autocast_saving_is_this_cpus_within_10_percent_of_the_measured
     cfg = RunConfig(workload=workload, batch_size=batch, device="cpu", workload_options=workload_options)
     full = measure_step(cfg)
     under = full.autocast_activations  # one forward under bf16 autocast, counted by dtype
-    assert under["by_dtype_mb"]["bfloat16"] > 0 and under["parameter_copies_mb"] > 0
+    assert under.by_dtype_mb["bfloat16"] > 0 and under.parameter_copies_mb > 0
     predicted = {lever.lever: lever for lever in lever_savings(full, None, None)}["bf16 autocast"]
     bf16_peak_mb = measure_step(cfg.replace(precision="bf16")).peak_mb
     if bf16_is_native(torch.device("cpu")):
@@ -140,9 +140,9 @@ def test_the_bf16_autocast_saving_is_this_cpus_within_10_percent_of_the_measured
 
 def test_an_emulated_bf16_saving_comes_from_the_measured_step_with_its_grown_temporaries():
     breakdown = synthetic_breakdown()
-    breakdown.autocast_step = {"peak_mb": 900.0, "why": "bf16 is not native here (cpu, AVX2: ...)",
-                               "categories_mb": {**breakdown.categories_mb, "activations": 200.0,
-                                                 "temporaries": 135.0}}
+    breakdown.autocast_step = AutocastStep(peak_mb=900.0, why="bf16 is not native here (cpu, AVX2: ...)",
+                                           categories_mb={**breakdown.categories_mb, "activations": 200.0,
+                                                          "temporaries": 135.0})
     saving = {lever.lever: lever for lever in lever_savings(breakdown, None, None)}["bf16 autocast"]
     assert saving.predicted_peak_mb == 900.0 and saving.frees_mb == pytest.approx(breakdown.peak_mb - 900.0)
     assert "activations x 0.50, temporaries x 1.50" in saving.basis and "AVX2" in saving.basis
@@ -259,7 +259,7 @@ def test_activations_the_profiler_counted_as_temporaries_move_to_activations_so_
         "temporaries": 490.0})
     count_saved_activations(breakdown)  # the hooks counted 400 MiB saved for backward
     assert breakdown.categories_mb["activations"] == 400.0 and breakdown.categories_mb["temporaries"] == 90.0
-    assert breakdown.timeline["mb"]["activations"] == [0.0, 400.0, 100.0]
+    assert breakdown.timeline.mb["activations"] == [0.0, 400.0, 100.0]
     fit = fit_peaks([5, 10], [550.0, 800.0])
     levers = {lever.lever: lever for lever in lever_savings(breakdown, fit, capacity_mb=1300.0)}
     # 4 block inputs (40), and the recomputed block (100) beyond the 90 MiB of temporaries at the peak (10)

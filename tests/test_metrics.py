@@ -172,7 +172,7 @@ def test_a_schema_1_distributed_result_reads_its_ranks_as_typed_figures():
     assert result.world_size == 2 and dist.world_size == 2 and len(dist.per_rank) == 2
     assert [rank.rank for rank in dist.per_rank] == [0, 1]
     assert all(rank.memory.peak.mb > 0 and not rank.memory.peak.on_gpu for rank in dist.per_rank)
-    assert result.metrics.global_batch_size == 2 * result.config["batch_size"]
+    assert result.metrics.global_batch_size == 2 * result.config.batch_size
 
 
 def test_a_result_whose_metrics_are_not_an_object_says_so(tmp_path):

@@ -13,7 +13,7 @@ from torch import nn
 import perflab
 from perflab.config import RunConfig
 from perflab.errors import PerflabError, UserCodeError
-from perflab.harness.calls import call_model, compared_tensors, inputs_from_call, logits_of
+from perflab.step.calls import call_model, compared_tensors, inputs_from_call, logits_of
 from perflab.pipeline import resolve_config, resolve_device
 from perflab.levers import check_levers
 from perflab.quality import INFER_RTOL, judge_outputs, observe_output
@@ -111,18 +111,18 @@ def test_a_planted_one_percent_logits_change_fails_the_fp32_gate_and_an_identica
         candidate = [observe_output(make_output(kind, candidate_logits, POOLED), None)]
         return judge_outputs(baseline, candidate, INFER_RTOL["fp32"], "fp32 default", is_classifier=True)
     same = judged(LOGITS.clone())
-    assert same["verdict"] == "pass" and same["metrics"]["rel_error"] == 0
-    assert same["metrics"]["top1_agreement"] == 1.0 and same["metrics"]["top1_samples"] == 4
+    assert same.verdict == "pass" and same.metrics.rel_error == 0
+    assert same.metrics.top1_agreement == 1.0 and same.metrics.top1_samples == 4
     changed = judged(LOGITS * 1.01)
-    assert changed["verdict"] == "fail" and "relative output error" in changed["reason"]
+    assert changed.verdict == "fail" and "relative output error" in changed.reason
 
 
 def test_output_key_compares_only_that_entry():
     baseline = observe_output(make_output("dict", LOGITS, POOLED), "logits")
     moved = observe_output(make_output("dict", LOGITS, POOLED * 2), "logits")
-    assert judge_outputs([baseline], [moved], 1e-5, "fp32 default", True)["verdict"] == "pass"
+    assert judge_outputs([baseline], [moved], 1e-5, "fp32 default", True).verdict == "pass"
     everything = [observe_output(make_output("dict", LOGITS, p), None) for p in (POOLED, POOLED * 2)]
-    assert judge_outputs(everything[:1], everything[1:], 1e-5, "fp32 default", True)["verdict"] == "fail"
+    assert judge_outputs(everything[:1], everything[1:], 1e-5, "fp32 default", True).verdict == "fail"
 
 
 def test_top1_reads_the_logits_entry_even_when_another_tensor_comes_first():
@@ -175,5 +175,5 @@ def test_graphed_and_compiled_steps_call_a_dict_input_model_and_pass_the_gate(mo
     cfg = RunConfig(workload=plugin, device="cuda", batch_size=4, steps=3, warmup=2, trials=1, mode=mode,
                     check_quality=True, quality_steps=2, **levers)
     result = perflab.run(plugin, cfg)
-    assert result.quality["verdict"] == "pass", result.quality["reason"]
+    assert result.quality.verdict == "pass", result.quality.reason
     assert result.workload["name"] == "dict_model"

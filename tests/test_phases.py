@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from perflab.diagnose.trace import load_trace
-from perflab.harness.phases import MARKED_PHASES, PHASE_ORDER, marker_name, phase_sort_key
+from perflab.step.phases import MARKED_PHASES, PHASE_ORDER, marker_name, phase_sort_key
 from perflab.results.metrics import Metrics
 from perflab.report.markdown import _phase_rows
 from perflab.results import Result

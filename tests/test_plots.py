@@ -1,7 +1,7 @@
 """The report's plots: y from zero with headroom, legends only for several series, clean labels, whole counts."""
 import pytest
 
-from perflab.plots import HEADROOM, latency_figure, phase_breakdown_figure, sweep_figures
+from perflab.report.plots import HEADROOM, latency_figure, phase_breakdown_figure, sweep_figures
 
 
 def point(batch: int, throughput: float, precision: str = "fp32", status: str = "ok") -> dict:

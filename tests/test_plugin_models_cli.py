@@ -104,14 +104,14 @@ def test_debug_prints_the_full_traceback():
     done = perflab_cli("run", "--workload", PLUGIN, *TINY, "--option", "fail=forward", "--debug")
     assert done.returncode == 2
     assert "Traceback (most recent call last)" in done.stderr
-    assert "torch/nn/modules/module.py" in done.stderr and "perflab/harness/calls.py" in done.stderr
+    assert "torch/nn/modules/module.py" in done.stderr and "perflab/step/calls.py" in done.stderr
 
 
 def test_perflab_debug_variable_prints_the_full_traceback_too(monkeypatch, capsys):
     monkeypatch.setenv("PERFLAB_DEBUG", "1")
     assert main(["run", "--workload", PLUGIN, *TINY, "--option", "fail=loss"]) == 2
     stderr = capsys.readouterr().err
-    assert "Traceback (most recent call last)" in stderr and "perflab/harness/calls.py" in stderr
+    assert "Traceback (most recent call last)" in stderr and "perflab/step/calls.py" in stderr
 
 
 def test_dataset_failure_in_a_worker_process_shows_the_workers_user_frame(capsys):

@@ -64,75 +64,75 @@ def big_output_workload() -> Workload:
 
 def test_gate_passes_an_equivalent_optimizer_implementation():
     quality = gate(optimizer_impl="foreach")
-    assert quality["verdict"] == "pass", quality["reason"]
-    assert quality["mode"] == "train" and quality["steps"] == 3
-    assert quality["metrics"]["final_loss_rel_delta"] <= 1e-4
-    assert len(quality["metrics"]["candidate_losses"]) == 3
-    assert quality["candidate"]["levers"] == ["foreach-optimizer"]
+    assert quality.verdict == "pass", quality.reason
+    assert quality.mode == "train" and quality.steps == 3
+    assert quality.metrics.final_loss_rel_delta <= 1e-4
+    assert len(quality.metrics.candidate_losses) == 3
+    assert quality.candidate.levers == ["foreach-optimizer"]
 
 
 def test_gate_passes_channels_last_on_a_conv_model_within_fp32_tolerance():
     quality = gate("augment", mode="infer", channels_last=True, batch_size=4)
-    assert quality["verdict"] == "pass", quality["reason"]
-    assert quality["tolerances"]["rtol"] == 1e-5
-    assert quality["metrics"]["rel_error"] < 1e-5
-    assert quality["metrics"]["top1_agreement"] == 1.0
+    assert quality.verdict == "pass", quality.reason
+    assert quality.tolerances.rtol == 1e-5
+    assert quality.metrics.rel_error < 1e-5
+    assert quality.metrics.top1_agreement == 1.0
 
 
 def test_gate_passes_bf16_within_its_tolerance_and_sees_the_autocast():
     quality = gate(mode="infer", precision="bf16")
-    assert quality["verdict"] == "pass", quality["reason"]
+    assert quality.verdict == "pass", quality.reason
     # the gate ran the candidate under bf16 autocast, as the timed run does: the error is bf16-sized
-    assert 1e-4 < quality["metrics"]["rel_error"] <= quality["tolerances"]["rtol"] == 2e-2
+    assert 1e-4 < quality.metrics.rel_error <= quality.tolerances.rtol == 2e-2
 
 
 def test_gate_passes_bf16_training_and_records_both_loss_trajectories():
     quality = gate(precision="bf16")
-    assert quality["verdict"] == "pass", quality["reason"]
-    metrics = quality["metrics"]
-    assert metrics["baseline_losses"] != metrics["candidate_losses"]
-    assert metrics["final_loss_rel_delta"] <= quality["tolerances"]["rtol"]
-    assert quality["tolerances"]["precision_rtol"] == 1e-2
-    assert quality["tolerances"]["noise_floor"] is not None
+    assert quality.verdict == "pass", quality.reason
+    metrics = quality.metrics
+    assert metrics.baseline_losses != metrics.candidate_losses
+    assert metrics.final_loss_rel_delta <= quality.tolerances.rtol
+    assert quality.tolerances.precision_rtol == 1e-2
+    assert quality.tolerances.noise_floor is not None
 
 
 def test_gate_feeds_the_baseline_the_batches_the_candidates_gpu_augmentation_made():
     # --augment gpu: the dataset yields raw uint8 images and the candidate's data path augments them at
     # random; the baseline must train on exactly those augmented batches, so fp32 losses match exactly
     quality = gate("augment", augment="gpu", batch_size=4)
-    assert quality["verdict"] == "pass", quality["reason"]
-    assert quality["metrics"]["baseline_losses"] == quality["metrics"]["candidate_losses"]
+    assert quality.verdict == "pass", quality.reason
+    assert quality.metrics.baseline_losses == quality.metrics.candidate_losses
 
 
 def test_gate_fails_a_lever_that_changes_the_weights(monkeypatch):
     plant(monkeypatch, optimizer_levers, "foreach-optimizer", scale_first_layer)
     quality = gate(optimizer_impl="foreach")
-    assert quality["verdict"] == "fail"
-    assert "relative delta" in quality["reason"]
-    assert quality["metrics"]["final_loss_rel_delta"] > quality["tolerances"]["rtol"]
+    assert quality.verdict == "fail"
+    assert "relative delta" in quality.reason
+    assert quality.metrics.final_loss_rel_delta > quality.tolerances.rtol
 
 
 def test_gate_fails_inference_outputs_that_differ(monkeypatch):
     plant(monkeypatch, precision_levers, "bf16", scale_first_layer)
     quality = gate(mode="infer", precision="bf16")
-    assert quality["verdict"] == "fail"
-    assert quality["metrics"]["rel_error"] > 2e-2
-    assert "relative output error" in quality["reason"]
+    assert quality.verdict == "fail"
+    assert quality.metrics.rel_error > 2e-2
+    assert "relative output error" in quality.reason
 
 
 def test_gate_fails_fp16_outputs_that_overflow_to_inf(monkeypatch):
     plant(monkeypatch, precision_levers, "bf16", autocast_fp16)
     quality = gate(workload=big_output_workload(), mode="infer", precision="bf16", batch_size=8)
-    assert quality["verdict"] == "fail"
-    assert quality["metrics"]["non_finite_candidate"] > 0
-    assert "NaN/inf" in quality["reason"]
+    assert quality.verdict == "fail"
+    assert quality.metrics.non_finite_candidate > 0
+    assert "NaN/inf" in quality.reason
 
 
 def test_gate_fails_a_training_loss_that_goes_nan(monkeypatch):
     plant(monkeypatch, precision_levers, "bf16", poison_one_weight)
     quality = gate(precision="bf16")
-    assert quality["verdict"] == "fail"
-    assert "NaN/inf from step 0" in quality["reason"]
+    assert quality.verdict == "fail"
+    assert "NaN/inf from step 0" in quality.reason
 
 
 def test_gate_leaves_the_workload_of_the_timed_run_untouched(monkeypatch):
@@ -150,10 +150,10 @@ def test_gate_leaves_the_workload_of_the_timed_run_untouched(monkeypatch):
 def test_noise_floor_widens_the_loss_tolerance_only_when_the_baseline_is_that_sensitive():
     default = {"rtol": 1e-4, "source": "fp32 default"}
     chaotic = with_noise_floor(default, baseline=[2.0, 1.0], nudged=[2.0, 1.1])
-    assert chaotic["rtol"] == pytest.approx(0.3) and chaotic["precision_rtol"] == 1e-4
-    assert chaotic["source"].startswith("noise floor")
+    assert chaotic.rtol == pytest.approx(0.3) and chaotic.precision_rtol == 1e-4
+    assert chaotic.source.startswith("noise floor")
     calm = with_noise_floor(default, baseline=[2.0, 1.0], nudged=[2.0, 1.0000001])
-    assert calm["rtol"] == 1e-4 and calm["source"] == "fp32 default"
+    assert calm.rtol == 1e-4 and calm.source == "fp32 default"
 
 
 def test_top1_flip_between_near_tied_classes_is_not_decisive():
@@ -208,6 +208,6 @@ def test_quality_tolerances_must_be_positive():
 def test_gate_passes_cuda_graphs_on_the_mlp(mode):
     cfg = resolve_config(RunConfig(workload="mlp", device="cuda", mode=mode, cuda_graphs=True), None)
     quality = run_quality_gate(load_workload("mlp", cfg), cfg, torch.device("cuda", torch.cuda.current_device()))
-    assert quality["verdict"] == "pass", quality["reason"]
+    assert quality.verdict == "pass", quality.reason
     if mode == "train":  # the capture's warm-up iterations must not have trained the graphed model ahead
-        assert quality["metrics"]["max_loss_rel_delta"] < 1e-3
+        assert quality.metrics.max_loss_rel_delta < 1e-3

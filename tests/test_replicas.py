@@ -36,8 +36,8 @@ def test_replicas_differ_only_beyond_the_sums_rounding(checksums, differ):
 
 
 def _rank(rank: int, checksum):
-    trial = {"wall_s": 0.4, "steps": 4, "samples": 32, "throughput_samples_per_s": 80.0, "step_ms": [100.0] * 4,
-             "phase_ms": {}}
+    from perflab.results.result import Trial
+    trial = Trial(wall_s=0.4, steps=4, samples=32, throughput_samples_per_s=80.0, step_ms=[100.0] * 4, phase_ms={})
     return RankReport(RankFigures(rank=rank, step_ms_mean=100.0), [trial], [], checksum)
 
 

@@ -10,6 +10,7 @@ from perflab.levers import all_levers
 from perflab.report.compare_table import print_comparison
 from perflab.report.levers_table import print_levers
 from perflab.results import Result
+from perflab.results.quality import QualityVerdict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "traces" / "cpu" / "compute__big_matmul.result.json"
 LONG_REASON = ("relative output error 3.1e-01 > 2e-02 tolerance for bf16 inference; top-1 agreement 91.0% "
@@ -49,7 +50,8 @@ def test_levers_wide_terminal_shows_what_each_lever_addresses():
 def comparison():
     base = Result.load(FIXTURE)
     candidate = copy.deepcopy(base)
-    candidate.quality = {"verdict": "fail", "reason": LONG_REASON, "metrics": {"rel_error": 0.31}}
+    candidate.quality = QualityVerdict.from_dict({"verdict": "fail", "reason": LONG_REASON,
+                                                  "metrics": {"rel_error": 0.31}})
     return compare_results(base, candidate)
 
 

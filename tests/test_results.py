@@ -3,6 +3,7 @@ import os
 
 import pytest
 
+from perflab.config import RunConfig, ScriptConfig
 from perflab.errors import PerflabError
 from perflab.results.metrics import Memory
 from perflab.results import SCHEMA_VERSION, Result, Trial, write_json_atomic
@@ -88,3 +89,35 @@ def test_result_json_gets_the_file_mode_of_any_other_output(tmp_path):
         os.umask(before)
     mode = (tmp_path / "result.json").stat().st_mode & 0o777
     assert mode == (tmp_path / "report.md").stat().st_mode & 0o777 == 0o644
+
+
+SCRIPT_CONFIG = {"workload": "script:train.py", "mode": "train", "batch_size": 8, "precision": None, "device": "cpu",
+                 "warmup": 5, "steps": 10, "trials": 1, "workers": 0, "sync_phases": False,
+                 "script": {"path": "train.py", "args": ["--epochs", "1"]}, "step_source": "optimizer"}
+
+
+def test_a_runs_config_reads_back_as_a_run_config_with_attributes(tmp_path):
+    make_result().save(tmp_path)
+    loaded = Result.load(tmp_path)
+    assert isinstance(loaded.config, RunConfig) and not isinstance(loaded.config, ScriptConfig)
+    assert loaded.config.workload == "mlp" and loaded.config.steps == RunConfig().steps  # missing keys: defaults
+    assert json.loads((tmp_path / "result.json").read_text())["config"] == RunConfig(workload="mlp").to_dict()
+
+
+def test_a_script_runs_config_is_typed_in_memory_and_saved_as_the_scripts_own_keys(tmp_path):
+    result = make_result()
+    result.config = ScriptConfig.from_dict(SCRIPT_CONFIG)
+    result.save(tmp_path)
+    assert json.loads((tmp_path / "result.json").read_text())["config"] == SCRIPT_CONFIG
+    loaded = Result.load(tmp_path)
+    assert isinstance(loaded.config, ScriptConfig)
+    assert loaded.config.step_source == "optimizer" and loaded.config.precision is None
+    assert loaded.config.script["args"] == ["--epochs", "1"]
+
+
+def test_a_config_that_is_not_an_object_is_one_line_naming_the_file(tmp_path):
+    data = make_result().to_dict()
+    data["config"] = ["mlp"]
+    (tmp_path / "result.json").write_text(json.dumps(data))
+    with pytest.raises(PerflabError, match="malformed config"):
+        Result.load(tmp_path)

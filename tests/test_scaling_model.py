@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from perflab.calibrate_collectives import CollectivesCalibration, PeerLink
 from perflab.cli import main
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
@@ -90,9 +91,10 @@ def test_fsdp_on_a_slow_link_waits_for_every_gather_beyond_the_compute():
 
 
 def test_the_links_come_from_the_flag_then_the_measurement_then_the_nominal_figure():
-    measured = {"ranks": 2, "measured_utc": "t", "peak_busbw_gbps": {"all_reduce": 300.0},
-                "latency_us": {"all_reduce": 20.0}}
-    nominal = {"name": "NVLink 4 (H100 SXM), per direction", "gbps": 450.0}
+    measured = CollectivesCalibration.from_dict({"ranks": 2, "measured_utc": "t",  # an older entry: no results
+                                                 "peak_busbw_gbps": {"all_reduce": 300.0},
+                                                 "latency_us": {"all_reduce": 20.0}})
+    nominal = PeerLink("NVLink 4 (H100 SXM), per direction", 450.0)
     network = interconnect(PredictConfig(predict="8"), measured, nominal)
     assert network.intra.busbw_gbps == 300.0 and network.intra.latency_s == pytest.approx(20e-6)
     assert "measured" in network.intra.source and "stated: 400 Gb/s" in network.inter.source
@@ -110,7 +112,7 @@ def test_gpu_counts_are_checked(text, message):
 
 
 def _result(phases, parameters=25_000_000, layers=4):
-    return SimpleNamespace(config={"mode": "train"}, metrics=SimpleNamespace(phases_ms=phases),
+    return SimpleNamespace(config=RunConfig(mode="train"), metrics=SimpleNamespace(phases_ms=phases),
                            workload={"parameters": parameters, "info": {"layers": layers}})
 
 

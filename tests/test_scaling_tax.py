@@ -25,7 +25,7 @@ def _rows(*measured: tuple[int, float]) -> list[ScaleRow]:
 
 
 def _predicted(rows, counts=(4,), exposed_of=None) -> dict[int, Prediction]:
-    single = SimpleNamespace(config={"mode": "train"}, workload={"parameters": 25_000_000, "info": {"layers": 4}},
+    single = SimpleNamespace(config=RunConfig(mode="train"), workload={"parameters": 25_000_000, "info": {"layers": 4}},
                              metrics=SimpleNamespace(phases_ms={"forward": 5.0, "backward": 10.0, "optimizer": 2.0,
                                                                 "other": 1.0}))
     out = predict_rows(rows, {"g": single}, NETWORK, list(counts), lambda row: "g", exposed_of=exposed_of)

@@ -28,13 +28,13 @@ def test_server_points_are_saved_with_every_setting_and_printed(tmp_path, capsys
     result = Result.load(out)
     record = result.metrics.serve
     assert record.complete and record.scenario == "server" and record.schedule_seed == 7
-    assert result.config["serve"]["qps"] == "100,200" and result.config["gpu_cost_per_hour"] == 2.5
+    assert result.config.serve["qps"] == "100,200" and result.config.gpu_cost_per_hour == 2.5
     assert [point.offered_qps for point in record.points] == [100.0, 200.0]
     for point in record.points:
         assert set(point.latency_ms) >= {"p50", "p90", "p95", "p99", "p99.9"}
         assert point.cost_per_million_queries == pytest.approx(2.5 / 3600 / point.achieved_qps * 1e6)
-    assert record.capacity["batcher_qps_at_max_batch"] > 1000
-    assert record.capacity["dispatch_delay_p99_ms"] >= 0 and record.settings.harness_late_ms is not None
+    assert record.capacity.batcher_qps_at_max_batch > 1000
+    assert record.capacity.dispatch_delay_p99_ms >= 0 and record.settings.harness_late_ms is not None
     assert all(point.dispatch_delay_ms.p99_ms >= 0 and point.harness_late is not None for point in record.points)
     assert result.diagnosis is not None
     printed = capsys.readouterr().out

@@ -121,7 +121,7 @@ def test_serve_generate_reports_ttft_tpot_tokens_and_goodput_per_point(tmp_path,
     assert set(host) == {"issue", "device_wait", "bookkeeping"} and host["device_wait"] == 0.0
     assert 0 < host["issue"] <= point.time_ms["mean"]["compute"] + point.time_ms["mean"]["copy_in"] + 1.0
     assert any("static batching" in note for note in result.notes)
-    assert result.config["slo"] == "ttft:500,tpot:100"
+    assert result.config.slo == "ttft:500,tpot:100"
     printed = capsys.readouterr().out
     assert "TTFT" in printed and "goodput" in printed
 

@@ -45,7 +45,7 @@ def test_perflab_and_loadgen_give_the_same_verdict_on_a_short_and_a_long_server_
     pytest.importorskip("mlperf_loadgen")
     own = fixed_time(tmp_path, "own", False, qps="400", duration_s=duration_s, min_queries=min_queries)
     judged = fixed_time(tmp_path, "lg", True, qps="400", duration_s=duration_s, min_queries=min_queries)
-    assert ("VALID" if own.validity["valid"] else "INVALID") == verdict, own.validity["reasons"]
+    assert ("VALID" if own.validity.valid else "INVALID") == verdict, own.validity.reasons
     assert judged.loadgen["validity"] == verdict
-    assert judged.loadgen["early_stopping_met"] == (verdict == "VALID") == own.validity["early_stopping"]["met"]
+    assert judged.loadgen["early_stopping_met"] == (verdict == "VALID") == own.validity.early_stopping.met
     assert judged.passed == own.passed == (verdict == "VALID")

@@ -10,7 +10,7 @@ from perflab.cli import main
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.report.serve_table import validity_lines
-from perflab.results.metrics import LoadPoint
+from perflab.results.metrics import LoadPoint, TriedRate
 from perflab.serve import ServeConfig, serve
 from perflab.serve.capacity import FixedTimeEngine
 from perflab.serve.validity import point_validity, queries_to_show
@@ -53,15 +53,15 @@ def test_max_qps_search_with_points_too_short_finds_a_max_qps_instead_of_none(tm
     record = result.metrics.serve
     assert record.max_qps is not None and record.max_qps > 1000, record.search
     points = record.points
-    too_short = [point for point in points if point.validity["too_short"]]
+    too_short = [point for point in points if point.validity.too_short]
     assert too_short, "the first point should have been too short for early stopping"
     for point in too_short:  # rerun at the same rate with more queries, never answered by a lower rate
         rerun = points[point.rerun_as]
         assert rerun.offered_qps == point.offered_qps and rerun.queries > point.queries
-        assert rerun.extended["why"].startswith(f"early stopping: point {point.index} had")
-    tried = record.search["tried"]
+        assert rerun.extended.why.startswith(f"early stopping: point {point.index} had")
+    tried = record.search.tried
     assert len(tried) == len(points) - len(too_short)
-    assert tried[0] == {"qps": points[0].offered_qps, "passed": True}
+    assert tried[0] == TriedRate(qps=points[0].offered_qps, passed=True)
     failed = [point for point in points if not point.passed and point.rerun_as is None]
     assert all(not point.meets_bound or point.overloaded for point in failed), \
         "a rate fails for its latency, not for its length"
@@ -78,16 +78,16 @@ def test_a_point_is_too_short_only_when_a_longer_run_at_its_rate_could_pass():
         return point_validity(point, latency_ms, 1.0, bound_ms=10.0, duration_s=1.0, min_queries=1)
 
     on_time = validity(np.full(300, 5.0))  # p99 within the bound, 300 < 459 queries
-    assert not on_time["valid"] and on_time["too_short"]
-    assert on_time["early_stopping"]["queries_to_show"] == 459
+    assert not on_time.valid and on_time.too_short
+    assert on_time.early_stopping.queries_to_show == 459
     slow = validity(np.full(300, 50.0))  # p99 past the bound: too slow, whatever the length
-    assert not slow["valid"] and not slow["too_short"]
+    assert not slow.valid and not slow.too_short
     late = np.full(1024, 5.0)
     late[:4] = 50.0  # 4 of 1,024 late: p99 met, early stopping needs more (1,157 for 4 late; more as late grow)
     few_late = validity(late)
-    assert few_late["too_short"] and 1157 <= few_late["early_stopping"]["queries_to_show"] < 2000
+    assert few_late.too_short and 1157 <= few_late.early_stopping.queries_to_show < 2000
     harness = validity(np.full(300, 5.0), harness_late=True, dispatch_delay_ms={"p99_ms": 3.0})
-    assert not harness["too_short"], "an invalid measurement is not made valid by running longer"
+    assert not harness.too_short, "an invalid measurement is not made valid by running longer"
     assert queries_to_show(11, 1024) is None  # past 1% late: no length shows p99 within the bound
 
 

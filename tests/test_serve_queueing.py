@@ -223,9 +223,9 @@ def test_server_queue_wait_matches_a_fifo_server_with_the_same_service_times():
 
 def test_harness_capacity_is_measured_through_the_scheduled_path_with_a_no_op_model():
     capacity = measure_capacity(max_batch=8, timeout_s=0.002, instances=1, queries=400)
-    assert capacity["batcher_qps_at_max_batch"] > capacity["batcher_batches_per_s"] > 1000
-    assert capacity["dispatch_probe_qps"] > 0 and capacity["probe_queries"] == 400
-    assert 0 <= capacity["dispatch_delay_p99_ms"] <= capacity["dispatch_delay_max_ms"] < 1000
+    assert capacity.batcher_qps_at_max_batch > capacity.batcher_batches_per_s > 1000
+    assert capacity.dispatch_probe_qps > 0 and capacity.probe_queries == 400
+    assert 0 <= capacity.dispatch_delay_p99_ms <= capacity.dispatch_delay_max_ms < 1000
 
 
 def test_search_brackets_then_bisects_to_the_threshold():
@@ -248,7 +248,7 @@ def test_max_qps_search_finds_the_capacity_of_a_model_with_a_fixed_service_time(
     served_s = np.mean([point.time_ms["mean"]["compute"] for point in record.points]) / 1000
     assert served_s == pytest.approx(service_s, rel=0.15)
     assert record.max_qps == pytest.approx(max_batch / served_s, rel=0.10)
-    tried = record.search["tried"]
+    tried = record.search.tried
     rerun = [point for point in record.points if point.rerun_as is not None]  # too short: run again longer
-    assert len(tried) == len(record.points) - len(rerun) and any(not t["passed"] for t in tried)
-    assert all(point.passed == point.validity["valid"] for point in record.points)
+    assert len(tried) == len(record.points) - len(rerun) and any(not t.passed for t in tried)
+    assert all(point.passed == point.validity.valid for point in record.points)

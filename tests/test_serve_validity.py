@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from perflab.config import RunConfig
-from perflab.results.metrics import DispatchDelay, LoadPoint
+from perflab.results.metrics import DispatchDelay, LoadPoint, PointValidity
 from perflab.serve import ServeConfig, serve
 from perflab.serve.capacity import FixedTimeEngine
 from perflab.serve.validity import (early_stopping, late_odds, min_passing_queries, nearest_rank,
@@ -46,8 +46,8 @@ def test_early_stopping_verdict_and_estimate_on_a_point():
     latency = np.full(1000, 5.0)
     latency[:3] = 50.0  # three queries past a 10 ms bound
     verdict = early_stopping(latency, bound_ms=10.0)
-    assert verdict["late_queries"] == 3 and verdict["queries_needed"] == 1001 and not verdict["met"]
-    assert early_stopping(np.append(latency, 5.0), bound_ms=10.0)["met"]
+    assert verdict.late_queries == 3 and verdict.queries_needed == 1001 and not verdict.met
+    assert early_stopping(np.append(latency, 5.0), bound_ms=10.0).met
     # 1000 queries support t = 2 late (838 <= 1000 < 1001): LoadGen discards the largest t - 1 = 1 latency and
     # reads the next, the 2nd largest
     assert percentile_estimate(np.arange(1000.0)) == 998.0
@@ -72,25 +72,25 @@ def fixed_time_serve(tmp_path, **settings):
 def test_a_short_run_is_invalid_with_its_reasons(tmp_path):
     point = fixed_time_serve(tmp_path, qps="400", duration_s=0.2, min_queries=60).metrics.serve.points[0]
     validity = point.validity
-    assert point.meets_bound and not validity["valid"] and not point.passed
+    assert point.meets_bound and not validity.valid and not point.passed
     assert any(reason.startswith("early stopping not met: 0 of") and "need 459 queries" in reason
-               for reason in validity["reasons"]), validity["reasons"]
-    assert validity["early_stopping"]["queries"] < 459
-    assert validity["too_short"], "only its length made it INVALID: a longer run at 400 queries/s could pass"
+               for reason in validity.reasons), validity.reasons
+    assert validity.early_stopping.queries < 459
+    assert validity.too_short, "only its length made it INVALID: a longer run at 400 queries/s could pass"
 
 
 def test_a_long_enough_run_is_valid(tmp_path):
     point = fixed_time_serve(tmp_path, qps="800", duration_s=0.8, min_queries=500).metrics.serve.points[0]
-    assert point.validity == {"valid": True, "reasons": [], "flags": [],
-                              "early_stopping": point.validity["early_stopping"], "too_short": False}
-    assert point.passed and point.validity["early_stopping"]["met"]
+    assert point.validity == PointValidity(valid=True, reasons=[], flags=[],
+                                           early_stopping=point.validity.early_stopping, too_short=False)
+    assert point.passed and point.validity.early_stopping.met
     assert point.realised_offered_qps == pytest.approx(800, rel=0.1)
 
 
 def test_minimum_duration_and_query_count_are_checked_where_the_schedule_cannot_meet_them(tmp_path):
     from perflab.serve.validity import point_validity
     point = LoadPoint(scenario="offline", duration_s=0.5, completed=100, latency_ms={"p99": 1.0})
-    reasons = point_validity(point, np.ones(100), 0.0, 10.0, duration_s=2.0, min_queries=200)["reasons"]
+    reasons = point_validity(point, np.ones(100), 0.0, 10.0, duration_s=2.0, min_queries=200).reasons
     assert reasons == ["minimum duration not met: the point lasted 0.50 s, under --duration 2 s",
                        "minimum query count not met: 100 completed, under --min-queries 200"]
 
@@ -101,4 +101,4 @@ def test_worst_dispatch_delay_beyond_the_bound_is_flagged_without_invalidating(t
     point = LoadPoint(scenario="server", duration_s=1.0, completed=500, latency_ms={"p99": 1.0},
                       dispatch_delay_ms=DispatchDelay(p99_ms=0.1, max_ms=30.0))
     validity = point_validity(point, latency, 1.0, 10.0, duration_s=1.0, min_queries=100)
-    assert validity["valid"] and "worst dispatch delay 30.0 ms is beyond the 10 ms bound" in validity["flags"][0]
+    assert validity.valid and "worst dispatch delay 30.0 ms is beyond the 10 ms bound" in validity.flags[0]

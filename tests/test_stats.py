@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from perflab.harness.stats import bootstrap_ci, percentiles, summarize
+from perflab.stats import bootstrap_ci, percentiles, summarize
 
 
 def test_percentiles_interpolate_linearly():
@@ -48,7 +48,7 @@ def test_summarize_refuses_empty_input():
 
 
 def test_ratio_interval_of_a_clear_speedup_brackets_the_true_ratio_and_is_reproducible():
-    from perflab.harness.stats import bootstrap_ratio_ci
+    from perflab.stats import bootstrap_ratio_ci
 
     base, candidate = [100.0, 101.0, 99.0, 100.5], [150.0, 151.0, 149.0, 150.5]
     low, high = bootstrap_ratio_ci(base, candidate)
@@ -59,6 +59,6 @@ def test_ratio_interval_of_a_clear_speedup_brackets_the_true_ratio_and_is_reprod
 
 def test_compare_uses_the_one_ratio_bootstrap():
     import perflab.compare.decision
-    import perflab.harness.stats
+    import perflab.stats
 
-    assert perflab.compare.decision.bootstrap_ratio_ci is perflab.harness.stats.bootstrap_ratio_ci
+    assert perflab.compare.decision.bootstrap_ratio_ci is perflab.stats.bootstrap_ratio_ci

@@ -15,7 +15,7 @@ from perflab.errors import PerflabError
 from perflab.harness.loop import run_steps
 from perflab.levers.plan import build_plan
 from perflab.prepare import resolve_config, resolve_device, seed_everything
-from perflab.harness.timers import NullTimer
+from perflab.step.timers import NullTimer
 from perflab.levers import all_levers, check_levers
 from perflab.workloads import load_workload
 
@@ -132,7 +132,7 @@ def test_sdpa_math_runs_on_cpu_inside_its_kernel_context_and_passes_the_quality_
                     quality_steps=2, workload_options=dict(TINY["transformer"]))
     result = perflab.run("transformer", cfg)
     assert "sdpa-math" in result.levers
-    assert result.quality["verdict"] == "pass"
+    assert result.quality.verdict == "pass"
 
 
 def test_a_pinned_sdpa_backend_fails_loudly_where_it_has_no_kernel():

@@ -62,5 +62,5 @@ def test_a_compile_candidate_is_compiled_once_the_quality_gate_reuses_the_timed_
     cfg = RunConfig(mode="infer", compile="default", check_quality=True, min_trial_s=0.0,
                     **{**TINY, "trials": 1, "warmup": 2})
     result = run(workload, cfg)
-    assert result.quality["verdict"] == "pass"
+    assert result.quality.verdict == "pass"
     assert counters["stats"]["unique_graphs"] == 1  # the timed run's compilation, and no second one for the gate

@@ -238,8 +238,8 @@ def test_bad_objective_input_is_one_line_and_exit_2(argv, says, capsys, tmp_path
 def test_serve_records_a_quality_verdict_for_a_numerics_changing_lever(tmp_path):
     cfg = RunConfig(workload="mlp", device="cpu", warmup=1, precision="bf16", quality_steps=2)
     result = serve(cfg, ServeConfig(scenario="offline", duration_s=0.1, min_queries=16, max_batch=8), tmp_path / "s")
-    assert result.quality["verdict"] == "pass" and result.quality["candidate"]["precision"] == "bf16"
-    assert Result.load(tmp_path / "s").quality["verdict"] == "pass"
+    assert result.quality.verdict == "pass" and result.quality.candidate.precision == "bf16"
+    assert Result.load(tmp_path / "s").quality.verdict == "pass"
     plain = serve(RunConfig(workload="mlp", device="cpu", warmup=1),
                   ServeConfig(scenario="offline", duration_s=0.1, min_queries=16, max_batch=8), tmp_path / "p")
     assert plain.quality is None  # no lever changes numerics: no gate unless --check-quality asks
@@ -250,7 +250,7 @@ def test_serve_exits_1_and_keeps_the_result_when_its_quality_gate_fails(tmp_path
     assert main(["serve", "--workload", "mlp", "--device", "cpu", "--warmup", "1", "--batcher-max-batch", "8",
                  "--scenario", "offline", "--duration", "0.1", "--min-queries", "16", "--precision", "bf16",
                  "--check-quality", "--quality-steps", "2", "--quality-rtol", "1e-9", "--out", str(out)]) == 1
-    assert Result.load(out).quality["verdict"] == "fail"
+    assert Result.load(out).quality.verdict == "fail"
     assert "quality gate failed" in capsys.readouterr().out
 
 
@@ -294,7 +294,8 @@ class StartCaptured(Exception):
 # Free-text options have no choices to pick from; every other option's value is derived from its declaration.
 TEXT_VALUES = {"workload": "mlp", "draft": "drafts.py:build_draft", "slo": "ttft:200,tpot:50",
                "rdzv_endpoint": "localhost:29500"}
-COMPANIONS = {"draft": ["--speculative", "2"]}  # a requirement the option table cannot state (RunConfig.validate)
+# what an option needs beside it: one the option table cannot state (RunConfig.validate), and one it states (Requires)
+COMPANIONS = {"draft": ["--speculative", "2"], "quantize_kernel": ["--quantize", "int8-weight"]}
 
 
 def given_words(declared) -> list[str]:

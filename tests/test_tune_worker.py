@@ -1,6 +1,7 @@
 """tune's warm worker (perflab/tune/worker.py) and WarmRunner (perflab/tune/warm.py), with real processes: a warm trial
 is the cold trial it replaces, only faster; a worker that crashes, runs out of memory or overruns its time limit is
 replaced; no worker outlives its tune."""
+import dataclasses
 import json
 import os
 import re
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from perflab.config import RunConfig
+from perflab.results.quality import QualityVerdict
 from perflab.tune.trial import ERROR, OK, OOM, TIMEOUT, TrialOutcome, run_trial, trial_figures
 from perflab.tune.warm import WarmRunner, runs_cold
 from perflab.workloads.reuse import BUILTIN_BUILD_INPUTS
@@ -35,8 +37,8 @@ def throughput(outcome: TrialOutcome) -> float:
     return max(trial.throughput_samples_per_s for trial in outcome.result.trials)
 
 
-def without_seconds(quality: dict) -> dict:
-    return {key: value for key, value in quality.items() if key != "seconds"}
+def without_seconds(quality: QualityVerdict) -> QualityVerdict:
+    return dataclasses.replace(quality, seconds=None)
 
 
 def worker_pid(runner: WarmRunner) -> int:

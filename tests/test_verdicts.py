@@ -14,6 +14,7 @@ from perflab.compare.reproduction import NOT_REPRODUCED, REPRODUCED, reproductio
 from perflab.errors import PerflabError
 from perflab.harness.steady import UNSTEADY_RANGE_PCT
 from perflab.quality import MAX_NOISE_WIDENING, judge_losses, with_noise_floor
+from perflab.results.quality import QualityVerdict, Tolerance
 from perflab.results import Result, Trial
 from perflab.sweep import ScaleRow, SweepPoint
 from perflab.sweep.scale import scaling_rows, trusted_efficiency
@@ -51,26 +52,26 @@ def saved(result: Result, directory) -> str:
 
 # ---------------------------------------------------------------------------------------------- the quality gate
 
-def chaotic_tolerance(precision_rtol: float = 1e-2, floor: float = 0.3) -> dict:
+def chaotic_tolerance(precision_rtol: float = 1e-2, floor: float = 0.3) -> Tolerance:
     """A bf16-like tolerance widened by a chaotic baseline whose nudged copy moved the loss by `floor`."""
-    return with_noise_floor({"rtol": precision_rtol, "source": "bf16 default"}, [2.0, 1.0], [2.0, 1.0 + floor])
+    return with_noise_floor(Tolerance(rtol=precision_rtol, source="bf16 default"), [2.0, 1.0], [2.0, 1.0 + floor])
 
 
 def test_a_loss_inside_only_a_hugely_widened_noise_floor_is_inconclusive_not_pass():
     tolerance = chaotic_tolerance()
-    assert tolerance["widening"] > MAX_NOISE_WIDENING  # 3 x 0.3 = 0.9: 90x the bf16 tolerance
-    verdict = judge_losses([37.1, 37.1], [3.87, 3.87], dict(tolerance, rtol=0.95))
-    assert verdict["verdict"] == "inconclusive"
-    assert "too chaotic" in verdict["reason"] and "1.0e-02" in verdict["reason"]
+    assert tolerance.widening > MAX_NOISE_WIDENING  # 3 x 0.3 = 0.9: 90x the bf16 tolerance
+    verdict = judge_losses([37.1, 37.1], [3.87, 3.87], dataclasses.replace(tolerance, rtol=0.95))
+    assert verdict.verdict == "inconclusive"
+    assert "too chaotic" in verdict.reason and "1.0e-02" in verdict.reason
 
 
 def test_the_noise_floor_still_gives_verdicts_inside_its_bound_and_outside_the_widened_tolerance():
     tolerance = chaotic_tolerance()
-    assert judge_losses([2.0, 1.0], [2.0, 1.005], tolerance)["verdict"] == "pass"  # within the bf16 tolerance
-    assert judge_losses([2.0, 1.0], [2.0, 3.0], tolerance)["verdict"] == "fail"  # beyond even the widened one
+    assert judge_losses([2.0, 1.0], [2.0, 1.005], tolerance).verdict == "pass"  # within the bf16 tolerance
+    assert judge_losses([2.0, 1.0], [2.0, 3.0], tolerance).verdict == "fail"  # beyond even the widened one
     modest = chaotic_tolerance(floor=0.02)  # 3 x 0.02 = 6x the bf16 tolerance: within the bound
-    assert modest["widening"] <= MAX_NOISE_WIDENING
-    assert judge_losses([2.0, 1.0], [2.0, 1.05], modest)["verdict"] == "pass"
+    assert modest.widening <= MAX_NOISE_WIDENING
+    assert judge_losses([2.0, 1.0], [2.0, 1.05], modest).verdict == "pass"
 
 
 def test_the_widening_bound_is_documented_where_the_noise_floor_is():
@@ -89,7 +90,7 @@ def test_a_non_finite_or_non_positive_tolerance_is_refused_in_one_line(value, ca
 def test_run_says_an_inconclusive_gate_and_compare_does_not_accept_its_speed_up(measured, tmp_path, capsys):
     base = at(measured, [1000.0, 1010.0, 990.0])
     faster = at(measured, [1500.0, 1520.0, 1490.0])
-    faster.quality = {"verdict": "inconclusive", "reason": "final loss 3.87 vs baseline 37.1 ... too chaotic"}
+    faster.quality = QualityVerdict(verdict="inconclusive", reason="final loss 3.87 vs baseline 37.1 ... too chaotic")
     comparison = compare_results(base, faster)
     assert comparison.decision == INCONCLUSIVE and "inconclusive" in comparison.reasons[0]
     decision = judge(base, faster, min_effect_pct=2.0)
@@ -152,7 +153,7 @@ def test_compare_refuses_a_nan_throughput_and_names_the_side(measured, tmp_path,
 
 def test_compare_refuses_a_nan_loss_in_the_quality_record(measured):
     bad = at(measured, [1000.0, 1010.0, 990.0])
-    bad.quality = {"verdict": "pass", "reason": "", "metrics": {"final_loss_candidate": math.nan}}
+    bad.quality = QualityVerdict.from_dict({"verdict": "pass", "metrics": {"final_loss_candidate": math.nan}})
     with pytest.raises(PerflabError, match="candidate.*final_loss_candidate is nan"):
         compare_results(at(measured, [1000.0, 1010.0, 990.0]), bad)
 
@@ -258,7 +259,7 @@ def test_phase_shares_never_add_up_to_more_than_the_step(seed):
 
 
 def test_overlapping_phases_are_shares_of_their_sum_and_a_share_over_100_is_a_bug():
-    from perflab.harness.phases import check_shares, phase_shares
+    from perflab.step.phases import check_shares, phase_shares
     overlapped = phase_shares({"data_wait": 4.0, "forward": 8.0, "unattributed": 0.0}, step_ms=10.0)
     assert sum(overlapped.values()) == pytest.approx(100.0)
     with pytest.raises(ValueError, match="bug: phase shares .* 113.6%"):

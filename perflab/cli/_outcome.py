@@ -29,12 +29,12 @@ def finish_run(console: Console, err_console: Console, result: Result, out: Path
         err_console.print(f"[bold red]invalid run[/]: {escape(result.status_reason)}; saved in {escape(str(out))} "
                           "(result.json marked invalid)", highlight=False)
         return 1
-    if result.quality and result.quality.get("verdict") == "fail":
-        console.print(f"[bold red]quality gate failed[/]: {escape(result.quality['reason'])}; the result is "
+    if result.quality and result.quality.failed:
+        console.print(f"[bold red]quality gate failed[/]: {escape(result.quality.reason)}; the result is "
                       "saved (tolerances: docs/quality.md)", highlight=False)
         return 1
-    if result.quality and result.quality.get("verdict") == "inconclusive":  # no pass, no fail: the run itself is fine
-        console.print(f"[yellow]quality gate inconclusive[/]: {escape(result.quality['reason'])}; the numerics of "
+    if result.quality and result.quality.inconclusive:  # no pass, no fail: the run itself is fine
+        console.print(f"[yellow]quality gate inconclusive[/]: {escape(result.quality.reason)}; the numerics of "
                       "these levers are not verified (docs/quality.md)", highlight=False)
     return 0
 

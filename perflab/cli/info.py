@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import Optional
 
 from rich.markup import escape
 from rich.table import Table
 
-from perflab.calibrate import calibrate, cached_ceilings, datasheet_ceilings
+from perflab.calibrate import cache_error, datasheet_ceilings, measure_ceilings, measured_ceilings, store_ceilings
 from perflab.cli._collectives import handle_collectives
 from perflab.distributed.rank import RANK_MODE_FLAG
 from perflab.cli import console
@@ -69,24 +70,25 @@ def handle_env(args: argparse.Namespace) -> int:
         if isinstance(value, dict):
             value = ", ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
         table.add_row(key, str(value))
-    ceilings = cached_ceilings(device)
+    ceilings = measured_ceilings(device)
+    sheet = datasheet_ceilings(device)
     if ceilings:
-        table.add_row("ceilings", _ceilings_text(ceilings) + f" (calibrated {ceilings['measured_utc']})")
-    elif datasheet_ceilings(device):
-        table.add_row("ceilings", _ceilings_text({"tflops": datasheet_ceilings(device)}) + " (datasheet)")
+        table.add_row("ceilings", _ceilings_text(ceilings.tflops, ceilings.memory_gbps)
+                      + f" (calibrated {ceilings.measured_utc})")
+    elif sheet:
+        table.add_row("ceilings", _ceilings_text(sheet, None) + " (datasheet)")
     else:
         table.add_row("ceilings", "not measured: run `perflab calibrate`")
     console.print(table)
     return 0
 
 
-def _ceilings_text(entry: dict) -> str:
-    tflops = entry.get("tflops", {})
+def _ceilings_text(tflops: dict, memory_gbps: Optional[float]) -> str:
     parts = [f"{k} {_tflops_text(v) if v is not None else 'not supported'}" for k, v in tflops.items()
              if k in ("fp32", "tf32", "bf16", "fp16")]
     text = "matmul TFLOP/s: " + ", ".join(parts)
-    if entry.get("memory_gbps"):
-        text += f"; memory {entry['memory_gbps']:.0f} GB/s"
+    if memory_gbps:
+        text += f"; memory {memory_gbps:.0f} GB/s"
     return text
 
 
@@ -97,23 +99,26 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         raise PerflabError("--nproc and --max-mb are settings of `perflab calibrate --collectives`; add --collectives")
     device = resolve_device(args.device)
     with console.status("calibrating") as status:
-        entry = calibrate(device, quick=args.quick, progress=lambda msg: status.update(f"calibrating: {msg}"))
-    table = Table(title=f"ceilings of {entry['device']}", title_justify="left", show_header=False)
+        ceilings = measure_ceilings(device, quick=args.quick,
+                                    progress=lambda msg: status.update(f"calibrating: {msg}"))
+    table = Table(title=f"ceilings of {ceilings.device}", title_justify="left", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("measured")
-    for precision, value in entry["tflops"].items():
-        text = (f"not supported here ({entry['unsupported'][precision]})" if value is None
-                else f"{_tflops_text(value)} TFLOP/s ({entry['matmul_size']}^3)")
+    for precision, value in ceilings.tflops.items():
+        text = (f"not supported here ({ceilings.unsupported[precision]})" if value is None
+                else f"{_tflops_text(value)} TFLOP/s ({ceilings.matmul_size}^3)")
         table.add_row(f"matmul {precision}", text)
-    table.add_row("device memory copy", f"{entry['memory_gbps']:.1f} GB/s (read + write)")
-    for key in ("h2d_pinned_gbps", "h2d_pageable_gbps"):
-        if key in entry:
-            table.add_row(key.replace("_gbps", "").replace("_", " "), f"{entry[key]:.1f} GB/s")
+    table.add_row("device memory copy", f"{ceilings.memory_gbps:.1f} GB/s (read + write)")
+    for label, gbps in (("h2d pinned", ceilings.h2d_pinned_gbps), ("h2d pageable", ceilings.h2d_pageable_gbps)):
+        if gbps is not None:
+            table.add_row(label, f"{gbps:.1f} GB/s")
     console.print(table)
-    if "cache_error" in entry:
-        raise PerflabError(f"{entry['cache_error']}: the figures above were measured but not cached; set "
-                           "PERFLAB_CACHE_DIR to a writable directory and run calibrate again")
-    console.print(entry["cache"], highlight=False)
+    try:
+        cached = store_ceilings(ceilings)
+    except OSError as err:
+        raise PerflabError(f"{cache_error(err)}: the figures above were measured but not cached; set "
+                           "PERFLAB_CACHE_DIR to a writable directory and run calibrate again") from None
+    console.print(cached, highlight=False)
     return 0
 
 

@@ -8,7 +8,7 @@ from rich.markup import escape
 from perflab.cli import console
 from perflab.compare import compare_results, load_result
 from perflab.compare.reproduction import REPRODUCED, reproduction
-from perflab.config import RunConfig
+from perflab.config import ScriptConfig
 from perflab.errors import PerflabError
 from perflab.pipeline import run
 from perflab.report.progress import RichReporter
@@ -29,9 +29,9 @@ def register(subparsers) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     original = load_result(args.result)
-    if "script" in original.config:
+    if isinstance(original.config, ScriptConfig):
         raise PerflabError(f"{original.path} measured a script: repeat it with `{' '.join(original.command)}`")
-    cfg = RunConfig.from_dict(original.config).replace(out=None).validate()
+    cfg = original.config.run_config().replace(out=None).validate()
     console.print(f"rerunning {original.path} (seed {cfg.seed}, recorded {original.created_utc or 'n/a'})",
                   highlight=False)
     with run_dir(args.out, cfg.workload) as out, RichReporter(console) as reporter:

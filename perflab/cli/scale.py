@@ -16,6 +16,7 @@ from perflab.sweep.scale import ScaleSummary, at_rank_counts, run_scale, trusted
 from perflab.results.rundir import out_path
 from perflab.errors import PerflabError
 from perflab.report.fit import Column, fitted_tables
+from perflab.report.plots import scaling_plots, sweep_plots
 from perflab.report.terminal import fmt
 from perflab.sweep import read_rows
 
@@ -51,6 +52,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         with RichSweepProgress() as progress:
             summary = run_scale(configs, out, resume=args.resume, observer=progress, command=["perflab"] + args.argv,
+                                plots=sweep_plots, scaling_plots=scaling_plots,
                                 predict=model if model.predict is not None else None)
     except KeyboardInterrupt:
         done = len(read_rows(out)) if (out / "sweep.jsonl").exists() else 0

@@ -46,12 +46,12 @@ def handle(args: argparse.Namespace) -> int:
     def show(point: LoadPoint) -> None:
         finished.append(point)
         cells = point_row(point)
-        reasons = (point.validity or {}).get("reasons") or []
+        reasons = point.validity.reasons if point.validity is not None else []
         console.print(f"  point {cells[0]}: {cells[1]} q/s offered ({cells[2]} realised), {cells[3]} achieved, p99 "
                       f"{cells[6]} ms, batch {cells[8]}: {cells[-1]}"
                       + (f" ({escape('; '.join(reasons))})" if reasons else "")
-                      + (f"; ran {point.extended['last_query_s']:.1f} s, past --duration, for "
-                         f"{escape(point.extended['why'])}" if point.extended else ""), highlight=False)
+                      + (f"; ran {point.extended.last_query_s:.1f} s, past --duration, for "
+                         f"{escape(point.extended.why)}" if point.extended else ""), highlight=False)
 
     name = plugin_name(cfg.workload) if is_plugin_spec(cfg.workload) else cfg.workload
     with run_dir(cfg.out, f"serve-{name}", args.overwrite) as out, RichReporter(console) as reporter:
@@ -67,7 +67,7 @@ def handle(args: argparse.Namespace) -> int:
                               f"{out}/result.json")
             return 130
     print_serve(console, result)
-    if result.quality and result.quality.get("verdict") != "fail":
-        console.print(f"quality gate: {escape(result.quality['verdict'])} ({escape(result.quality.get('reason', ''))})",
+    if result.quality and not result.quality.failed:
+        console.print(f"quality gate: {escape(result.quality.verdict)} ({escape(result.quality.reason)})",
                       highlight=False)
     return finish_run(console, err_console, result, out)

@@ -12,6 +12,7 @@ from perflab.cli import console, err_console
 from perflab.cli._options import add_run_options, gave_run_options, grid_from_args
 from perflab.cli._outcome import points_out_of_memory
 from perflab.errors import PerflabError, writing
+from perflab.report.plots import sweep_plots
 from perflab.report.sweep_table import print_sweep_summary
 from perflab.report.terminal import fmt
 from perflab.results import read_json_object
@@ -125,7 +126,7 @@ def handle(args: argparse.Namespace) -> int:
         console.print(f"[dim]resuming with the recorded options: {' '.join(command[1:])}[/]", highlight=False)
     configs, axes = grid_from_args(args)
     out = out_path(args.out, "sweep")
-    common = dict(resume=args.resume, max_p95_ms=args.max_p95_ms, command=command)
+    common = dict(resume=args.resume, max_p95_ms=args.max_p95_ms, command=command, plots=sweep_plots)
     try:
         with RichSweepProgress() as progress, writing(out, "the sweep"):
             if args.auto_batch:

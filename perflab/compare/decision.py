@@ -19,6 +19,7 @@ A run whose throughput or latency is NaN/inf is refused: no decision can rest on
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,14 +27,15 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from perflab.config import MIN_EFFECT_PCT, numerics_fields
+from perflab.config import MIN_EFFECT_PCT, RunConfig, numerics_fields, saved_config
 from perflab.cost import cost_per_million
 from perflab.errors import PerflabError
 from perflab.harness.interference import busy_reasons
-from perflab.harness.stats import NO_INTERVAL, RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
+from perflab.stats import NO_INTERVAL, RATIO_BOOTSTRAP_RESAMPLES, bootstrap_ratio_ci
 from perflab.results.metrics import Flops, Gpu
 from perflab.results import Result, read_json_object, resolve_result_path, validate, write_json_atomic
-from perflab.compare.kernels import kernel_changes
+from perflab.results.quality import QualityVerdict, verdict_of
+from perflab.compare.kernels import KernelChange, kernel_changes
 from perflab.compare.refusals import refuse_non_finite
 from perflab.diagnose.generation_loop import loop_overhead_between
 
@@ -77,18 +79,62 @@ class MetricChange:
 
 
 @dataclass
+class ComparedRun:
+    """One side of a comparison: what a report needs of its run, so compare.json stands alone when the runs move."""
+
+    path: Optional[str] = None
+    label: str = ""
+    config: RunConfig = field(default_factory=RunConfig)
+    environment: dict[str, Any] = field(default_factory=dict)
+    levers: list[str] = field(default_factory=list)
+    quality: Any = None  # the run's quality verdict (None: no gate ran)
+    metrics: dict[str, Any] = field(default_factory=dict)  # SUMMARY_METRICS of the run's metrics, as saved
+    step_ms: list[float] = field(default_factory=list)
+    created_utc: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "config": self.config.to_dict()}  # a script's config saves its own fields only
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ComparedRun":
+        values = {key: value for key, value in data.items() if key in cls.__dataclass_fields__}
+        return cls(**{**values, "config": saved_config(data.get("config") or {})})
+
+
+@dataclass
+class PhaseChange:
+    """Mean ms per step of one phase, base vs candidate."""
+
+    phase: str
+    base_ms: float
+    candidate_ms: float
+    delta_ms: float
+    share_of_change_pct: Optional[float] = None  # of the change in mean step time
+
+
+@dataclass
+class ComparedQuality:
+    """The candidate's quality verdict beside the baseline's."""
+
+    verdict: str = "not checked"
+    reason: str = ""
+    numbers: dict[str, float] = field(default_factory=dict)  # the candidate's quality figures
+    base_verdict: str = "not checked"
+
+
+@dataclass
 class Comparison:
-    base: dict[str, Any]  # path, label, config, environment, levers, metrics needed by reports
-    candidate: dict[str, Any]
+    base: ComparedRun
+    candidate: ComparedRun
     metrics: list[MetricChange]
     decision: str  # accept | reject | no significant change
     reasons: list[str]
     warnings: list[str]
     config_changes: dict[str, list[Any]]
-    phases: list[dict[str, Any]]
-    kernels: Optional[list[dict[str, Any]]]
+    phases: list[PhaseChange]
+    kernels: Optional[list[KernelChange]]
     kernel_note: str
-    quality: dict[str, Any]
+    quality: ComparedQuality
     method: str = METHOD
     min_effect_pct: float = MIN_EFFECT_PCT
     kind: str = "compare"
@@ -102,12 +148,17 @@ class Comparison:
         return next(m for m in self.metrics if m.name == name)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "base": self.base.to_dict(), "candidate": self.candidate.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Comparison":
         data = dict(data)
         data["metrics"] = [MetricChange(**m) for m in data["metrics"]]
+        data["base"], data["candidate"] = ComparedRun.from_dict(data["base"]), ComparedRun.from_dict(data["candidate"])
+        data["phases"] = [PhaseChange(**row) for row in data["phases"]]
+        if data.get("kernels"):  # None (or absent): the kernels were not compared, and kernel_note says why
+            data["kernels"] = [KernelChange(**row) for row in data["kernels"]]
+        data["quality"] = ComparedQuality(**data["quality"])
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     def save(self, directory: Union[str, Path]) -> Path:
@@ -205,7 +256,7 @@ def metric_changes(base: Result, cand: Result) -> list[MetricChange]:
         _change("GPU utilisation", "%", "higher", gpu_base.util_mean_pct, gpu_cand.util_mean_pct,
                 note="NVML mean over the trials; one value per run"),
         _change("peak memory", "MiB", "lower", base_memory.mb, cand_memory.mb, note=base_memory.label),
-        mfu_change(base.metrics.flops, cand.metrics.flops, base.config.get("precision"), cand.config.get("precision")),
+        mfu_change(base.metrics.flops, cand.metrics.flops, base.config.precision, cand.config.precision),
         *_cost_change(base, cand),
     ]
 
@@ -239,7 +290,7 @@ def _peak_text(peak: Optional[float], precision: Optional[str]) -> str:
 
 def _cost_change(base: Result, cand: Result) -> list[MetricChange]:
     """Cost per million samples, when both runs were given --gpu-cost-per-hour (the prices may differ)."""
-    prices = base.config.get("gpu_cost_per_hour"), cand.config.get("gpu_cost_per_hour")
+    prices = base.config.gpu_cost_per_hour, cand.config.gpu_cost_per_hour
     if None in prices:
         return []
     per_trial = [[cost_per_million(price, t.throughput_samples_per_s) for t in result.trials]
@@ -250,9 +301,11 @@ def _cost_change(base: Result, cand: Result) -> list[MetricChange]:
 
 
 def config_changes(base: Result, cand: Result) -> dict[str, list[Any]]:
-    keys = sorted((set(base.config) | set(cand.config)) - IGNORED_CONFIG)
-    return {key: [base.config.get(key), cand.config.get(key)] for key in keys
-            if base.config.get(key) != cand.config.get(key)}
+    """The options that differ, as saved: {name: [base, candidate]} (a script's config saves fewer of them)."""
+    saved_base, saved_cand = base.config.to_dict(), cand.config.to_dict()
+    names = sorted((saved_base.keys() | saved_cand.keys()) - IGNORED_CONFIG)
+    return {name: [saved_base.get(name), saved_cand.get(name)] for name in names
+            if saved_base.get(name) != saved_cand.get(name)}
 
 
 def comparability_warnings(base: Result, cand: Result) -> list[str]:
@@ -267,34 +320,34 @@ def comparability_warnings(base: Result, cand: Result) -> list[str]:
     for key, what in (("torch", "torch versions"), ("cuda_runtime", "CUDA runtimes"), ("driver", "drivers")):
         if env_b.get(key) != env_c.get(key):
             warnings.append(f"DIFFERENT {what.upper()}: {env_b.get(key)} vs {env_c.get(key)}")
-    for key in ("workload", "mode"):
-        if base.config.get(key) != cand.config.get(key):
-            warnings.append(f"DIFFERENT {key.upper()}: {base.config.get(key)} vs {cand.config.get(key)}; "
+    for what, base_value, cand_value in (("workload", base.config.workload, cand.config.workload),
+                                         ("mode", base.config.mode, cand.config.mode)):
+        if base_value != cand_value:
+            warnings.append(f"DIFFERENT {what.upper()}: {base_value} vs {cand_value}; "
                             "these runs measure different things")
-    if base.config.get("batch_size") != cand.config.get("batch_size"):
-        warnings.append(f"batch sizes differ ({base.config.get('batch_size')} vs {cand.config.get('batch_size')}): "
+    if base.config.batch_size != cand.config.batch_size:
+        warnings.append(f"batch sizes differ ({base.config.batch_size} vs {cand.config.batch_size}): "
                         "throughput is per sample, but latency is per step of a different batch")
     return warnings
 
 
-def phase_changes(base: Result, cand: Result) -> list[dict[str, Any]]:
+def phase_changes(base: Result, cand: Result) -> list[PhaseChange]:
     """Mean ms per step of every phase, base vs candidate, largest absolute change first."""
     base_phases, cand_phases = base.metrics.phases_ms, cand.metrics.phases_ms
     total = (cand.metrics.latency_ms.mean or 0.0) - (base.metrics.latency_ms.mean or 0.0)
     rows = []
     for name in set(base_phases) | set(cand_phases):
         b, c = base_phases.get(name, 0.0), cand_phases.get(name, 0.0)
-        rows.append({"phase": name, "base_ms": b, "candidate_ms": c, "delta_ms": c - b,
-                     "share_of_change_pct": 100 * (c - b) / total if abs(total) > 1e-9 else None})
-    return sorted(rows, key=lambda row: -abs(row["delta_ms"]))
+        rows.append(PhaseChange(name, b, c, c - b, 100 * (c - b) / total if abs(total) > 1e-9 else None))
+    return sorted(rows, key=lambda row: -abs(row.delta_ms))
 
 
-def decide(throughput: MetricChange, quality: Optional[dict[str, Any]], min_effect_pct: float
+def decide(throughput: MetricChange, quality: Optional[QualityVerdict], min_effect_pct: float
            ) -> tuple[str, list[str]]:
     """accept | reject | no significant change | inconclusive, with the reasons in the order they were weighed."""
-    verdict = (quality or {}).get("verdict")
+    verdict = verdict_of(quality, None)
     if verdict == "fail":
-        return REJECT, [f"the candidate failed the quality gate: {quality.get('reason', 'no reason recorded')}"]
+        return REJECT, [f"the candidate failed the quality gate: {quality.reason or 'no reason recorded'}"]
     change = throughput.change_pct or 0.0
     interval = (f"{change:+.1f}% (95% CI {throughput.ci_low_pct:+.1f}% to {throughput.ci_high_pct:+.1f}%)"
                 if throughput.ci_low_pct is not None else f"{change:+.1f}% (no interval)")
@@ -303,9 +356,9 @@ def decide(throughput: MetricChange, quality: Optional[dict[str, Any]], min_effe
     if throughput.significant and change > min_effect_pct:
         reasons = [f"throughput is significantly higher: {interval}"]
         if verdict == "inconclusive":  # faster, but not shown to compute the same: no win
-            return INCONCLUSIVE, [f"the quality gate was inconclusive: {quality.get('reason', '')}"] + reasons
+            return INCONCLUSIVE, [f"the quality gate was inconclusive: {quality.reason}"] + reasons
         if verdict == "pass":
-            reasons.append(f"quality gate passed: {quality.get('reason', '')}")
+            reasons.append(f"quality gate passed: {quality.reason}")
         return ACCEPT, reasons
     if throughput.significant is None:
         return INCONCLUSIVE, [f"throughput {interval}: fewer than 2 trials on a side, so no interval tells a change "
@@ -316,18 +369,19 @@ def decide(throughput: MetricChange, quality: Optional[dict[str, Any]], min_effe
     return NO_CHANGE, [f"throughput {interval}: the interval includes no change (inside the noise)"]
 
 
-def _summary(result: Result) -> dict[str, Any]:
+def _summary(result: Result) -> ComparedRun:
     """What a report needs from one side, so compare.json stands alone when the runs move."""
-    cfg = result.config
-    return {"path": result.path, "label": describe_config(cfg, result.levers), "config": cfg,
-            "environment": result.environment, "levers": result.levers, "quality": result.quality,
-            "metrics": {key: value for key, value in result.metrics.to_dict().items() if key in SUMMARY_METRICS},
-            "step_ms": capped_steps(result)[0].tolist(), "created_utc": result.created_utc}
+    return ComparedRun(
+        path=result.path, label=describe_config(result.config, result.levers), config=copy.deepcopy(result.config),
+        environment=result.environment, levers=result.levers,
+        quality=result.quality.to_dict() if result.quality is not None else None,
+        metrics={key: value for key, value in result.metrics.to_dict().items() if key in SUMMARY_METRICS},
+        step_ms=capped_steps(result)[0].tolist(), created_utc=result.created_utc)
 
 
-def describe_config(cfg: dict[str, Any], levers: list[str]) -> str:
-    levers_text = ", ".join(levers) if levers else f"{cfg.get('precision')}, no levers"
-    return f"{cfg.get('workload')} {cfg.get('mode')} batch {cfg.get('batch_size')} ({levers_text})"
+def describe_config(cfg: RunConfig, levers: list[str]) -> str:
+    levers_text = ", ".join(levers) if levers else f"{cfg.precision}, no levers"
+    return f"{cfg.workload} {cfg.mode} batch {cfg.batch_size} ({levers_text})"
 
 
 def contamination(base: Result, cand: Result) -> list[str]:
@@ -393,7 +447,7 @@ def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFE
         contaminated.append(unsteady)
     if contaminated:
         warnings.append("NOISY MEASUREMENT: " + "; ".join(contaminated))
-        quality_failed = (cand.quality or {}).get("verdict") == "fail"  # a quality failure is not noise
+        quality_failed = verdict_of(cand.quality) == "fail"  # a quality failure is not noise
         if not accept_noisy and not quality_failed:
             decision = NOT_JUDGED
             reasons = [f"speed not judged: {'; '.join(contaminated)}; re-run both on a quiet machine, or pass "
@@ -410,11 +464,11 @@ def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFE
                       findings=[loop.to_dict()] if loop is not None else [])
 
 
-def _quality_summary(base: Result, cand: Result) -> dict[str, Any]:
-    quality = cand.quality or {}
-    numbers = {k: v for k, v in (quality.get("metrics") or {}).items() if isinstance(v, (int, float))}
-    return {"verdict": quality.get("verdict", "not checked"), "reason": quality.get("reason", ""),
-            "numbers": numbers, "base_verdict": (base.quality or {}).get("verdict", "not checked")}
+def _quality_summary(base: Result, cand: Result) -> ComparedQuality:
+    quality = cand.quality or QualityVerdict()
+    numbers = quality.metrics.numbers() if quality.metrics is not None else {}
+    return ComparedQuality(verdict=quality.verdict, reason=quality.reason, numbers=numbers,
+                           base_verdict=verdict_of(base.quality))
 
 
 def regression_exceeds(comparison: Comparison, threshold_pct: float) -> bool:

@@ -1,8 +1,9 @@
 """The kernels whose GPU time per step changed most between two runs, read from both runs' traces."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -33,7 +34,17 @@ def kernel_ms_per_step(path: Path) -> dict[str, float]:
     return {name: float(totals[i]) / 1e3 / steps for i, name in enumerate(kernels.names) if i < totals.size}
 
 
-def kernel_changes(base: Result, cand: Result, top: int = 12) -> tuple[Optional[list[dict[str, Any]]], str]:
+@dataclass
+class KernelChange:
+    """GPU time per profiled step of one kernel, base vs candidate."""
+
+    kernel: str
+    base_ms: float
+    candidate_ms: float
+    delta_ms: float
+
+
+def kernel_changes(base: Result, cand: Result, top: int = 12) -> tuple[Optional[list[KernelChange]], str]:
     """The kernels whose GPU time per step changed most, from both runs' traces (perflab.diagnose.trace)."""
     paths = trace_path(base), trace_path(cand)
     if not all(paths):
@@ -46,9 +57,9 @@ def kernel_changes(base: Result, cand: Result, top: int = 12) -> tuple[Optional[
         return None, f"kernels: not compared ({err})"
     if not base_kernels and not cand_kernels:
         return None, "kernels: not compared (the traces hold no GPU kernels: CPU runs)"
-    rows = [{"kernel": name, "base_ms": base_kernels.get(name, 0.0), "candidate_ms": cand_kernels.get(name, 0.0),
-             "delta_ms": cand_kernels.get(name, 0.0) - base_kernels.get(name, 0.0)}
+    rows = [KernelChange(name, base_kernels.get(name, 0.0), cand_kernels.get(name, 0.0),
+                         cand_kernels.get(name, 0.0) - base_kernels.get(name, 0.0))
             for name in set(base_kernels) | set(cand_kernels)]
-    rows.sort(key=lambda row: -abs(row["delta_ms"]))
+    rows.sort(key=lambda row: -abs(row.delta_ms))
     return rows[:top], (f"kernels: GPU time per profiled step from {paths[0].name} and {paths[1].name}; "
                         f"top {min(top, len(rows))} of {len(rows)} by absolute change")

@@ -15,8 +15,9 @@ def non_finite_figures(result: Result) -> list[str]:
                "p95 latency": result.metrics.latency_ms.p95}
     figures.update({f"trial {number} throughput": trial.throughput_samples_per_s
                     for number, trial in enumerate(result.trials, 1)})
-    numbers = (result.quality or {}).get("metrics") or {}
-    figures.update({f"quality {name}": numbers.get(name) for name in ("final_loss_candidate", "final_loss_baseline")})
+    gate = result.quality.metrics if result.quality is not None else None
+    figures.update({f"quality {name}": getattr(gate, name, None)
+                    for name in ("final_loss_candidate", "final_loss_baseline")})
     for name, value in figures.items():
         if isinstance(value, (int, float)) and not math.isfinite(value):
             found.append(f"{name} is {value}")

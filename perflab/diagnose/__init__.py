@@ -17,6 +17,7 @@ from perflab.diagnose.verdict import Diagnosis, decide, run_rules
 from perflab.errors import PerflabError
 from perflab.levers import all_levers
 from perflab.results import Result
+from perflab.results.kind import is_serve_result
 
 DIAGNOSIS_FILE = "diagnosis.json"
 TRACE_NAMES = ("trace.json", "trace.json.gz")
@@ -30,7 +31,7 @@ def diagnose(trace: Union[str, Path, ParsedTrace], result=None, tried_and_lost: 
     """
     lost = _lever_names(tried_and_lost)
     parsed = trace if isinstance(trace, ParsedTrace) else load_trace(trace)
-    precision = result.config.get("precision") if result is not None else None
+    precision = result.config.precision if result is not None else None
     profile = summarize(parsed, precision)
     graph = OpGraph(parsed, profile.start_us, profile.end_us)
     operators = operator_view(parsed, profile.start_us, profile.end_us, profile.steps, precision, graph)
@@ -47,18 +48,6 @@ def diagnose_result(result, tried_and_lost: Iterable[str] = ()) -> Diagnosis:
     diagnosis = decide(ctx, run_rules(ctx))
     diagnosis.source = {"trace": None, "result": getattr(result, "path", None)}
     return diagnosis
-
-
-def is_serve_result(path: Path) -> bool:
-    """True for a run directory whose result.json was written by `perflab serve`."""
-    import json
-    result = path / "result.json"
-    if not result.is_file():
-        return False
-    try:
-        return "serve" in (json.loads(result.read_text()).get("metrics") or {})
-    except (json.JSONDecodeError, AttributeError):
-        return False
 
 
 def _lever_names(names: Iterable[str]) -> frozenset[str]:

@@ -4,12 +4,14 @@ uses the memory, which module's activations are largest, and what each lever wou
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from perflab.bottlenecks import ACTIVATION_MEMORY, FULL_PRECISION
 from perflab.config import is_full_precision
 from perflab.diagnose.findings import Context, Finding, clamp, rounded
+from perflab.diagnose.records import Record
 from perflab.levers import levers_for
 from perflab.results.metrics import Memory
 
@@ -18,7 +20,42 @@ MEMORY_FILE = "memory.json"  # written by perflab memory (perflab/memory/breakdo
 LEVER_FLAGS = {"activation checkpointing": "activation-checkpointing", "bf16 autocast": "bf16"}
 
 
-def saved_breakdown(ctx: Context) -> Optional[dict[str, Any]]:
+@dataclass
+class SavedModules(Record):
+    """The activations saved for backward, by module (MiB), as memory.json's breakdown holds them."""
+
+    by_module_mb: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SavedPeak(Record):
+    """memory.json's breakdown: the measured peak and its categories (MiB)."""
+
+    peak_mb: float = 0.0
+    categories_mb: dict[str, float] = field(default_factory=dict)
+    activations: SavedModules = field(default_factory=SavedModules)
+
+
+@dataclass
+class SavedLever(Record):
+    """One of memory.json's levers: what it frees and the batch it would allow."""
+
+    lever: str = ""
+    how: str = ""
+    frees_mb: Optional[float] = None
+    batch_allowed: Optional[int] = None
+
+
+@dataclass
+class SavedStudy(Record):
+    """The parts of memory.json this rule reads. The whole record is perflab.memory.study.MemoryStudy, which the
+    diagnosis cannot import (perflab.memory imports the levers, which import the diagnosis)."""
+
+    breakdown: SavedPeak = field(default_factory=SavedPeak)
+    levers: list[SavedLever] = field(default_factory=list)
+
+
+def saved_breakdown(ctx: Context) -> Optional[SavedStudy]:
     """memory.json of `perflab memory` in the result's folder, when there is one."""
     path = getattr(ctx.result, "path", None)
     if not path:
@@ -28,7 +65,7 @@ def saved_breakdown(ctx: Context) -> Optional[dict[str, Any]]:
         study = json.loads(study_path.read_text()) if study_path.is_file() else None
     except (OSError, ValueError):
         return None
-    return study if isinstance(study, dict) else None
+    return SavedStudy.from_dict(study) if isinstance(study, dict) else None
 
 
 def activation_memory(ctx: Context) -> Optional[Finding]:
@@ -64,25 +101,25 @@ def activation_memory(ctx: Context) -> Optional[Finding]:
         expected_gain_pct=0.0, gain_basis="none in time: memory limits the batch size, not this step's speed")
 
 
-def _with_breakdown(study: dict[str, Any], summary: str, levers: list[str], advice: list[str],
+def _with_breakdown(study: SavedStudy, summary: str, levers: list[str], advice: list[str],
                     evidence: dict[str, Any]) -> tuple[str, list[str], list[str]]:
     """The finding with perflab memory's numbers: the peak's categories, the largest module, the levers by what
     they free (most first)."""
-    breakdown = study["breakdown"]
-    categories = breakdown["categories_mb"]
-    peak = breakdown["peak_mb"] or 1.0
+    breakdown = study.breakdown
+    categories = breakdown.categories_mb
+    peak = breakdown.peak_mb or 1.0
     activations = categories.get("activations", 0.0)
     evidence.update({f"{name}_mb": mb for name, mb in categories.items()})
     evidence.update(activations_pct=100 * activations / peak, breakdown_source="memory.json (perflab memory)")
-    modules = (breakdown.get("activations") or {}).get("by_module_mb") or {}
+    modules = breakdown.activations.by_module_mb
     largest = max(modules.items(), key=lambda item: item[1]) if modules else None
     summary += f"; activations are {100 * activations / peak:.0f}% of the {peak:,.0f} MiB peak"
     if largest:
         summary += f", the largest in {largest[0]} ({largest[1]:,.0f} MiB)"
-    ranked = sorted(study.get("levers") or [], key=lambda lever: -(lever.get("frees_mb") or 0.0))
-    advice = [f"{lever['lever']} ({lever['how']}) frees {lever['frees_mb']:,.0f} MiB"
-              + (f", batch {lever['batch_allowed']} would fit" if lever.get("batch_allowed") else "")
-              for lever in ranked if (lever.get("frees_mb") or 0.0) > 0][:4] + advice
-    order = [LEVER_FLAGS[lever["lever"]] for lever in ranked if lever["lever"] in LEVER_FLAGS]
+    ranked = sorted(study.levers, key=lambda lever: -(lever.frees_mb or 0.0))
+    advice = [f"{lever.lever} ({lever.how}) frees {lever.frees_mb:,.0f} MiB"
+              + (f", batch {lever.batch_allowed} would fit" if lever.batch_allowed else "")
+              for lever in ranked if (lever.frees_mb or 0.0) > 0][:4] + advice
+    order = [LEVER_FLAGS[lever.lever] for lever in ranked if lever.lever in LEVER_FLAGS]
     levers = order + [lever for lever in levers if lever not in order]
     return summary, levers, advice

@@ -30,7 +30,7 @@ def communication(ctx: Context) -> Optional[GatheredCommunication]:
 
 def exposed_share_pct(comm: Union[GatheredCommunication, dict[str, Any]]) -> float:
     """NCCL time not under compute, plus the GPU idle while the host waits on a collective, over the step."""
-    if isinstance(comm, dict):  # metrics.collectives as result.json holds it
+    if isinstance(comm, dict):  # metrics.collectives as result.json holds it (scripts pass it as it is)
         comm = GatheredCommunication.from_dict(comm)
     host_wait = comm.host_wait_ms_per_step or 0.0
     step = comm.step_ms or 0.0
@@ -70,7 +70,7 @@ def collectives(ctx: Context) -> Optional[Finding]:
     parallel = ctx.config("parallel") or "ddp"
     by_kind = comm.by_kind
     measured = cached_collectives_named(ctx.trace.gpu_name if ctx.trace else None, comm.group_size)
-    peak = (measured or {}).get("peak_busbw_gbps", {}).get("all_reduce")  # the calibration cache's format
+    peak = measured.peak_busbw_gbps.get("all_reduce") if measured is not None else None
     levers = levers_for(COLLECTIVES, {FSDP if parallel == "fsdp" else DDP})
     lead, why = lead_lever(parallel, by_kind, peak)
     waiting = sum(figures.waiting_ms_per_step or 0.0 for figures in by_kind.values())
@@ -89,7 +89,7 @@ def collectives(ctx: Context) -> Optional[Finding]:
         evidence["overlap_pct_per_rank"] = {str(rank.rank): rank.overlap_pct for rank in comm.per_rank}
     if peak:
         evidence["peak_busbw_gbps"] = peak
-        evidence["peak_busbw_source"] = f"perflab calibrate --collectives over {measured['ranks']} ranks"
+        evidence["peak_busbw_source"] = f"perflab calibrate --collectives over {measured.ranks} ranks"
     return Finding(cls=COLLECTIVES, confidence=clamp(0.45 + share / 100),
                    summary=f"exposed communication: the step waits {share:.0f}% of its time on collectives "
                            f"({_kinds_text(by_kind, peak)}; {comm.overlap_pct:.0f}% of NCCL time overlapped); "

@@ -14,6 +14,7 @@ trace summary gives this cause rather than "launch / framework overhead".
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -99,7 +100,7 @@ class RankCommunication(CommunicationProfile):
 class GatheredCommunication(CommunicationProfile):
     """A result's communication: one rank's own profile, or the worst rank's of a gathered multi-rank result (with
     every rank's, and its by_kind widened by ranks_waiting). The rule reads this; metrics.collectives holds it as a
-    dict (perflab/distributed/gather.py)."""
+    dict (perflab/distributed/gather.py), read back with `from_dict` (keys an older result lacks take defaults)."""
 
     worst_rank: Optional[int] = None
     per_rank: list[RankCommunication] = field(default_factory=list)
@@ -205,8 +206,8 @@ def collectives_by_kind(trace: ParsedTrace, nccl: np.ndarray, steps: int) -> dic
     return {kind: entry.figures(steps) for kind, entry in sorted(totals.items(), key=lambda item: -item[1].us)}
 
 
-def ranks_waiting(per_rank_by_kind: list[dict[str, dict[str, Any]]], by_kind: dict[str, dict[str, Any]]
-                  ) -> dict[str, dict[str, Any]]:
+def ranks_waiting(per_rank_by_kind: list[dict[str, CollectiveKind]], by_kind: dict[str, CollectiveKind]
+                  ) -> dict[str, CollectiveKind]:
     """`by_kind` (one rank's) with, per kind every rank recorded sized calls of, the transfer told from the wait.
 
     A collective's kernel starts when its rank launches it and ends when the data has moved, so on a rank that
@@ -214,11 +215,10 @@ def ranks_waiting(per_rank_by_kind: list[dict[str, dict[str, Any]]], by_kind: di
     its median call is the transfer (transfer_ms_per_call, and the bus bandwidth while moving data,
     transfer_busbw_gbps); the rest of this rank's time in that kind, waiting_ms_per_step, was spent waiting for the
     other ranks. On 2 H200s, FSDP2's all-gathers read 4 GB/s bus on rank 0 over their kernels' time, and 74 us a
-    call (~190 GB/s) on rank 1. Takes and gives the figures as metrics.collectives holds them (dicts)."""
-    widened = {kind: CollectiveKind.from_dict(figures) for kind, figures in by_kind.items()}
-    ranks = [{kind: CollectiveKind.from_dict(figures) for kind, figures in kinds.items()} for kinds in per_rank_by_kind]
+    call (~190 GB/s) on rank 1. `by_kind`'s figures are copied, not changed."""
+    widened = {kind: dataclasses.replace(figures) for kind, figures in by_kind.items()}
     for kind, figures in widened.items():
-        medians = [kinds[kind].median_call_ms if kind in kinds else None for kinds in ranks]
+        medians = [kinds[kind].median_call_ms if kind in kinds else None for kinds in per_rank_by_kind]
         bus_mb = figures.median_call_bus_mb
         if len(medians) < 2 or any(median is None or median <= 0 for median in medians) or not bus_mb:
             continue
@@ -226,7 +226,7 @@ def ranks_waiting(per_rank_by_kind: list[dict[str, dict[str, Any]]], by_kind: di
         figures.transfer_ms_per_call = transfer_ms
         figures.transfer_busbw_gbps = bus_mb * 2**20 / (transfer_ms / 1e3) / 1e9
         figures.waiting_ms_per_step = max(0.0, figures.ms_per_step - figures.calls_per_step * transfer_ms)
-    return {kind: figures.to_dict() for kind, figures in widened.items()}
+    return widened
 
 
 def communication_host(trace: ParsedTrace) -> Intervals:

@@ -103,10 +103,10 @@ def _calibrated_pinned_gbps(ctx: Context) -> Optional[float]:
     if not name:
         return None
     try:
-        from perflab.calibrate import load_cache  # imports torch: only when a GPU trace's copies are named
-        for key, entry in load_cache().items():
-            if key.startswith(f"{name} |") and entry.get("h2d_pinned_gbps"):
-                return float(entry["h2d_pinned_gbps"])
+        from perflab.calibrate import measured_ceilings_named  # imports torch: only when a GPU trace's copies are named
+        for measured in measured_ceilings_named(name):
+            if measured.h2d_pinned_gbps:
+                return float(measured.h2d_pinned_gbps)
     except (OSError, ValueError):
         return None
     return None

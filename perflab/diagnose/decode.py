@@ -30,6 +30,7 @@ import numpy as np
 
 from perflab.bottlenecks import (COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND, DECODE_COMPUTE_BOUND, DECODE_KERNEL_EFFICIENCY,
                                  DECODE_LAUNCH_BOUND, LAUNCH_OVERHEAD, MEMORY_BANDWIDTH)
+from perflab.config import RunConfig
 from perflab.diagnose.findings import Context, Finding, clamp, rounded
 from perflab.levers import levers_for
 from perflab.results.metrics import BandwidthBoundSummary, DecodeCompile, Generation, Gpu
@@ -76,7 +77,7 @@ def traced_layer_costs(trace: ParsedTrace, generation: Generation, layers: int) 
     return decode_layer_costs(kernels, steps, layers, bound.bound_ms_per_token if bound else None)
 
 
-def classify_decode(generation: Generation, config: dict[str, Any], gpu: Optional[Gpu],
+def classify_decode(generation: Generation, config: RunConfig, gpu: Optional[Gpu],
                     active: list[str] = (), gpu_busy_pct: Optional[float] = None) -> Optional[Finding]:
     """The decode regime of a generation run from its metrics, with the bound as evidence; None without a bound, and
     None for a loop timed whole (timed_path "loop"): its time per token mixes the model's step with the loop's own
@@ -87,8 +88,8 @@ def classify_decode(generation: Generation, config: dict[str, Any], gpu: Optiona
     pct = bound.pct_of_bound if bound is not None else None
     if pct is None:
         return None
-    batch = config.get("batch_size") or 1
-    compiled = bool(config.get("compile"))
+    batch = config.batch_size or 1
+    compiled = bool(config.compile)
     evidence: dict[str, Any] = {
         "pct_of_bandwidth_bound": pct, "measured_ms_per_token": bound.measured_ms_per_token,
         "bound_ms_per_token": bound.bound_ms_per_token, "measured_over_bound": bound.measured_over_bound,
@@ -116,7 +117,7 @@ def classify_decode(generation: Generation, config: dict[str, Any], gpu: Optiona
                         "than the reads: compute-bound", evidence,
                         _regime_levers(COMPUTE_BOUND, DECODE_COMPUTE_BOUND), active,
                         ["a smaller decode batch lowers latency; a larger one only adds throughput now"])
-    host_wait = _host_wait(bound) if compiled and config.get("device") == "cuda" and pct < NEAR_BOUND_PCT else None
+    host_wait = _host_wait(bound) if compiled and config.device == "cuda" and pct < NEAR_BOUND_PCT else None
     if host_wait is not None:
         waited_ms, waited = host_wait
         return _finding(LAUNCH_OVERHEAD, clamp(0.5 + waited_ms / bound.measured_ms_per_token / 4),
@@ -186,8 +187,8 @@ def _replays_as_one_graph(generation: Generation) -> bool:
         compiled.graphs == "inductor" and compiled.cudagraph_skips == 0)
 
 
-def _waiting(config: dict[str, Any]) -> str:
-    if config.get("device") == "cuda":
+def _waiting(config: RunConfig) -> str:
+    if config.device == "cuda":
         return "the GPU waits for the host to launch each small kernel"
     return "the per-op cost of the framework dominates ops this small"
 

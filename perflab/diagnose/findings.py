@@ -59,7 +59,7 @@ class Context:
     def config(self, key: str, default: Any = None) -> Any:
         if self.result is None:
             return default
-        value = self.result.config.get(key, default)
+        value = getattr(self.result.config, key, default)
         return default if value is None else value
 
     @property

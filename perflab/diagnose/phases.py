@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from perflab.diagnose.intervals import Intervals, intervals_of
 from perflab.diagnose.trace import ParsedTrace
-from perflab.harness.phases import COMPUTE_PHASES, MARKED_PHASES
+from perflab.step.phases import COMPUTE_PHASES, MARKED_PHASES
 
-PHASES = MARKED_PHASES  # the ranges the timed loop marks, in step order (perflab/harness/phases.py)
+PHASES = MARKED_PHASES  # the ranges the timed loop marks, in step order (perflab/step/phases.py)
 __all__ = ["PHASES", "COMPUTE_PHASES", "MODEL_PHASES", "phase_intervals", "loader_intervals", "step_intervals"]
 MODEL_PHASES = ("forward", "backward")
 # torch.profiler marks each DataLoader fetch as `enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`

@@ -15,8 +15,7 @@ import numpy as np
 
 from perflab.diagnose.records import Record
 from perflab.diagnose.trace import OpShapes, ParsedTrace
-from perflab.calibrate import DATASHEET, load_cache
-from perflab.calibrate import cached_ceilings
+from perflab.calibrate import DATASHEET, measured_ceilings, measured_ceilings_named
 
 DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "c10::Float8_e4m3fn": 1}
 DTYPE_PRECISION = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp32"}
@@ -114,10 +113,10 @@ def ceilings(trace: ParsedTrace) -> Ceilings:
     """Peak TFLOP/s by precision and memory GB/s for the traced device, with their source."""
     name = trace.gpu_name
     if name:
-        for key, entry in load_cache().items():  # calibrate's cache file: its own format
-            if key.startswith(f"{name} |"):
-                return Ceilings(tflops=entry.get("tflops", {}), memory_gbps=entry.get("memory_gbps"),
-                                source=f"calibrated {entry.get('measured_utc', '')}")
+        named = measured_ceilings_named(name)
+        if named:
+            return Ceilings(tflops=named[0].tflops, memory_gbps=named[0].memory_gbps,
+                            source=f"calibrated {named[0].measured_utc}")
         for model, sheet in DATASHEET.items():  # ordered: "H100 PCIe" before "H100"
             if all(part in name for part in model.split()):
                 return Ceilings(tflops={k: v for k, v in sheet.items() if k != "memory_gbps"},
@@ -126,10 +125,10 @@ def ceilings(trace: ParsedTrace) -> Ceilings:
     if trace.has_gpu:
         return Ceilings(source="none: the trace names no device")
     import torch
-    entry = cached_ceilings(torch.device("cpu"))
-    if entry:  # the CPU that runs diagnose; right when diagnosing a trace recorded here
-        return Ceilings(tflops=entry.get("tflops", {}), memory_gbps=entry.get("memory_gbps"),
-                        source=f"calibrated on this CPU {entry.get('measured_utc', '')}")
+    measured = measured_ceilings(torch.device("cpu"))
+    if measured:  # the CPU that runs diagnose; right when diagnosing a trace recorded here
+        return Ceilings(tflops=measured.tflops, memory_gbps=measured.memory_gbps,
+                        source=f"calibrated on this CPU {measured.measured_utc}")
     return Ceilings(source="none: run `perflab calibrate` for CPU ceilings")
 
 

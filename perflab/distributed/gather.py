@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 import torch.distributed as dist
 
 from perflab.calibrate import percent_of_ceiling
-from perflab.diagnose.communication import ranks_waiting
+from perflab.config import RunConfig
+from perflab.diagnose.communication import (CommunicationProfile, GatheredCommunication, RankCommunication,
+                                           ranks_waiting)
 from perflab.distributed.rank import local_rank
 from perflab.distributed.replicas import diverged
 from perflab.harness.runner import aggregate
@@ -26,10 +28,10 @@ from perflab.results import Result, Trial
 
 @dataclass
 class RankReport:
-    """What one rank sends to rank 0: its trials (as dicts, for gather_object) and the figures that differ."""
+    """What one rank sends to rank 0 (pickled by gather_object): its trials and the figures that differ."""
 
     figures: RankFigures
-    trials: list[dict[str, Any]]
+    trials: list[Trial]
     notes: list[str]
     weights_checksum: Optional[float] = None  # DDP's replicas must agree (perflab/distributed/replicas.py)
 
@@ -43,7 +45,7 @@ def rank_summary(result: Result, weights_checksum: Optional[float] = None) -> Ra
                           step_ms_p50=latency.p50, phases_ms=dict(metrics.phases_ms),
                           memory=metrics.memory or Memory(), gpu=metrics.gpu,
                           collectives=metrics.collectives)
-    return RankReport(figures=figures, trials=[asdict(trial) for trial in result.trials], notes=result.notes,
+    return RankReport(figures=figures, trials=list(result.trials), notes=result.notes,
                       weights_checksum=weights_checksum)
 
 
@@ -62,11 +64,11 @@ def global_trials(ranks: list[RankReport]) -> list[Trial]:
     """Per trial: every rank's samples over the slowest rank's wall time; step and phase times of rank 0."""
     trials = []
     for index, first in enumerate(ranks[0].trials):
-        wall_s = max(rank.trials[index]["wall_s"] for rank in ranks)
-        samples = sum(rank.trials[index]["samples"] for rank in ranks)
-        trials.append(Trial(wall_s=wall_s, steps=first["steps"], samples=samples,
-                            throughput_samples_per_s=samples / wall_s, step_ms=first["step_ms"],
-                            phase_ms=first["phase_ms"]))
+        wall_s = max(rank.trials[index].wall_s for rank in ranks)
+        samples = sum(rank.trials[index].samples for rank in ranks)
+        trials.append(Trial(wall_s=wall_s, steps=first.steps, samples=samples,
+                            throughput_samples_per_s=samples / wall_s, step_ms=first.step_ms,
+                            phase_ms=first.phase_ms))
     return trials
 
 
@@ -77,15 +79,15 @@ def merge(result: Result, ranks: list[RankReport]) -> Result:
     trials = global_trials(ranks)
     if not trials:  # interrupted before a trial finished: nothing to add up
         return dataclasses.replace(result, world_size=world)
-    merged = aggregate(trials, cfg["batch_size"])
+    merged = aggregate(trials, cfg.batch_size)
     metrics = dataclasses.replace(result.metrics, throughput_samples_per_s=merged.throughput_samples_per_s,
                                   latency_ms=merged.latency_ms, phases_ms=merged.phases_ms,
-                                  phase_share_pct=merged.phase_share_pct, batch_size=cfg["batch_size"],
-                                  global_batch_size=cfg["batch_size"] * world)
+                                  phase_share_pct=merged.phase_share_pct, batch_size=cfg.batch_size,
+                                  global_batch_size=cfg.batch_size * world)
     metrics.distributed = distributed_summary(ranks, cfg, metrics.throughput)
     metrics.flops = _global_flops(metrics.flops or Flops(), metrics.throughput, world)
     if any(rank.figures.collectives for rank in ranks):
-        metrics.collectives = collectives_summary(ranks)
+        metrics.collectives = collectives_record(ranks)
     notes = list(dict.fromkeys(note for rank in ranks for note in rank.notes))
     timing = {**result.timing, "throughput": "all ranks' samples over the slowest rank's wall-clock time of the "
               "timed steps, per trial"}
@@ -98,17 +100,17 @@ def merge(result: Result, ranks: list[RankReport]) -> Result:
     return merged_result
 
 
-def distributed_summary(ranks: list[RankReport], cfg: dict[str, Any], global_throughput: float) -> Distributed:
+def distributed_summary(ranks: list[RankReport], cfg: RunConfig, global_throughput: float) -> Distributed:
     """metrics.distributed: the ranks, throughput per rank, the straggler spread and every rank's figures."""
     step_means = np.array([rank.figures.step_ms_mean for rank in ranks])
     fastest, slowest = float(step_means.min()), float(step_means.max())
     return Distributed(
         world_size=len(ranks),
-        nproc_per_node=cfg.get("nproc"),
-        nnodes=cfg.get("nnodes"),
-        parallel=cfg.get("parallel"),
+        nproc_per_node=cfg.nproc,
+        nnodes=cfg.nnodes,
+        parallel=cfg.parallel,
         backend=dist.get_backend(),
-        global_batch_size=cfg["batch_size"] * len(ranks),
+        global_batch_size=cfg.batch_size * len(ranks),
         throughput_per_rank_samples_per_s=global_throughput / len(ranks),
         straggler_spread_pct=100 * (slowest - fastest) / fastest if fastest else 0.0,
         slowest_rank=int(step_means.argmax()),
@@ -116,15 +118,24 @@ def distributed_summary(ranks: list[RankReport], cfg: dict[str, Any], global_thr
     )
 
 
-def collectives_summary(ranks: list[RankReport]) -> dict[str, Any]:
-    """Every rank's communication profile, and the worst exposed share (the rank the step waits on)."""
-    per_rank = [dict(rank.figures.collectives, rank=rank.figures.rank) for rank in ranks if rank.figures.collectives]
-    worst = max(per_rank, key=lambda profile: profile["exposed_share_pct"])
-    summary = {"per_rank": per_rank, "worst_rank": worst["rank"],
-               **{key: worst[key] for key in worst if key not in ("rank", "top_collectives")}}
-    if worst.get("by_kind"):  # the worst rank's time in collectives: the transfer told from waiting for the others
-        summary["by_kind"] = ranks_waiting([profile.get("by_kind") or {} for profile in per_rank], worst["by_kind"])
-    return summary
+def collectives_summary(ranks: list[RankReport]) -> GatheredCommunication:
+    """Every rank's communication profile, and the worst exposed share (the rank the step waits on), its by_kind
+    widened by what the ranks' traces tell of the transfer and the wait."""
+    per_rank = [RankCommunication.from_dict({**rank.figures.collectives, "rank": rank.figures.rank})
+                for rank in ranks if rank.figures.collectives]
+    worst = max(per_rank, key=lambda profile: profile.exposed_share_pct)
+    figures = {name: getattr(worst, name) for name in CommunicationProfile.__dataclass_fields__}
+    gathered = GatheredCommunication(**figures, worst_rank=worst.rank, per_rank=per_rank)
+    gathered.by_kind = ranks_waiting([profile.by_kind for profile in per_rank], worst.by_kind)
+    return gathered
+
+
+def collectives_record(ranks: list[RankReport]) -> dict[str, Any]:
+    """metrics.collectives as result.json holds it: the gathered communication, the worst rank's kernel names left
+    in its per_rank entry."""
+    record = collectives_summary(ranks).to_dict()
+    record.pop("top_collectives", None)
+    return record
 
 
 def _global_flops(flops: Flops, global_throughput: float, world: int) -> Flops:

@@ -23,7 +23,7 @@ import torch
 
 from perflab import options
 from perflab.config import RunConfig
-from perflab.distributed.rank import RANK_MODE_FLAG, TIMEOUT_ENV
+from perflab.distributed.rank import RANK_MODE_FLAG, TIMEOUT_ENV, RankError
 from perflab.errors import PerflabError, Terminated
 from perflab.ranks import LAUNCHER_PID_ENV
 from perflab.results import Result
@@ -169,15 +169,15 @@ def rank_failure(err) -> RankFailedError:
     failures = err.failures
     rank = min(failures, key=lambda r: (_stopped_by_launcher(failures[r]), _failure_time(failures[r])))
     failure = failures[rank]
-    data = failure.message if isinstance(failure.message, dict) else {}
-    info = data.get("extraInfo") or {}
-    if not data:  # no error file: killed by a signal, or died before it could write one
+    error = _rank_error(failure)
+    if error is None:  # no error file: killed by a signal, or died before it could write one
         return RankFailedError(f"rank {rank} (pid {failure.pid}) died: {failure.message}", 1)
-    if info.get("rank_stalled"):  # a timeout is not a user mistake: exit 1, one line
-        return RankFailedError(f"rank {rank}: {data['message'].partition(': ')[2]}", 1)
-    if info.get("perflab_error"):
-        return RankFailedError(f"rank {rank}: {data['message'].partition(': ')[2]}", int(info.get("exit_code", 2)))
-    callstack = (info.get("py_callstack") or data["message"]).rstrip()
+    if error.rank_stalled:  # a timeout is not a user mistake: exit 1, one line
+        return RankFailedError(f"rank {rank}: {error.message.partition(': ')[2]}", 1)
+    if error.perflab_error:
+        exit_code = int(error.exit_code) if error.exit_code is not None else 2
+        return RankFailedError(f"rank {rank}: {error.message.partition(': ')[2]}", exit_code)
+    callstack = (error.py_callstack or error.message).rstrip()
     return RankFailedError(f"rank {rank} (pid {failure.pid}) failed with exit code {failure.exitcode}; its "
                            f"traceback:\n{callstack}", 1)
 
@@ -186,10 +186,14 @@ def _stopped_by_launcher(failure) -> bool:
     return not isinstance(failure.message, dict) and failure.exitcode == -signal.SIGTERM
 
 
+def _rank_error(failure) -> Optional[RankError]:
+    """The rank's error file as the launcher read it; None where it wrote none."""
+    return RankError.from_dict(failure.message) if isinstance(failure.message, dict) else None
+
+
 def _failure_time(failure) -> float:
-    data = failure.message if isinstance(failure.message, dict) else {}
-    info = data.get("extraInfo") or {}
-    return float(info.get("time_ns") or failure.timestamp * 1e9)
+    error = _rank_error(failure)
+    return float((error.time_ns if error is not None else None) or failure.timestamp * 1e9)
 
 
 def _signal_exception():

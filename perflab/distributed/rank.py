@@ -16,7 +16,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable, Iterator, NoReturn
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -132,14 +133,42 @@ def is_collective_timeout(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and ("timed out" in text or "timeout" in text)
 
 
+@dataclass
+class RankError:
+    """A failed rank's error, as torch.distributed.elastic's error file holds it ({"message", "extraInfo"}: the
+    launcher reads it as the failure's message) with perflab's figures in extraInfo; keys a file lacks (one torch
+    wrote itself) take their defaults."""
+
+    message: str = ""
+    py_callstack: str = ""
+    timestamp: str = ""  # whole seconds: the format's own
+    time_ns: Optional[int] = None  # which rank failed first
+    perflab_error: bool = False
+    rank_stalled: bool = False
+    exit_code: Optional[int] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        info = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "message"}
+        return {"message": self.message, "extraInfo": info}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Optional[RankError]:
+        """None for an empty message (no error file was written)."""
+        if not data:
+            return None
+        info = data.get("extraInfo") or {}
+        return cls(message=str(data.get("message") or ""),
+                   **{name: info[name] for name in cls.__dataclass_fields__ if name in info and name != "message"})
+
+
 def record_failure(err: BaseException) -> None:
     """Write the error in torch.distributed.elastic's error-file format, with a nanosecond time so that the
     launcher can tell which rank failed first (the format's own timestamp is in whole seconds)."""
-    data = {"message": {"message": f"{type(err).__name__}: {err}",
-                        "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time())),
-                                      "time_ns": time.time_ns(), "perflab_error": isinstance(err, PerflabError),
-                                      "rank_stalled": isinstance(err, RankStalledError),
-                                      "exit_code": getattr(err, "exit_code", 2) if isinstance(err, PerflabError) else 1}}}
+    error = RankError(message=f"{type(err).__name__}: {err}", py_callstack=traceback.format_exc(),
+                      timestamp=str(int(time.time())), time_ns=time.time_ns(),
+                      perflab_error=isinstance(err, PerflabError), rank_stalled=isinstance(err, RankStalledError),
+                      exit_code=getattr(err, "exit_code", 2) if isinstance(err, PerflabError) else 1)
+    data = {"message": error.to_dict()}
     path = os.environ.get(ERROR_FILE_ENV)
     if not path:  # started by hand, not by the launcher: say it here
         if isinstance(err, PerflabError):

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import torch
 
-from perflab.harness.timers import NullTimer
+from perflab.step.timers import NullTimer
 from perflab.profile.markers import no_mark
 
 NULL_TIMER = NullTimer()

@@ -16,7 +16,7 @@ from typing import Callable, ContextManager
 
 import torch
 
-from perflab.harness.graph_capture import capture_graph
+from perflab.step.graph_capture import capture_graph
 
 
 @dataclass

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from perflab.calibrate import percent_of_ceiling
-from perflab.harness.stats import percentiles
+from perflab.stats import percentiles
 
 
 @dataclass

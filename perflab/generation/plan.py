@@ -28,7 +28,7 @@ from perflab.hooks import StepHook
 from perflab.models.outputs import output_field
 from perflab.workloads.generation import GenerationSpec
 from perflab.results.metrics import DecodeCompile, Generation, Speculative
-from perflab.generation.quantize import quantize_weights
+from perflab.generation.quantize import KERNEL_WORDS, quantize_weights, resolved_kernel
 from perflab.workloads.plugin import call_user_build, load_user_build
 from perflab.models.decoder import Decoder
 from perflab.calibrate import memory_bandwidth, peak_tflops
@@ -93,7 +93,9 @@ def prepare_generation(plan, cfg) -> None:
         plan.notes.append(f"generation: weights and KV cache stored in {str(dtype).removeprefix('torch.')} "
                           "(no autocast)")
     if settings.quantize:
-        quantize_weights(model, settings.quantize)
+        kernel, why = resolved_kernel(settings.quantize, cfg.quantize_kernel, plan.device)
+        quantize_weights(model, settings.quantize, kernel)
+        plan.notes.append(f"{settings.quantize} weights through {KERNEL_WORDS[kernel]}: {why}")
     k = settings.speculative_k
     positions = spec.prompt_lengths[1] + spec.output_lengths[1] + (k + 1 if k else 0)
     if spec.context_limit is not None and positions > spec.context_limit:
@@ -240,12 +242,12 @@ class GenerationHook(StepHook):
         generation.decode_compile = DecodeCompile.from_dict(self.decode_compile(result))
         if self.step.k:
             generation.speculative = Speculative.from_dict(self.step.stats.summary(self.step.k))
-            gate = (result.quality or {}).get("metrics", {})
-            if gate.get("speculative_speedup") is not None:
-                generation.speculative.speedup_vs_plain = gate["speculative_speedup"]
+            gate = result.quality.metrics if result.quality is not None else None
+            if getattr(gate, "speculative_speedup", None) is not None:  # only a generation gate's figures have it
+                generation.speculative.speedup_vs_plain = gate.speculative_speedup
                 generation.speculative.speedup_method = (
                     f"quality gate: plain greedy vs speculative with the same target and levers on its "
-                    f"{result.quality['batches']} request batches (wall clock, after one untimed request each)")
+                    f"{result.quality.batches} request batches (wall clock, after one untimed request each)")
         result.metrics.generation = generation  # the pipeline adds its decode regime (diagnose/decode.py)
 
     def decode_compile(self, result) -> Optional[dict[str, Any]]:

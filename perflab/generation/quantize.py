@@ -14,7 +14,10 @@ the run should change (a later compile in the same process, e.g. the next sweep 
 """
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import inspect
+import itertools
 from typing import Any, Optional
 
 import torch
@@ -23,6 +26,15 @@ from torch import nn
 from perflab.errors import PerflabError
 
 INSTALL_HINT = "pip install 'perflab[quant]'"
+GEMLITE = "gemlite"
+# The schemes torchao can run through gemlite's Triton kernels (torchao.prototype.quantization.UIntxWeightOnlyConfig):
+# scheme -> (bit width, group size). int8 per row through gemlite's GEMV read its weights at 85% of int8's bandwidth
+# bound at llama-8b batch 1 on an H100 (1.55x bf16's tokens/s), where Inductor's generated product read at 42% on an
+# H200 (0.97x); BENCHMARKS.md, 2026-11-28. int4 is not here: torchao quantizes 4-bit weights for gemlite with HQQ in
+# fp16, and gemlite's kernel then meets bf16 activations in fp16 (it failed to compile on the device).
+GEMLITE_SCHEMES = {"int8-weight": (8, None)}
+KERNEL_WORDS = {"torchao": "torchao's default kernel", GEMLITE: "gemlite's Triton kernels"}
+GEMLITE_INSTALL = "pip install 'perflab[quant]' (gemlite < 0.6, pure Python: torchao 0.18 calls gemlite 0.5's API)"
 # scheme -> (new config class, old factory function, keyword arguments)
 SCHEMES = {
     "int8-weight": ("Int8WeightOnlyConfig", "int8_weight_only", {}),
@@ -41,8 +53,13 @@ def torchao_missing() -> Optional[str]:
     return None
 
 
-def scheme_refusal(scheme: str, device: torch.device, precision: str) -> Optional[str]:
-    """What the scheme needs that this run lacks (the CUDA-only schemes are refused by the option table)."""
+def scheme_refusal(scheme: str, device: torch.device, precision: str, kernel: str = "auto") -> Optional[str]:
+    """What the scheme (through --quantize-kernel `kernel`) needs that this run lacks (the CUDA-only schemes are
+    refused by the option table)."""
+    if kernel == GEMLITE:
+        missing = gemlite_missing(scheme, device)
+        if missing:
+            return f"--quantize-kernel gemlite: {missing}"
     if scheme == "int4-weight" and precision != "bf16":
         return "int4-weight runs torchao's tinygemm kernel on bf16 weights: add --precision bf16"
     if scheme == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
@@ -50,9 +67,58 @@ def scheme_refusal(scheme: str, device: torch.device, precision: str) -> Optiona
     return torchao_missing()
 
 
-def quantization_config(scheme: str) -> Any:
-    """The torchao config (new API) or factory result (old API) for `scheme`: int4 in tinygemm's layout, and torchao
-    asked not to change Inductor's settings for the whole process (each, where this torchao's config takes it)."""
+def gemlite_missing(scheme: str, device: torch.device) -> Optional[str]:
+    """Why `scheme` cannot run through gemlite's kernels here, or None."""
+    if scheme not in GEMLITE_SCHEMES:
+        return f"gemlite's kernels take {', '.join(GEMLITE_SCHEMES)} here, not {scheme}"
+    if device.type != "cuda":
+        return "gemlite's kernels are Triton kernels for a CUDA GPU"
+    if importlib.util.find_spec("gemlite") is None:
+        return f"gemlite is not importable here: {GEMLITE_INSTALL}"
+    version = importlib.metadata.version("gemlite")
+    if _release(version) >= (0, 6):
+        return (f"gemlite {version} changed the API torchao's gemlite path calls (its tensor arguments): "
+                f"{GEMLITE_INSTALL}")
+    try:
+        from torchao.prototype.quantization.quant_api import UIntxWeightOnlyConfig  # noqa: F401 (a probe)
+    except ImportError:
+        return "this torchao has no UIntxWeightOnlyConfig (gemlite's path): torchao 0.18 or later has it"
+    return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(0, 5, 1) from "0.5.1.post1": the release numbers a version starts with."""
+    numbers = []
+    for part in version.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
+
+
+def resolved_kernel(scheme: str, requested: str, device: torch.device) -> tuple[str, str]:
+    """The kernel --quantize-kernel `requested` means for `scheme` here, and why (for the run's notes)."""
+    if requested == "torchao":
+        return "torchao", "asked for (--quantize-kernel torchao)"
+    missing = gemlite_missing(scheme, device)
+    if requested == GEMLITE:
+        if missing:
+            raise PerflabError(f"--quantize-kernel gemlite refused: {missing}")
+        return GEMLITE, "asked for (--quantize-kernel gemlite)"
+    if missing:
+        return "torchao", f"auto: torchao's default ({missing})"
+    return GEMLITE, "auto: gemlite is installed and takes this scheme"
+
+
+def quantization_config(scheme: str, kernel: str = "torchao") -> Any:
+    """The torchao config (new API) or factory result (old API) for `scheme` through `kernel`: int4 in tinygemm's
+    layout, and torchao asked not to change Inductor's settings for the whole process (each, where this torchao's
+    config takes it)."""
+    if kernel == GEMLITE:
+        from torchao.prototype.quantization.quant_api import UIntxWeightOnlyConfig
+        bits, group = GEMLITE_SCHEMES[scheme]
+        return UIntxWeightOnlyConfig(group_size=group, bit_width=bits, set_inductor_config=False)
     import torchao.quantization as tq
     new_name, old_name, kwargs = SCHEMES[scheme]
     config_class = getattr(tq, new_name, None)
@@ -69,8 +135,9 @@ def quantization_config(scheme: str) -> Any:
     return factory(**kwargs)
 
 
-def quantize_weights(model: nn.Module, scheme: str) -> nn.Module:
-    """Quantize every nn.Linear of `model` in place with torchao's `scheme`; returns the model."""
+def quantize_weights(model: nn.Module, scheme: str, kernel: str = "torchao") -> nn.Module:
+    """Quantize every nn.Linear of `model` in place with torchao's `scheme`, for `kernel` (resolved_kernel's);
+    returns the model."""
     from torchao.quantization import quantize_
-    quantize_(model, quantization_config(scheme))
+    quantize_(model, quantization_config(scheme, kernel))
     return model

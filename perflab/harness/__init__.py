@@ -1,1 +1,1 @@
-"""The measurement harness: plan the step, run the timed loop, aggregate trials."""
+"""The measurement stage: the timed loop, warm-up to a steady state, trials, the NVML sampler, interference, progress."""

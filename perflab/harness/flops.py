@@ -6,12 +6,12 @@ from typing import Any, Optional
 import torch
 
 from perflab.errors import UserCodeError, is_out_of_memory
-from perflab.harness.calls import call_loss, call_model
+from perflab.step.calls import call_loss, call_model
 from perflab.workloads.contract import check_loss_value
 
 # What the counter's tracing raises on a model it cannot follow; anything else is the model's own error.
 UNCOUNTABLE = (RuntimeError, NotImplementedError, TypeError)
-from perflab.harness.data import map_tensors
+from perflab.step.data import map_tensors
 
 
 def count_flops_per_sample(plan, batch: Any) -> Optional[float]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
-from perflab.harness.calls import call_loss, call_model
-from perflab.harness.phases import marker_name
-from perflab.harness.plan import StepPlan
+from perflab.step.calls import call_loss, call_model
+from perflab.step.phases import marker_name
+from perflab.step.plan import StepPlan
 from perflab.profile.markers import phase_marker
 
 

@@ -15,20 +15,20 @@ from perflab.config import RunConfig
 from perflab.cost import cost_per_million
 from perflab.errors import interrupt_name
 from perflab.ranks import agree_any, agree_max
-from perflab.harness.calls import check_first_loss, count_non_finite
-from perflab.harness.data import map_tensors
+from perflab.step.calls import check_first_loss, count_non_finite
+from perflab.step.data import map_tensors
 from perflab.harness.flops import count_flops_per_sample
 from perflab.hooks import StepHook
 from perflab.harness.interference import LoadProbe, TrialLoad, busy_note, summarize_load
 from perflab.harness.loop import run_steps
 from perflab.harness.nvml import NvmlSampler
-from perflab.harness.plan import StepPlan
+from perflab.step.plan import StepPlan
 from perflab.harness.progress import Reporter
-from perflab.harness.phases import phase_shares
-from perflab.harness.stats import percentiles, summarize
+from perflab.step.phases import phase_shares
+from perflab.stats import percentiles, summarize
 from perflab.harness.steady import (UNSTEADY_RANGE_PCT, moving_phase, reach_steady_state, steady_notes,
                                     steps_for_time, trend, unsteady_note)
-from perflab.harness.timers import NullTimer, make_timer
+from perflab.step.timers import NullTimer, make_timer
 from perflab.results.metrics import Flops, Gpu, Latency, Memory, Metrics, SteadyState, Throughput, Trend, UnsteadyPhase
 from perflab.results import Trial
 

@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from perflab.harness.loop import run_steps
-from perflab.harness.timers import NullTimer
+from perflab.step.timers import NullTimer
 from perflab.results.metrics import Metrics
 
 SETTLED_TOLERANCE = 0.10  # consecutive windows within 10% per step: steady

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from perflab.harness.data import in_memory_format
+from perflab.step.data import in_memory_format
 from perflab.bottlenecks import CPU_AUGMENTATION, H2D_COPIES, INPUT_PIPELINE
 from perflab.levers import DEVICE_WORK, ONE_TRIAL, Address, Lever, TuneHints, first_refusal
 from perflab.levers.data_path import _needs_loader

@@ -6,9 +6,9 @@ from typing import Any, Optional
 
 import torch
 
-from perflab.harness.calls import call_loss, call_model
-from perflab.harness.data import map_tensors
-from perflab.harness.graph_capture import capture_graph
+from perflab.step.calls import call_loss, call_model
+from perflab.step.data import map_tensors
+from perflab.step.graph_capture import capture_graph
 from perflab.bottlenecks import INFERENCE_QUEUE, LAUNCH_OVERHEAD, NO_HOST_SYNCS
 from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints
 

@@ -38,7 +38,7 @@ def _needs_builtin_decoder(cfg, workload, device) -> Optional[str]:
 
 
 def _quantize_checks(cfg, workload, device) -> Optional[str]:
-    return scheme_refusal(cfg.quantize, device, cfg.precision)
+    return scheme_refusal(cfg.quantize, device, cfg.precision, cfg.quantize_kernel)
 
 
 def _set(name: str, value_of):

@@ -14,8 +14,8 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import nn
 
-from perflab.harness.calls import call_model, inputs_from_call
-from perflab.harness.data import map_tensors, to_device
+from perflab.step.calls import call_model, inputs_from_call
+from perflab.step.data import map_tensors, to_device
 from perflab.bottlenecks import COMPUTE_BOUND, LAUNCH_OVERHEAD
 from perflab.levers import ONE_TRIAL, Address, Lever, TuneHints, first_refusal
 from perflab.levers.data_path import _needs_loader

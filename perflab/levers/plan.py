@@ -7,7 +7,7 @@ from torch import nn
 from perflab.backends import set_tf32
 from perflab.errors import PerflabError
 from perflab.generation.plan import attach_settings, prepare_generation
-from perflab.harness.plan import StepPlan
+from perflab.step.plan import StepPlan
 from perflab.levers import apply_levers, check_levers
 from perflab.workloads.base import Workload
 

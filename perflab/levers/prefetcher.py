@@ -5,7 +5,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from perflab.harness.data import map_tensors, to_device
+from perflab.step.data import map_tensors, to_device
 from perflab.bottlenecks import H2D_COPIES, INPUT_PIPELINE
 from perflab.levers import LOADER_QUEUE, ONE_TRIAL, Address, Lever, TuneHints
 from perflab.levers.data_path import _needs_loader

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from perflab.harness.calls import call_model
+from perflab.step.calls import call_model
 
 TOP_MODULES = 5
 
@@ -59,6 +59,11 @@ class SavedActivations:
                 "block_saved_mb": self.block_saved_mb, "block_input_mb": self.block_input_mb,
                 "by_dtype_mb": self.by_dtype_mb, "parameter_copies_mb": self.parameter_copies_mb,
                 "output_fp32_mb": self.output_fp32_mb}
+
+    @classmethod
+    def from_dict(cls, data: Optional[dict[str, Any]]) -> Optional[SavedActivations]:
+        """memory.json's form; keys an older file lacks take their defaults; None for {}."""
+        return cls(**{key: data[key] for key in cls.__dataclass_fields__ if key in data}) if data else None
 
 
 def repeated_blocks(model: nn.Module) -> tuple[str, list[nn.Module]]:

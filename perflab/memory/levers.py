@@ -15,7 +15,6 @@ from typing import Any, Optional
 
 from perflab.config import is_full_precision
 from perflab.levers.optimizer import EIGHT_BIT_BLOCK, EIGHT_BIT_MIN_NUMEL, TORCHAO_INSTALL, eight_bit_state_bytes
-from perflab.memory.activations import SavedActivations
 from perflab.memory.breakdown import Breakdown
 from perflab.memory.fit import GROWING, PeakFit, category_fit, growing_moment, largest_batch
 from perflab.memory.timeline import CATEGORIES, MODEL_STATES
@@ -96,7 +95,7 @@ def lever_savings(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: Opt
     """The memory levers that apply to this step, each with what it would free and the batch it would allow."""
     train = breakdown.mode == "train"
     savings: list[LeverSaving] = []
-    activations = SavedActivations(**breakdown.activations) if breakdown.activations else SavedActivations()
+    activations = breakdown.activations
     checkpointed = activations.checkpointed_mb(breakdown.categories_mb.get("temporaries", 0.0))
     if train and checkpointed is not None and activations.total_mb > 0:
         note = "" if checkpointing_supported is not False else (
@@ -142,17 +141,17 @@ def _autocast_saving(breakdown: Breakdown, fit: Optional[PeakFit], capacity_mb: 
 
     The temporaries at the peak: up to LOSS_TENSORS times the model's output are the loss's and the output's
     gradient, which autocast computes in fp32 (unchanged); the rest are gradients of activations, in their dtype."""
-    if breakdown.autocast_step:
+    if breakdown.autocast_step is not None:
         return _measured_autocast_saving(breakdown, fit, capacity_mb)
-    full_mb = breakdown.activations.get("total_mb") or 0.0
+    full_mb = breakdown.activations.total_mb or 0.0
     under = breakdown.autocast_activations
     temporaries_mb = breakdown.categories_mb.get("temporaries", 0.0)
-    if under and full_mb > 0:
-        share = under["total_mb"] / full_mb
-        copies_mb = under.get("parameter_copies_mb", 0.0)
-        loss_mb = min(temporaries_mb, LOSS_TENSORS * under.get("output_fp32_mb", 0.0))
+    if under is not None and full_mb > 0:
+        share = under.total_mb / full_mb
+        copies_mb = under.parameter_copies_mb
+        loss_mb = min(temporaries_mb, LOSS_TENSORS * under.output_fp32_mb)
         temporaries_share = (loss_mb + share * (temporaries_mb - loss_mb)) / temporaries_mb if temporaries_mb else 1.0
-        dtypes = ", ".join(f"{name} {mb:,.1f}" for name, mb in sorted((under.get("by_dtype_mb") or {}).items()))
+        dtypes = ", ".join(f"{name} {mb:,.1f}" for name, mb in sorted((under.by_dtype_mb or {}).items()))
         basis = (f"counted in one forward under bf16 autocast: the activations saved for backward x {share:.2f} "
                  f"({dtypes} MiB), temporaries x {temporaries_share:.2f} (the loss stays fp32), plus "
                  f"{copies_mb:,.1f} MiB of bf16 weight copies kept until backward")
@@ -170,12 +169,12 @@ def _measured_autocast_saving(breakdown: Breakdown, fit: Optional[PeakFit],
     """bf16 autocast where the device emulates bf16: the peak of a step measured under it, and its line from the
     categories' measured ratios (temporaries may grow: backward's conversions to fp32)."""
     step = breakdown.autocast_step
-    factors = {name: step["categories_mb"].get(name, 0.0) / mb
+    factors = {name: step.categories_mb.get(name, 0.0) / mb
                for name, mb in breakdown.categories_mb.items() if mb > 0}
     changed = ", ".join(f"{name} x {factors[name]:.2f}" for name in ("activations", "temporaries") if name in factors)
-    basis = f"measured: one step under bf16 autocast ({changed}), since {step['why']}"
+    basis = f"measured: one step under bf16 autocast ({changed}), since {step.why}"
     fixed, per_sample = _line_with(breakdown, fit, factors, 0.0)
-    peak = step["peak_mb"]
+    peak = step.peak_mb
     return LeverSaving("bf16 autocast", "--precision bf16", peak, breakdown.peak_mb - peak,
                        largest_batch(fixed, per_sample, capacity_mb), basis, "", fixed, per_sample)
 

@@ -22,13 +22,13 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from perflab.backends import bf16_is_native, cpu_capability
 from perflab.config import RunConfig
-from perflab.harness.calls import check_first_loss
+from perflab.step.calls import check_first_loss
 from perflab.harness.loop import run_steps
-from perflab.harness.timers import NullTimer
+from perflab.step.timers import NullTimer
 from perflab.levers.optimizer import eight_bit_state_bytes
 from perflab.errors import PerflabError, is_out_of_memory
-from perflab.memory.activations import ActivationAccounting, saved_under_autocast
-from perflab.memory.breakdown import Breakdown, count_saved_activations
+from perflab.memory.activations import ActivationAccounting, SavedActivations, saved_under_autocast
+from perflab.memory.breakdown import AutocastStep, Breakdown, count_saved_activations
 from perflab.memory.timeline import CATEGORIES, allocator_increase_mb, category_timeline, profiler_options
 from perflab.prepare import load, prepared, resolve_config, resolve_device
 
@@ -149,7 +149,7 @@ def _count_autocast(plan, batches, device: torch.device, breakdown: Breakdown) -
     batch = next(batches) if plan.batches_on_device else plan.to_device(next(batches))
     inputs, _ = plan.gpu_transform(batch) if plan.gpu_transform is not None else batch
     try:
-        breakdown.autocast_activations = saved_under_autocast(plan.eager_model, inputs, device).to_dict()
+        breakdown.autocast_activations = saved_under_autocast(plan.eager_model, inputs, device)
     except (RuntimeError, MemoryError) as err:
         if not is_out_of_memory(err):
             raise
@@ -175,7 +175,7 @@ def _measure_autocast_step(cfg: RunConfig, device: torch.device, breakdown: Brea
         return
     finally:
         gc.collect()
-    breakdown.autocast_step = {"peak_mb": under.peak_mb, "categories_mb": dict(under.categories_mb), "why": why}
+    breakdown.autocast_step = AutocastStep(under.peak_mb, dict(under.categories_mb), why)
 
 
 def _record_history(snapshot: Optional[Path]) -> None:
@@ -226,8 +226,8 @@ def _breakdown(cfg: RunConfig, device: torch.device, plan, prof, saved, model_st
                           precision=cfg.precision, peak_mb=peak_mb, peak_source=peak_source,
                           categories_mb={name: categories.get(name, 0.0) for name in CATEGORIES}, source=how,
                           reserved_mb=reserved_mb, total_mb=total_mb,
-                          activations=saved.result.to_dict() if saved is not None else {},
-                          timeline=timeline.to_dict() if timeline is not None else None,
+                          activations=saved.result if saved is not None else SavedActivations(),
+                          timeline=timeline,
                           optimizer=type(plan.optimizer).__name__ if plan.optimizer is not None else None, notes=notes)
     count_saved_activations(breakdown)
     return breakdown

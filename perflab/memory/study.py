@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from perflab.config import RunConfig
+from perflab.diagnose.records import build
 from perflab.errors import PerflabError
 from perflab.memory.breakdown import MEMORY_FILE, Breakdown
 from perflab.memory.fit import PeakFit, category_fit, fit_batches, fit_peaks
@@ -60,6 +61,12 @@ class MemoryStudy:
                 "raw_fit": self.raw_fit.to_dict() if self.raw_fit is not None else None, "capacity_mb": self.capacity_mb,
                 "predicted_largest_batch": self.predicted_largest_batch, "search": search,
                 "levers": [lever.to_dict() for lever in self.levers], "files": self.files}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MemoryStudy":
+        """memory.json read back: keys an older file lacks take their defaults; the derived figures (the predicted
+        largest batch, the search's predicted peak) are recomputed, not read."""
+        return build(cls, data)
 
 
 def capacity_mb(breakdown: Breakdown, limit_mb: Optional[float]) -> Optional[float]:
@@ -138,5 +145,7 @@ def _release_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def load_study(directory: Path) -> dict[str, Any]:
-    return read_json_object(Path(directory) / MEMORY_FILE, "a perflab memory study", "re-run perflab memory")
+def load_study(directory: Path) -> MemoryStudy:
+    """memory.json in `directory`, typed."""
+    return MemoryStudy.from_dict(read_json_object(Path(directory) / MEMORY_FILE, "a perflab memory study",
+                                                  "re-run perflab memory"))

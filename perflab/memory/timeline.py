@@ -47,8 +47,8 @@ class CategoryTimeline:
         return {"times_ms": self.times_ms, "mb": self.mb}
 
     @classmethod
-    def from_dict(cls, data: Optional[dict[str, Any]]) -> Optional["CategoryTimeline"]:
-        return cls(data["times_ms"], data["mb"]) if data else None
+    def from_dict(cls, data: Optional[dict[str, Any]]) -> Optional[CategoryTimeline]:
+        return cls(**{key: data[key] for key in cls.__dataclass_fields__ if key in data}) if data else None
 
 
 def profiler_options() -> dict[str, Any]:

@@ -13,9 +13,10 @@ from perflab.quality.gate import (  # noqa: F401
 from perflab.quality.generation import run_generation_gate
 from perflab.quality.ranks import run_distributed_quality_gate
 from perflab.ranks import world_size
+from perflab.results.quality import QualityVerdict
 
 
-def run_quality_gate(workload, cfg, device) -> dict:
+def run_quality_gate(workload, cfg, device) -> QualityVerdict:
     """Compare the candidate (cfg's levers) with the fp32 eager baseline; returns the verdict and figures."""
     if workload.generation is not None:
         return run_generation_gate(workload, cfg, device)

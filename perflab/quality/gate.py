@@ -14,6 +14,7 @@ the measurements behind them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import math
 import time
@@ -24,12 +25,13 @@ import torch
 from torch import nn
 
 from perflab.errors import PerflabError
-from perflab.harness.calls import compared_tensors, inputs_from_call, logits_of
-from perflab.harness.data import map_tensors
+from perflab.step.calls import compared_tensors, inputs_from_call, logits_of
+from perflab.step.data import map_tensors
 from perflab.harness.loop import run_steps
-from perflab.harness.plan import StepPlan
+from perflab.step.plan import StepPlan
 from perflab.levers.plan import build_plan
-from perflab.harness.timers import NullTimer
+from perflab.step.timers import NullTimer
+from perflab.results.quality import GateCandidate, LossFigures, OutputFigures, QualityVerdict, Tolerance
 
 # Relative output error ‖out − ref‖ / ‖ref‖ allowed in inference, by the candidate's precision. DESIGN.md's
 # values, with bf16 at 2e-2: its 8-bit mantissa measured up to 9.5e-3 on a 50-layer ResNet (docs/quality.md).
@@ -49,18 +51,18 @@ MAX_NOISE_WIDENING = 10.0
 BASELINE = "fp32 eager, no levers (TF32 off, contiguous, default optimizer), same seed, weights and inputs"
 
 
-def precision_tolerance(cfg) -> dict[str, Any]:
+def precision_tolerance(cfg) -> Tolerance:
     """The tolerance before any noise floor: the user's override, or the default for the precision."""
     if cfg.mode == "infer":
         override, table, flag = cfg.quality_rtol, INFER_RTOL, "--quality-rtol"
     else:
         override, table, flag = cfg.quality_loss_rtol, TRAIN_LOSS_RTOL, "--quality-loss-rtol"
     if override is not None:
-        return {"rtol": float(override), "source": flag}
-    return {"rtol": table[cfg.precision], "source": f"{cfg.precision} default"}
+        return Tolerance(rtol=float(override), source=flag)
+    return Tolerance(rtol=table[cfg.precision], source=f"{cfg.precision} default")
 
 
-def run_model_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
+def run_model_gate(workload, cfg, device: torch.device) -> QualityVerdict:
     """One process's gate: the candidate's outputs (infer) or loss trajectory (train) against fp32 eager."""
     began = time.perf_counter()
     tolerance = precision_tolerance(cfg)
@@ -69,18 +71,20 @@ def run_model_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
         levers, inputs, candidate = run_candidate(workload, cfg, device)
         inputs = [_contiguous(batch) for batch in inputs]
         baseline = observe(gate_plan(workload, cfg, device, levers=[]), inputs, cfg)
-        if cfg.mode == "train" and tolerance["source"] != "--quality-loss-rtol":
+        if cfg.mode == "train" and tolerance.source != "--quality-loss-rtol":
             nudged = observe(gate_plan(workload, cfg, device, levers=[], perturb_seed=cfg.seed + 1), inputs, cfg)
             tolerance = with_noise_floor(tolerance, baseline, nudged)
     del inputs
     _release_memory(device)
     if cfg.mode == "infer":
-        verdict = judge_outputs(baseline, candidate, tolerance["rtol"], tolerance["source"], workload.is_classifier)
+        verdict = judge_outputs(baseline, candidate, tolerance.rtol, tolerance.source, workload.is_classifier)
+        verdict.batches = cfg.quality_steps
     else:
         verdict = judge_losses(baseline, candidate, tolerance)
-    verdict.update(mode=cfg.mode, baseline=BASELINE, candidate={"levers": levers, "precision": cfg.precision},
-                   tolerances=tolerance, seconds=round(time.perf_counter() - began, 3))
-    verdict["batches" if cfg.mode == "infer" else "steps"] = cfg.quality_steps
+        verdict.steps = cfg.quality_steps
+    verdict.mode, verdict.baseline, verdict.tolerances = cfg.mode, BASELINE, tolerance
+    verdict.candidate = GateCandidate(levers=levers, precision=cfg.precision)
+    verdict.seconds = round(time.perf_counter() - began, 3)
     return verdict
 
 
@@ -98,17 +102,19 @@ def run_candidate(workload, cfg, device: torch.device) -> tuple[list[str], list[
         plan.cleanup()
 
 
-def with_noise_floor(tolerance: dict[str, Any], baseline: list[float], nudged: list[float]) -> dict[str, Any]:
+def with_noise_floor(tolerance: Tolerance, baseline: list[float], nudged: list[float]) -> Tolerance:
     """Raise the loss tolerance to NOISE_FACTOR x the baseline's own sensitivity to rounding, if larger; record how
     many times the precision tolerance that is (`widening`)."""
     pairs = list(zip(baseline, nudged))
     finite = all(math.isfinite(a) and math.isfinite(b) for a, b in pairs)
     floor = max(abs(b - a) / abs(a) if a else abs(b - a) for a, b in pairs) if finite else None
-    tolerance = dict(tolerance, precision_rtol=tolerance["rtol"], noise_floor=floor, noise_factor=NOISE_FACTOR,
-                     widening=1.0, max_widening=MAX_NOISE_WIDENING)
-    if floor is not None and NOISE_FACTOR * floor > tolerance["rtol"]:
-        tolerance.update(rtol=NOISE_FACTOR * floor, source=f"noise floor {NOISE_FACTOR:g} x {floor:.1e}",
-                         widening=NOISE_FACTOR * floor / tolerance["rtol"])
+    tolerance = Tolerance.from_dict(tolerance)  # a JSON-shaped dict too (tests, recorded tolerances)
+    tolerance = dataclasses.replace(tolerance, precision_rtol=tolerance.rtol, noise_floor=floor,
+                                    noise_factor=NOISE_FACTOR, widening=1.0, max_widening=MAX_NOISE_WIDENING)
+    if floor is not None and NOISE_FACTOR * floor > tolerance.rtol:
+        tolerance = dataclasses.replace(tolerance, rtol=NOISE_FACTOR * floor,
+                                        source=f"noise floor {NOISE_FACTOR:g} x {floor:.1e}",
+                                        widening=NOISE_FACTOR * floor / tolerance.rtol)
     return tolerance
 
 
@@ -284,57 +290,55 @@ def top1_flips(out: torch.Tensor, ref: torch.Tensor, rtol: float) -> tuple[int, 
 
 
 def judge_outputs(baseline: list[Observed], candidate: list[Observed], rtol: float, source: str,
-                  is_classifier: bool) -> dict[str, Any]:
+                  is_classifier: bool) -> QualityVerdict:
     """Inference verdict: NaN/inf fails; then max per-batch relative error, then decisive top-1 flips."""
     errors = [_relative_error(out.tensors, ref.tensors) for out, ref in zip(candidate, baseline)]
-    gate_figures: dict[str, Any] = {"rel_error": max(errors), "rel_error_per_batch": errors,
-                               "non_finite_candidate": sum(_non_finite(out.tensors) for out in candidate),
-                               "non_finite_baseline": sum(_non_finite(ref.tensors) for ref in baseline)}
+    figures = OutputFigures(rel_error=max(errors), rel_error_per_batch=errors,
+                            non_finite_candidate=sum(_non_finite(out.tensors) for out in candidate),
+                            non_finite_baseline=sum(_non_finite(ref.tensors) for ref in baseline))
     top1 = _top1(baseline, candidate, rtol) if is_classifier else None
-    if top1:
-        gate_figures.update(top1)
+    if top1 is not None:
+        samples, flips, decisive = top1
+        figures.top1_agreement, figures.top1_samples = 1 - flips / samples, samples
+        figures.top1_flips, figures.top1_decisive_flips = flips, decisive
     limit = f"{rtol:.1e} ({source})"
-    if gate_figures["non_finite_baseline"]:
-        return _verdict("fail", f"the fp32 eager baseline itself produced {gate_figures['non_finite_baseline']} "
-                        "NaN/inf values: the workload is unstable, not the lever", gate_figures)
-    if gate_figures["non_finite_candidate"]:
-        return _verdict("fail", f"candidate outputs contain {gate_figures['non_finite_candidate']} NaN/inf values "
-                        "(overflow? fp16 tops out at 65504)", gate_figures)
-    if gate_figures["rel_error"] > rtol:
-        return _verdict("fail", f"relative output error {gate_figures['rel_error']:.2e} > {limit} tolerance",
-                        gate_figures)
-    if top1 and top1["top1_decisive_flips"]:
-        return _verdict("fail", f"top-1 class changed on {top1['top1_decisive_flips']} of {top1['top1_samples']}"
-                        " samples where the baseline was not a near-tie", gate_figures)
-    reason = f"relative output error {gate_figures['rel_error']:.2e} <= {limit}"
-    if top1:
-        reason += f"; top-1 agreement {100 * top1['top1_agreement']:.1f}% over {top1['top1_samples']} samples"
-    return _verdict("pass", reason, gate_figures)
+    if figures.non_finite_baseline:
+        return _verdict("fail", f"the fp32 eager baseline itself produced {figures.non_finite_baseline} "
+                        "NaN/inf values: the workload is unstable, not the lever", figures)
+    if figures.non_finite_candidate:
+        return _verdict("fail", f"candidate outputs contain {figures.non_finite_candidate} NaN/inf values "
+                        "(overflow? fp16 tops out at 65504)", figures)
+    if figures.rel_error > rtol:
+        return _verdict("fail", f"relative output error {figures.rel_error:.2e} > {limit} tolerance", figures)
+    if figures.top1_decisive_flips:
+        return _verdict("fail", f"top-1 class changed on {figures.top1_decisive_flips} of {figures.top1_samples}"
+                        " samples where the baseline was not a near-tie", figures)
+    reason = f"relative output error {figures.rel_error:.2e} <= {limit}"
+    if top1 is not None:
+        reason += f"; top-1 agreement {100 * figures.top1_agreement:.1f}% over {figures.top1_samples} samples"
+    return _verdict("pass", reason, figures)
 
 
-def _top1(baseline: list[Observed], candidate: list[Observed], rtol: float) -> Optional[dict[str, Any]]:
-    """Top-1 figures over every batch, when the logits are (N, classes)."""
-    totals = [0, 0, 0]
+def _top1(baseline: list[Observed], candidate: list[Observed], rtol: float) -> Optional[tuple[int, int, int]]:
+    """(samples, flips, decisive flips) over every batch, when the logits are (N, classes) and there are samples."""
+    totals = (0, 0, 0)
     for out, ref in zip(candidate, baseline):
         if ref.logits is None or out.logits is None or ref.logits.dim() != 2 or out.logits.shape != ref.logits.shape:
             return None
-        totals = [a + b for a, b in zip(totals, top1_flips(out.logits, ref.logits, rtol))]
-    samples, flips, decisive = totals
-    return {"top1_agreement": 1 - flips / samples, "top1_samples": samples, "top1_flips": flips,
-            "top1_decisive_flips": decisive}
+        totals = tuple(a + b for a, b in zip(totals, top1_flips(out.logits, ref.logits, rtol)))
+    return totals if totals[0] else None
 
 
-def judge_losses(baseline: list[float], candidate: list[float], tolerance: dict[str, Any]) -> dict[str, Any]:
+def judge_losses(baseline: list[float], candidate: list[float], tolerance: Tolerance) -> QualityVerdict:
     """Training verdict: any NaN/inf loss fails; then the relative delta of the final loss against the tolerance
     (`precision_tolerance`, maybe widened by `with_noise_floor`). A delta that passes only because the noise floor
     widened the tolerance past MAX_NOISE_WIDENING is inconclusive."""
-    rtol, source = tolerance["rtol"], tolerance["source"]
+    tolerance = Tolerance.from_dict(tolerance)
+    rtol, source = tolerance.rtol, tolerance.source
     deltas = [abs(c - b) / abs(b) if b else abs(c - b) for b, c in zip(baseline, candidate)]
-    gate_figures: dict[str, Any] = {
-        "baseline_losses": baseline, "candidate_losses": candidate,
-        "final_loss_baseline": baseline[-1], "final_loss_candidate": candidate[-1],
-        "final_loss_rel_delta": deltas[-1], "max_loss_rel_delta": max(deltas),
-    }
+    gate_figures = LossFigures(baseline_losses=baseline, candidate_losses=candidate, final_loss_baseline=baseline[-1],
+                               final_loss_candidate=candidate[-1], final_loss_rel_delta=deltas[-1],
+                               max_loss_rel_delta=max(deltas))
     if not all(math.isfinite(loss) for loss in baseline):
         return _verdict("fail", "the fp32 eager baseline's loss itself went NaN/inf: the workload is unstable, "
                         "not the lever", gate_figures)
@@ -345,7 +349,8 @@ def judge_losses(baseline: list[float], candidate: list[float], tolerance: dict[
                f"relative delta {deltas[-1]:.2e}")
     if deltas[-1] > rtol:
         return _verdict("fail", f"{summary} > {rtol:.1e} ({source}) tolerance", gate_figures)
-    precision_rtol, widening = tolerance.get("precision_rtol", rtol), tolerance.get("widening", 1.0)
+    precision_rtol = tolerance.precision_rtol if tolerance.precision_rtol is not None else rtol
+    widening = tolerance.widening if tolerance.widening is not None else 1.0
     if deltas[-1] > precision_rtol and widening > MAX_NOISE_WIDENING:
         return _verdict("inconclusive", f"{summary} is over the {precision_rtol:.1e} precision tolerance and inside "
                         f"only the {rtol:.1e} noise floor, {widening:.0f}x wider (more than the "
@@ -354,5 +359,5 @@ def judge_losses(baseline: list[float], candidate: list[float], tolerance: dict[
     return _verdict("pass", f"{summary} <= {rtol:.1e} ({source})", gate_figures)
 
 
-def _verdict(verdict: str, reason: str, gate_figures: dict[str, Any]) -> dict[str, Any]:
-    return {"verdict": verdict, "reason": reason, "metrics": gate_figures}
+def _verdict(verdict: str, reason: str, gate_figures: OutputFigures | LossFigures) -> QualityVerdict:
+    return QualityVerdict(verdict=verdict, reason=reason, metrics=gate_figures)

@@ -16,16 +16,18 @@ import copy
 import gc
 import math
 import time
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from perflab.models.language import perplexity
 from perflab.generation.decode import generate_greedy, teacher_forced_logits
 from perflab.workloads.generation import request_shape
-from perflab.harness.plan import StepPlan
+from perflab.step.plan import StepPlan
 from perflab.levers.plan import build_plan
 from perflab.quality.gate import top1_flips
+from perflab.results.quality import FirstDifference, GateCandidate, GenerationFigures, QualityVerdict, Tolerance
 
 # Relative error of next-token logits allowed, by precision, then by quantization scheme (the larger applies).
 LOGITS_RTOL = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 3e-2, "fp16": 1e-2}
@@ -46,7 +48,7 @@ MIN_CONFIDENT_SHARE = 0.5
 BASELINE = "fp32 weights, dynamic KV cache, eager, plain greedy decoding; same seed, weights and prompts"
 
 
-def tolerances(cfg) -> dict[str, Any]:
+def tolerances(cfg) -> Tolerance:
     """The logits and perplexity tolerances for this config (--quality-rtol overrides the logits one)."""
     scheme = cfg.quantize
     logits = max(LOGITS_RTOL[cfg.precision], SCHEME_LOGITS_RTOL.get(scheme, 0.0))
@@ -54,10 +56,26 @@ def tolerances(cfg) -> dict[str, Any]:
     source = f"{cfg.precision}{' + ' + scheme if scheme else ''} default"
     if cfg.quality_rtol is not None:
         logits, source = float(cfg.quality_rtol), "--quality-rtol"
-    return {"rtol": logits, "perplexity_rtol": ppl, "source": source}
+    return Tolerance(rtol=logits, perplexity_rtol=ppl, source=source)
 
 
-def run_generation_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
+@dataclass
+class Compared:
+    """What the gate observed on both sides: next-token logits per request batch, perplexities, and with speculative
+    decoding whether its output matched plain greedy decoding's (and how much faster it was)."""
+
+    baseline_logits: list[torch.Tensor]
+    candidate_logits: list[torch.Tensor]
+    perplexity_baseline: float
+    perplexity_candidate: float
+    speculative_identical: bool = True
+    first_difference: Optional[FirstDifference] = None
+    speculative_speedup: Optional[float] = None
+    plain_s: Optional[float] = None
+    speculative_s: Optional[float] = None
+
+
+def run_generation_gate(workload, cfg, device: torch.device) -> QualityVerdict:
     """Compare the candidate (cfg's levers) with the baseline; returns the verdict and its figures."""
     began = time.perf_counter()
     tolerance = tolerances(cfg)
@@ -67,17 +85,18 @@ def run_generation_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
         candidate = _plan(workload, cfg, device, levers=None)
         baseline = _plan(workload, cfg, device, levers=[])
         try:
-            figures = _compare(baseline, candidate, cfg, workload.generation.eval_sequences.to(device))
+            compared = _compare(baseline, candidate, cfg, workload.generation.eval_sequences.to(device))
         finally:
             candidate.cleanup()
             baseline.cleanup()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    verdict = judge(figures, tolerance, speculative=cfg.speculative is not None)
-    verdict.update(mode="infer", baseline=BASELINE, candidate={"levers": list(candidate.levers),
-                                                               "precision": cfg.precision},
-                   tolerances=tolerance, batches=cfg.quality_steps, seconds=round(time.perf_counter() - began, 3))
+    verdict = judge(compared, tolerance, speculative=cfg.speculative is not None)
+    verdict.mode, verdict.baseline, verdict.tolerances = "infer", BASELINE, tolerance
+    verdict.batches = cfg.quality_steps
+    verdict.candidate = GateCandidate(levers=list(candidate.levers), precision=cfg.precision)
+    verdict.seconds = round(time.perf_counter() - began, 3)
     return verdict
 
 
@@ -88,7 +107,7 @@ def _plan(workload, cfg, device: torch.device, levers) -> StepPlan:
     return plan
 
 
-def _compare(baseline: StepPlan, candidate: StepPlan, cfg, eval_sequences: torch.Tensor) -> dict[str, Any]:
+def _compare(baseline: StepPlan, candidate: StepPlan, cfg, eval_sequences: torch.Tensor) -> Compared:
     base_logits, cand_logits, identical, first_difference = [], [], True, None
     requests: list[tuple[torch.Tensor, int]] = []
     batches = candidate.batches(cfg.seed)
@@ -104,18 +123,18 @@ def _compare(baseline: StepPlan, candidate: StepPlan, cfg, eval_sequences: torch
                 if identical and not torch.equal(produced, reference):
                     identical = False
                     position = int((produced != reference).any(dim=0).nonzero()[0])
-                    first_difference = {"request_batch": index, "token": position}
-        base_ppl = perplexity(baseline.model, eval_sequences)
-        cand_ppl = perplexity(candidate.model, eval_sequences)
-        speedup = _speculative_speedup(candidate, requests) if cfg.speculative is not None else {}
-    return {"baseline_logits": base_logits, "candidate_logits": cand_logits, "speculative_identical": identical,
-            "first_difference": first_difference, "perplexity_baseline": base_ppl, "perplexity_candidate": cand_ppl,
-            **speedup}
+                    first_difference = FirstDifference(request_batch=index, token=position)
+        compared = Compared(base_logits, cand_logits, perplexity(baseline.model, eval_sequences),
+                            perplexity(candidate.model, eval_sequences), identical, first_difference)
+        if cfg.speculative is not None:
+            compared.plain_s, compared.speculative_s = _speculative_seconds(candidate, requests)
+            compared.speculative_speedup = compared.plain_s / compared.speculative_s
+    return compared
 
 
-def _speculative_speedup(candidate: StepPlan, requests: list[tuple[torch.Tensor, int]]) -> dict[str, Any]:
-    """Plain greedy vs speculative decoding with the candidate's own target and levers, on the gate's requests:
-    wall clock, device synchronised, after one untimed request each (compilation stays out)."""
+def _speculative_seconds(candidate: StepPlan, requests: list[tuple[torch.Tensor, int]]) -> tuple[float, float]:
+    """(plain, speculative) seconds: plain greedy vs speculative decoding with the candidate's own target and levers,
+    on the gate's requests: wall clock, device synchronised, after one untimed request each (compilation stays out)."""
     step = candidate.custom_step
 
     def plain(prompt: torch.Tensor, new_tokens: int) -> None:
@@ -123,17 +142,16 @@ def _speculative_speedup(candidate: StepPlan, requests: list[tuple[torch.Tensor,
 
     def speculative(prompt: torch.Tensor, new_tokens: int) -> None:
         step.generate(prompt, new_tokens)
-    seconds = {}
-    for name, generate in (("plain", plain), ("speculative", speculative)):
+    seconds = []
+    for generate in (plain, speculative):
         generate(*requests[0])
         _synchronize(candidate.device)
         began = time.perf_counter()
         for prompt, new_tokens in requests:
             generate(prompt, new_tokens)
         _synchronize(candidate.device)
-        seconds[name] = time.perf_counter() - began
-    return {"speculative_speedup": seconds["plain"] / seconds["speculative"], "plain_s": seconds["plain"],
-            "speculative_s": seconds["speculative"]}
+        seconds.append(time.perf_counter() - began)
+    return seconds[0], seconds[1]
 
 
 def _synchronize(device: torch.device) -> None:
@@ -141,53 +159,53 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def judge(figures: dict[str, Any], tolerance: dict[str, Any], speculative: bool) -> dict[str, Any]:
+def judge(compared: Compared, tolerance: Tolerance, speculative: bool) -> QualityVerdict:
     """The verdict: NaN/inf fails; speculative output must be identical; then logits, agreement, perplexity, each
     failure inconclusive instead when the baseline's own predictions are too flat to judge them."""
-    gate_figures = _gate_figures(figures, tolerance["rtol"], speculative)
-    if gate_figures["non_finite_candidate"] or not math.isfinite(gate_figures["perplexity_candidate"]):
-        return _verdict("fail", f"candidate logits contain {gate_figures['non_finite_candidate']} NaN/inf values",
-                        gate_figures)
-    if speculative and not figures["speculative_identical"]:
-        where = figures["first_difference"]
+    tolerance = Tolerance.from_dict(tolerance)
+    figures = gate_figures(compared, tolerance.rtol, speculative)
+    if figures.non_finite_candidate or not math.isfinite(figures.perplexity_candidate):
+        return _verdict("fail", f"candidate logits contain {figures.non_finite_candidate} NaN/inf values", figures)
+    if speculative and not compared.speculative_identical:
+        where = compared.first_difference
         return _verdict("fail", f"speculative decoding's output differs from plain greedy decoding (request batch "
-                        f"{where['request_batch']}, token {where['token']})", gate_figures)
-    failure = _failed_check(gate_figures, tolerance)
-    flat = _too_flat(gate_figures)
+                        f"{where.request_batch}, token {where.token})", figures)
+    failure = _failed_check(figures, tolerance)
+    flat = _too_flat(figures)
     if failure is not None:
-        return _verdict("inconclusive", f"{failure}, but {flat}", gate_figures) if flat else \
-            _verdict("fail", failure, gate_figures)
-    reason = (f"relative next-token logits error {gate_figures['rel_error']:.2e} <= {_limit(tolerance)}; greedy "
-              f"agreement {100 * gate_figures['greedy_agreement']:.1f}% over {gate_figures['tokens_compared']} tokens "
-              f"(no decisive flips); perplexity {100 * gate_figures['perplexity_rel_delta']:+.3f}%")
+        return _verdict("inconclusive", f"{failure}, but {flat}", figures) if flat else \
+            _verdict("fail", failure, figures)
+    reason = (f"relative next-token logits error {figures.rel_error:.2e} <= {_limit(tolerance)}; greedy "
+              f"agreement {100 * figures.greedy_agreement:.1f}% over {figures.tokens_compared} tokens "
+              f"(no decisive flips); perplexity {100 * figures.perplexity_rel_delta:+.3f}%")
     if speculative:
         reason = "speculative output identical to plain greedy decoding; " + reason
-    return _verdict("pass", reason, gate_figures)
+    return _verdict("pass", reason, figures)
 
 
-def _gate_figures(figures: dict[str, Any], rtol: float, speculative: bool) -> dict[str, Any]:
+def gate_figures(compared: Compared, rtol: float, speculative: bool) -> GenerationFigures:
     """Logits error, greedy agreement and its decisive flips, perplexities, and how confident the baseline is."""
     errors, flips, decisive, samples, non_finite = [], 0, 0, 0, 0
-    for cand, base in zip(figures["candidate_logits"], figures["baseline_logits"]):
+    for cand, base in zip(compared.candidate_logits, compared.baseline_logits):
         cand, base = cand.double(), base.double()
         non_finite += int((~torch.isfinite(cand)).sum())
         errors.append(float(torch.linalg.vector_norm(cand - base) / torch.linalg.vector_norm(base)))
         count, flipped, decisive_flips = top1_flips(cand.flatten(0, 1), base.flatten(0, 1), rtol)
         samples, flips, decisive = samples + count, flips + flipped, decisive + decisive_flips
-    base_ppl, cand_ppl = figures["perplexity_baseline"], figures["perplexity_candidate"]
-    top1_median, confident_share = baseline_confidence(figures["baseline_logits"])
-    gate_figures = {"rel_error": max(errors), "rel_error_per_batch": errors, "non_finite_candidate": non_finite,
-                    "greedy_agreement": 1 - flips / samples, "tokens_compared": samples, "greedy_flips": flips,
-                    "greedy_decisive_flips": decisive, "perplexity_baseline": base_ppl,
-                    "perplexity_candidate": cand_ppl, "perplexity_rel_delta": (cand_ppl - base_ppl) / base_ppl,
-                    "baseline_top1_prob_median": top1_median, "baseline_confident_share": confident_share,
-                    "vocab": figures["baseline_logits"][0].shape[-1]}
+    base_ppl, cand_ppl = compared.perplexity_baseline, compared.perplexity_candidate
+    top1_median, confident_share = baseline_confidence(compared.baseline_logits)
+    figures = GenerationFigures(
+        rel_error=max(errors), rel_error_per_batch=errors, non_finite_candidate=non_finite,
+        greedy_agreement=1 - flips / samples, tokens_compared=samples, greedy_flips=flips,
+        greedy_decisive_flips=decisive, perplexity_baseline=base_ppl, perplexity_candidate=cand_ppl,
+        perplexity_rel_delta=(cand_ppl - base_ppl) / base_ppl, baseline_top1_prob_median=top1_median,
+        baseline_confident_share=confident_share, vocab=compared.baseline_logits[0].shape[-1])
     if speculative:
-        gate_figures.update(speculative_identical=figures["speculative_identical"],
-                            first_difference=figures["first_difference"],
-                            speculative_speedup=figures["speculative_speedup"], plain_s=figures["plain_s"],
-                            speculative_s=figures["speculative_s"])
-    return gate_figures
+        figures.speculative_identical, figures.first_difference = compared.speculative_identical, \
+            compared.first_difference
+        figures.speculative_speedup, figures.plain_s, figures.speculative_s = \
+            compared.speculative_speedup, compared.plain_s, compared.speculative_s
+    return figures
 
 
 def baseline_confidence(baseline_logits: list[torch.Tensor]) -> tuple[float, float]:
@@ -197,35 +215,35 @@ def baseline_confidence(baseline_logits: list[torch.Tensor]) -> tuple[float, flo
     return float(top1.median()), float((top1 >= CONFIDENT_TOP1_PROB).double().mean())
 
 
-def _failed_check(gate_figures: dict[str, Any], tolerance: dict[str, Any]) -> Optional[str]:
+def _failed_check(figures: GenerationFigures, tolerance: Tolerance) -> Optional[str]:
     """Why the candidate fails the logits, agreement or perplexity check; None when it passes all three."""
-    if gate_figures["rel_error"] > tolerance["rtol"]:
-        return f"relative next-token logits error {gate_figures['rel_error']:.2e} > {_limit(tolerance)}"
-    if gate_figures["greedy_decisive_flips"]:
-        return (f"greedy next token changed at {gate_figures['greedy_decisive_flips']} of "
-                f"{gate_figures['tokens_compared']} positions where the baseline was not a near-tie")
-    if gate_figures["perplexity_rel_delta"] > tolerance["perplexity_rtol"]:
-        return (f"perplexity {gate_figures['perplexity_candidate']:.4g} vs baseline "
-                f"{gate_figures['perplexity_baseline']:.4g}: +{100 * gate_figures['perplexity_rel_delta']:.2f}% > "
-                f"{100 * tolerance['perplexity_rtol']:.2g}%")
+    if figures.rel_error > tolerance.rtol:
+        return f"relative next-token logits error {figures.rel_error:.2e} > {_limit(tolerance)}"
+    if figures.greedy_decisive_flips:
+        return (f"greedy next token changed at {figures.greedy_decisive_flips} of "
+                f"{figures.tokens_compared} positions where the baseline was not a near-tie")
+    if figures.perplexity_rel_delta > tolerance.perplexity_rtol:
+        return (f"perplexity {figures.perplexity_candidate:.4g} vs baseline "
+                f"{figures.perplexity_baseline:.4g}: +{100 * figures.perplexity_rel_delta:.2f}% > "
+                f"{100 * tolerance.perplexity_rtol:.2g}%")
     return None
 
 
-def _too_flat(gate_figures: dict[str, Any]) -> Optional[str]:
+def _too_flat(figures: GenerationFigures) -> Optional[str]:
     """Why the baseline's predictions are too flat to judge the candidate by; None when they are confident enough."""
-    share = gate_figures["baseline_confident_share"]
+    share = figures.baseline_confident_share
     if share >= MIN_CONFIDENT_SHARE:
         return None
     return (f"the baseline is too flat to judge: it gives its own greedy token a probability of at least "
-            f"{CONFIDENT_TOP1_PROB:g} at {100 * share:.0f}% of {gate_figures['tokens_compared']} positions (median "
-            f"{gate_figures['baseline_top1_prob_median']:.2g}; a uniform guess over {gate_figures['vocab']} tokens is "
-            f"{1 / gate_figures['vocab']:.2g}), and random weights amplify any rounding; judge on trained weights "
+            f"{CONFIDENT_TOP1_PROB:g} at {100 * share:.0f}% of {figures.tokens_compared} positions (median "
+            f"{figures.baseline_top1_prob_median:.2g}; a uniform guess over {figures.vocab} tokens is "
+            f"{1 / figures.vocab:.2g}), and random weights amplify any rounding; judge on trained weights "
             f"(generate: --option weights=trained)")
 
 
-def _limit(tolerance: dict[str, Any]) -> str:
-    return f"{tolerance['rtol']:.1e} ({tolerance['source']})"
+def _limit(tolerance: Tolerance) -> str:
+    return f"{tolerance.rtol:.1e} ({tolerance.source})"
 
 
-def _verdict(verdict: str, reason: str, gate_figures: dict[str, Any]) -> dict[str, Any]:
-    return {"verdict": verdict, "reason": reason, "metrics": gate_figures}
+def _verdict(verdict: str, reason: str, figures: GenerationFigures) -> QualityVerdict:
+    return QualityVerdict(verdict=verdict, reason=reason, metrics=figures)

@@ -17,15 +17,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from perflab.harness.data import DeviceBatches, first_batches, make_loader, to_device
+from perflab.step.data import DeviceBatches, first_batches, make_loader, to_device
 from perflab.quality.gate import (gate_plan, judge_losses, observe, precision_tolerance, run_candidate,
                              with_noise_floor)
 from perflab.levers import active_levers
+from perflab.results.quality import GateCandidate, QualityVerdict
 
 BASELINE = "one process, fp32 eager, no levers but --grad-accum, on the global batch (N x --batch), same seed and weights"
 
 
-def run_distributed_quality_gate(workload, cfg, device: torch.device) -> dict[str, Any]:
+def run_distributed_quality_gate(workload, cfg, device: torch.device) -> QualityVerdict:
     """Every rank calls this; rank 0 returns the verdict, the others a pointer to it."""
     began = time.perf_counter()
     world = dist.get_world_size()
@@ -36,22 +37,22 @@ def run_distributed_quality_gate(workload, cfg, device: torch.device) -> dict[st
         dist.all_reduce(losses)
         candidate = (losses / world).tolist()
         if dist.get_rank() != 0:
-            return {"verdict": "see rank 0", "reason": "rank 0 judges the gathered loss trajectory"}
+            return QualityVerdict(verdict="see rank 0", reason="rank 0 judges the gathered loss trajectory")
         single = cfg.replace(nproc=1, nnodes=1, batch_size=cfg.batch_size * world)
         recipe = _recipe_levers(single)
         inputs = global_batches(workload, single, device)
         baseline = observe(gate_plan(workload, single, device, levers=recipe), inputs, single)
         tolerance = precision_tolerance(cfg)
-        if tolerance["source"] != "--quality-loss-rtol":
+        if tolerance.source != "--quality-loss-rtol":
             nudged = observe(gate_plan(workload, single, device, levers=recipe, perturb_seed=cfg.seed + 1), inputs,
                              single)
             tolerance = with_noise_floor(tolerance, baseline, nudged)
     verdict = judge_losses(baseline, candidate, tolerance)
-    verdict.update(mode=cfg.mode, baseline=BASELINE, world_size=world, steps=cfg.quality_steps,
-                   candidate={"levers": levers, "precision": cfg.precision, "ranks": world},
-                   tolerances=tolerance, seconds=round(time.perf_counter() - began, 3))
+    verdict.mode, verdict.baseline, verdict.world_size, verdict.steps = cfg.mode, BASELINE, world, cfg.quality_steps
+    verdict.candidate = GateCandidate(levers=levers, precision=cfg.precision, ranks=world)
+    verdict.tolerances, verdict.seconds = tolerance, round(time.perf_counter() - began, 3)
     if any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in workload.model.modules()):
-        verdict["note"] = ("BatchNorm normalises over each rank's batch, the baseline over the global one: "
+        verdict.note = ("BatchNorm normalises over each rank's batch, the baseline over the global one: "
                            "expect small loss deltas (SyncBatchNorm would match)")
     return verdict
 

@@ -9,9 +9,9 @@ from perflab.results.metrics import Metrics
 from perflab.report.html import markdown_to_html
 from perflab.report.markdown import compare_markdown, run_markdown, sweep_markdown
 from perflab.report.operators import top_ops_plot
-from perflab.plots import latency_histogram, phase_breakdown_plot, sweep_plots
+from perflab.report.plots import latency_histogram, phase_breakdown_plot, sweep_plots
 from perflab.results import RESULT_FILE, Result, atomic_file, read_json_object
-from perflab.diagnose import is_serve_result
+from perflab.results.kind import detect_kind
 from perflab.sweep import SWEEP_JSON, read_rows
 from perflab.compare import load_comparison
 from perflab.report.serve_markdown import serve_markdown
@@ -22,29 +22,13 @@ REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 
 
-def detect_kind(directory: Path) -> str:
-    """tune, compare, sweep, memory, serve or run, from the files the directory holds."""
-    if (directory / "tune.json").is_file():
-        return "tune"
-    if (directory / "compare.json").is_file():
-        return "compare"
-    if (directory / "sweep.jsonl").is_file():
-        return "sweep"
-    if (directory / "memory.json").is_file():
-        return "memory"
-    if (directory / RESULT_FILE).is_file():
-        return "serve" if is_serve_result(directory) else "run"
-    raise PerflabError(f"{directory} holds no result.json, sweep.jsonl, compare.json or tune.json: give a run, "
-                       "sweep, compare or tune directory")
-
-
 def _names(paths: dict[str, Optional[Path]], out: Path) -> dict[str, str]:
     return {name: str(Path(path).relative_to(out)) for name, path in paths.items() if path is not None}
 
 
 def _run_report(directory: Path, out: Path) -> str:
     result = Result.load(directory)
-    label = f"batch {result.config.get('batch_size')}"
+    label = f"batch {result.config.batch_size}"
     images = _names({
         "breakdown": phase_breakdown_plot({label: result.metrics.phases_ms}, out / "step_breakdown.png"),
         "latency": latency_histogram({label: [ms for t in result.trials for ms in t.step_ms]}, out / "latency_hist.png"),
@@ -69,10 +53,10 @@ def _compare_report(directory: Path, out: Path) -> str:
     comparison = load_comparison(directory)
     base, cand = comparison.base, comparison.candidate
     images = _names({
-        "breakdown": phase_breakdown_plot({"baseline": Metrics.from_dict(base["metrics"]).phases_ms,
-                                           "candidate": Metrics.from_dict(cand["metrics"]).phases_ms},
+        "breakdown": phase_breakdown_plot({"baseline": Metrics.from_dict(base.metrics).phases_ms,
+                                           "candidate": Metrics.from_dict(cand.metrics).phases_ms},
                                           out / "step_breakdown.png", "step-time breakdown: baseline vs candidate"),
-        "latency": latency_histogram({"baseline": base.get("step_ms") or [], "candidate": cand.get("step_ms") or []},
+        "latency": latency_histogram({"baseline": base.step_ms or [], "candidate": cand.step_ms or []},
                                      out / "latency_hist.png"),
     }, out)
     return compare_markdown(comparison, images)
@@ -88,12 +72,11 @@ def _tune_report(directory: Path, out: Path) -> str:
 
 
 def _memory_report(directory: Path, out: Path) -> str:
-    from perflab.memory.breakdown import Breakdown  # the memory study (and torch's profiler) only for its report
-    from perflab.memory.study import load_study  # as above
+    from perflab.memory.study import load_study  # the memory study (and torch's profiler) only for its report
     from perflab.report.memory import MEMORY_PLOT, memory_markdown, memory_timeline_plot  # as above
 
     study = load_study(directory)
-    image = memory_timeline_plot(Breakdown.from_dict(study["breakdown"]), out / MEMORY_PLOT)
+    image = memory_timeline_plot(study.breakdown, out / MEMORY_PLOT)
     return memory_markdown(study, _names({"timeline": image}, out).get("timeline"))
 
 

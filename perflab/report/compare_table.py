@@ -26,8 +26,8 @@ def _significance(metric: MetricChange, judged: bool = True) -> str:
 
 def comparison_table(comparison: Comparison) -> Table:
     """One row per metric: both values, the change, its 95% interval and whether it is significant."""
-    table = Table(title=f"performance report · base: {comparison.base['label']} · candidate: "
-                        f"{comparison.candidate['label']}", title_justify="left", caption="CI: " + comparison.method,
+    table = Table(title=f"performance report · base: {comparison.base.label} · candidate: "
+                        f"{comparison.candidate.label}", title_justify="left", caption="CI: " + comparison.method,
                   caption_justify="left")
     # The metric names wrap; the numbers never do (a number broken over two lines misreads).
     table.add_column("metric", ratio=1, min_width=10)
@@ -42,7 +42,7 @@ def comparison_table(comparison: Comparison) -> Table:
         table.add_row(f"{m.name} ({m.unit})", _value(m.base, m.unit), _value(m.candidate, m.unit), change,
                       interval, _significance(m, judged=not comparison.noisy or comparison.accept_noisy))
     quality = comparison.quality
-    table.add_row("quality gate", quality["base_verdict"], quality["verdict"], "", "", "")
+    table.add_row("quality gate", quality.base_verdict, quality.verdict, "", "", "")
     return table
 
 
@@ -53,20 +53,20 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     console.print(comparison_table(comparison))
     # Long texts go under the table as lines of their own: squeezed into a column they wrap a word per line.
     quality = comparison.quality
-    if quality.get("reason"):
-        console.print(f"quality ({quality['verdict']}): {quality['reason']}", highlight=False)
+    if quality.reason:
+        console.print(f"quality ({quality.verdict}): {quality.reason}", highlight=False)
     for m in comparison.metrics:
         if m.note and (m.base is not None or m.candidate is not None):
             console.print(f"[dim]{m.name}: {m.note}[/]", highlight=False)
     if comparison.config_changes:
         console.print("changed: " + "; ".join(f"{k} {v[0]} → {v[1]}" for k, v in comparison.config_changes.items()),
                       highlight=False)
-    phases = [p for p in comparison.phases if abs(p["delta_ms"]) > 0.0005][:5]
+    phases = [p for p in comparison.phases if abs(p.delta_ms) > 0.0005][:5]
     if phases:
         console.print("phases that account for the difference (ms/step): " + ", ".join(
-            f"{p['phase']} {p['delta_ms']:+.3f}" for p in phases), highlight=False)
+            f"{p.phase} {p.delta_ms:+.3f}" for p in phases), highlight=False)
     if comparison.kernels:
-        console.print("kernels (ms/step): " + ", ".join(f"{k['kernel'][:40]} {k['delta_ms']:+.3f}"
+        console.print("kernels (ms/step): " + ", ".join(f"{k.kernel[:40]} {k.delta_ms:+.3f}"
                                                         for k in comparison.kernels[:5]), highlight=False)
     else:
         console.print(f"[dim]{comparison.kernel_note}[/]")

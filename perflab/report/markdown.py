@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from perflab.harness.phases import phase_sort_key
-from perflab.harness.stats import interval_text
+from perflab.step.phases import phase_sort_key
+from perflab.stats import interval_text
 from perflab.results.metrics import Generation, Metrics
+from perflab.results.quality import QualityVerdict
 from perflab.report.terminal import fmt as num
 from perflab.report.terminal import add_generation_rows, memory_row, no_ceiling, run_title
 from perflab.results import Result
@@ -111,7 +112,7 @@ def run_summary_rows(result: Result) -> list[list[str]]:
                                    f"{num(gpu.util_min_pct, 0)}%) · SM clock {num(gpu.sm_clock_median_mhz, 0)} MHz"])
     if m.cost_per_million_samples is not None:
         rows.append(["cost", f"{num(m.cost_per_million_samples, 3)} per million samples at "
-                             f"{result.config.get('gpu_cost_per_hour'):g} per hour (--gpu-cost-per-hour)"])
+                             f"{result.config.gpu_cost_per_hour:g} per hour (--gpu-cost-per-hour)"])
     if m.generation is not None:  # TTFT, TPOT, tokens/s, the share of the bandwidth bound: as the terminal shows them
         rows += generation_rows(m.generation)
     rows.append(["levers", ", ".join(result.levers) or "none (baseline)"])
@@ -120,7 +121,7 @@ def run_summary_rows(result: Result) -> list[list[str]]:
         warm += f" (compile/capture, first step: {num(m.compile_s, 2)} s)"
     rows.append(["warm-up", warm])
     if result.quality:
-        rows.append(["quality gate", f"**{result.quality.get('verdict')}**: {result.quality.get('reason', '')}"])
+        rows.append(["quality gate", f"**{result.quality.verdict}**: {result.quality.reason}"])
     return [[name, cell(text)] for name, text in rows]
 
 
@@ -147,17 +148,17 @@ def run_markdown(result: Result, images: dict[str, str], run_dir: Optional[str] 
         parts += ["## Quality gate", quality_block(result.quality)]
     if result.notes:
         parts += ["## Notes", "\n".join(f"- {note}" for note in result.notes)]
-    parts += ["## Configuration", config_table(cfg), "## Environment", environment_table(result.environment),
+    parts += ["## Configuration", config_table(cfg.to_dict()), "## Environment", environment_table(result.environment),
               "## How this was measured", "\n".join(f"- **{k}**: {v}" for k, v in result.timing.items()
                                                     if isinstance(v, str))]
     return "\n\n".join(part for part in parts if part) + "\n"
 
 
-def quality_block(quality: dict[str, Any]) -> str:
-    numbers = {k: v for k, v in (quality.get("metrics") or {}).items() if isinstance(v, (int, float))}
-    text = f"**{quality.get('verdict', 'not checked')}**: {quality.get('reason', '')}"
-    if quality.get("baseline"):
-        text += f"\n\nBaseline: {quality['baseline']}."
+def quality_block(quality: QualityVerdict) -> str:
+    numbers = quality.metrics.numbers() if quality.metrics is not None else {}
+    text = f"**{quality.verdict}**: {quality.reason}"
+    if quality.baseline:
+        text += f"\n\nBaseline: {quality.baseline}."
     if numbers:
         text += "\n\n" + table(["figure", "value"], [[k, cell(v)] for k, v in numbers.items()])
     return text
@@ -222,12 +223,11 @@ def compare_markdown(comparison, images: dict[str, str]) -> str:
                             f"{m.ci_low_pct:+.1f}% … {m.ci_high_pct:+.1f}%",
                             significant, cell(m.note)])
     q = comparison.quality
-    metric_rows.append(["quality", q.get("base_verdict", "—"), q.get("verdict", "—"), "", "", "",
-                        cell(q.get("reason"))])
-    phase_rows = [[p["phase"], num(p["base_ms"], 3), num(p["candidate_ms"], 3), f"{p['delta_ms']:+.3f}",
-                   num(p.get("share_of_change_pct"), 0, "%")] for p in comparison.phases]
-    parts = [f"# perflab compare: {base['label']} → {cand['label']}",
-             f"Baseline `{base.get('path')}` · candidate `{cand.get('path')}`"]
+    metric_rows.append(["quality", q.base_verdict, q.verdict, "", "", "", cell(q.reason)])
+    phase_rows = [[p.phase, num(p.base_ms, 3), num(p.candidate_ms, 3), f"{p.delta_ms:+.3f}",
+                   num(p.share_of_change_pct, 0, "%")] for p in comparison.phases]
+    parts = [f"# perflab compare: {base.label} → {cand.label}",
+             f"Baseline `{base.path}` · candidate `{cand.path}`"]
     if comparison.warnings:
         parts += ["## ⚠ Warnings", "\n".join(f"- **{w}**" for w in comparison.warnings)]
     parts += [f"## Decision: {comparison.decision.upper()}", "\n".join(f"- {r}" for r in comparison.reasons),
@@ -244,15 +244,15 @@ def compare_markdown(comparison, images: dict[str, str]) -> str:
               "## Kernels"]
     if comparison.kernels:
         parts.append(table(["kernel", "baseline ms", "candidate ms", "Δ ms"],
-                           [[k["kernel"], num(k["base_ms"], 3), num(k["candidate_ms"], 3), f"{k['delta_ms']:+.3f}"]
+                           [[k.kernel, num(k.base_ms, 3), num(k.candidate_ms, 3), f"{k.delta_ms:+.3f}"]
                             for k in comparison.kernels], "lrrr"))
     parts.append(comparison.kernel_note)
-    if q.get("numbers"):
+    if q.numbers:
         parts += ["## Quality figures (candidate)", table(["figure", "value"],
-                                                          [[k, cell(v)] for k, v in q["numbers"].items()])]
-    env_keys = [k for k in ENV_KEYS if k in base["environment"] or k in cand["environment"]]
+                                                          [[k, cell(v)] for k, v in q.numbers.items()])]
+    env_keys = [k for k in ENV_KEYS if k in base.environment or k in cand.environment]
     parts += ["## Environment", table(["", "baseline", "candidate"], [
-        [k, cell(_env_value(base["environment"].get(k))), cell(_env_value(cand["environment"].get(k)))]
+        [k, cell(_env_value(base.environment.get(k))), cell(_env_value(cand.environment.get(k)))]
         for k in env_keys])]
     return "\n\n".join(part for part in parts if part) + "\n"
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from perflab.memory.breakdown import Breakdown
 from perflab.memory.search import search_bound
@@ -10,6 +10,8 @@ from perflab.memory.timeline import CATEGORIES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from perflab.memory.study import MemoryStudy
 
 MEMORY_PLOT = "memory_timeline.png"
 COLOURS = {"parameters": "#2e7d32", "gradients": "#1565c0", "optimizer_state": "#f9a825", "activations": "#c62828",
@@ -43,9 +45,9 @@ def _mb(value: Optional[float]) -> str:
     return "—" if value is None else f"{value:,.1f}"
 
 
-def memory_markdown(study: dict[str, Any], image: Optional[str]) -> str:
-    """memory.json (perflab.memory.study.MemoryStudy.to_dict) as a Markdown report."""
-    breakdown = Breakdown.from_dict(study["breakdown"])
+def memory_markdown(study: MemoryStudy, image: Optional[str]) -> str:
+    """memory.json (perflab.memory.study.MemoryStudy) as a Markdown report."""
+    breakdown = study.breakdown
     lines = [f"# Memory: {breakdown.workload} {breakdown.mode}, batch {breakdown.batch_size} ({breakdown.device})", "",
              f"Measured peak **{breakdown.peak_mb:,.1f} MiB** ({breakdown.peak_source}). Categories: "
              f"{breakdown.source}.", "", "| category | MiB | share of peak |", "|---|---:|---:|"]
@@ -57,29 +59,29 @@ def memory_markdown(study: dict[str, Any], image: Optional[str]) -> str:
         lines += ["", f"Largest activations: `{largest[0]}` ({largest[1]:,.1f} MiB saved for backward)."]
     if image:
         lines += ["", f"![memory over the step]({image})"]
-    fit = study.get("fit")
+    fit = study.fit
     if fit:
         lines += ["", "## The peak at other batches", "",
-                  f"peak ≈ {fit['fixed_mb']:,.1f} MiB + {fit['per_sample_mb']:,.3f} MiB × batch "
-                  f"({fit.get('basis') or 'least squares over batches ' + ', '.join(map(str, fit['batches']))}); "
-                  f"capacity {_mb(study.get('capacity_mb'))} MiB; "
-                  f"predicted largest batch: {study.get('predicted_largest_batch') or '—'}."]
-    search = study.get("search")
+                  f"peak ≈ {fit.fixed_mb:,.1f} MiB + {fit.per_sample_mb:,.3f} MiB × batch "
+                  f"({fit.basis or 'least squares over batches ' + ', '.join(map(str, fit.batches))}); "
+                  f"capacity {_mb(study.capacity_mb)} MiB; "
+                  f"predicted largest batch: {study.predicted_largest_batch or '—'}."]
+    search = study.search
     if search:
-        lines += ["", f"Largest batch that fits (measured, each probe its own process): **{search['largest_fits']}** "
-                  f"({search_bound(search.get('limited_by'), search['smallest_oom'])}); peak there "
-                  f"{_mb(search['largest_peak_mb'])} MiB measured vs "
-                  f"{_mb(search.get('predicted_peak_at_largest_mb'))} MiB predicted.", "",
+        predicted = fit.predict_mb(search.largest_fits) if fit is not None and search.largest_fits else None
+        lines += ["", f"Largest batch that fits (measured, each probe its own process): **{search.largest_fits}** "
+                  f"({search_bound(search.limited_by, search.smallest_oom)}); peak there "
+                  f"{_mb(search.largest_peak_mb)} MiB measured vs {_mb(predicted)} MiB predicted.", "",
                   "| probe batch | status | peak MiB |", "|---:|---|---:|"]
-        lines += [f"| {p['batch']} | {p['status']} | {_mb(p['peak_mb'])} |" for p in search["probes"]]
-    if study.get("levers"):
+        lines += [f"| {p.batch} | {p.status} | {_mb(p.peak_mb)} |" for p in search.probes]
+    if study.levers:
         lines += ["", "## What each lever would free", "", "| lever | how | predicted peak MiB | frees MiB | "
                   "batch it allows | basis |", "|---|---|---:|---:|---:|---|"]
-        for lever in study["levers"]:
-            basis = lever["basis"] + (f" ({lever['note']})" if lever.get("note") else "")
-            lines.append(f"| {lever['lever']} | `{lever['how']}` | {_mb(lever['predicted_peak_mb'])} | "
-                         f"{_mb(lever['frees_mb'])} | {lever['batch_allowed'] or '—'} | {basis} |")
-    if study.get("files", {}).get("snapshot"):
-        lines += ["", f"Allocator snapshot: `{study['files']['snapshot']}` (drag onto https://pytorch.org/memory_viz)."]
+        for lever in study.levers:
+            basis = lever.basis + (f" ({lever.note})" if lever.note else "")
+            lines.append(f"| {lever.lever} | `{lever.how}` | {_mb(lever.predicted_peak_mb)} | "
+                         f"{_mb(lever.frees_mb)} | {lever.batch_allowed or '—'} | {basis} |")
+    if study.files.get("snapshot"):
+        lines += ["", f"Allocator snapshot: `{study.files['snapshot']}` (drag onto https://pytorch.org/memory_viz)."]
     lines += [f"- {note}" for note in breakdown.notes]
     return "\n".join(lines) + "\n"

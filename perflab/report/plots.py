@@ -1,12 +1,13 @@
 """PNG plots (matplotlib's Agg canvas, no display needed): sweep and scaling curves, step-time breakdowns, latency
-histograms, tune's waterfall. A leaf of the package graph: the drivers draw their own plots with it and report/
-embeds them."""
+histograms, tune's waterfall: presentation, embedded in the reports. A driver that draws while it runs (a sweep, a
+scale) is handed sweep_plots / scaling_plots by its caller, so that it never imports report/."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from perflab.harness.phases import phase_sort_key
+from perflab.step.phases import phase_sort_key
+from perflab.sweep.point import value_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -23,13 +24,6 @@ def new_figure(width: float, height: float) -> "Figure":
     perflab processes (every tune trial, every rank) draw nothing."""
     from matplotlib.figure import Figure
     return Figure(figsize=(width, height), dpi=DPI)
-
-
-def value_text(value: Any) -> str:
-    """A swept value as text (tables, labels, plots): on/off for switches, none for unset."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return "none" if value is None else str(value)
 
 
 def _x_axis(rows: Sequence[dict[str, Any]], axes: Sequence[str]) -> str:

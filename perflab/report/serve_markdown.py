@@ -14,7 +14,7 @@ from perflab.serve.metrics import COMPONENTS
 def serve_markdown(result: Result, images: dict[str, str], run_dir: Optional[str] = None) -> str:
     cfg, serve = result.config, result.metrics.serve
     settings = serve.settings
-    device = describe_device(result.environment, cfg["device"])
+    device = describe_device(result.environment, cfg.device)
     rows = [[str(p.index), p.scenario, num(p.offered_qps, 0), num(p.realised_offered_qps, 1), num(p.achieved_qps, 1),
              *[num(p.latency_ms[key], 2) for key in ("p50", "p90", "p99", "p99.9")],
              f"{num(p.batch_mean)} ({num(p.batch_fill_pct, 0)}%)", num(p.instance_busy_pct, 0),
@@ -30,8 +30,8 @@ def serve_markdown(result: Result, images: dict[str, str], run_dir: Optional[str
     if serve.search:
         summary.append(f"- **max QPS** with p99 ≤ {settings.p99_ms:g} ms: "
                        f"{num(serve.max_qps, 1) if serve.max_qps else 'none (the lowest rate failed)'} "
-                       f"({len(serve.search['tried'])} points, widen then bisect to "
-                       f"{100 * serve.search['tolerance']:g}%)")
+                       f"({len(serve.search.tried)} points, widen then bisect to "
+                       f"{100 * serve.search.tolerance:g}%)")
     capacity = serve.capacity
     if capacity:
         summary.append(f"- **harness capacity** (no-op model): {capacity_text(capacity)}")
@@ -39,8 +39,8 @@ def serve_markdown(result: Result, images: dict[str, str], run_dir: Optional[str
     if not serve.complete:
         summary.append("- **interrupted**: only the finished points are here")
     parts = [
-        f"# perflab serve: {cfg['workload']} · {serve.scenario} · max batch {settings.max_batch} · "
-        f"{cfg['precision']} · {device}",
+        f"# perflab serve: {cfg.workload} · {serve.scenario} · max batch {settings.max_batch} · "
+        f"{cfg.precision} · {device}",
         f"Measured {result.created_utc or 'n/a'} with perflab {result.perflab_version}. Command: "
         f"`{' '.join(result.command)}`",
         "## Summary", "\n".join(summary),
@@ -62,6 +62,6 @@ def serve_markdown(result: Result, images: dict[str, str], run_dir: Optional[str
     parts += [diagnosis] if diagnosis.lstrip().startswith("## Diagnosis") else ["## Diagnosis", diagnosis]
     if result.notes:
         parts += ["## Notes", "\n".join(f"- {note}" for note in result.notes)]
-    parts += ["## Configuration", config_table({k: v for k, v in cfg.items() if k != "serve"}),
-              config_table(cfg.get("serve") or {}), "## Environment", environment_table(result.environment)]
+    parts += ["## Configuration", config_table(cfg.run_config().to_dict()),
+              config_table(getattr(cfg, "serve", None) or {}), "## Environment", environment_table(result.environment)]
     return "\n\n".join(part for part in parts if part) + "\n"

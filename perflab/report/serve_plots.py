@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Optional
 
 from perflab.results.metrics import LoadPoint, Serve
-from perflab.plots import new_figure
+from perflab.report.plots import new_figure
 from perflab.serve.metrics import COMPONENTS
 
 PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", "-."), ("p99.9", ":"))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
 from rich.console import Console, Group
 from rich.markup import escape
@@ -11,7 +11,7 @@ from perflab.environment import describe_device
 from perflab.report.fit import Column, fitted_tables
 from perflab.report.terminal import fmt
 from perflab.results import Result
-from perflab.results.metrics import LoadPoint
+from perflab.results.metrics import Capacity, LoadPoint, PointValidity
 from perflab.serve.metrics import COMPONENTS
 
 
@@ -21,7 +21,7 @@ def verdict_word(point: LoadPoint) -> str:
         return "pass" if point.passed else "fail"
     if point.loadgen:  # MLCommons LoadGen issued the queries: its verdict decides
         return f"{point.loadgen['validity']} (LoadGen)"
-    return "VALID" if point.validity["valid"] else "INVALID"
+    return "VALID" if point.validity.valid else "INVALID"
 
 
 def _verdict(point: LoadPoint) -> str:
@@ -33,18 +33,18 @@ def validity_lines(points: list[LoadPoint]) -> list[str]:
     """One line per INVALID point with its reasons, and one per warning flag (plain text)."""
     lines = []
     for point in points:
-        validity = point.validity or {}
+        validity = point.validity or PointValidity()
         judged = point.loadgen
         if judged:
             lines.append(f"point {point.index} LoadGen {judged['validity']}: p99 {judged.get('p99_ms', math.nan):.2f} "
                          f"ms, early stopping {'met' if judged.get('early_stopping_met') else 'not met'}; perflab on "
-                         f"the same queries: {'VALID' if validity.get('valid') else 'INVALID'}")
-        if validity.get("reasons"):
+                         f"the same queries: {'VALID' if validity.valid else 'INVALID'}")
+        if validity.reasons:
             lines.append(f"point {point.index} {'perflab: ' if judged else ''}INVALID: "
-                         f"{'; '.join(validity['reasons'])}"
+                         f"{'; '.join(validity.reasons)}"
                          + (f" (too short, not too slow: rerun longer as point {point.rerun_as})"
                             if point.rerun_as is not None else ""))
-        lines += [f"point {point.index} flag: {flag}" for flag in validity.get("flags", [])]
+        lines += [f"point {point.index} flag: {flag}" for flag in validity.flags or []]
     return lines
 
 
@@ -77,9 +77,9 @@ def serve_table(result: Result, width: int = 200) -> Group:
     serve, cfg = result.metrics.serve, result.config
     settings = serve.settings
     levers = ", ".join(result.levers) or "none"
-    title = (f"perflab serve · {cfg['workload']} · {serve.scenario} · max batch {settings.max_batch} "
+    title = (f"perflab serve · {cfg.workload} · {serve.scenario} · max batch {settings.max_batch} "
              f"· timeout {settings.batch_timeout_ms:g} ms · {settings.instances} instance(s) · "
-             f"{cfg['precision']} · levers: {levers} · {describe_device(result.environment, cfg['device'])}"
+             f"{cfg.precision} · levers: {levers} · {describe_device(result.environment, cfg.device)}"
              f" · verdict: p99 ≤ {settings.p99_ms:g} ms")
     columns = [Column(name, "left" if name == "verdict" else "right") for name in POINT_COLUMNS]
     return fitted_tables(title, columns, [point_row(point) for point in serve.points], width)
@@ -114,14 +114,14 @@ def generation_table(result: Result, width: int = 200) -> Group:
                          [Column(name) for name in headers], rows, width)
 
 
-def capacity_text(capacity: dict[str, Any]) -> str:
+def capacity_text(capacity: Capacity) -> str:
     """The harness's capacity in one line (the table and the markdown report share it)."""
-    moves = (f"the batcher moves {fmt(capacity['batcher_qps_at_max_batch'], 0)} queries/s at max batch and "
-             f"{fmt(capacity['batcher_batches_per_s'], 0)} batches/s at batch 1")
-    if "dispatch_delay_p99_ms" not in capacity:  # a result from before arrivals were virtual
-        return f"{moves}; the load generator issued {fmt(capacity.get('loadgen_issue_qps'), 0)} queries/s"
-    return (f"{moves}; on a Poisson schedule at {fmt(capacity['dispatch_probe_qps'], 0)} queries/s it dispatches "
-            f"batches {fmt(capacity['dispatch_delay_p99_ms'], 3)} ms late at p99 (arrivals are virtual: read off "
+    moves = (f"the batcher moves {fmt(capacity.batcher_qps_at_max_batch, 0)} queries/s at max batch and "
+             f"{fmt(capacity.batcher_batches_per_s, 0)} batches/s at batch 1")
+    if capacity.dispatch_delay_p99_ms is None:  # a result from before arrivals were virtual
+        return f"{moves}; the load generator issued {fmt(capacity.loadgen_issue_qps, 0)} queries/s"
+    return (f"{moves}; on a Poisson schedule at {fmt(capacity.dispatch_probe_qps, 0)} queries/s it dispatches "
+            f"batches {fmt(capacity.dispatch_delay_p99_ms, 3)} ms late at p99 (arrivals are virtual: read off "
             "the schedule, no thread issues them)")
 
 
@@ -136,8 +136,8 @@ def print_serve(console: Console, result: Result) -> None:
         found = serve.max_qps
         console.print(f"max QPS with p99 ≤ {serve.settings.p99_ms:g} ms: "
                       + (f"[bold]{fmt(found, 1)}[/] queries/s" if found else "[red]none: even the lowest rate failed[/]")
-                      + f" ({len(serve.search['tried'])} points, bracket to "
-                      f"{fmt(serve.search['lowest_failing_qps'], 1)})", highlight=False)
+                      + f" ({len(serve.search.tried)} points, bracket to "
+                      f"{fmt(serve.search.lowest_failing_qps, 1)})", highlight=False)
     offline = [p for p in serve.points if p.scenario == "offline"]
     if offline:
         console.print(f"offline: [bold]{fmt(offline[0].achieved_qps, 1)}[/] samples/s", highlight=False)

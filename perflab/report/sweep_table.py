@@ -5,7 +5,7 @@ from rich.console import Console, Group
 
 from perflab.report.fit import Column, fitted_tables
 from perflab.report.terminal import fmt
-from perflab.plots import value_text
+from perflab.sweep.point import value_text
 from perflab.sweep import SweepPoint, SweepSummary
 
 

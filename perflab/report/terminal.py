@@ -7,8 +7,8 @@ from rich.console import Console
 from rich.table import Table
 
 from perflab.environment import describe_device
-from perflab.harness.phases import phase_sort_key
-from perflab.harness.stats import interval_text
+from perflab.step.phases import phase_sort_key
+from perflab.stats import interval_text
 from perflab.results.metrics import Generation, Latency, Metrics
 from perflab.results import Result
 
@@ -36,9 +36,9 @@ def memory_row(metrics: Metrics) -> Optional[tuple[str, str]]:
 def run_title(result: Result) -> str:
     """"perflab run" or "perflab profile" (by the command that made it), then workload, mode, batch, precision, device."""
     cfg = result.config
-    device = describe_device(result.environment, cfg["device"])
-    batch = f"batch {cfg['batch_size']}" if cfg.get("batch_size") else None
-    parts = [cfg["workload"], cfg["mode"], batch, cfg.get("precision"), device]  # a script run has no precision
+    device = describe_device(result.environment, cfg.device)
+    batch = f"batch {cfg.batch_size}" if cfg.batch_size else None
+    parts = [cfg.workload, cfg.mode, batch, cfg.precision, device]  # a script run has no precision
     return f"perflab {run_kind(result)} · " + " · ".join(part for part in parts if part)
 
 
@@ -59,7 +59,7 @@ def result_table(result: Result) -> Table:
                   f"{fmt(throughput.range_pct)}% over {throughput.n} trials)")
     if m.steps_per_s is not None:  # a script run: steps found in the script, the first --warmup of them not timed
         table.add_row("steps", f"{fmt(m.steps_per_s, 2)} steps/s · {result.trials[0].steps} "
-                      f"timed of {m.steps_seen} (warm-up {result.config.get('warmup')}) · "
+                      f"timed of {m.steps_seen} (warm-up {result.config.warmup}) · "
                       f"{result.timing.get('steps', '')}")
     lat = m.latency_ms
     table.add_row("step latency", f"p50 {fmt(lat.p50, 2)} ms · p95 {fmt(lat.p95, 2)} ms · "
@@ -83,7 +83,7 @@ def result_table(result: Result) -> Table:
                       f"%) · SM clock median {fmt(gpu.sm_clock_median_mhz, 0)} MHz · clock limits seen: {reasons}")
     if m.cost_per_million_samples is not None:
         table.add_row("cost", f"{fmt(m.cost_per_million_samples, 3)} per million samples at "
-                      f"{result.config.get('gpu_cost_per_hour'):g} per hour")
+                      f"{result.config.gpu_cost_per_hour:g} per hour")
     if m.generation is not None:
         add_generation_rows(table, m.generation)
     warm = f"warm-up {fmt(m.warmup_s, 2)} s"
@@ -92,7 +92,7 @@ def result_table(result: Result) -> Table:
     table.add_row("warm-up", warm)
     if result.quality:
         q = result.quality
-        table.add_row("quality", f"{q.get('verdict', '?')}: {q.get('reason', '')}")
+        table.add_row("quality", f"{q.verdict}: {q.reason}")
     return table
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from perflab.report.markdown import cell, config_table, environment_table, image, num, table
-from perflab.plots import phase_breakdown_plot, waterfall_plot
+from perflab.report.plots import phase_breakdown_plot, waterfall_plot
 from perflab.results import RESULT_FILE, Result, read_json_object, validate
 from perflab.tune.output import TUNE_JSON, objective_figure
 from perflab.tune.recipe import Recipe

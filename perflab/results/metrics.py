@@ -326,6 +326,60 @@ class DispatchDelay(Section):
 
 
 @dataclass
+class EarlyStopping(Section):
+    """LoadGen's early-stopping test of a point (serve/validity.early_stopping): late queries, the queries that many
+    late ones need, and the p99 those queries support (None: too few queries for any)."""
+
+    late_queries: int = 0
+    queries: int = 0
+    queries_needed: Optional[int] = None
+    met: bool = False
+    confidence: Optional[float] = None
+    p99_estimate_ms: Optional[float] = None
+    queries_to_show: Optional[int] = optional()  # server: what a longer run at the same late fraction needs
+
+
+@dataclass
+class PointValidity(Section):
+    """VALID or INVALID as LoadGen judges a point (serve/validity.point_validity), every reason, and warnings."""
+
+    valid: bool = False
+    reasons: list[str] = field(default_factory=list)
+    # None (and absent from the JSON) only in a record from before perflab wrote them
+    flags: Optional[list[str]] = optional()
+    early_stopping: Optional[EarlyStopping] = optional()  # None: offline (no latency bound to test)
+    too_short: Optional[bool] = optional()  # only its length made it INVALID: a longer run at the same rate could pass
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        if self.too_short is not None and self.early_stopping is None:  # a full record: offline says it had none
+            out["early_stopping"] = None
+        return out
+
+
+@dataclass
+class Overload(Section):
+    """Why a server point ended at the queue's bound (serve/batcher.py): when, how long its oldest query had waited,
+    how many were queued, and how many of the schedule's queries were never served."""
+
+    at_s: Optional[float] = None
+    waited_s: Optional[float] = None
+    waiting: Optional[int] = None
+    unserved: int = 0
+
+
+@dataclass
+class Extension(Section):
+    """How far a point ran past --duration to meet its query count, as LoadGen runs one (serve/session.extension)."""
+
+    duration_s: Optional[float] = None
+    last_query_s: Optional[float] = None
+    queries_by_duration: Optional[int] = None
+    queries: Optional[int] = None
+    why: str = ""
+
+
+@dataclass
 class LoadPoint(Section):
     """One load point of a serve run (serve/metrics.summarize_point, then serve/session.Session.point).
 
@@ -356,11 +410,11 @@ class LoadPoint(Section):
     schedule_seed: Optional[int] = None
     load_generator: Optional[str] = optional()  # "perflab" | "MLCommons LoadGen"
     meets_bound: bool = False  # p99 within --p99-ms
-    overloaded: Optional[dict[str, Any]] = optional()  # the queue's bound ended the point
+    overloaded: Optional[Overload] = optional()  # the queue's bound ended the point
     non_finite: Optional[str] = optional()  # why NaN/inf outputs make the point invalid
-    validity: Optional[dict[str, Any]] = optional()  # serve/validity.point_validity (absent before validity)
+    validity: Optional[PointValidity] = optional()  # serve/validity.point_validity (absent before validity)
     passed: bool = False  # VALID (or LoadGen's VALID): the search takes only these as a pass
-    extended: Optional[dict[str, Any]] = optional()  # how far the point ran past --duration
+    extended: Optional[Extension] = optional()  # how far the point ran past --duration
     loadgen: Optional[dict[str, Any]] = optional()  # MLCommons LoadGen's own verdict
     padded_samples: Optional[int] = optional()
     rerun_as: Optional[int] = optional()  # the index of its longer rerun (too short, not too slow)
@@ -377,6 +431,40 @@ class LoadPoint(Section):
 
 
 @dataclass
+class TriedRate(Section):
+    """One rate the max-QPS search tried, and whether its point passed."""
+
+    qps: Optional[float] = None
+    passed: bool = False
+
+
+@dataclass
+class Search(Section):
+    """The max-QPS search (serve/session.search): every rate tried, the bracket above the peak, the bisection's
+    relative tolerance; `skipped` says why it stopped before finding one (no rate can meet the bound, NaN/inf)."""
+
+    skipped: Optional[str] = optional()
+    tried: list[TriedRate] = field(default_factory=list)
+    lowest_failing_qps: Optional[float] = None
+    tolerance: Optional[float] = None  # relative: 0.05 is 5%
+    start_qps: Optional[float] = None
+
+
+@dataclass
+class Capacity(Section):
+    """The harness's own capacity with a no-op model (serve/capacity.measure_capacity)."""
+
+    batcher_qps_at_max_batch: Optional[float] = None
+    batcher_batches_per_s: Optional[float] = None
+    dispatch_probe_qps: Optional[float] = optional()  # the fast Poisson schedule's rate
+    dispatch_delay_p99_ms: Optional[float] = optional()  # absent before arrivals were virtual
+    dispatch_delay_max_ms: Optional[float] = optional()
+    probe_queries: Optional[int] = optional()
+    model: Optional[str] = optional()
+    loadgen_issue_qps: Optional[float] = optional()  # results from before arrivals were virtual only
+
+
+@dataclass
 class Serve(Section):
     """A `perflab serve` run: its settings, one record per load point, the max-QPS search and capacity."""
 
@@ -387,8 +475,8 @@ class Serve(Section):
     estimated_samples_per_s: Optional[float] = None
     points: list[LoadPoint] = field(default_factory=list)  # one per load point (serve/session.py)
     max_qps: Optional[float] = None
-    search: Optional[dict[str, Any]] = None
-    capacity: Optional[dict[str, Any]] = None
+    search: Optional[Search] = None  # None: no max-QPS search (fixed rates, offline, single-stream)
+    capacity: Optional[Capacity] = None
     complete: bool = False
     single_query_ms: Optional[float] = None
 

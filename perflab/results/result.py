@@ -10,9 +10,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
+from perflab.config import RunConfig, saved_config
 from perflab.errors import PerflabError
 from perflab.results import validate
 from perflab.results.metrics import Metrics, PeakMemory, migrate_v1
+from perflab.results.quality import QualityVerdict
 
 SCHEMA_VERSION = 2  # 2: metrics is a typed tree (perflab/metrics.py); 1 is read through metrics.migrate_v1
 RESULT_FILE = "result.json"
@@ -35,7 +37,7 @@ class Trial:
 class Result:
     """Everything a run measured. `metrics` holds aggregates over trials (perflab/metrics.py; README: result.json)."""
 
-    config: dict[str, Any]
+    config: RunConfig  # a ScriptConfig for a script run, a ServeRunConfig for serve (perflab/config.py)
     environment: dict[str, Any]
     workload: dict[str, Any]
     trials: list[Trial]
@@ -45,7 +47,7 @@ class Result:
     notes: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
     created_utc: str = ""
-    quality: Optional[dict[str, Any]] = None
+    quality: Optional[QualityVerdict] = None  # the quality gate's verdict (None: the gate did not run)
     diagnosis: Optional[dict[str, Any]] = None
     artifacts: dict[str, str] = field(default_factory=dict)  # name -> file in the run dir (trace, ...)
     schema_version: int = SCHEMA_VERSION
@@ -59,6 +61,9 @@ class Result:
     def __post_init__(self) -> None:
         if not isinstance(self.metrics, Metrics):  # a JSON-shaped dict, e.g. from a plugin or a test
             self.metrics = Metrics.from_dict(self.metrics or {})
+        if not isinstance(self.config, RunConfig):  # a saved config's dict, e.g. from a plugin or a test
+            self.config = saved_config(self.config or {})
+        self.quality = QualityVerdict.from_dict(self.quality)  # a JSON-shaped dict reads as the typed verdict
 
     @property
     def throughput(self) -> Optional[float]:
@@ -71,10 +76,13 @@ class Result:
         return self.metrics.peak_memory
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("path", "metrics", "trials")}
+        data = {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("path", "metrics", "trials", "config")}
         data = copy.deepcopy(data)
+        data["config"] = self.config.to_dict()
         data["trials"] = [asdict(trial) for trial in self.trials]
         data["metrics"] = self.metrics.to_dict()
+        data["quality"] = self.quality.to_dict() if self.quality is not None else None
         return {f.name: data[f.name] for f in fields(self) if f.name != "path"}
 
     @classmethod
@@ -93,6 +101,9 @@ class Result:
             metrics = migrate_v1(metrics)
         found["schema_version"] = SCHEMA_VERSION  # read into this schema; saved again, it is written as such
         _check_figures(data, metrics, source)
+        if not isinstance(data["config"], dict):
+            raise PerflabError(f"{source} has a malformed config (not a JSON object); re-run to regenerate it")
+        found["config"] = saved_config(data["config"])
         try:
             trials = [Trial(**trial) for trial in data["trials"]]
         except TypeError as err:

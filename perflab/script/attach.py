@@ -27,7 +27,7 @@ from torch.nn.modules import module as torch_module
 from torch.optim import optimizer as torch_optimizer
 from torch.utils.data import dataloader as torch_dataloader
 
-from perflab.harness.calls import floating_tensors
+from perflab.step.calls import floating_tensors
 from perflab.profile.markers import listen_for_step_ends, mark
 from perflab.script.steps import StepDetector
 from perflab.script.timeline import StepTimeline

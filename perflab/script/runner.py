@@ -18,6 +18,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from perflab.config import ScriptConfig
 from perflab.errors import EXIT_OUT_OF_MEMORY, WorkloadExited, is_out_of_memory
 from perflab.harness.nvml import NvmlSampler
 from perflab.oom import OutOfMemory, free_after
@@ -186,10 +187,9 @@ def _result(command: ScriptCommand, timeline: StepTimeline, detector: StepDetect
         notes.append("no batch size was found (no DataLoader batch or model input tensor): samples/s counts steps")
     if timeline.boundaries > len(step_ms):
         notes.append(f"the first {len(step_ms)} steps were timed; the script ran {timeline.boundaries}")
-    config = {"workload": f"script:{command.name}", "mode": "train" if probe.optimizer_steps else "infer",
-              "batch_size": probe.batch_size, "precision": None, "device": device.type, "warmup": warmup,
-              "steps": len(timed_ms), "trials": 1, "workers": probe.workers, "sync_phases": False,
-              "script": command.to_dict(), "step_source": detector.source}
+    config = ScriptConfig(workload=f"script:{command.name}", mode="train" if probe.optimizer_steps else "infer",
+                          batch_size=probe.batch_size, device=device.type, warmup=warmup, steps=len(timed_ms),
+                          trials=1, workers=probe.workers, script=command.to_dict(), step_source=detector.source)
     model = probe.model
     workload = {"name": command.name, "description": f"the script `{' '.join(command.shown())}`, run unchanged",
                 "parameters": sum(p.numel() for p in model.parameters()) if model is not None else None,

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from perflab.harness.timers import make_timer
+from perflab.step.timers import make_timer
 
 MAX_RECORDED_STEPS = 5_000  # bounds the events a very long script accumulates; later steps are counted only
 

@@ -18,6 +18,8 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
+from perflab.results.metrics import Overload
+
 
 @dataclass
 class FormedBatch:
@@ -58,7 +60,7 @@ class ScheduledBatcher:
         # The queue's bound: once the oldest waiting query has waited this long the point stops (overloaded), and
         # the rest of the schedule is never served.
         self.max_wait_s = max_wait_s
-        self.overloaded: Optional[dict[str, float]] = None
+        self.overloaded: Optional[Overload] = None
         self._taken = 0  # queries before this one are in batches already
         self._forming = threading.Lock()  # one instance forms a batch at a time; the others queue behind it
         self._stopped = threading.Event()  # set by close(): wakes a sleeping instance (Ctrl-C)
@@ -82,8 +84,8 @@ class ScheduledBatcher:
             opened_s = self.clock()
             if opened_s - self.arrivals_s[first] > self.max_wait_s:
                 waiting = int(np.searchsorted(self.arrivals_s, opened_s, side="right")) - first
-                self.overloaded = {"at_s": opened_s, "waited_s": opened_s - self.arrivals_s[first],
-                                   "waiting": waiting, "unserved": count - first}
+                self.overloaded = Overload(at_s=opened_s, waited_s=opened_s - self.arrivals_s[first],
+                                           waiting=waiting, unserved=count - first)
                 self._stopped.set()  # every instance stops taking batches
                 return None
             self._sleep_until(self.arrivals_s[first])

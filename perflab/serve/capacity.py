@@ -4,10 +4,9 @@ bottleneck. Measured through the same path as the points (ScheduledBatcher, Serv
 from __future__ import annotations
 
 import time
-from typing import Any
-
 import numpy as np
 
+from perflab.results.metrics import Capacity
 from perflab.serve.loadgen import run_offline, run_scheduled
 from perflab.serve.metrics import QueryLog, dispatch_lateness
 from perflab.serve.schedule import poisson_arrivals
@@ -33,7 +32,7 @@ class FixedTimeEngine:
         return 0.0, 0.0
 
 
-def measure_capacity(max_batch: int, timeout_s: float, instances: int, queries: int = PROBE_QUERIES) -> dict[str, Any]:
+def measure_capacity(max_batch: int, timeout_s: float, instances: int, queries: int = PROBE_QUERIES) -> Capacity:
     """With a no-op model: queries/s the batcher and instances move at --batcher-max-batch (every query arrived at once),
     batches/s at one query per batch, and the batcher's dispatch delay on a Poisson schedule at PROBE_RATE_QPS."""
     server = Server([FixedTimeEngine() for _ in range(instances)])
@@ -46,15 +45,9 @@ def measure_capacity(max_batch: int, timeout_s: float, instances: int, queries: 
     finally:
         server.close()
     late = dispatch_lateness(fast)
-    return {
-        "batcher_qps_at_max_batch": _rate(full),
-        "batcher_batches_per_s": _rate(single),
-        "dispatch_probe_qps": PROBE_RATE_QPS,
-        "dispatch_delay_p99_ms": late["p99_ms"],
-        "dispatch_delay_max_ms": late["max_ms"],
-        "probe_queries": queries,
-        "model": "no-op (FixedTimeEngine(0))",
-    }
+    return Capacity(batcher_qps_at_max_batch=_rate(full), batcher_batches_per_s=_rate(single),
+                    dispatch_probe_qps=PROBE_RATE_QPS, dispatch_delay_p99_ms=late.p99_ms,
+                    dispatch_delay_max_ms=late.max_ms, probe_queries=queries, model="no-op (FixedTimeEngine(0))")
 
 
 def _rate(log: QueryLog) -> float:

@@ -15,7 +15,7 @@ import torch
 from perflab import options
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
-from perflab.harness.data import make_loader
+from perflab.step.data import make_loader
 from perflab.harness.progress import Reporter
 from perflab.pipeline import (describe_workload, load, new_result, out_of_memory_as_result, prepared, quality_stage,
                               resolve_config, resolve_device, with_breakdown_advice)

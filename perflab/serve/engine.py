@@ -18,8 +18,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from perflab.harness.calls import call_model, count_non_finite
-from perflab.harness.plan import StepPlan
+from perflab.step.calls import call_model, count_non_finite
+from perflab.step.plan import StepPlan
 from perflab.serve.pool import BatchCopier, SamplePool, batch_buffer, flat_tensors, rebuild
 
 # on_results(sample_ids, outputs): a batch's results on the host, one row per query (valid until the next batch)

@@ -17,7 +17,7 @@ import torch
 
 from perflab.errors import PerflabError
 from perflab.generation.metrics import RequestTiming, TokenClock
-from perflab.harness.plan import StepPlan
+from perflab.step.plan import StepPlan
 from perflab.serve.pool import BatchCopier, batch_buffer
 from perflab.workloads import Workload
 

@@ -11,7 +11,7 @@ from perflab.cost import cost_per_million
 from perflab.generation.metrics import RequestTiming
 from perflab.serve.batcher import FormedBatch
 from perflab.generation.metrics import summarize_requests
-from perflab.results.metrics import DispatchDelay, LoadPoint
+from perflab.results.metrics import DispatchDelay, LoadPoint, Overload
 from perflab.serve.validity import nearest_rank
 
 PERCENTILES = (50, 90, 95, 99, 99.9)
@@ -40,7 +40,7 @@ class QueryLog:
         # generation: per batch, (query ids, its token times, host time its last token came out)
         self.token_batches: list[tuple[list[int], RequestTiming, float]] = []
         self._lock = threading.Lock()  # instances record from their own threads
-        self.overloaded: Optional[dict[str, float]] = None  # set when the point stopped at the queue's bound
+        self.overloaded: Optional[Overload] = None  # set when the point stopped at the queue's bound
 
     def __len__(self) -> int:
         return len(self.scheduled_s)
@@ -128,13 +128,13 @@ def where_time_goes(log: QueryLog) -> dict[str, dict[str, float]]:
             "tail": {name: float(values[tail].mean()) for name, values in parts.items()}}
 
 
-def dispatch_lateness(log: QueryLog) -> dict[str, float]:
+def dispatch_lateness(log: QueryLog) -> DispatchDelay:
     """How late the batcher dispatched its batches against when they were due (p99 and max over batches, ms):
     the harness's own lateness (sleep overshoot, waits for the GIL), which counts against the point's latency."""
     late_ms = 1000 * np.asarray(log.dispatch_delays_s)
     if late_ms.size == 0:
-        return {"p99_ms": float("nan"), "max_ms": float("nan")}
-    return {"p99_ms": float(np.percentile(late_ms, 99)), "max_ms": float(late_ms.max())}
+        return DispatchDelay(p99_ms=float("nan"), max_ms=float("nan"))
+    return DispatchDelay(p99_ms=float(np.percentile(late_ms, 99)), max_ms=float(late_ms.max()))
 
 
 def realised_rate(scheduled_s: np.ndarray) -> float:
@@ -163,7 +163,7 @@ def summarize_point(log: QueryLog, scenario: str, offered_qps: Optional[float], 
     achieved = float(done.sum() / span_s) if span_s > 0 else float("nan")
     sizes = np.asarray(log.batch_sizes)
     histogram = {int(size): int(count) for size, count in zip(*np.unique(sizes, return_counts=True))}
-    late = DispatchDelay.from_dict(dispatch_lateness(log))
+    late = dispatch_lateness(log)
     return LoadPoint(
         scenario=scenario,
         offered_qps=offered_qps,

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from perflab.harness.data import map_tensors
+from perflab.step.data import map_tensors
 
 
 @dataclass

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from perflab.config import RunConfig
 from perflab.harness.nvml import NvmlSampler
-from perflab.results.metrics import LoadPoint, Serve
+from perflab.results.metrics import Extension, LoadPoint, Search, Serve, TriedRate
 from perflab.results import Result
 from perflab.serve import loadgen, mlcommons, schedule
 from perflab.serve.config import (MAX_DURATION_S, MAX_QUERIES_PER_POINT, ServeConfig, check_offline_queries,
@@ -90,7 +90,7 @@ class Session:
         self._check_outputs(point)
         point.validity = point_validity(point, log.latency_ms(), float(np.nanmax(log.scheduled_s)), sc.p99_ms,
                                         sc.duration_s, sc.min_queries)
-        point.passed = point.validity["valid"]  # the search takes only a VALID point as a pass
+        point.passed = point.validity.valid  # the search takes only a VALID point as a pass
         extended = None if log.overloaded is not None else extension(  # overloaded: it did not run its schedule
             log, sc.duration_s, why_longer or f"--min-queries {min_queries:,}")
         if extended is not None:  # LoadGen's two minimums: the point ran past --duration until the count was met
@@ -115,8 +115,8 @@ class Session:
         extended = [point for point in self.record.points if point.extended]
         named = "; ".join(f"point {point.index}"
                           + (f" at {point.offered_qps:g} queries/s" if point.offered_qps else "")
-                          + f" issued {point.extended['queries']:,} queries over "
-                          f"{point.extended['last_query_s']:.1f} s for {point.extended['why']}"
+                          + f" issued {point.extended.queries:,} queries over "
+                          f"{point.extended.last_query_s:.1f} s for {point.extended.why}"
                           for point in extended[:NOTED_POINTS])
         more = f"; and {len(extended) - NOTED_POINTS} more" if len(extended) > NOTED_POINTS else ""
         note = (f"{len(extended)} point(s) ran past --duration {self.serve_cfg.duration_s:g} s, as LoadGen runs a "
@@ -170,7 +170,7 @@ class Session:
             self.non_finite = point.non_finite
 
 
-def extension(log: QueryLog, duration_s: float, why: str) -> Optional[dict[str, Any]]:
+def extension(log: QueryLog, duration_s: float, why: str) -> Optional[Extension]:
     """How far a point ran past `duration_s` (None: it did not): when its last query arrived (single-stream: was
     issued), the queries that arrived by `duration_s` (the first at or past it included) and all it issued, for
     `why`."""
@@ -178,16 +178,16 @@ def extension(log: QueryLog, duration_s: float, why: str) -> Optional[dict[str, 
     by_duration = int((scheduled < duration_s).sum()) + 1
     if scheduled.size <= by_duration:
         return None
-    return {"duration_s": duration_s, "last_query_s": float(scheduled.max()), "queries_by_duration": by_duration,
-            "queries": int(scheduled.size), "why": why}
+    return Extension(duration_s=duration_s, last_query_s=float(scheduled.max()), queries_by_duration=by_duration,
+                     queries=int(scheduled.size), why=why)
 
 
 def overload_note(point: LoadPoint) -> str:
     """One line saying why an overloaded point ended early."""
     over = point.overloaded
-    return (f"point {point.index} at {point.offered_qps:g} queries/s overloaded: after {over['at_s']:.1f} s a "
-            f"query had waited {over['waited_s']:.1f} s with {over['waiting']:,} queued; the point was ended with "
-            f"{over['unserved']:,} of {point.queries:,} queries unserved (the rate is beyond what the model serves)")
+    return (f"point {point.index} at {point.offered_qps:g} queries/s overloaded: after {over.at_s:.1f} s a "
+            f"query had waited {over.waited_s:.1f} s with {over.waiting:,} queued; the point was ended with "
+            f"{over.unserved:,} of {point.queries:,} queries unserved (the rate is beyond what the model serves)")
 
 
 class Diverged(Exception):
@@ -224,8 +224,7 @@ def search(session: Session, estimate: float) -> None:
     if single_ms > sc.p99_ms:
         reason = f"one query alone takes {single_ms:.2f} ms, more than the p99 bound of {sc.p99_ms:g} ms: no rate " \
                  "can meet it"
-        session.record.search = {"skipped": reason, "tried": [], "lowest_failing_qps": None,
-                                    "tolerance": tolerance, "start_qps": None}
+        session.record.search = Search(skipped=reason, tolerance=tolerance)
         session.result.notes.append(reason)
         return
 
@@ -237,9 +236,9 @@ def search(session: Session, estimate: float) -> None:
             longer = rerun_queries(point, rate)
             if longer is None:
                 break
-            stopping = point.validity["early_stopping"]
-            why = (f"early stopping: point {point.index} had {stopping['late_queries']:,} of "
-                   f"{stopping['queries']:,} queries late, too few queries to show its p99 within the bound")
+            stopping = point.validity.early_stopping
+            why = (f"early stopping: point {point.index} had {stopping.late_queries:,} of "
+                   f"{stopping.queries:,} queries late, too few queries to show its p99 within the bound")
             point.rerun_as = len(session.record.points)
             point = session.point("server", rate=rate, duration_s=point_duration_s(rate, sc.duration_s, longer),
                                   min_queries=longer, why_longer=why)
@@ -249,14 +248,13 @@ def search(session: Session, estimate: float) -> None:
     try:
         outcome = find_max_qps(passes, max(_rate(estimate / 2), lowest), tolerance, lowest_qps=lowest)
     except Diverged as stopped:
-        session.record.search = {"skipped": str(stopped), "tried": [{"qps": p.offered_qps, "passed": False}
-                                                                    for p in session.record.points],
-                                 "lowest_failing_qps": None, "tolerance": tolerance, "start_qps": None}
+        session.record.search = Search(skipped=str(stopped), tolerance=tolerance,
+                                       tried=[TriedRate(qps=p.offered_qps) for p in session.record.points])
         return
     session.record.max_qps = outcome.max_qps
-    session.record.search = {"lowest_failing_qps": outcome.lowest_failing_qps, "tolerance": tolerance,
-                                "tried": [{"qps": rate, "passed": passed} for rate, passed in outcome.tried],
-                                "start_qps": outcome.tried[0][0]}
+    session.record.search = Search(lowest_failing_qps=outcome.lowest_failing_qps, tolerance=tolerance,
+                                   tried=[TriedRate(qps=rate, passed=passed) for rate, passed in outcome.tried],
+                                   start_qps=outcome.tried[0][0])
 
 
 def rerun_queries(point: LoadPoint, rate: float) -> Optional[int]:
@@ -264,13 +262,13 @@ def rerun_queries(point: LoadPoint, rate: float) -> Optional[int]:
     count early stopping needs at the late fraction it saw, with a margin (None: not too short, or past the
     limits of a point)."""
     validity = point.validity
-    if point.passed or not validity.get("too_short"):
+    if point.passed or validity is None or not validity.too_short or validity.early_stopping is None:
         return None
-    needed = validity["early_stopping"].get("queries_to_show")
+    needed = validity.early_stopping.queries_to_show
     if needed is None:
         return None
     queries = math.ceil(RERUN_MARGIN * needed)
-    if queries <= validity["early_stopping"]["queries"] or queries > MAX_QUERIES_PER_POINT \
+    if queries <= validity.early_stopping.queries or queries > MAX_QUERIES_PER_POINT \
             or queries / rate > MAX_DURATION_S:
         return None
     return queries

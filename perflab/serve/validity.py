@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
-from perflab.results.metrics import LoadPoint
+from perflab.results.metrics import EarlyStopping, LoadPoint, PointValidity
 
 CONFIDENCE = 0.99  # LoadGen's early-stopping confidence
 TARGET_PERCENTILE = 99.0  # the percentile --p99-ms bounds
@@ -64,7 +64,7 @@ def min_passing_queries(late: int, percentile: float = TARGET_PERCENTILE, confid
 
 
 def early_stopping(latency_ms: np.ndarray, bound_ms: float, percentile: float = TARGET_PERCENTILE
-                   ) -> dict[str, Any]:
+                   ) -> EarlyStopping:
     """LoadGen's early-stopping test of a server point: late queries (past the bound), the queries that many late
     ones need, whether the point had them, and the percentile estimate those queries support (the latency the
     true percentile is under with 99% confidence; None with too few queries for any)."""
@@ -72,8 +72,9 @@ def early_stopping(latency_ms: np.ndarray, bound_ms: float, percentile: float = 
     queries = int(latency_ms.size)
     late = int((latency_ms > bound_ms).sum())
     needed = min_passing_queries(late, percentile) + late
-    return {"late_queries": late, "queries": queries, "queries_needed": needed, "met": queries >= needed,
-            "confidence": CONFIDENCE, f"p{percentile:g}_estimate_ms": percentile_estimate(latency_ms, percentile)}
+    return EarlyStopping.from_dict({  # another percentile's estimate is kept under its own key (in `extra`)
+        "late_queries": late, "queries": queries, "queries_needed": needed, "met": queries >= needed,
+        "confidence": CONFIDENCE, f"p{percentile:g}_estimate_ms": percentile_estimate(latency_ms, percentile)})
 
 
 def percentile_estimate(latency_ms: np.ndarray, percentile: float = TARGET_PERCENTILE) -> Optional[float]:
@@ -111,7 +112,7 @@ def queries_to_show(late: int, queries: int, percentile: float = TARGET_PERCENTI
 
 
 def point_validity(point: LoadPoint, latency_ms: np.ndarray, last_arrival_s: float, bound_ms: float,
-                   duration_s: float, min_queries: int) -> dict[str, Any]:
+                   duration_s: float, min_queries: int) -> PointValidity:
     """VALID or INVALID with every reason, as LoadGen's summary says it: minimum duration and query count, and for a
     server point the latency bound at the nearest-rank p99 and early stopping; a late harness or NaN/inf outputs
     (set in the point before) also invalidate it. `flags` hold warnings that do not."""
@@ -134,18 +135,18 @@ def point_validity(point: LoadPoint, latency_ms: np.ndarray, last_arrival_s: flo
         p99 = point.p99_ms
         if not p99 <= bound_ms:
             reasons.append(f"latency bound not met: p99 {p99:.2f} ms > {bound_ms:g} ms")
-        if not stopping["met"]:
-            reasons.append(f"early stopping not met: {stopping['late_queries']:,} of {stopping['queries']:,} queries "
-                           f"past {bound_ms:g} ms need {stopping['queries_needed']:,} queries to show p99 within the "
+        if not stopping.met:
+            reasons.append(f"early stopping not met: {stopping.late_queries:,} of {stopping.queries:,} queries "
+                           f"past {bound_ms:g} ms need {stopping.queries_needed:,} queries to show p99 within the "
                            "bound with 99% confidence")
             length_reasons += p99 <= bound_ms  # the bound met on too few queries to show it: too short
-        stopping["queries_to_show"] = queries_to_show(stopping["late_queries"], stopping["queries"])
-    elif scenario == "single-stream" and stopping["p99_estimate_ms"] is None:
-        reasons.append(f"too few queries for an early-stopping p99 estimate: {stopping['queries']:,}, it needs "
+        stopping.queries_to_show = queries_to_show(stopping.late_queries, stopping.queries)
+    elif scenario == "single-stream" and stopping.p99_estimate_ms is None:
+        reasons.append(f"too few queries for an early-stopping p99 estimate: {stopping.queries:,}, it needs "
                        f"{min_passing_queries(1) + 1:,}")
         length_reasons += 1
     if point.overloaded:
-        reasons.append(f"overloaded: {point.overloaded['unserved']:,} queries left unserved")
+        reasons.append(f"overloaded: {point.overloaded.unserved:,} queries left unserved")
     if point.harness_late:
         reasons.append(f"harness late: dispatch delay p99 {point.dispatch_delay_ms.p99_ms:.2f} ms")
     if point.non_finite:
@@ -156,6 +157,5 @@ def point_validity(point: LoadPoint, latency_ms: np.ndarray, last_arrival_s: flo
         flags.append(f"worst dispatch delay {worst_ms:.1f} ms is beyond the {bound_ms:g} ms bound: a batch was held "
                      "up by the harness (GIL, sleep overshoot) longer than the whole latency budget")
     too_short = bool(reasons) and length_reasons == len(reasons)
-    return {"valid": not reasons, "reasons": reasons, "flags": flags, "early_stopping": stopping,
-            "too_short": too_short}
+    return PointValidity(valid=not reasons, reasons=reasons, flags=flags, early_stopping=stopping, too_short=too_short)
 

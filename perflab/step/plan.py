@@ -8,7 +8,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 import torch
 from torch import nn
 
-from perflab.harness.data import DeviceBatches, first_batches, loader_batches, make_loader, to_device
+from perflab.step.data import DeviceBatches, first_batches, loader_batches, make_loader, to_device
 from perflab.workloads.base import Workload
 
 

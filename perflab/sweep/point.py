@@ -9,6 +9,14 @@ from typing import Any, Optional
 
 from perflab.config import RunConfig
 from perflab.results import Result
+from perflab.results.quality import verdict_of
+
+
+def value_text(value: Any) -> str:
+    """A swept value as text (tables, labels, plots): on/off for switches, none for unset."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
 
 
 @dataclass
@@ -74,12 +82,12 @@ def measured_figures(result: Result) -> dict[str, Any]:
     """The flat summary of one point's result that a SweepPoint (and sweep.jsonl, sweep.csv) holds, by field name."""
     m = result.metrics
     throughput, latency = m.throughput_samples_per_s, m.latency_ms
-    quality = result.quality or {}
     return dict(throughput=throughput.median, throughput_ci_low=throughput.ci95_low,
                 throughput_ci_high=throughput.ci95_high, trials=throughput.n, p50_ms=latency.p50, p95_ms=latency.p95,
                 p99_ms=latency.p99, peak_memory_mb=result.peak_memory.mb, memory_kind=result.peak_memory.label,
                 gpu_util_pct=m.gpu.util_mean_pct if m.gpu else None, mfu_pct=m.flops.mfu_pct if m.flops else None,
-                quality=quality.get("verdict"), quality_reason=quality.get("reason"),
+                quality=verdict_of(result.quality, None),
+                quality_reason=result.quality.reason if result.quality is not None else None,
                 busy=bool(m.interference and m.interference.busy), world_size=result.world_size)
 
 

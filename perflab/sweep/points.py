@@ -37,8 +37,7 @@ from perflab.pipeline import resolve_config
 from perflab.results import atomic_file, validate, write_json_atomic
 from perflab.results.result import check_schema_version
 from perflab.results.rundir import locked_out
-from perflab.plots import sweep_plots, value_text
-from perflab.sweep.point import SweepPoint, measured_figures
+from perflab.sweep.point import SweepPoint, measured_figures, value_text
 from perflab.workloads import check_spec
 
 SWEEP_JSON = "sweep.json"
@@ -82,6 +81,11 @@ class SweepObserver:
     def point_finished(self, row: SweepPoint, reused: bool) -> None:
         pass
 
+
+# Draws a sweep's figures into its folder from its rows and axes, and returns them by name (report/plots.py's
+# sweep_plots and scaling_plots). The caller passes it in: report/ reads the sweep's files, so a driver never
+# imports report/ (None: no plots).
+DrawPlots = Callable[[list[dict[str, Any]], list[str], Path], dict[str, Path]]
 
 @dataclass
 class SweepSummary:
@@ -347,12 +351,12 @@ class Sweep:
                 "best_under_bound": bounded and bounded.key, "plots": plots or {}, **self.description}
         write_json_atomic(self.out / SWEEP_JSON, meta)
 
-    def finish(self, plots: bool = True) -> SweepSummary:
-        """Name the best points and draw the plots; safe to call on a partial sweep."""
+    def finish(self, plots: Optional[DrawPlots] = None) -> SweepSummary:
+        """Name the best points and draw the plots (when given a drawer); safe to call on a partial sweep."""
         rows = self.done
         files: dict[str, str] = {}
         if plots and any(point.ok for point in rows):
-            drawn = sweep_plots([point.to_dict() for point in rows], self.axes, self.out)
+            drawn = plots([point.to_dict() for point in rows], self.axes, self.out)
             files = {name: str(path.relative_to(self.out)) for name, path in drawn.items()}
         self._write_meta(files)
         best, bounded = best_points(rows, self.max_p95_ms)
@@ -381,7 +385,7 @@ def _describe(configs: Sequence[RunConfig], kind: str, **extra: Any) -> dict[str
 
 def run_sweep(configs: Sequence[RunConfig], out: Union[str, Path], axes: Optional[Sequence[str]] = None,
               resume: bool = False, max_p95_ms: Optional[float] = None, observer: Optional[SweepObserver] = None,
-              command: Optional[list[str]] = None, plots: bool = True,
+              command: Optional[list[str]] = None, plots: Optional[DrawPlots] = None,
               reporter_factory: Callable[[], Reporter] = Reporter) -> SweepSummary:
     """Run every config (skipping those already recorded in `out` when resuming); returns the summary."""
     if not configs:
@@ -401,7 +405,7 @@ def run_sweep(configs: Sequence[RunConfig], out: Union[str, Path], axes: Optiona
 def run_auto_batch(configs: Sequence[RunConfig], out: Union[str, Path], growth_pct: float = 5.0,
                    max_batch: int = 4096, axes: Optional[Sequence[str]] = None, resume: bool = False,
                    max_p95_ms: Optional[float] = None, observer: Optional[SweepObserver] = None,
-                   command: Optional[list[str]] = None, plots: bool = True,
+                   command: Optional[list[str]] = None, plots: Optional[DrawPlots] = None,
                    reporter_factory: Callable[[], Reporter] = Reporter) -> SweepSummary:
     """For each config, double the batch from its own (or the workload default) until a point runs out of
     memory, throughput grows by less than `growth_pct` percent, or the batch would pass `max_batch`."""

@@ -33,7 +33,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Optional
 
-from perflab.calibrate_collectives import collective_seconds
+from perflab.calibrate_collectives import CollectivesCalibration, PeerLink, collective_seconds
 from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.options import option
@@ -260,7 +260,7 @@ NOMINAL_INTRA_LATENCY_US = 10.0  # stated with the nominal link where no collect
 
 def breakdown_of(result) -> StepBreakdown:
     """The one-GPU step of a training result: its phases (ms), parameters and blocks (the FSDP units)."""
-    if RunConfig.from_dict(result.config).mode != "train":
+    if result.config.mode != "train":
         raise PerflabError("--predict models a training step (gradients to all-reduce): use --mode train")
     phases = dict(result.metrics.phases_ms)
     main = {name: phases.pop(name, 0.0) for name in ("forward", "backward", "optimizer")}
@@ -279,25 +279,26 @@ def recipe_of(config: RunConfig, units: int) -> Recipe:
                   kept_units=kept)
 
 
-def interconnect(settings: PredictConfig, measured: Optional[dict], nominal: Optional[dict]) -> Interconnect:
+def interconnect(settings: PredictConfig, measured: Optional[CollectivesCalibration],
+                 nominal: Optional[PeerLink]) -> Interconnect:
     """The links: within a node --intra-node-gbps, else measured collectives, else the nominal link; between
     nodes the stated figures."""
     latency_s, latency_source = NOMINAL_INTRA_LATENCY_US * 1e-6, f"stated {NOMINAL_INTRA_LATENCY_US:g} µs"
     if measured:
-        latency_s = measured["latency_us"]["all_reduce"] * 1e-6
-        latency_source = f"measured {measured['latency_us']['all_reduce']:.1f} µs"
+        latency_us = measured.latency_us["all_reduce"]
+        latency_s, latency_source = latency_us * 1e-6, f"measured {latency_us:.1f} µs"
     if settings.intra_node_gbps is not None:
         intra = Link(settings.intra_node_gbps, latency_s, f"given --intra-node-gbps {settings.intra_node_gbps:g} GB/s "
                                                           f"bus bandwidth, latency {latency_source}")
     elif measured:
-        busbw = measured["peak_busbw_gbps"]["all_reduce"]
-        intra = Link(busbw, latency_s, f"measured by perflab calibrate --collectives over {measured['ranks']} ranks "
-                                       f"({measured['measured_utc']}): all-reduce bus bandwidth {busbw:.1f} GB/s, "
+        busbw = measured.peak_busbw_gbps["all_reduce"]
+        intra = Link(busbw, latency_s, f"measured by perflab calibrate --collectives over {measured.ranks} ranks "
+                                       f"({measured.measured_utc}): all-reduce bus bandwidth {busbw:.1f} GB/s, "
                                        f"latency {latency_source}")
     elif nominal:
-        intra = Link(nominal["gbps"], latency_s, f"stated: nominal {nominal['name']} {nominal['gbps']:g} GB/s as "
-                                                 f"bus bandwidth (not measured: run perflab calibrate "
-                                                 f"--collectives), latency {latency_source}")
+        intra = Link(nominal.gbps, latency_s, f"stated: nominal {nominal.name} {nominal.gbps:g} GB/s as "
+                                              f"bus bandwidth (not measured: run perflab calibrate "
+                                              f"--collectives), latency {latency_source}")
     else:
         raise PerflabError("--predict needs the bus bandwidth between this node's devices: run `perflab calibrate "
                            "--collectives --nproc 2` once, or give --intra-node-gbps")

@@ -16,14 +16,14 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from perflab import options
-from perflab.calibrate_collectives import cached_collectives, nominal_link
-from perflab.plots import scaling_plots
+from perflab.calibrate_collectives import measured_collectives, peer_link
 from perflab.config import DISTRIBUTED, RunConfig
+from perflab.diagnose.communication import GatheredCommunication
 from perflab.harness.progress import Reporter
 from perflab.results import Result, atomic_file, write_json_atomic
 from perflab.sweep.point import ScaleRow, SweepPoint
 from perflab.sweep.predict import PredictConfig, Prediction, interconnect, predict_rows
-from perflab.sweep.points import SweepObserver, SweepSummary, run_sweep, swept_axes
+from perflab.sweep.points import DrawPlots, SweepObserver, SweepSummary, run_sweep, swept_axes
 
 SCALE_JSON = "scale.json"
 SCALE_CSV = "scaling.csv"
@@ -132,11 +132,13 @@ def trusted_efficiency(row: ScaleRow) -> Optional[float]:
 
 
 def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool = False,
-              observer: Optional[SweepObserver] = None, command: Optional[list[str]] = None, plots: bool = True,
+              observer: Optional[SweepObserver] = None, command: Optional[list[str]] = None,
+              plots: Optional[DrawPlots] = None, scaling_plots: Optional[DrawPlots] = None,
               reporter_factory: Callable[[], Reporter] = Reporter,
               predict: Optional[PredictConfig] = None) -> ScaleSummary:
     """Run every config at its --nproc (and at 1 rank), then compute and save the scaling efficiency; with
-    `predict`, the scaling model's step time and efficiency at its GPU counts (and at the measured ones)."""
+    `predict`, the scaling model's step time and efficiency at its GPU counts (and at the measured ones); `plots` and
+    `scaling_plots` draw the sweep's and the scaling figures (report/plots.py's sweep_plots and scaling_plots)."""
     configs = with_single_rank(configs)
     if predict is not None:
         check_prediction_inputs(predict, configs[0])
@@ -147,7 +149,7 @@ def run_scale(configs: Sequence[RunConfig], out: Union[str, Path], resume: bool 
     files: dict[str, str] = {}
     # no untrusted efficiency on a plot, nor beside a prediction as the measured figure
     trusted = [replace(row, efficiency_pct=trusted_efficiency(row)) for row in rows]
-    if plots and any(row.efficiency_pct is not None for row in trusted):
+    if scaling_plots and any(row.efficiency_pct is not None for row in trusted):
         drawn = scaling_plots([row.to_dict() for row in trusted], axes, sweep.out)
         files = {name: str(path.relative_to(sweep.out)) for name, path in drawn.items()}
     predictions, assumptions = scaling_predictions(trusted, sweep.out, predict, configs[0]) if predict else ([], {})
@@ -169,14 +171,14 @@ def check_prediction_inputs(settings: PredictConfig, cfg: RunConfig) -> None:
     this process (the ranks would see it as a GPU neighbour): on a CPU run, a stated or calibrated bus bandwidth. A
     GPU whose nominal link perflab knows (H100, H200, A100 ...) is checked when the model runs."""
     if settings.intra_node_gbps is None and _model_device(cfg).type == "cpu":
-        interconnect(settings, cached_collectives(torch.device("cpu")), None)  # raises the one-line error
+        interconnect(settings, measured_collectives(torch.device("cpu")), None)  # raises the one-line error
 
 
 def scaling_predictions(rows: Sequence[ScaleRow], out: Path, settings: PredictConfig, cfg: RunConfig
                         ) -> tuple[list[Prediction], dict[str, str]]:
     """The scaling model from each group's 1-rank point, with the links it assumed."""
     device = _model_device(cfg)
-    network = interconnect(settings, cached_collectives(device), nominal_link(device))
+    network = interconnect(settings, measured_collectives(device), peer_link(device))
     singles = {_group_key(row): Result.load(out / row.dir) for row in rows
                if row.ok and row.config.nproc == 1 and row.dir}
     predictions = predict_rows(list(rows), singles, network, settings.counts(), _group_key,
@@ -197,7 +199,8 @@ def profiled_exposed_ms(out: Path, row: SweepPoint) -> Optional[float]:
     collectives = Result.load(out / row.dir).metrics.collectives
     if not collectives:
         return None
-    return collectives["exposed_ms_per_step"] + (collectives.get("host_wait_ms_per_step") or 0.0)
+    comm = GatheredCommunication.from_dict(collectives)
+    return comm.exposed_ms_per_step + (comm.host_wait_ms_per_step or 0.0)
 
 
 def _scale_record(row: ScaleRow) -> dict[str, Any]:

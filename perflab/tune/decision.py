@@ -10,6 +10,7 @@ from typing import Any, Iterable, Optional, Union
 
 from perflab.compare import INCONCLUSIVE, NOT_JUDGED, compare_results
 from perflab.results import Result
+from perflab.results.quality import verdict_of
 from perflab.tune.recorded import from_fields, text
 
 ACCEPT = "accept"
@@ -64,7 +65,7 @@ def judge(best: Result, candidate: Result, min_effect_pct: float, max_p99_ms: Op
     """compare_results(best, candidate) decides; a kept lever must also meet the constraints."""
     comparison = compare_results(best, candidate, min_effect_pct, accept_noisy=accept_noisy)
     throughput = comparison.metric("throughput")
-    quality = (candidate.quality or {}).get("verdict", "not checked")
+    quality = verdict_of(candidate.quality)
     noisy = list(getattr(comparison, "noisy", None) or [])
     decision = Decision(kept=False, verdict=comparison.decision, why=comparison.reasons[0],
                         gain_pct=throughput.change_pct, ci95_pct=[throughput.ci_low_pct, throughput.ci_high_pct],

@@ -241,7 +241,7 @@ class Tuner:
         if broken:  # said once: every candidate is held to a bound the start itself does not meet
             self.notes.append(f"the starting point itself breaks the constraints ({'; '.join(broken)}): a lever is "
                               "kept only if its run meets them; loosen them to tune from here")
-        self.start = RunConfig.from_dict({**result.config, "out": None})  # device and batch resolved
+        self.start = result.config.run_config().replace(out=None)  # device and batch resolved
         self.workloads.start = self.start
         self.best_cfg = self.start
         self.best, self.best_row, self.baseline_row = result, row, row

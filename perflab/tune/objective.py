@@ -14,6 +14,7 @@ from perflab.compare import INCONCLUSIVE
 from perflab.config import RunConfig
 from perflab.results.metrics import Serve
 from perflab.results import Result
+from perflab.results.quality import verdict_of
 from perflab.serve.config import ServeConfig
 from perflab.tune.decision import Decision
 
@@ -31,7 +32,8 @@ def max_qps_of(result: Result) -> Optional[float]:
 
 def resolution_pct(result: Result, serve_cfg: Optional[ServeConfig] = None) -> float:
     """The search's resolution in percent: its bisection tolerance as recorded (or as configured)."""
-    tolerance = (serve_record(result).search or {}).get("tolerance")
+    search = serve_record(result).search
+    tolerance = search.tolerance if search is not None else None
     if tolerance is not None:
         return 100 * tolerance
     return (serve_cfg or ServeConfig()).search_tolerance_pct
@@ -50,8 +52,8 @@ def serve_figures(result: Result) -> dict[str, Any]:
             "batch_fill_pct": at_peak.batch_fill_pct if at_peak else None, "single_query_ms": record.single_query_ms,
             "dispatch_delay_p99_ms": delay.p99_ms if delay else None,
             "harness_late_points": sum(bool(point.harness_late) for point in record.points),
-            "search_skipped": (record.search or {}).get("skipped"),
-            "quality": (result.quality or {}).get("verdict")}
+            "search_skipped": record.search.skipped if record.search is not None else None,
+            "quality": verdict_of(result.quality, None)}
 
 
 def judge_max_qps(best: Result, candidate: Result, min_effect_pct: float) -> Decision:
@@ -59,21 +61,22 @@ def judge_max_qps(best: Result, candidate: Result, min_effect_pct: float) -> Dec
     unless its quality gate failed."""
     before, after = max_qps_of(best), max_qps_of(candidate)
     resolution = resolution_pct(candidate)
-    quality = (candidate.quality or {}).get("verdict", "not checked")
+    quality = verdict_of(candidate.quality)
     gain = None if not before or after is None else 100 * (after / before - 1)
     figures = dict(gain_pct=gain, quality=quality, objective="max-qps", against_value=before, value=after,
                    resolution_pct=resolution)
     if quality == "fail":
-        why = f"the candidate failed the quality gate: {(candidate.quality or {}).get('reason', 'no reason recorded')}"
+        why = f"the candidate failed the quality gate: {candidate.quality.reason or 'no reason recorded'}"
         return Decision(False, "reject", why, reasons=[why], **figures)
     if after is None:
-        skipped = (serve_record(candidate).search or {}).get("skipped")
+        search = serve_record(candidate).search
+        skipped = search.skipped if search is not None else None
         why = f"no rate met the p99 bound{': ' + skipped if skipped else ''}"
         return Decision(False, "reject", why, reasons=[why], **figures)
     threshold = max(resolution, min_effect_pct)
     change = f"max QPS {before:,.0f} → {after:,.0f} q/s ({gain:+.1f}%)"
     if gain > threshold and quality == INCONCLUSIVE:
-        why = f"the quality gate was inconclusive: {(candidate.quality or {}).get('reason', '')}"
+        why = f"the quality gate was inconclusive: {candidate.quality.reason}"
         return Decision(False, INCONCLUSIVE, why, reasons=[why, change], judged=False, **figures)
     if gain > threshold:
         why = (f"{change}: more than the search's resolution ({resolution:g}%) and --min-effect-pct "

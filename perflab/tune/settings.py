@@ -157,5 +157,5 @@ def check_lever_names(names: list[str]) -> None:
 
 def strict_tolerances(cfg) -> dict[str, float]:
     """Config changes that halve the quality gate's tolerance for this config's precision (--quality strict)."""
-    rtol = precision_tolerance(cfg)["rtol"] * STRICT_FACTOR
+    rtol = precision_tolerance(cfg).rtol * STRICT_FACTOR
     return {"quality_rtol": rtol} if cfg.mode == "infer" else {"quality_loss_rtol": rtol}

@@ -22,6 +22,7 @@ from perflab.errors import PerflabError
 from perflab.oom import OOM_BREAKDOWN_ENV, OutOfMemory
 from perflab.profile.capture import CaptureOptions, capture_argv
 from perflab.results import RESULT_FILE, Result
+from perflab.results.quality import verdict_of
 from perflab.serve.config import ServeConfig
 from perflab.tune.objective import serve_argv, serve_figures
 
@@ -161,7 +162,7 @@ def _measured_before_the_limit(kind: str, out: Path) -> Optional[int]:
         return None
     if getattr(result, "status", "complete") not in ("complete", INVALID) or not result.trials:
         return None
-    return QUALITY_FAILED_EXIT if (result.quality or {}).get("verdict") == "fail" else 0
+    return QUALITY_FAILED_EXIT if verdict_of(result.quality) == "fail" else 0
 
 
 def classify(returncode: int, log: str, out: Path, wall_s: float) -> TrialOutcome:
@@ -173,7 +174,7 @@ def classify(returncode: int, log: str, out: Path, wall_s: float) -> TrialOutcom
     if returncode == 0 and result is not None:
         return TrialOutcome(OK, wall_s, result=result, files=files)
     if returncode == QUALITY_FAILED_EXIT and result is not None:
-        reason = (result.quality or {}).get("reason", "the quality gate failed")
+        reason = result.quality.reason if result.quality is not None else "the quality gate failed"
         return TrialOutcome(QUALITY_FAIL, wall_s, reason, result, files)
     if result is not None and getattr(result, "out_of_memory", None):  # the run recorded its OOM (status oom)
         return TrialOutcome(OOM, wall_s, OutOfMemory.from_dict(result.out_of_memory).summary(), files=files)
@@ -213,4 +214,4 @@ def _measured_figures(outcome: TrialOutcome) -> dict[str, Any]:
             "warmup_s": metrics.warmup_s, "compile_s": metrics.compile_s,
             "timed_s": sum(trial.wall_s for trial in outcome.result.trials),  # the measured window
             "mfu_pct": metrics.flops.mfu_pct if metrics.flops else None,
-            "quality": (outcome.result.quality or {}).get("verdict")}
+            "quality": verdict_of(outcome.result.quality, None)}
