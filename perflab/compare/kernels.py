@@ -7,7 +7,7 @@ from typing import Optional
 
 import numpy as np
 
-from perflab.diagnose.summary import step_window
+from perflab.diagnose.trace import step_window
 from perflab.diagnose.trace import load_trace
 from perflab.errors import PerflabError
 from perflab.results import Result

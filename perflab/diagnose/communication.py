@@ -24,7 +24,7 @@ import numpy as np
 from perflab.calibrate_collectives import KINDS as BUS_KINDS, bus_factor
 from perflab.diagnose.intervals import Intervals, intervals_of
 from perflab.diagnose.records import Record
-from perflab.diagnose.trace import ParsedTrace
+from perflab.diagnose.trace import ParsedTrace, step_window
 
 NCCL_KERNEL = re.compile(r"^\s*(?:void\s+)?(?:[A-Za-z_]\w*::)*nccl", re.IGNORECASE)
 TOP_COLLECTIVES = 5
@@ -130,7 +130,6 @@ class _KindTotals:
 
 def communication_profile(trace: ParsedTrace) -> Optional[CommunicationProfile]:
     """The communication figures of a GPU trace; None when it holds no kernels (a CPU trace)."""
-    from perflab.diagnose.summary import step_window  # summary imports this module
 
     kernels = trace.kernels
     if len(kernels) == 0:

@@ -14,7 +14,7 @@ from perflab.diagnose.phases import COMPUTE_PHASES, PHASES, loader_intervals, ph
 from perflab.diagnose.runtime_calls import RuntimeApiProfile, runtime_calls
 from perflab.diagnose.sync_sites import SyncProfile, SyncSite, find_sync_sites, sync_profile, sync_shadow
 from perflab.diagnose.communication import communication_host, is_nccl_kernel
-from perflab.diagnose.trace import EventTable, ParsedTrace
+from perflab.diagnose.trace import EventTable, ParsedTrace, step_window
 from perflab.diagnose.roofline import RooflineRow, roofline_rows
 
 SHORT_KERNEL_US = 10.0
@@ -140,19 +140,6 @@ class TraceProfile(Record):
     end_us: float = 0.0
     gpu_start_us: float = 0.0  # where the GPU's busy/idle split starts: start_us, or a later first kernel (notes)
     runtime_api: Optional[RuntimeApiProfile] = None  # GPU traces: the blocking runtime calls (runtime_calls.py)
-
-
-def step_window(trace: ParsedTrace) -> tuple[float, float, int]:
-    """(start, end, steps) of the ProfilerStep# ranges, or of all host events when there are none."""
-    ann = trace.annotations
-    steps = ann.mask(lambda n: n.startswith("ProfilerStep#"))
-    if steps.any():
-        start, end = float(ann.start_us[steps].min()), float(ann.end_us[steps].max())
-        return start, end, int(steps.sum())
-    tables = [t for t in (trace.cpu_ops, trace.annotations, trace.runtime, trace.kernels) if len(t)]
-    if not tables:
-        return 0.0, 0.0, 0
-    return (float(min(t.start_us.min() for t in tables)), float(max(t.end_us.max() for t in tables)), 1)
 
 
 def summarize(trace: ParsedTrace, precision: Optional[str] = None) -> TraceProfile:

@@ -279,3 +279,16 @@ def load_trace(path: Union[str, Path]) -> ParsedTrace:
     return ParsedTrace(path=str(path), shapes=reader.shapes, inputs=reader.inputs, devices=devices, memory_peaks=peaks,
                        distributed=top.get("distributedInfo"), metadata=metadata, collectives=reader.collectives,
                        **tables)
+
+
+def step_window(trace: ParsedTrace) -> tuple[float, float, int]:
+    """(start, end, steps) of the ProfilerStep# ranges, or of all host events when there are none."""
+    ann = trace.annotations
+    steps = ann.mask(lambda n: n.startswith("ProfilerStep#"))
+    if steps.any():
+        start, end = float(ann.start_us[steps].min()), float(ann.end_us[steps].max())
+        return start, end, int(steps.sum())
+    tables = [t for t in (trace.cpu_ops, trace.annotations, trace.runtime, trace.kernels) if len(t)]
+    if not tables:
+        return 0.0, 0.0, 0
+    return (float(min(t.start_us.min() for t in tables)), float(max(t.end_us.max() for t in tables)), 1)
