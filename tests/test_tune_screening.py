@@ -229,20 +229,19 @@ def test_no_lever_won_is_a_verdict_only_when_the_start_holds_stiller_than_a_scre
 
 
 def test_a_lever_whose_values_are_all_refused_for_one_reason_is_said_once_and_each_recorded():
-    from perflab.tune.driver import Tuner
-    tuner = Tuner.__new__(Tuner)  # only the refusal bookkeeping is exercised
-    tuner.skipped, notes = {}, []
-    tuner.observer = type("Observer", (), {"note": lambda self, line: notes.append(line)})()
+    from perflab.tune.candidate_trials import refuse
+    skipped, notes = {}, []
+    observer = type("Observer", (), {"note": lambda self, line: notes.append(line)})()
     staged = "--workers tunes the DataLoader, but this workload runs on batches pre-staged on the device"
     for value in (2, 4, 8):
-        tuner._refuse(f"workers={value}", "workers", staged)
-    tuner._refuse("workers=8", "workers", staged)
-    tuner._refuse("workers-x", "workers-x", staged)  # another lever: said again
-    tuner._refuse("compile=max-autotune", "compile", "needs 300 s")
-    tuner._refuse("compile=reduce-overhead", "compile", "needs 60 s")  # another reason: said
+        refuse(skipped, observer, f"workers={value}", "workers", staged)
+    refuse(skipped, observer, "workers=8", "workers", staged)
+    refuse(skipped, observer, "workers-x", "workers-x", staged)  # another lever: said again
+    refuse(skipped, observer, "compile=max-autotune", "compile", "needs 300 s")
+    refuse(skipped, observer, "compile=reduce-overhead", "compile", "needs 60 s")  # another reason: said
     assert notes == [f"not trying workers=2: {staged}", f"not trying workers-x: {staged}",
                      "not trying compile=max-autotune: needs 300 s", "not trying compile=reduce-overhead: needs 60 s"]
-    assert set(tuner.skipped) >= {"workers=2", "workers=4", "workers=8"}
+    assert set(skipped) >= {"workers=2", "workers=4", "workers=8"}
 
 
 def test_a_win_too_costly_to_confirm_holds_no_budget_back_from_a_cheaper_lever_that_fits(tmp_path):

@@ -16,7 +16,10 @@ more try for a lever inside the noise against a large prediction), trial (one tr
 and worker (the default runner: most trials in one warm worker process), record (one trial run or
 reused, its row and its journal line), rows (a trial's row, typed: TrialRow, its decision and its memory trade),
 journal (tune.jsonl), decision (keep or reject), objective (--objective max-qps: serve trials judged by max QPS), stop
-(why the search stopped, and the stop line), driver (the loop), summary (tune.json, typed: the chain, the screens,
+(why the search stopped, and the stop line), limits (the budget and --max-trials: may another trial start),
+search_state (the start, the best so far, and what became of each lever), start (the starting point's trial, read),
+profiling (the profile-and-diagnose step of a round), candidate_trials (a candidate's trial against the best, kept
+when it wins), driver (the loop), summary (tune.json, typed: the chain, the screens,
 the diagnoses), recorded (reading either file back, tolerating keys an older one lacks), output (tune.json from a
 Tuner), recipe (the tuned command line and RunConfig, and the screened wins left unconfirmed).
 """
@@ -51,7 +54,7 @@ def tune(start: RunConfig, settings: TuneConfig, out: Union[str, Path], observer
         try:
             stop_reason = tuner.run()
         except KeyboardInterrupt:
-            if tuner.best_row is not None:
+            if tuner.state.best_row is not None:
                 interrupted = StopReason(StopKind.INTERRUPTED)
                 write_tune_json(tuner.out, tune_summary(tuner, tuner.stop_line(interrupted), command or [], interrupted))
             raise

@@ -46,25 +46,27 @@ def objective_summary(settings) -> ObjectiveSummary:
 def tune_summary(tuner, stop_reason: str, command: list[str], stop: Optional[StopReason] = None) -> TuneSummary:
     """Everything tune.json holds, from a Tuner that has run (or was interrupted); `stop`: why it stopped, as a
     value (None while it runs)."""
-    start, best = tuner.baseline_row, tuner.best_row
+    state = tuner.state
+    start, best = state.baseline_row, state.best_row
     trials = tuner.journal.ordered()
     objective = objective_summary(tuner.settings)
-    chain = [ChainLink.of(row) for row in tuner.chain]
+    chain = [ChainLink.of(row) for row in state.chain]
     return TuneSummary(
         objective=objective, command=command, settings=tuner.settings.to_dict(),
         budget_s=tuner.settings.budget_s, spent_s=round(tuner.spent_s, 1),
         compile_and_warmup_s=round(sum((row.warmup_s or 0.0) for row in trials), 1),
         compile_s=round(sum((row.compile_s or 0.0) for row in trials), 1),
         screened=tuner.screener.summary() if tuner.screener is not None else [],
-        unconfirmed=[win.describe() for win in tuner.unconfirmed],
+        unconfirmed=[win.describe() for win in state.unconfirmed],
         trials=len(trials), warm_trials=sum(1 for row in trials if row.warm),
-        stop_reason=stop_reason, stop=stop.to_dict() if stop is not None else None, profile_cut=tuner.profile_cut,
+        stop_reason=stop_reason, stop=stop.to_dict() if stop is not None else None,
+        profile_cut=tuner.profiler.profile_cut,
         start=Side.of(start) if start is not None else None, best=Side.of(best) if best is not None else None,
         speedup=speedup(start, best, objective.figure),
-        kept=[link.label for link in chain if link.kept], lost=list(tuner.lost), skipped=tuner.skipped,
-        diagnoses=list(tuner.diagnoses), chain=chain, notes=list(tuner.notes),
-        not_judged=unjudged_line([row.decision for row in tuner.chain]),
-        recipe=recipe(tuner.best_cfg, tuner.start, tuner.serve_cfg, tuner.unconfirmed))
+        kept=[link.label for link in chain if link.kept], lost=list(state.lost), skipped=state.skipped,
+        diagnoses=list(tuner.profiler.diagnoses), chain=chain, notes=list(state.notes),
+        not_judged=unjudged_line([row.decision for row in state.chain]),
+        recipe=recipe(state.best_cfg, state.start, state.serve_cfg, state.unconfirmed))
 
 
 RECIPE_FILE = "recipe.txt"

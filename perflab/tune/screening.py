@@ -21,22 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from perflab.config import RunConfig
 from perflab.levers import all_levers
 from perflab.tune import candidates as search
 from perflab.tune import ordering
+from perflab.tune.candidate_trials import CandidateTrials
 from perflab.tune.confirmation import ConfirmationCost, ConfirmationSize, gate_s, size_confirmation
+from perflab.tune.limits import TrialLimits
 from perflab.tune.record import SCREEN, TrialRequest, gain_pct
 from perflab.tune.recipe import UnconfirmedWin, recipe_command
 from perflab.tune.rows import TrialRow
 from perflab.tune.stop import StopKind, StopReason
 from perflab.tune.summary import ScreenEntry
 from perflab.tune.trial import OK
-
-if TYPE_CHECKING:  # the driver owns the Screener; only its type is needed here
-    from perflab.tune.driver import Tuner
 
 SCREEN_MARGIN_S = 2.0  # a screen stops this much short of the time held for a confirmation ...
 SCREEN_MARGIN_SHARE = 0.02  # ... or this share of the budget, whichever is less
@@ -140,12 +139,23 @@ class Screened:
                            self.win, self.outcome, self.row.wall_s, self.row.compile_s)
 
 
-class Screener:
-    """The two-stage round of a Tuner: screens, then confirmations; records every screen for tune.json."""
+class RoundSource(Protocol):
+    """What a round reads of the profile step (perflab/tune/profiling.py Profiler)."""
 
-    def __init__(self, tuner: "Tuner"):
-        self.tuner = tuner
-        self.budget = tuner.budget
+    last_profile_s: Optional[float]  # a profile is one short trial too: what a reference is expected to take
+
+    def proposals(self) -> list[search.Proposal]:
+        """The levers this round proposes."""
+
+
+class Screener:
+    """The two-stage round of a Tuner: screens, then confirmations; records every screen for tune.json. Its
+    candidates run through `trials` (against the best in trials.state), within `limits`."""
+
+    def __init__(self, trials: CandidateTrials, limits: TrialLimits, source: RoundSource, cpu_count: int):
+        self.trials, self.limits, self.source, self.cpu_count = trials, limits, source, cpu_count
+        self.state, self.settings, self.levers = trials.state, trials.settings, trials.levers
+        self.budget = trials.budget
         self.screens: list[Screened] = []  # every screen of the tune, in order
         self.reference: Optional[TrialRow] = None  # the row of the round's reference trial
         self.references: list[TrialRow] = []  # every round's measured reference (the noise of the best)
@@ -158,8 +168,7 @@ class Screener:
     def round(self) -> bool:
         """Screen this round's candidates (a decisive win is confirmed at once), then confirm the other wins;
         True when one was kept."""
-        t = self.tuner
-        arranged = screening_order(t.round_proposals(), t.levers, t.best_cfg)
+        arranged = screening_order(self.source.proposals(), self.levers, self.state.best_cfg)
         self.reference, self.out_of_budget, self.pending, self.round_wins = None, None, [], []
         kept_any = self._screen_all(arranged)
         if not self.round_wins and not self.out_of_budget:  # nothing the diagnosis pointed at won: every other lever
@@ -167,19 +176,19 @@ class Screener:
         kept_any = self._confirm_pending() or kept_any
         self.budget.hold(0.0)
         if self.out_of_budget and not kept_any:
-            t.stop(self.out_of_budget)  # the screens the budget could not hold: it is spent, not "nothing won"
+            self.limits.stop(self.out_of_budget)  # the screens the budget could not hold: spent, not "nothing won"
         return kept_any
 
     def _screen_all(self, arranged: list[search.Proposal]) -> bool:
         """Screen each proposal in turn; True once a decisive win (the winner first) was confirmed and kept: the
         round's other candidates are then screened after the re-profile, against the new best."""
-        t = self.tuner
         for index, proposal in enumerate(arranged):
             if self.out_of_budget:
                 break  # the wins screened so far still go to confirmation (or are reported unconfirmed)
-            if proposal.lever in t.settled or proposal.lever in t.settings.exclude:
+            if proposal.lever in self.state.settled or proposal.lever in self.settings.exclude:
                 continue
-            wins = self._screen_lever(search.expand(proposal, t.levers[proposal.lever], t.best_cfg, t.cpu_count))
+            wins = self._screen_lever(search.expand(proposal, self.levers[proposal.lever], self.state.best_cfg,
+                                                    self.cpu_count))
             self.pending += wins
             self.round_wins += wins
             winner = self._decisive(arranged[index + 1:])
@@ -192,9 +201,8 @@ class Screener:
         if not self.pending:
             return None
         winner = max(self.pending, key=lambda s: s.gain_pct or 0.0)
-        t = self.tuner
-        left = [expected_gain_pct(p) for p in remaining if p.lever not in t.settled and p.lever not in
-                t.settings.exclude and p.lever != winner.candidate.lever]
+        left = [expected_gain_pct(p) for p in remaining if p.lever not in self.state.settled and p.lever not in
+                self.settings.exclude and p.lever != winner.candidate.lever]
         return winner if (winner.gain_pct or 0.0) > max(left, default=float("-inf")) else None
 
     def _confirm_pending(self) -> bool:
@@ -225,19 +233,20 @@ class Screener:
         where tune had stopped with 'no lever won' after 76 s of a 180-s budget)."""
         proposed = {p.lever for p in arranged}
         return ordering.arrange([search.Proposal(name, WIDER_SOURCE, None, None, named=False)
-                                 for name in self.tuner.levers if name not in proposed], self.tuner.best_cfg)
+                                 for name in self.levers if name not in proposed], self.state.best_cfg)
 
     # ---------------------------------------------------------------------------------------- screens
 
     def _reference(self) -> TrialRow:
         """One short trial of the best so far: screens are read against it (same length, same conditions). If it
         did not measure, the best's own full trial is the yardstick."""
-        t = self.tuner
-        t.check_budget()
-        record = t.record(TrialRequest(screen_config(t.best_cfg), t.measure, f"screen-{t.best_row.label}",
-                                       {"stage": SCREEN, "reference": True}, time_limit_s=self.budget.left_s()))
+        self.limits.check()
+        best = self.state.best_row
+        record = self.trials.record(TrialRequest(screen_config(self.state.best_cfg), self.trials.measure,
+                                                 f"screen-{best.label}", {"stage": SCREEN, "reference": True},
+                                                 time_limit_s=self.budget.left_s()))
         if record.status != OK or not record.row.throughput:
-            return dataclasses.replace(t.best_row, wall_s=record.row.wall_s)
+            return dataclasses.replace(best, wall_s=record.row.wall_s)
         self.references.append(record.row)
         return record.row
 
@@ -246,7 +255,7 @@ class Screener:
         results: list[Screened] = []
         misses, best_gain = 0, None
         for candidate in candidates:
-            if not self.tuner.can_try(candidate, estimate_cost=False):
+            if not self.trials.can_try(candidate, estimate_cost=False):
                 continue
             screened = self.screen(candidate)
             if screened is None:
@@ -266,31 +275,30 @@ class Screener:
     def _settle(self, lever: str, results: list[Screened]) -> None:
         """A lever screened and lost is told to the diagnosis (not proposed again); one refused or crashed every
         time is settled without a loss (nothing was measured)."""
-        t = self.tuner
         measured = [s for s in results if s.row.status == OK]
         if measured and not any(s.win for s in results):
-            t.settled.add(lever)
-            t.lost.append(lever)
+            self.state.settled.add(lever)
+            self.state.lost.append(lever)
         elif not measured:
-            t.settled.add(lever)
+            self.state.settled.add(lever)
 
     def screen(self, candidate: search.Candidate) -> Optional[Screened]:
         """One short trial of best + candidate; None (and a skipped entry) when the budget left cannot hold it."""
-        t = self.tuner
-        self.out_of_budget = t.budget_reason()  # --max-trials counts screens too
+        self.out_of_budget = self.limits.reason()  # --max-trials counts screens too
         if self.out_of_budget is not None or not self._has_reference():
             return None
         expected_s = self._expected_screen_s(candidate)
         if expected_s is None:  # a compile mode whose cost scales compile=default's, which did not finish
-            t.skipped.setdefault(candidate.label, "not screened: its compile time is unknown (compile=default, "
-                                                  "whose compile time it is estimated from, did not finish)")
+            self.state.skipped.setdefault(candidate.label, "not screened: its compile time is unknown (compile="
+                                                           "default, whose compile time it is estimated from, did not "
+                                                           "finish)")
             return None
         self.budget.hold(self._confirm_reserve_s())
         free_s = self.budget.free_s()
         if expected_s > free_s:
             self._no_room(candidate, expected_s, free_s)
             return None
-        self.out_of_budget = t.budget_reason()  # spent: end this round's screens, confirm what won so far
+        self.out_of_budget = self.limits.reason()  # spent: end this round's screens, confirm what won so far
         if self.out_of_budget:
             return None
         return self._measure_screen(candidate, expected_s, free_s)
@@ -299,7 +307,7 @@ class Screener:
         """Measure the round's reference before its first screen; False when not even that fits."""
         if self.reference is not None:
             return True
-        expected_s = self.tuner.last_profile_s or 0.0  # a profile is one short trial too
+        expected_s = self.source.last_profile_s or 0.0  # a profile is one short trial too
         if expected_s > self.budget.left_s():
             self.out_of_budget = StopReason(StopKind.BUDGET_SPENT, f"{self.budget.spent_line()} (less left than a "
                                                                    f"short trial takes, about {expected_s:.0f} s)")
@@ -310,34 +318,34 @@ class Screener:
     def _no_room(self, candidate: search.Candidate, expected_s: float, free_s: float) -> None:
         """A screen that does not fit beside the confirmation held: skipped; unless it is a compile mode (costlier
         than a plain screen), the budget is spent for screens."""
-        self.tuner.skipped.setdefault(candidate.label, f"not screened: needs about {expected_s:.0f} s and "
-                                                       f"{free_s:.0f} s of the budget is left (after the confirmation "
-                                                       "of the best win screened so far)")
-        if not search.compiles(self.tuner.levers.get(candidate.lever)):  # not even a plain screen fits: spent
+        self.state.skipped.setdefault(candidate.label, f"not screened: needs about {expected_s:.0f} s and "
+                                                        f"{free_s:.0f} s of the budget is left (after the confirmation "
+                                                        "of the best win screened so far)")
+        if not search.compiles(self.levers.get(candidate.lever)):  # not even a plain screen fits: spent
             self.out_of_budget = StopReason(StopKind.BUDGET_SPENT, f"{self.budget.spent_line()} ({free_s:.0f} s "
                                                                    f"left, less than a screen takes, about "
                                                                    f"{expected_s:.0f} s)")
 
     def _measure_screen(self, candidate: search.Candidate, expected_s: float, free_s: float) -> Screened:
-        t = self.tuner
-        context = t.context(candidate)
+        context = self.trials.context(candidate)
         context.update(stage=SCREEN, against=self.reference.name, reference_throughput=self.reference.throughput)
         # a screen may not eat the time held for confirming the best win so far (compile=default's first screen is
         # its own compile-time measurement and runs until this limit); it stops a margin short of it, so that the
         # time tune itself spends around a trial does not leave the held confirmation a moment too short
         limit_s = max(expected_s, free_s - min(SCREEN_MARGIN_S, self.budget.share_s(SCREEN_MARGIN_SHARE)))
-        record = t.record(TrialRequest(screen_config(t.candidate_config(candidate)), t.measure,
-                                       f"screen-{candidate.label}", context, time_limit_s=limit_s))
+        record = self.trials.record(TrialRequest(screen_config(self.trials.candidate_config(candidate)),
+                                                 self.trials.measure, f"screen-{candidate.label}", context,
+                                                 time_limit_s=limit_s))
         row = record.row
         gain = gain_pct(row.throughput, self.reference.throughput) if row.status == OK else None
-        win = gain is not None and gain >= win_threshold_pct(t.settings.min_effect_pct)
-        if search.measures_compile_cost(candidate, t.levers.get(candidate.lever)) and row.status == OK:
-            t.compile_cost.measured(self.reference.wall_s, row.wall_s)  # every later compile's estimate
+        win = gain is not None and gain >= win_threshold_pct(self.settings.min_effect_pct)
+        if search.measures_compile_cost(candidate, self.levers.get(candidate.lever)) and row.status == OK:
+            self.trials.compile_cost.measured(self.reference.wall_s, row.wall_s)  # every later compile's estimate
         screened = Screened(candidate, row, gain, win, "" if win else self._why_no_win(row))
         self.screens.append(screened)
-        t.observer.note(f"{candidate.label}: screened {'n/a' if gain is None else f'{gain:+.1f}%'} ("
-                        + ("a win: confirmed once it is the largest left to find, or when the round's screens are "
-                           "done)" if win else f"{screened.outcome})"))
+        self.trials.observer.note(f"{candidate.label}: screened {'n/a' if gain is None else f'{gain:+.1f}%'} ("
+                                  + ("a win: confirmed once it is the largest left to find, or when the round's "
+                                     "screens are done)" if win else f"{screened.outcome})"))
         return screened
 
     def _confirm_reserve_s(self) -> float:
@@ -353,27 +361,26 @@ class Screener:
     def _why_no_win(self, row: TrialRow) -> str:
         if row.status != OK:
             return f"not measured: {row.status} ({row.reason or ''})"
-        return f"no win (below +{win_threshold_pct(self.tuner.settings.min_effect_pct):g}%)"
+        return f"no win (below +{win_threshold_pct(self.settings.min_effect_pct):g}%)"
 
     def _expected_screen_s(self, candidate: search.Candidate) -> Optional[float]:
         """A screen costs what the reference took, plus, for a compile mode, what compiling measured adds (None:
         unknown, a compile mode other than default before default's compile was measured)."""
         plain = self.reference.wall_s
-        if not search.compiles(self.tuner.levers.get(candidate.lever)):
+        if not search.compiles(self.levers.get(candidate.lever)):
             return plain
-        return self.tuner.compile_cost.trial_s(candidate.value, plain)
+        return self.trials.compile_cost.trial_s(candidate.value, plain)
 
     # ---------------------------------------------------------------------------------------- confirmation
 
     def _confirm(self, screened: Screened) -> bool:
         """A full trial with the quality gate (fewer, shorter ones where the budget left cannot hold all), judged
         against the best so far; True when kept."""
-        t = self.tuner
         candidate = screened.candidate
-        if not t.can_try(candidate, estimate_cost=False):
-            screened.outcome = f"not confirmed: {t.skipped.get(candidate.label, 'not applicable any more')}"
+        if not self.trials.can_try(candidate, estimate_cost=False):
+            screened.outcome = f"not confirmed: {self.state.skipped.get(candidate.label, 'not applicable any more')}"
             return False
-        stop = t.budget_reason()
+        stop = self.limits.reason()
         if stop is not None:  # --max-trials reached: the win stays screened, never kept unconfirmed
             self.out_of_budget = stop
             self._leave_unconfirmed(screened, f"not confirmed: {stop.text()}")
@@ -389,15 +396,14 @@ class Screener:
         return self._run_confirmation(screened, size)
 
     def _run_confirmation(self, screened: Screened, size: ConfirmationSize) -> bool:
-        t = self.tuner
         candidate = screened.candidate
         extra = {"stage": CONFIRM, "screened_gain_pct": screened.gain_pct, "screen_trial": screened.row.name,
                  "confirmation": size.to_dict()}
         if not size.full:
-            t.observer.note(f"{candidate.label}: confirmed with {size.describe()}")
-        kept = t.try_candidate(candidate, extra, None if size.full else (size.trials, size.min_trial_s))
-        row = t.chain[-1]
-        t.settled.add(candidate.lever)
+            self.trials.observer.note(f"{candidate.label}: confirmed with {size.describe()}")
+        kept = self.trials.try_candidate(candidate, extra, None if size.full else (size.trials, size.min_trial_s))
+        row = self.state.chain[-1]
+        self.state.settled.add(candidate.lever)
         sized = "" if size.full else f" ({size.describe()})"
         if kept:
             screened.outcome = f"confirmed: kept{sized}"
@@ -405,22 +411,20 @@ class Screener:
         screened.outcome = f"not confirmed: {(row.decision.why if row.decision else '') or row.status}{sized}"
         if not row.measured:  # stopped or crashed: the win stands, unconfirmed
             self._leave_unconfirmed(screened, screened.outcome)
-        elif row.judged and candidate.lever not in t.lost:
-            t.lost.append(candidate.lever)
+        elif row.judged and candidate.lever not in self.state.lost:
+            self.state.lost.append(candidate.lever)
         return False
 
     def _leave_unconfirmed(self, screened: Screened, outcome: str) -> None:
         """The win stays screened, never kept: said in the stop line and put in the recipe with its command."""
-        t = self.tuner
         screened.outcome = outcome
-        command = recipe_command(t.trial_config(t.candidate_config(screened.candidate)))
-        t.unconfirmed.append(UnconfirmedWin(screened.candidate.label, screened.gain_pct, outcome, command))
+        command = recipe_command(self.trials.trial_config(self.trials.candidate_config(screened.candidate)))
+        self.state.unconfirmed.append(UnconfirmedWin(screened.candidate.label, screened.gain_pct, outcome, command))
 
     def _confirmation_cost(self, screened: Screened) -> ConfirmationCost:
         """The screen's wall time plus the trials beyond its one and what a full trial of the best added beyond its
         own trials (the quality gate)."""
-        t = self.tuner
-        cfg, best = t.best_cfg, t.best_row
+        cfg, best = self.state.best_cfg, self.state.best_row
         screen_min_trial_s = min(cfg.min_trial_s, SCREEN_MIN_TRIAL_S)
         reference_s = self.reference.wall_s if self.reference is not None else 0.0
         gate = gate_s(best.wall_s, reference_s, _steps_s(cfg, best.throughput), cfg.trials,
@@ -430,16 +434,16 @@ class Screener:
 
     def _partner(self, lever: str) -> None:
         """The lever a kept one needs (channels-last after bf16), screened and confirmed at once."""
-        t = self.tuner
         partner = ordering.partner_of(lever)
-        if partner is None or partner in t.settings.exclude or partner not in t.levers:
+        if partner is None or partner in self.settings.exclude or partner not in self.levers:
             return
-        if partner in t.lost:
-            t.lost.remove(partner)  # screened without its partner: a loss there says nothing about it here
-        t.settled.discard(partner)
+        if partner in self.state.lost:
+            self.state.lost.remove(partner)  # screened without its partner: a loss there says nothing about it here
+        self.state.settled.discard(partner)
         proposal = search.Proposal(partner, f"partner of {lever}", None, None, named=False)
         self.reference = None  # the best changed: the partner is screened against it
-        for screened in self._screen_lever(search.expand(proposal, t.levers[partner], t.best_cfg, t.cpu_count)):
+        candidates = search.expand(proposal, self.levers[partner], self.state.best_cfg, self.cpu_count)
+        for screened in self._screen_lever(candidates):
             self._confirm(screened)
             break
 
