@@ -86,13 +86,13 @@ def profile_one(rows: Rows, out: Path, name: str, spec: str, changes: dict, expe
     if expected is not None:
         rows.add(name, "verdict_matches_planted", float(diagnosis.bottleneck == expected))
     rows.add(name, "expected_gain", diagnosis.expected_gain_pct, "%", note="share of the step the verdict explains")
-    syncs = diagnosis.profile["syncs"]
-    rows.add(name, "syncs_per_step", syncs["per_step"],
-             note=", ".join(f"{count:g} {op}" for op, count in syncs["by_op_per_step"].items()))
-    gpu = diagnosis.profile.get("gpu")
+    syncs = diagnosis.profile.syncs
+    rows.add(name, "syncs_per_step", syncs.per_step,
+             note=", ".join(f"{count:g} {op}" for op, count in syncs.by_op_per_step.items()))
+    gpu = diagnosis.profile.gpu
     if gpu:
-        rows.add(name, "gpu_busy", gpu["busy_pct"], "%")
-        rows.add(name, "gpu_idle_charged_to_syncs", gpu["idle_split_pct"]["host-device syncs"], "%")
+        rows.add(name, "gpu_busy", gpu.busy_pct, "%")
+        rows.add(name, "gpu_idle_charged_to_syncs", gpu.idle_split_pct["host-device syncs"], "%")
     rows.add(name, "trace_size", trace.stat().st_size / 1024, "KiB", note=f"profiled in {time.time() - began:.0f}s")
 
 

@@ -78,9 +78,9 @@ def perflab_figures(trace: Path) -> dict[str, Any]:
     """perflab's figures on one trace: the diagnosis profile's window, busy/copy/idle shares and top kernels, plus
     the memset-only share (perflab's busy/idle split leaves memsets out)."""
     parsed = load_trace(trace)
-    profile = diagnose(parsed).profile  # as diagnosis.json holds it
-    gpu = profile["gpu"]
-    start, end = profile["gpu_start_us"], profile["end_us"]  # the window of perflab's GPU busy/idle split
+    profile = diagnose(parsed).profile
+    gpu = profile.gpu
+    start, end = profile.gpu_start_us, profile.end_us  # the window of perflab's GPU busy/idle split
     window_us = end - start
     kernels_or_copies = Intervals.of(intervals_of(parsed.kernels), intervals_of(parsed.memcpys)).clip(start, end)
     memset_busy = intervals_of(parsed.memsets).clip(start, end)
@@ -93,11 +93,11 @@ def perflab_figures(trace: Path) -> dict[str, Any]:
                 for table in (parsed.kernels, parsed.memcpys, parsed.memsets)]
     precapture_only_us = any_busy.total - Intervals.of(*captured).clip(start, end).total
     return {
-        "start_us": start, "end_us": end, "window_us": window_us, "steps": profile["steps"],
-        "busy_pct": gpu["busy_pct"], "copy_only_pct": gpu["copy_only_pct"], "idle_pct": gpu["idle_pct"],
+        "start_us": start, "end_us": end, "window_us": window_us, "steps": profile.steps,
+        "busy_pct": gpu.busy_pct, "copy_only_pct": gpu.copy_only_pct, "idle_pct": gpu.idle_pct,
         "memset_only_pct": 100 * memset_only_us / window_us,
         "precapture_only_pct": 100 * precapture_only_us / window_us,
-        "top_kernels": [(row["name"], row["share_pct"]) for row in gpu["kernel_table"][:TOP_KERNELS]],
+        "top_kernels": [(row.name, row.share_pct) for row in gpu.kernel_table[:TOP_KERNELS]],
     }
 
 

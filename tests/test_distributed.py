@@ -81,16 +81,16 @@ def test_exposed_communication_is_nccl_time_not_under_compute(tmp_path):
 
 def test_collectives_rule_names_exposed_communication_and_proposes_ddp_levers(tmp_path):
     trace = _chrome_trace(tmp_path / "exposed.json", 3, 10_000, (0, 4_000), (3_000, 7_000), "ncclDevKernel_AllReduce")
-    found = {finding["cls"]: finding for finding in diagnose(trace).findings}
+    found = {finding.cls: finding for finding in diagnose(trace).findings}
     collectives = found["collectives"]
-    assert collectives["evidence"]["exposed_communication_pct_of_step"] == pytest.approx(30.0)
-    assert collectives["levers"][:3] == ["ddp-bucket-size", "gradient-as-bucket-view", "static-graph"]
-    assert "grad-accum" in collectives["levers"] and "bf16-comm-hook" in collectives["levers"]
+    assert collectives.evidence["exposed_communication_pct_of_step"] == pytest.approx(30.0)
+    assert collectives.levers[:3] == ["ddp-bucket-size", "gradient-as-bucket-view", "static-graph"]
+    assert "grad-accum" in collectives.levers and "bf16-comm-hook" in collectives.levers
 
 
 def test_collectives_rule_is_quiet_when_communication_hides_under_compute(tmp_path):
     trace = _chrome_trace(tmp_path / "hidden.json", 3, 10_000, (0, 8_000), (2_000, 7_000), "ncclKernel_AllReduce")
-    assert "collectives" not in {finding["cls"] for finding in diagnose(trace).findings}
+    assert "collectives" not in {finding.cls for finding in diagnose(trace).findings}
 
 
 # ---------------------------------------------------------------------------------------------- pieces

@@ -1,7 +1,7 @@
 """Compare a baseline run with a candidate: the performance report and an accept/reject decision.
 
 Statistics: each change comes with a 95% percentile-bootstrap confidence interval of the ratio
-candidate/base of a statistic, resampling each side independently (harness.stats.bootstrap_ratio_ci, seeded, so reports are reproducible):
+candidate/base of a statistic, resampling each side independently (perflab.stats.bootstrap_ratio_ci, seeded, so reports are reproducible):
 throughput resamples the per-trial throughputs (statistic: median), latency resamples the per-step
 latencies pooled over trials (statistic: p50 or p95). A change is significant when its interval excludes
 zero. The decision:

@@ -41,7 +41,7 @@ def compute_bound(ctx: Context) -> Optional[Finding]:
         evidence.update(top_op=f"{best.op} {best.shapes}", top_op_achieved_tflops=best.achieved_tflops,
                         top_op_pct_of_roofline=best.pct_of_roof, ceiling_source=best.ceiling_source)
         if best.pct_of_roof >= GOOD_ROOF_PCT:
-            advice.append(f"the heaviest op already reaches {best['pct_of_roof']:.0f}% of its roofline: this is "
+            advice.append(f"the heaviest op already reaches {best.pct_of_roof:.0f}% of its roofline: this is "
                           "already good; only lower precision or less work helps")
     mfu = ctx.metrics.flops.mfu_pct if ctx.metrics.flops else None
     if mfu is not None:

@@ -21,17 +21,6 @@ class Record:
     def from_dict(cls: type[R], data: dict[str, Any]) -> R:
         return build(cls, data)
 
-    # Transitional: perflab/tune/driver.py, benchmarks/bench_diagnose.py and benchmarks/bench_hta.py still read a
-    # diagnosis' findings and profile with string keys. Remove these two once they read attributes.
-    def __getitem__(self, key: str) -> Any:
-        try:
-            return getattr(self, key)
-        except AttributeError:
-            raise KeyError(key) from None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default)
-
 
 def build(cls: type, data: dict[str, Any]) -> Any:
     """An instance of the dataclass `cls` from a saved dict, nested records (lists and dicts of them too) included."""

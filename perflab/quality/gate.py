@@ -33,7 +33,7 @@ from perflab.levers.plan import build_plan
 from perflab.step.timers import NullTimer
 from perflab.results.quality import GateCandidate, LossFigures, OutputFigures, QualityVerdict, Tolerance
 
-# Relative output error ‖out − ref‖ / ‖ref‖ allowed in inference, by the candidate's precision. DESIGN.md's
+# Relative output error ‖out − ref‖ / ‖ref‖ allowed in inference, by the candidate's precision. Conventional
 # values, with bf16 at 2e-2: its 8-bit mantissa measured up to 9.5e-3 on a 50-layer ResNet (docs/quality.md).
 INFER_RTOL = {"fp32": 1e-5, "tf32": 1e-3, "bf16": 2e-2, "fp16": 1e-2}
 # Relative final-loss delta allowed after `quality_steps` training steps, by precision: 5-20x the largest

@@ -12,7 +12,7 @@ from perflab.report.operators import top_ops_plot
 from perflab.report.plots import latency_histogram, phase_breakdown_plot, sweep_plots
 from perflab.results import RESULT_FILE, Result, atomic_file, read_json_object
 from perflab.results.kind import detect_kind
-from perflab.sweep import SWEEP_JSON, read_rows
+from perflab.sweep import SWEEP_JSON, SweepMeta, read_points
 from perflab.compare import load_comparison
 from perflab.report.serve_markdown import serve_markdown
 from perflab.report.serve_plots import serve_plots
@@ -38,15 +38,16 @@ def _run_report(directory: Path, out: Path) -> str:
 
 
 def _sweep_report(directory: Path, out: Path) -> str:
-    rows = read_rows(directory)
+    points = read_points(directory)
     meta_path = directory / SWEEP_JSON
-    meta = read_json_object(meta_path, "a sweep record", "re-run the sweep") if meta_path.is_file() else {"axes": []}
-    ok = [row for row in rows if row["status"] == "ok"]
-    images = _names(sweep_plots(rows, meta.get("axes") or [], out), out) if ok else {}
+    meta = SweepMeta.from_dict(read_json_object(meta_path, "a sweep record", "re-run the sweep")
+                               if meta_path.is_file() else {})
+    ok = [point for point in points if point.ok]
+    images = _names(sweep_plots([point.to_dict() for point in points], meta.axes, out), out) if ok else {}
     environment = None
-    if ok and ok[0].get("dir") and (directory / ok[0]["dir"] / RESULT_FILE).is_file():
-        environment = Result.load(directory / ok[0]["dir"]).environment
-    return sweep_markdown(meta, rows, images, environment)
+    if ok and ok[0].dir and (directory / ok[0].dir / RESULT_FILE).is_file():
+        environment = Result.load(directory / ok[0].dir).environment
+    return sweep_markdown(meta, points, images, environment)
 
 
 def _compare_report(directory: Path, out: Path) -> str:

@@ -10,7 +10,7 @@ from perflab.results.quality import QualityVerdict
 from perflab.report.terminal import fmt as num
 from perflab.report.terminal import add_generation_rows, memory_row, no_ceiling, run_title
 from perflab.results import Result
-from perflab.sweep import best_points
+from perflab.sweep import SweepMeta, SweepPoint, best_points
 from perflab.report.diagnosis import diagnosis_markdown
 
 ENV_KEYS = ["gpu", "driver", "torch", "cuda_runtime", "cudnn", "python", "cpu", "cpu_count", "torch_threads",
@@ -164,38 +164,37 @@ def quality_block(quality: QualityVerdict) -> str:
     return text
 
 
-def sweep_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], images: dict[str, str],
+def sweep_markdown(meta: SweepMeta, points: list[SweepPoint], images: dict[str, str],
                    environment: Optional[dict[str, Any]]) -> str:
-    base = meta.get("base_config") or {}
-    axes = meta.get("axes") or []
-    best, bounded = best_points(rows, meta.get("max_p95_ms"))
-    params = list(dict.fromkeys(name for row in rows for name in row["params"]))
-    counts = {status: sum(row["status"] == status for row in rows) for status in ("ok", "oom", "error")}
+    base, axes = meta.base_config, meta.axes
+    best, bounded = best_points(points, meta.max_p95_ms)
+    params = list(dict.fromkeys(name for point in points for name in point.params))
+    counts = {status: sum(point.status == status for point in points) for status in ("ok", "oom", "error")}
     lines = [f"- **best throughput**: {_point_text(best)}" if best else "- no point finished successfully"]
-    if meta.get("max_p95_ms") is not None:
-        lines.append(f"- **best with p95 ≤ {meta['max_p95_ms']:g} ms**: "
+    if meta.max_p95_ms is not None:
+        lines.append(f"- **best with p95 ≤ {meta.max_p95_ms:g} ms**: "
                      + (_point_text(bounded) if bounded else "no point meets the bound"))
-    lines.append(f"- points: {len(rows)} finished ({counts['ok']} ok, {counts['oom']} out of memory, "
-                 f"{counts['error']} refused or failed)" + (f" of {meta['points_planned']} planned"
-                                                            if meta.get("points_planned") else ""))
-    if meta.get("mode") == "auto-batch":
-        lines.append(f"- auto-batch: doubling until out of memory or growth below {meta.get('growth_pct')}%")
+    lines.append(f"- points: {len(points)} finished ({counts['ok']} ok, {counts['oom']} out of memory, "
+                 f"{counts['error']} refused or failed)" + (f" of {meta.points_planned} planned"
+                                                            if meta.points_planned else ""))
+    if meta.mode == "auto-batch":
+        lines.append(f"- auto-batch: doubling until out of memory or growth below {meta.growth_pct}%")
     point_rows = []
-    for row in rows:
-        ok = row["status"] == "ok"
-        star = " ★" if best and row["key"] == best["key"] else ""
-        point_rows.append([str(row["index"])] + [cell(row["params"].get(p)) for p in params] + [
-            row["status"] + star, num(row.get("throughput")) if ok else "",
-            interval_text(row.get("throughput_ci_low"), row.get("throughput_ci_high"), row.get("trials"),
+    for point in points:
+        ok = point.ok
+        star = " ★" if best and point.key == best.key else ""
+        point_rows.append([str(point.index)] + [cell(point.params.get(p)) for p in params] + [
+            point.status + star, num(point.throughput) if ok else "",
+            interval_text(point.throughput_ci_low, point.throughput_ci_high, point.trials,
                           num).removeprefix("95% CI ") if ok else "",
-            num(row.get("p50_ms"), 2) if ok else "", num(row.get("p95_ms"), 2) if ok else "",
-            num(row.get("peak_memory_mb"), 0) if ok else "", num(row.get("gpu_util_pct")) if ok else "",
-            num(row.get("mfu_pct")) if ok else "", cell(row.get("quality")) if ok else cell(row.get("error"))])
+            num(point.p50_ms, 2) if ok else "", num(point.p95_ms, 2) if ok else "",
+            num(point.peak_memory_mb, 0) if ok else "", num(point.gpu_util_pct) if ok else "",
+            num(point.mfu_pct) if ok else "", cell(point.quality) if ok else cell(point.error)])
     headers = ["#"] + [p.replace("_size", "") for p in params] + [
         "status", "samples/s", "95% CI", "p50 ms", "p95 ms", "peak MiB", "GPU util %", "MFU %", "quality / error"]
-    memory_kind = next((row.get("memory_kind") for row in rows if row["status"] == "ok"), "")
+    memory_kind = next((point.memory_kind for point in points if point.ok), "")
     parts = [f"# perflab sweep: {base.get('workload')} · {base.get('mode')} · over {', '.join(axes) or 'nothing'}",
-             f"Command: `{' '.join(meta.get('command') or [])}`" if meta.get("command") else "",
+             f"Command: `{' '.join(meta.command)}`" if meta.command else "",
              "## Result", "\n".join(lines),
              "## Points", table(headers, point_rows, "r" * (1 + len(params)) + "l" + "r" * 7 + "l"),
              f"Latency is per step (one batch). Peak memory: {memory_kind}." if memory_kind else "",
@@ -206,9 +205,9 @@ def sweep_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], images: dic
     return "\n\n".join(part for part in parts if part) + "\n"
 
 
-def _point_text(row: dict[str, Any]) -> str:
-    return (f"{row['label']}: {num(row['throughput'])} samples/s, p50 {num(row['p50_ms'], 2)} ms, "
-            f"p95 {num(row['p95_ms'], 2)} ms (`{row.get('dir')}`)")
+def _point_text(point: SweepPoint) -> str:
+    return (f"{point.label}: {num(point.throughput)} samples/s, p50 {num(point.p50_ms, 2)} ms, "
+            f"p95 {num(point.p95_ms, 2)} ms (`{point.dir}`)")
 
 
 def compare_markdown(comparison, images: dict[str, str]) -> str:

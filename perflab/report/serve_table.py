@@ -7,6 +7,7 @@ from typing import Optional
 from rich.console import Console, Group
 from rich.markup import escape
 
+from perflab.diagnose.verdict import Diagnosis
 from perflab.environment import describe_device
 from perflab.report.fit import Column, fitted_tables
 from perflab.report.terminal import fmt
@@ -146,11 +147,11 @@ def print_serve(console: Console, result: Result) -> None:
         console.print(f"harness capacity (no-op model): {capacity_text(capacity)}", highlight=False)
     for line in validity_lines(serve.points):
         console.print(f"[yellow]{escape(line)}[/]", highlight=False)
-    diagnosis = result.diagnosis
-    if diagnosis:
-        console.print(f"[bold]diagnosis:[/] [bold magenta]{diagnosis['bottleneck']}[/] — {diagnosis['headline']}",
+    if result.diagnosis:
+        diagnosis = Diagnosis.from_dict(result.diagnosis)
+        console.print(f"[bold]diagnosis:[/] [bold magenta]{diagnosis.bottleneck}[/] — {diagnosis.headline}",
                       highlight=False)
-        for advice in diagnosis.get("advice", []):
+        for advice in diagnosis.advice:
             console.print(f"  · {advice}", highlight=False)
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}")

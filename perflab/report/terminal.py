@@ -11,6 +11,7 @@ from perflab.step.phases import phase_sort_key
 from perflab.stats import interval_text
 from perflab.results.metrics import Generation, Latency, Metrics
 from perflab.results import Result
+from perflab.results.kind import run_kind
 
 
 def fmt(value: Optional[float], digits: int = 1, unit: str = "") -> str:
@@ -40,11 +41,6 @@ def run_title(result: Result) -> str:
     batch = f"batch {cfg.batch_size}" if cfg.batch_size else None
     parts = [cfg.workload, cfg.mode, batch, cfg.precision, device]  # a script run has no precision
     return f"perflab {run_kind(result)} · " + " · ".join(part for part in parts if part)
-
-
-def run_kind(result: Result) -> str:
-    """"profile" for a run recorded by `perflab profile` (its metrics say how it was profiled), else "run"."""
-    return "profile" if result.metrics.profile else "run"
 
 
 def result_table(result: Result) -> Table:

@@ -87,7 +87,7 @@ def _encode(value: Any) -> Any:
 
 @dataclass
 class Throughput(Section):
-    """Samples/s over trials: median, spread and a bootstrap CI (harness/stats.summarize)."""
+    """Samples/s over trials: median, spread and a bootstrap CI (perflab.stats.summarize)."""
 
     median: Optional[float] = None
     mean: Optional[float] = None

@@ -110,7 +110,7 @@ def per_query_requests(ids: Any, request: RequestTiming, last_token_s: float, sc
 def latency_percentiles(latency_ms: np.ndarray) -> dict[str, float]:
     """Nearest-rank p50, p90, p95, p99 and p99.9 (keys p50 ... p99.9), mean and max: the p99 shown is the one the
     point is judged by, one real query's latency."""
-    # Not harness.stats.percentiles: its keys drop decimals (p99.9 would overwrite p99), and it interpolates.
+    # Not perflab.stats.percentiles: its keys drop decimals (p99.9 would overwrite p99), and it interpolates.
     found = {f"p{p:g}": nearest_rank(latency_ms, p) for p in PERCENTILES}
     found.update(mean=float(np.mean(latency_ms)) if latency_ms.size else float("nan"),
                  max=float(np.max(latency_ms)) if latency_ms.size else float("nan"))

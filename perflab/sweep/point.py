@@ -1,5 +1,6 @@
-"""The data model of a sweep's points: one finished point (a line of sweep.jsonl) and, for `perflab scale`, the same
-point with its scaling efficiency. Typed in memory; a dict only where a line or a file is written or read back.
+"""The data model of a sweep: one finished point (a line of sweep.jsonl), for `perflab scale` the same point with its
+scaling efficiency, and what was swept (sweep.json). Typed in memory; a dict only where a line or a file is written or
+read back.
 """
 from __future__ import annotations
 
@@ -107,3 +108,32 @@ class ScaleRow(SweepPoint):
         values = {item.name: getattr(point, item.name) for item in dataclasses.fields(SweepPoint)
                   if item.name != "world_size"}
         return cls(**values, world_size=point.config.nproc * (point.config.nnodes or 1))
+
+
+@dataclass
+class SweepMeta:
+    """sweep.json: what was swept (the axes, the grid or the auto-batch search over a base config), the latency
+    bound, and the best points so far."""
+
+    kind: str = "sweep"
+    mode: Optional[str] = None  # "grid" or "auto-batch"
+    axes: list[str] = field(default_factory=list)
+    base_config: dict[str, Any] = field(default_factory=dict)  # RunConfig.to_dict of the first point, resolved
+    command: list[str] = field(default_factory=list)
+    max_p95_ms: Optional[float] = None
+    points_planned: Optional[int] = None  # a grid's point count; None for auto-batch
+    points_done: int = 0
+    growth_pct: Optional[float] = None  # auto-batch only
+    max_batch: Optional[int] = None  # auto-batch only
+    best: Optional[str] = None  # the best point's key
+    best_under_bound: Optional[str] = None
+    plots: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this perflab does not know, kept as they were read
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SweepMeta":
+        """sweep.json as saved by any perflab version: missing or null keys take their defaults, unknown ones are
+        kept in `extra`."""
+        known = {item.name for item in dataclasses.fields(cls)} - {"extra"}
+        values = {name: value for name, value in data.items() if name in known and value is not None}
+        return cls(**values, extra={name: value for name, value in data.items() if name not in known})
