@@ -54,6 +54,7 @@ def tune(start: RunConfig, settings: TuneConfig, out: Union[str, Path], observer
         try:
             stop_reason = tuner.run()
         except KeyboardInterrupt:
+            tuner.adopt_recorded_start()
             if tuner.state.best_row is not None:
                 interrupted = StopReason(StopKind.INTERRUPTED)
                 write_tune_json(tuner.out, tune_summary(tuner, tuner.stop_line(interrupted), command or [], interrupted))

@@ -38,7 +38,7 @@ from perflab.tune.candidates import WorkloadBuilds, usable_cpus
 from perflab.tune.decision import unjudged_line
 from perflab.serve.config import ServeConfig
 from perflab.tune.objective import SERVE, serve_record
-from perflab.tune.journal import Journal
+from perflab.tune.journal import Journal, trial_key
 from perflab.tune.limits import SearchStopped, TrialLimits
 from perflab.tune.memory_trade import checkpointed_batch, trade_verdict
 from perflab.tune.profiling import SHORT_PROFILE_STEPS, Diagnoser, Profiler, diagnose_trace, profile_steps
@@ -188,6 +188,20 @@ class Tuner:
         start = record.result.config.run_config().replace(out=None)  # device and batch resolved
         self.workloads.start = start
         self.state.started(start, record)
+
+    def adopt_recorded_start(self) -> None:
+        """After Ctrl-C: a start already in tune.jsonl becomes the best even where the interrupt came between its row
+        and its taking as the best (read back from its row, as --resume does; nothing runs)."""
+        if self.state.best_row is not None:
+            return
+        key = trial_key(self.state.start, self.measure, self.state.serve_cfg if self.measure == SERVE else None)
+        row = self.journal.get(key)
+        if row is None or not row.measured:
+            return
+        try:
+            self._measure_start()
+        except (PerflabError, SearchStopped, OSError):  # an unreadable start is no best: tune.json is not written
+            return
 
     def _nothing_to_try(self) -> StopReason:
         """Why the search ends without a trial: the diagnosis's advice is what remains (e.g. remove a sync)."""
