@@ -58,7 +58,8 @@ def test_max_qps_search_with_points_too_short_finds_a_max_qps_instead_of_none(tm
     for point in too_short:  # rerun at the same rate with more queries, never answered by a lower rate
         rerun = points[point.rerun_as]
         assert rerun.offered_qps == point.offered_qps and rerun.queries > point.queries
-        assert rerun.extended.why.startswith(f"early stopping: point {point.index} had")
+        if rerun.overloaded is None:  # an overloaded rerun (a loaded machine) ended early: it ran past nothing
+            assert rerun.extended.why.startswith(f"early stopping: point {point.index} had")
     tried = record.search.tried
     assert len(tried) == len(points) - len(too_short)
     assert tried[0] == TriedRate(qps=points[0].offered_qps, passed=True)
