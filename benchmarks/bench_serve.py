@@ -37,6 +37,7 @@ import torch
 from benchmarks.common import Rows, parse_args
 from perflab.config import RunConfig
 from perflab.report.build import write_report
+from perflab.results.metrics import LoadPoint
 from perflab.serve import ServeConfig, serve
 
 P99_BOUND_MS = 15.0
@@ -100,9 +101,9 @@ def measure(experiment: ServeExperiment, out: Path, rows: Rows, full: bool) -> N
     offline, offline_s = run_one(experiment, ServeConfig(scenario="offline", max_batch=experiment.offline_batch,
                                                          instances=2, **timing), out / f"{folder}_offline", full)
     point = offline.metrics.serve.points[0]
-    offline_qps = point["achieved_qps"]
+    offline_qps = point.achieved_qps
     rows.add(name, f"offline samples/s (max batch {experiment.offline_batch}, 2 instances)", offline_qps,
-             "samples/s", f"p99 {point['latency_ms']['p99']:.1f} ms; {parts(point)}; session {offline_s:.0f} s "
+             "samples/s", f"p99 {point.latency_ms['p99']:.1f} ms; {parts(point)}; session {offline_s:.0f} s "
              "incl. compile")
     best: Optional[tuple[float, str]] = None
     for max_batch, timeout_ms, instances in experiment.server_settings:
@@ -132,24 +133,24 @@ def measure_server(rows: Rows, name: str, experiment: ServeExperiment, setting: 
     """The rows of one max-QPS search; its max QPS."""
     record = server.metrics.serve
     max_qps = record.max_qps
-    at_max = max((p for p in record.points if p["passed"]), key=lambda p: p["offered_qps"], default=None)
-    note = (f"p99 {at_max['latency_ms']['p99']:.2f} ms, dispatch delay p99 "
-            f"{at_max['dispatch_delay_ms']['p99_ms']:.3f} ms, mean batch {at_max['batch_mean']:.1f}, instances busy "
-            f"{at_max['instance_busy_pct']:.0f}%, GPU {(at_max.get('gpu') or {}).get('util_mean_pct')}%, "
+    at_max = max((p for p in record.points if p.passed), key=lambda p: p.offered_qps, default=None)
+    note = (f"p99 {at_max.latency_ms['p99']:.2f} ms, dispatch delay p99 "
+            f"{at_max.dispatch_delay_ms.p99_ms:.3f} ms, mean batch {at_max.batch_mean:.1f}, instances busy "
+            f"{at_max.instance_busy_pct:.0f}%, GPU {(at_max.gpu or {}).get('util_mean_pct')}%, "
             f"{parts(at_max)}" if at_max else "no rate met the bound")
     rows.add(name, f"server max QPS at p99 <= {experiment.p99_ms:g} ms ({setting})", max_qps, "queries/s",
              f"{note}; {len(record.search.tried)} points; session {server_s:.0f} s "
              f"{record.search.skipped or ''}")
     if at_max:
-        rows.add(name, f"server dispatch delay p99 at max QPS ({setting})", at_max["dispatch_delay_ms"]["p99_ms"], "ms",
-                 f"max {at_max['dispatch_delay_ms']['max_ms']:.3f} ms; a point is harness-late past "
+        rows.add(name, f"server dispatch delay p99 at max QPS ({setting})", at_max.dispatch_delay_ms.p99_ms, "ms",
+                 f"max {at_max.dispatch_delay_ms.max_ms:.3f} ms; a point is harness-late past "
                  f"{record.settings.harness_late_ms:g} ms")
     capacity = record.capacity
     rows.add(name, "batcher capacity (no-op model)", capacity.batcher_qps_at_max_batch, "queries/s",
              f"at max batch; {capacity.batcher_batches_per_s:.0f} batches/s at batch 1; dispatch delay p99 "
              f"{capacity.dispatch_delay_p99_ms:.3f} ms on a Poisson schedule at "
              f"{capacity.dispatch_probe_qps:.0f} queries/s")
-    late = [p["offered_qps"] for p in record.points if p["harness_late"]]
+    late = [p.offered_qps for p in record.points if p.harness_late]
     if late:
         rows.add(name, "points where the batcher dispatched late (not valid)", len(late), "points", str(late))
     diagnosis = server.diagnosis or {}
@@ -158,9 +159,9 @@ def measure_server(rows: Rows, name: str, experiment: ServeExperiment, setting: 
     return max_qps
 
 
-def parts(point: dict) -> str:
+def parts(point: LoadPoint) -> str:
     """Mean ms per query of copy in, compute and copy out: where a batch's time went."""
-    mean = point["time_ms"]["mean"]
+    mean = point.time_ms["mean"]
     return "copy in / compute / copy out " + " / ".join(f"{mean[k]:.2f}" for k in ("copy_in", "compute", "copy_out")) \
         + " ms per query"
 
@@ -193,10 +194,10 @@ def measure_generation(out: Path, rows: Rows, full: bool) -> None:
     offline = serve(cfg, ServeConfig(scenario="offline", max_batch=8, **timing), out / "generate_offline",
                     command=["benchmarks/bench_serve.py"])
     point = offline.metrics.serve.points[0]
-    offline_rps = point["achieved_qps"]
+    offline_rps = point.achieved_qps
     rows.add(name, "offline requests/s (max batch 8)", offline_rps, "requests/s",
-             f"{point['generation']['output_tokens_per_s']:.0f} output tokens/s; {host_text(point['generation'])}, "
-             f"GPU {(point.get('gpu') or {}).get('util_mean_pct')}% busy; session "
+             f"{(point.generation or {}).get('output_tokens_per_s') or 0:.0f} output tokens/s; "
+             f"{host_text(point.generation or {})}, GPU {(point.gpu or {}).get('util_mean_pct')}% busy; session "
              f"{time.perf_counter() - began:.0f} s incl. compile")
     rates = [float(f"{fraction * offline_rps:.3g}") for fraction in GENERATE_FRACTIONS]
     # every point long enough for --min-queries at the lowest rate
@@ -207,16 +208,16 @@ def measure_generation(out: Path, rows: Rows, full: bool) -> None:
                    out / "generate_server", command=["benchmarks/bench_serve.py"])
     write_report(out / "generate_server")
     for point in server.metrics.serve.points:
-        gen = point["generation"]
+        gen = point.generation or {}
         goodput = gen.get("goodput") or {}
-        rows.add(name, f"server at {point['offered_qps']:g} requests/s "
-                 f"({100 * point['offered_qps'] / offline_rps:.0f}% of offline)", gen["ttft_ms"]["p99"], "ms TTFT p99",
-                 f"TTFT p50 {gen['ttft_ms']['p50']:.1f} ms (queue wait mean {point['time_ms']['mean']['queue_wait']:.1f}"
+        rows.add(name, f"server at {point.offered_qps:g} requests/s "
+                 f"({100 * point.offered_qps / offline_rps:.0f}% of offline)", gen["ttft_ms"]["p99"], "ms TTFT p99",
+                 f"TTFT p50 {gen['ttft_ms']['p50']:.1f} ms (queue wait mean {point.time_ms['mean']['queue_wait']:.1f}"
                  f" ms), TPOT p50 {gen['tpot_ms']['p50']:.2f} ms, ITL p99 {gen['itl_ms']['p99']:.2f} ms, "
-                 f"{gen['output_tokens_per_s']:.0f} output tokens/s, achieved {point['achieved_qps']:.1f} requests/s, "
-                 f"mean batch {point['batch_mean']:.1f}, goodput {goodput.get('goodput_requests_per_s', 0):.1f} "
+                 f"{gen['output_tokens_per_s']:.0f} output tokens/s, achieved {point.achieved_qps:.1f} requests/s, "
+                 f"mean batch {point.batch_mean:.1f}, goodput {goodput.get('goodput_requests_per_s', 0):.1f} "
                  f"requests/s ({goodput.get('requests_meeting_slo_pct', 0):.0f}% meet {GENERATE_SLO}); "
-                 f"{host_text(gen)}, GPU {(point.get('gpu') or {}).get('util_mean_pct')}% busy")
+                 f"{host_text(gen)}, GPU {(point.gpu or {}).get('util_mean_pct')}% busy")
     rows.add(name, "session", time.perf_counter() - began, "s", "server points incl. compile")
 
 
