@@ -34,8 +34,8 @@ def main() -> None:
             offline = serve(cfg, ServeConfig(scenario="offline", max_batch=offline_batch, instances=instances,
                                              duration_s=2.0, min_queries=1000), args.out / f"{label}-offline")
             point = offline.metrics.serve.points[0]
-            rows.add(label, "offline samples/s", point["achieved_qps"], "samples/s",
-                     f"max batch {offline_batch}, {instances} inst, parts {point.get('time_ms', {}).get('mean')}")
+            rows.add(label, "offline samples/s", point.achieved_qps, "samples/s",
+                     f"max batch {offline_batch}, {instances} inst, parts {point.time_ms.get('mean')}")
             search = serve(cfg, ServeConfig(find_max_qps=True, p99_ms=15.0, max_batch=server_batch,
                                             batch_timeout_ms=timeout_ms, instances=instances, duration_s=1.0,
                                             min_queries=500, search_tolerance_pct=10.0), args.out / f"{label}-server")

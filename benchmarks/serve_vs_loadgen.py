@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from perflab.config import RunConfig
+from perflab.results.metrics import LoadPoint
 from perflab.serve import ServeConfig, serve
 from perflab.serve.capacity import FixedTimeEngine
 
@@ -26,14 +27,14 @@ def run(out: Path, service_s: float, loadgen: bool, **settings) -> dict:
     return result.metrics.serve.points[0]
 
 
-def own_cells(point: dict) -> list[str]:
-    verdict = "VALID" if point["validity"]["valid"] else "INVALID"
-    rate = point["achieved_qps"]
-    return [f"{rate:,.0f}", f"{point['latency_ms']['p99']:.1f}", f"{point['queries']:,}", verdict]
+def own_cells(point: LoadPoint) -> list[str]:
+    verdict = "VALID" if point.validity is not None and point.validity.valid else "INVALID"
+    rate = point.achieved_qps
+    return [f"{rate:,.0f}", f"{point.latency_ms['p99']:.1f}", f"{point.queries:,}", verdict]
 
 
-def loadgen_cells(point: dict) -> list[str]:
-    judged = point["loadgen"]
+def loadgen_cells(point: LoadPoint) -> list[str]:
+    judged = point.loadgen
     rate = judged.get("samples_per_s") or judged.get("completed_samples_per_s")
     return [f"{rate:,.0f}", f"{judged['p99_ms']:.1f}", f"{judged['query_count']:,}", judged["validity"]]
 
