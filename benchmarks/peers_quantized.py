@@ -47,6 +47,7 @@ from benchmarks.bench_generate import run_dir_of
 from benchmarks.bench_generate_peers import (NOT_GATED, PROMPT_LEN, Cell, Row, example_module, free_memory,
                                              run_perflab)
 from benchmarks.common import Rows
+from perflab.results.quality import QualityVerdict
 
 DEFAULT_VARIANTS = "int8-weight,int4-weight"
 # BENCH_PEERS_QUANT=NAME runs a preset's variants; each fits one device call on an H100 and starts with its bf16
@@ -158,7 +159,7 @@ def kernel_split(trace_path: Path, result) -> Optional[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------- the gate
 
 def quantized_gate(shape: str, weights: str, scheme: str, cuda: bool, requests: int = 2,
-                   new_tokens: int = 32) -> dict[str, Any]:
+                   new_tokens: int = 32) -> QualityVerdict:
     """The generation gate's judge of `scheme` against the same model in bf16 (both eager, dynamic cache): greedy
     agreement, logits error and perplexity delta with the scheme's tolerances; inconclusive, with the reason, when
     the bf16 model is too unsure of its own tokens (random weights) to judge by."""
@@ -167,7 +168,7 @@ def quantized_gate(shape: str, weights: str, scheme: str, cuda: bool, requests: 
     from perflab.generation.session import open_session
     from perflab.models.decoder import SIZES
     from perflab.models.language import SyntheticLanguage, perplexity
-    from perflab.quality.generation import SCHEME_LOGITS_RTOL, SCHEME_PERPLEXITY_RTOL, judge
+    from perflab.quality.generation import SCHEME_LOGITS_RTOL, SCHEME_PERPLEXITY_RTOL, Compared, judge
     device = torch.device("cuda" if cuda else "cpu")
     size = SIZES[shape]
     base = reference_model(shape, weights, device)
@@ -185,9 +186,9 @@ def quantized_gate(shape: str, weights: str, scheme: str, cuda: bool, requests: 
             base_session.close()
             cand_session.close()
         evaluation = language.sample(4, 128, seed=99).to(device)
-        figures = {"baseline_logits": base_logits, "candidate_logits": cand_logits,
-                   "perplexity_baseline": perplexity(base, evaluation, batch=1),
-                   "perplexity_candidate": perplexity(candidate, evaluation, batch=1)}
+        figures = Compared(baseline_logits=base_logits, candidate_logits=cand_logits,
+                           perplexity_baseline=perplexity(base, evaluation, batch=1),
+                           perplexity_candidate=perplexity(candidate, evaluation, batch=1))
     tolerance = {"rtol": SCHEME_LOGITS_RTOL[scheme], "perplexity_rtol": SCHEME_PERPLEXITY_RTOL[scheme],
                  "source": f"{scheme} vs bf16"}
     del base, candidate
@@ -208,12 +209,13 @@ def reference_model(shape: str, weights: str, device: torch.device):
         return Decoder(SIZES[shape]).to(torch.bfloat16).eval()
 
 
-def gate_text(verdict: dict[str, Any], shape: str, weights: str) -> str:
-    figures = verdict["metrics"]
-    return (f"gate vs bf16 ({shape}, {weights} weights): {verdict['verdict']}; greedy agreement "
-            f"{100 * figures['greedy_agreement']:.1f}%, logits error {figures['rel_error']:.2e}, perplexity "
-            f"{100 * figures['perplexity_rel_delta']:+.2f}%, bf16 confident at "
-            f"{100 * figures['baseline_confident_share']:.0f}% of positions")
+def gate_text(verdict: QualityVerdict, shape: str, weights: str) -> str:
+    """One line of a QualityVerdict of the generation gate."""
+    figures = verdict.metrics
+    return (f"gate vs bf16 ({shape}, {weights} weights): {verdict.verdict}; greedy agreement "
+            f"{100 * figures.greedy_agreement:.1f}%, logits error {figures.rel_error:.2e}, perplexity "
+            f"{100 * figures.perplexity_rel_delta:+.2f}%, bf16 confident at "
+            f"{100 * figures.baseline_confident_share:.0f}% of positions")
 
 
 def run_gates(rows: Rows, table: list[Row], cell: Cell, cuda: bool, schemes: list[str],
@@ -231,7 +233,7 @@ def run_gates(rows: Rows, table: list[Row], cell: Cell, cuda: bool, schemes: lis
                 verdict = quantized_gate(shape, weights, scheme, cuda)
                 text = gate_text(verdict, shape, weights)
                 rows.add(f"{cell.shape} bs{cell.batch}", f"{scheme} gate vs bf16",
-                         verdict["metrics"]["greedy_agreement"], "", verdict["reason"])
+                         verdict.metrics.greedy_agreement, "", verdict.reason)
             except Exception as err:
                 traceback.print_exc()
                 text = f"gate failed: {type(err).__name__}: {err}"[:200]
