@@ -140,17 +140,19 @@ def run_vllm(cell: Cell, out: Path, bound_ms: Optional[float]) -> Row:
 
 # ---------------------------------------------------------------------------------------------- the bound
 
-def bound_ms_per_step(cell: Cell, gbps: Optional[float]) -> Optional[float]:
-    """The bandwidth bound of one decode step of `cell` in bf16, averaged over its decode steps."""
+def bound_ms_per_step(cell: Cell, gbps: Optional[float], model: Optional[torch.nn.Module] = None) -> Optional[float]:
+    """The bandwidth bound of one decode step of `cell`, averaged over its decode steps: the weights `model` stores (a
+    quantized peer's packed weights and scales), or perflab's bf16 decoder of the cell's shape; KV in bf16."""
     from perflab.generation.metrics import BandwidthBound, RequestTiming, weight_bytes_per_step
     from perflab.models.decoder import SIZES, Decoder
     from perflab.models.kv_cache import kv_cache_bytes
     if not gbps:
         return None
     size = SIZES[cell.shape]
-    with torch.device("meta"):
-        shapes = Decoder(size).to(torch.bfloat16)
-    bound = BandwidthBound(weight_bytes_per_step(shapes, cell.batch),
+    if model is None:
+        with torch.device("meta"):
+            model = Decoder(size).to(torch.bfloat16)
+    bound = BandwidthBound(weight_bytes_per_step(model, cell.batch),
                            kv_cache_bytes(size.layers, cell.batch, size.kv_heads, size.head_dim, 1, torch.bfloat16),
                            gbps, "")
     request = RequestTiming(cell.batch, cell.prompt_len, [0.0] * cell.output_len, [1] * cell.output_len)
@@ -408,15 +410,16 @@ def version(package: str) -> str:
         return "?"
 
 
-def grid(full: bool) -> tuple[list[Cell], Optional[Cell]]:
-    """The shape x batch cells (BENCH_PEERS_SHAPES, BENCH_PEERS_BATCHES) and the quantized cell (the 8B shape at
-    batch 1; BENCH_PEERS_QUANT_SHAPE)."""
+def grid(full: bool) -> tuple[list[Cell], list[Cell]]:
+    """The shape x batch cells (BENCH_PEERS_SHAPES, BENCH_PEERS_BATCHES) and the quantized part's cells (the 8B shape
+    at batch 1 and 8; BENCH_PEERS_QUANT_SHAPE, BENCH_PEERS_QUANT_BATCHES; an empty shape: none)."""
     shapes = os.environ.get("BENCH_PEERS_SHAPES", "llama-8b" if full else "llama-tiny").split(",")
     batches = [int(b) for b in os.environ.get("BENCH_PEERS_BATCHES", "1,8" if full else "1,4").split(",")]
     lengths = {} if full else {"prompt_len": 16, "output_len": 8}
     cells = [Cell(shape.strip(), batch, **lengths) for shape in shapes for batch in batches]
     quant_shape = os.environ.get("BENCH_PEERS_QUANT_SHAPE", "llama-8b" if full else "llama-tiny")
-    return cells, Cell(quant_shape, 1, **lengths) if quant_shape else None
+    quant_batches = [int(b) for b in os.environ.get("BENCH_PEERS_QUANT_BATCHES", "1,8" if full else "1").split(",")]
+    return cells, [Cell(quant_shape.strip(), batch, **lengths) for batch in quant_batches] if quant_shape else []
 
 
 BF16_SYSTEMS = ("perflab", "perflab bf16")  # a cell's reference for the x-bf16 columns
@@ -459,7 +462,8 @@ def format_kernel_split(table: list[Row]) -> str:
 def run(out: Path, quick: bool) -> list[dict]:
     from perflab.calibrate import cached_ceilings, calibrate, memory_bandwidth
     # the quantized part imports this module's cells and rows: imported when it runs
-    from benchmarks.peers_quantized import DEFAULT_VARIANTS, parse_gate, parse_variants, run_quantized
+    from benchmarks.peers_quantized import (DEFAULT_VARIANTS, parse_gate, parse_hf_schemes, parse_variants,
+                                             run_quantized)
     out.mkdir(parents=True, exist_ok=True)
     rows = Rows("generate_peers", out)
     cuda = torch.cuda.is_available()
@@ -471,7 +475,7 @@ def run(out: Path, quick: bool) -> list[dict]:
     rows.add("calibrate", "device memory bandwidth", gbps, "GB/s", source)
     systems = os.environ.get("BENCH_PEERS_SYSTEMS", "perflab,hf,vllm").split(",")
     variants = parse_variants(os.environ.get("BENCH_PEERS_QUANT", DEFAULT_VARIANTS))
-    cells, quant_cell = grid(full)
+    cells, quant_cells = grid(full)
     table: list[Row] = []
     began = time.perf_counter()
     budget_s = float(os.environ.get("BENCH_PEERS_BUDGET_S", "540"))  # the table must print inside a 600-s call
@@ -487,10 +491,12 @@ def run(out: Path, quick: bool) -> list[dict]:
         if "vllm" in systems:
             table.append(run_vllm(cell, out, bound_ms))
         print(f"[generate_peers] {cell}: done at {time.perf_counter() - began:.0f}s", flush=True)
-    if quant_cell is not None and variants:
-        gate = parse_gate(os.environ.get("BENCH_PEERS_QUANT_GATE", ""), quant_cell)
+    hf_schemes = parse_hf_schemes(os.environ.get("BENCH_PEERS_QUANT_HF", "int8-weight,int4-weight" if full else ""))
+    if quant_cells and (variants or hf_schemes):
+        gate = parse_gate(os.environ.get("BENCH_PEERS_QUANT_GATE", ""), quant_cells[0])
         profile = os.environ.get("BENCH_PEERS_QUANT_PROFILE", "") == "1"
-        table += run_quantized(rows, out, quant_cell, cuda, variants, profile, gate, began + budget_s)
+        table += run_quantized(rows, out, quant_cells, cuda, variants, profile, gate, began + budget_s,
+                               hf_schemes=hf_schemes, gbps=gbps)
         print(f"[generate_peers] quantized: done at {time.perf_counter() - began:.0f}s", flush=True)
     for row in table:
         experiment = f"{row.cell.shape} bs{row.cell.batch}"

@@ -1,11 +1,27 @@
 """The quantized part of the generate_peers area (benchmarks/bench_generate_peers.py): bf16, int8 and int4
-weight-only decode at one cell (the 8B shape, batch 1), in the variants that say where a quantized step loses what its
-fewer bytes should win, then the generation gate of each scheme against the bf16 model.
+weight-only decode at its cells (the 8B shape, batch 1 and 8), in the variants that say where a quantized step loses
+what its fewer bytes should win, beside HF transformers + torchao, then the generation gate of each scheme against the
+bf16 model.
 
     BENCH_PEERS_QUANT=int8-weight,int4-weight          (default) each scheme through perflab's own levers
-    BENCH_PEERS_QUANT=bf16,int8-weight+torchao,...      variants: SCHEME[+CHANGE...]
+    BENCH_PEERS_QUANT=bf16,int8-weight+torchao,...      variants: SCHEME[+CHANGE...], or a preset's name (PRESETS)
+    BENCH_PEERS_QUANT_SHAPE=llama-8b BENCH_PEERS_QUANT_BATCHES=1,8   the cells (defaults on a GPU)
+    BENCH_PEERS_QUANT_HF=int8-weight,int4-weight        HF + torchao for these schemes (the default on a GPU; empty:
+                                                        none; run_hf_torchao)
     BENCH_PEERS_QUANT_PROFILE=1                         profile one request of each variant: µs per layer
     BENCH_PEERS_QUANT_GATE=none | SHAPE | SHAPE:trained the gate's model (default: the cell's shape, random weights)
+
+Issue 39's two device calls (torchao 0.18.0 and gemlite 0.5.1.post1 as wheels), one batch size each, so that every
+call has its own bf16 reference and HF + torchao rows beside perflab's; the first adds the 1B per-layer split of both
+kernels of each scheme, the second the gate on a trained llama-1b:
+
+    S="BENCH_PEERS_SYSTEMS=none BENCH_PEERS_QUANT_GATE=none"
+    env $S BENCH_PEERS_QUANT=schemes BENCH_PEERS_QUANT_BATCHES=1 python -m benchmarks.bench_generate_peers --out A
+    env $S BENCH_PEERS_QUANT=split BENCH_PEERS_QUANT_SHAPE=llama-1b BENCH_PEERS_QUANT_BATCHES=1 BENCH_PEERS_QUANT_HF= \
+        BENCH_PEERS_QUANT_PROFILE=1 python -m benchmarks.bench_generate_peers --out B
+    env $S BENCH_PEERS_QUANT=schemes BENCH_PEERS_QUANT_BATCHES=8 python -m benchmarks.bench_generate_peers --out C
+    BENCH_PEERS_SYSTEMS=none BENCH_PEERS_QUANT=int8-weight,int4-weight BENCH_PEERS_QUANT_SHAPE=llama-1b \
+        BENCH_PEERS_QUANT_BATCHES=1 BENCH_PEERS_QUANT_HF= BENCH_PEERS_QUANT_GATE=llama-1b:trained python -m ... --out D
 
 A variant is a scheme (bf16: no quantization, the reference; int8-weight, int4-weight, fp8) with changes, each
 `+NAME`: a decode tuning (perflab/workloads/generation.py's DECODE_TUNINGS: gpt-fast, autotune, torchao, mm-templates,
@@ -35,6 +51,7 @@ settings, SDPA's attention instead of Inductor's generated one, Inductor's CUDA 
 from __future__ import annotations
 
 import copy
+import json
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -53,6 +70,10 @@ DEFAULT_VARIANTS = "int8-weight,int4-weight"
 # BENCH_PEERS_QUANT=NAME runs a preset's variants; each fits one device call on an H100 and starts with its bf16
 # reference (the x-bf16 columns compare within a call, on one card)
 PRESETS = {
+    # issue 39's two calls: each scheme through perflab's default kernel (gemlite where installed), beside HF + torchao
+    # at the 8B shape, batch 1 and 8; then the per-layer split of both kernels of each scheme at 1B, and the gate
+    "schemes": "bf16,int8-weight,int4-weight",
+    "split": "bf16,int8-weight+torchao-kernel,int8-weight+gemlite,int4-weight+torchao-kernel,int4-weight+gemlite",
     "diagnostic": "bf16,int8-weight+torchao-kernel,int4-weight,bf16+gpt-fast,int8-weight+gemlite",
     "diagnostic-more": "bf16,int8-weight+mm-templates,int8-weight+torchao,int8-weight+sdpa-efficient,"
                        "int8-weight+inductor-graphs",
@@ -159,10 +180,11 @@ def kernel_split(trace_path: Path, result) -> Optional[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------- the gate
 
 def quantized_gate(shape: str, weights: str, scheme: str, cuda: bool, requests: int = 2,
-                   new_tokens: int = 32) -> QualityVerdict:
-    """The generation gate's judge of `scheme` against the same model in bf16 (both eager, dynamic cache): greedy
-    agreement, logits error and perplexity delta with the scheme's tolerances; inconclusive, with the reason, when
-    the bf16 model is too unsure of its own tokens (random weights) to judge by."""
+                   new_tokens: int = 32, kernel: str = "torchao") -> QualityVerdict:
+    """The generation gate's judge of `scheme` (rounded for `kernel`, resolved_kernel's) against the same model in
+    bf16 (both eager, dynamic cache): greedy agreement, logits error and perplexity delta with the scheme's
+    tolerances; inconclusive, with the reason, when the bf16 model is too unsure of its own tokens (random weights) to
+    judge by."""
     from perflab.generation.decode import generate_greedy, teacher_forced_logits
     from perflab.generation.quantize import quantize_weights
     from perflab.generation.session import open_session
@@ -172,7 +194,7 @@ def quantized_gate(shape: str, weights: str, scheme: str, cuda: bool, requests: 
     device = torch.device("cuda" if cuda else "cpu")
     size = SIZES[shape]
     base = reference_model(shape, weights, device)
-    candidate = quantize_weights(copy.deepcopy(base), scheme)
+    candidate = quantize_weights(copy.deepcopy(base), scheme, kernel)
     language = SyntheticLanguage(size.vocab)
     prompts = language.sample(requests, PROMPT_LEN, seed=11).to(device)
     base_logits, cand_logits = [], []
@@ -209,10 +231,10 @@ def reference_model(shape: str, weights: str, device: torch.device):
         return Decoder(SIZES[shape]).to(torch.bfloat16).eval()
 
 
-def gate_text(verdict: QualityVerdict, shape: str, weights: str) -> str:
+def gate_text(verdict: QualityVerdict, shape: str, weights: str, kernel: str) -> str:
     """One line of a QualityVerdict of the generation gate."""
     figures = verdict.metrics
-    return (f"gate vs bf16 ({shape}, {weights} weights): {verdict.verdict}; greedy agreement "
+    return (f"gate vs bf16 ({shape}, {weights} weights, rounded for {kernel}): {verdict.verdict}; greedy agreement "
             f"{100 * figures.greedy_agreement:.1f}%, logits error {figures.rel_error:.2e}, perplexity "
             f"{100 * figures.perplexity_rel_delta:+.2f}%, bf16 confident at "
             f"{100 * figures.baseline_confident_share:.0f}% of positions")
@@ -230,8 +252,10 @@ def run_gates(rows: Rows, table: list[Row], cell: Cell, cuda: bool, schemes: lis
             text = "gate not run: no variant of the scheme ran"
         else:
             try:
-                verdict = quantized_gate(shape, weights, scheme, cuda)
-                text = gate_text(verdict, shape, weights)
+                from perflab.generation.quantize import resolved_kernel
+                kernel, _ = resolved_kernel(scheme, "auto", torch.device("cuda" if cuda else "cpu"))
+                verdict = quantized_gate(shape, weights, scheme, cuda, kernel=kernel)
+                text = gate_text(verdict, shape, weights, kernel)
                 rows.add(f"{cell.shape} bs{cell.batch}", f"{scheme} gate vs bf16",
                          verdict.metrics.greedy_agreement, "", verdict.reason)
             except Exception as err:
@@ -242,19 +266,124 @@ def run_gates(rows: Rows, table: list[Row], cell: Cell, cuda: bool, schemes: lis
 
 # ---------------------------------------------------------------------------------------------- the part
 
-def run_quantized(rows: Rows, out: Path, cell: Cell, cuda: bool, variants: list[Variant], profile: bool,
-                  gate: Optional[tuple[str, str]], deadline: float) -> list[Row]:
-    """The timed variants, then the gates, none started past `deadline` (time.perf_counter)."""
+def run_quantized(rows: Rows, out: Path, cells: list[Cell], cuda: bool, variants: list[Variant], profile: bool,
+                  gate: Optional[tuple[str, str]], deadline: float, hf_schemes: tuple[str, ...] = (),
+                  gbps: Optional[float] = None) -> list[Row]:
+    """The timed variants at each cell, then HF + torchao for each of `hf_schemes`, then the gates; none started past
+    `deadline` (time.perf_counter)."""
     table: list[Row] = []
-    for variant in variants:
-        if time.perf_counter() > deadline:
-            table.append(Row(cell, f"perflab {variant.name}", quality="skipped: past BENCH_PEERS_BUDGET_S"))
-            continue
-        table.append(run_variant(rows, out, cell, cuda, variant, profile))
+    for cell in cells:
+        for variant in variants:
+            if time.perf_counter() > deadline:
+                table.append(Row(cell, f"perflab {variant.name}", quality="skipped: past BENCH_PEERS_BUDGET_S"))
+                continue
+            table.append(run_variant(rows, out, cell, cuda, variant, profile))
     schemes = list(dict.fromkeys(v.scheme for v in variants if v.scheme is not None))
+    if hf_schemes:
+        table += run_hf_torchao(rows, cells, cuda, list(hf_schemes), deadline, gbps)
     if gate is not None and schemes:
         if time.perf_counter() > deadline:
-            table.append(Row(cell, "gates", quality="skipped: past BENCH_PEERS_BUDGET_S"))
+            table.append(Row(cells[0], "gates", quality="skipped: past BENCH_PEERS_BUDGET_S"))
         else:
-            run_gates(rows, table, cell, cuda, schemes, gate)
+            run_gates(rows, table, cells[0], cuda, schemes, gate)
+    return table
+
+
+# ---------------------------------------------------------------------------------------------- HF + torchao
+
+HF_TORCHAO = "hf generate + torchao"
+HF_SCHEMES = ("int8-weight", "int4-weight")  # the weight-only schemes HF's torchao docs show
+
+
+def parse_hf_schemes(text: str) -> tuple[str, ...]:
+    """BENCH_PEERS_QUANT_HF: the schemes HF + torchao runs (comma-separated; empty or 0: none)."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip() and name.strip() != "0")
+    unknown = [name for name in names if name not in HF_SCHEMES]
+    if unknown:
+        raise ValueError(f"BENCH_PEERS_QUANT_HF: {', '.join(unknown)}; HF + torchao runs {', '.join(HF_SCHEMES)}")
+    return names
+
+
+def hf_torchao_missing(scheme: str, cuda: bool) -> Optional[str]:
+    """Why the HF + torchao peer cannot run `scheme` here, or None."""
+    import importlib.util
+    if scheme == "int4-weight" and not cuda:
+        return "int4 in tinygemm's layout is CUDA-only"
+    for package, extra in (("transformers", "models"), ("torchao", "quant"), ("accelerate", "models")):
+        if importlib.util.find_spec(package) is None:
+            return f"{package} is not importable here: pip install 'perflab[{extra}]'"
+    return None
+
+
+def run_hf_torchao(rows: Rows, cells: list[Cell], cuda: bool, schemes: list[str], deadline: float,
+                   gbps: Optional[float]) -> list[Row]:
+    """transformers with TorchAoConfig, the path HF documents: the random bf16 model of the cells' shape saved once,
+    then for each scheme `from_pretrained(..., quantization_config=TorchAoConfig(config))` with torchao's config for
+    it (the one perflab's --quantize-kernel torchao uses: int8 per row, int4 in tinygemm's layout) quantizing while it
+    loads, and generate(cache_implementation="static") timed at each cell as the hf generate row is (its compiled
+    one-token steps). HF keeps the output head in bf16 (TorchAoConfig's default); the bound counts the bytes it
+    stores."""
+    import shutil
+    import tempfile
+    table, runnable = [], []
+    for scheme in schemes:
+        missing = hf_torchao_missing(scheme, cuda)
+        if missing:
+            table += [Row(cell, f"{HF_TORCHAO} {scheme}", quality=f"not run: {missing}") for cell in cells]
+        else:
+            runnable.append(scheme)
+    if not runnable:
+        return table
+    example, device = example_module(), torch.device("cuda" if cuda else "cpu")
+    folder = Path(tempfile.mkdtemp(prefix=f"hf-{cells[0].shape}-"))  # 16 GB at 8B: never under the bench's --out
+    try:
+        began = time.perf_counter()
+        model = example.hf_llama(cells[0].shape, device, torch.bfloat16, seed=0)
+        model.save_pretrained(folder)
+        del model
+        free_memory()
+        saved_s = time.perf_counter() - began
+        for scheme in runnable:
+            table += _hf_torchao_scheme(rows, example, folder, cells, scheme, device, deadline, gbps, saved_s)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return table
+
+
+def _hf_torchao_scheme(rows: Rows, example, folder: Path, cells: list[Cell], scheme: str, device: torch.device,
+                       deadline: float, gbps: Optional[float], saved_s: float) -> list[Row]:
+    from transformers import LlamaForCausalLM, TorchAoConfig
+    from benchmarks.bench_generate_peers import bound_ms_per_step, generate_row, time_hf_generate, version
+    from perflab.generation.quantize import quantization_config
+    system = f"{HF_TORCHAO} {scheme}"
+    if time.perf_counter() > deadline:
+        return [Row(cell, system, quality="skipped: past BENCH_PEERS_BUDGET_S") for cell in cells]
+    try:
+        began = time.perf_counter()
+        model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, device_map=str(device),
+                                                 quantization_config=TorchAoConfig(quantization_config(scheme)))
+        load_s = time.perf_counter() - began
+    except Exception as err:
+        traceback.print_exc()
+        return [Row(cell, system, quality=f"failed to load: {type(err).__name__}: {err}"[:200]) for cell in cells]
+    head = "quantized" if type(model.lm_head.weight) is not torch.nn.Parameter else "bf16 (TorchAoConfig's default)"
+    table = []
+    for cell in cells:
+        if time.perf_counter() > deadline:
+            table.append(Row(cell, system, quality="skipped: past BENCH_PEERS_BUDGET_S"))
+            continue
+        try:
+            timed = time_hf_generate(example.generate_call(model, static=True), model, cell)
+            row = generate_row(cell, timed, bound_ms_per_step(cell, gbps, model), version("transformers"))
+            row.system = system
+            row.quality += f"; loaded and quantized in {load_s:.0f}s (saved once in {saved_s:.0f}s); output head {head}"
+            rows.add(f"{cell.shape} bs{cell.batch}", f"{system} tokens/s", timed["tokens_per_s"], "tokens/s",
+                     json.dumps(timed))
+        except Exception as err:
+            traceback.print_exc()
+            row = Row(cell, system, quality=f"failed: {type(err).__name__}: {err}"[:200])
+        table.append(row)
+    del model
+    torch._dynamo.reset()  # its compiled steps and graph pools hold the model otherwise
+    free_memory()
     return table

@@ -113,16 +113,22 @@ def test_decode_tuning_adds_gpt_fast_inductor_settings_to_the_mode_without_touch
     assert inductor_config.coordinate_descent_tuning == before
 
 
-@pytest.mark.parametrize("quantize, expected", [(None, "off"), ("int8-weight", "gpt-fast")])
-def test_plain_weights_decode_through_cublas_by_default_and_quantized_ones_through_gpt_fast_settings(quantize,
-                                                                                                   expected):
+@pytest.mark.parametrize("quantize", [None, "int8-weight"])
+def test_the_workload_leaves_the_tuning_to_the_weights_kernel_unless_one_is_named(quantize):
     from perflab.config import RunConfig
     from perflab.workloads.generate import build
     workload = build(RunConfig(workload="generate", mode="infer", device="cpu", quantize=quantize))
-    assert workload.generation.decode_tuning == expected
+    assert workload.generation.decode_tuning is None
     named = build(RunConfig(workload="generate", mode="infer", device="cpu", quantize=quantize,
                             workload_options={"decode_tuning": "autotune"}))
     assert named.generation.decode_tuning == "autotune"
+
+
+def test_inductors_own_quantized_products_get_gpt_fast_settings_and_every_other_kernel_cublas_defaults():
+    # gemlite's kernels are opaque to Inductor: its coordinate descent would tune only the small kernels around them
+    from perflab.workloads.generation import default_decode_tuning
+    assert default_decode_tuning(products_by_inductor=True) == "gpt-fast"
+    assert default_decode_tuning(products_by_inductor=False) == "off"
 
 
 def test_a_decode_step_compiled_without_inductors_graphs_drops_only_their_option():

@@ -3,6 +3,7 @@ model folder vLLM would load, the bound of a grid cell by hand, and the table's 
 import json
 
 import pytest
+import torch
 
 from benchmarks import bench_generate_peers as peers
 
@@ -212,3 +213,42 @@ def test_a_perflab_runs_spread_is_read_from_its_trials():
     assert peers.trials_spread_pct(SimpleNamespace(trials=[trial(100.0), trial(109.0), trial(104.0)])) == \
         pytest.approx(9.0)
     assert peers.trials_spread_pct(SimpleNamespace(trials=[trial(100.0)])) is None
+
+
+def test_the_quantized_part_runs_at_the_8b_shape_at_batch_1_and_8_on_a_gpu_and_where_named(monkeypatch):
+    for name in ("BENCH_PEERS_QUANT_SHAPE", "BENCH_PEERS_QUANT_BATCHES", "BENCH_PEERS_SHAPES", "BENCH_PEERS_BATCHES"):
+        monkeypatch.delenv(name, raising=False)
+    _, quant = peers.grid(full=True)
+    assert [(c.shape, c.batch) for c in quant] == [("llama-8b", 1), ("llama-8b", 8)]
+    monkeypatch.setenv("BENCH_PEERS_QUANT_SHAPE", "llama-1b")
+    monkeypatch.setenv("BENCH_PEERS_QUANT_BATCHES", "1")
+    assert [(c.shape, c.batch) for c in peers.grid(full=True)[1]] == [("llama-1b", 1)]
+    monkeypatch.setenv("BENCH_PEERS_QUANT_SHAPE", "")
+    assert peers.grid(full=True)[1] == []
+
+
+def test_the_hf_torchao_peer_says_why_it_did_not_run_per_scheme_without_loading_anything(monkeypatch):
+    import importlib.util
+    from benchmarks import peers_quantized
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    cells = [peers.Cell("llama-8b", 1), peers.Cell("llama-8b", 8)]
+    rows = peers_quantized.run_hf_torchao(None, cells, False, ["int8-weight", "int4-weight"], deadline=1e18, gbps=None)
+    said = {(r.system, r.cell.batch): r.quality for r in rows}
+    assert said[("hf generate + torchao int8-weight", 8)] == ("not run: transformers is not importable here: "
+                                                             "pip install 'perflab[models]'")
+    assert said[("hf generate + torchao int4-weight", 1)] == "not run: int4 in tinygemm's layout is CUDA-only"
+
+
+def test_a_quantized_peers_bound_counts_the_bytes_its_model_stores():
+    # a model holding half the bytes of the bf16 decoder (one weight in int8-sized storage) has a smaller bound
+    from torch import nn
+    cell = peers.Cell("llama-tiny", 1, prompt_len=16, output_len=8)
+    full = peers.bound_ms_per_step(cell, 1000.0)
+    from perflab.models.decoder import SIZES, Decoder
+    model = Decoder(SIZES["llama-tiny"]).to(torch.bfloat16)
+    assert peers.bound_ms_per_step(cell, 1000.0, model) == pytest.approx(full)
+    model.head.weight = nn.Parameter(model.head.weight.detach().to(torch.int8), requires_grad=False)
+    smaller = peers.bound_ms_per_step(cell, 1000.0, model)
+    head_bytes = model.head.weight.numel()  # one byte each now, two before
+    assert full - smaller == pytest.approx(head_bytes / 1000e9 * 1e3, rel=1e-6)

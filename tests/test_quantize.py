@@ -78,3 +78,26 @@ def test_torchao_decode_tuning_is_the_inductor_config_torchao_recommends_for_its
     tuning = DECODE_TUNINGS["torchao"]
     assert changed and changed <= set(tuning) and all(after[key] == value for key, value in tuning.items())
 
+
+
+def test_int4_rounding_for_gemlite_is_per_group_in_the_weights_dtype_within_half_a_step():
+    # gemlite's kernel multiplies by the stored (bf16) scale and zero: the rounding must be against those, so every
+    # weight comes back within half a step (plus the clamp at a group's ends), and the values fill 0..15
+    from perflab.generation.quantize import int4_rounding
+    torch.manual_seed(0)
+    weight = (torch.randn(64, 256) * 0.02).bfloat16()
+    values, scale, zero = int4_rounding(weight, 128)
+    assert values.dtype == torch.uint8 and int(values.min()) == 0 and int(values.max()) == 15
+    assert scale.dtype == zero.dtype == torch.bfloat16 and scale.shape == zero.shape == (64, 2)
+    groups = (values.float().view(64, 2, 128) - zero.float()[..., None]) * scale.float()[..., None]
+    steps = (groups.view(64, 256) - weight.float()).abs() / scale.float().repeat_interleave(128, dim=1)
+    assert float(steps.max()) < 0.55 and float(steps.mean()) < 0.3
+
+
+def test_int4_through_gemlite_refuses_a_layer_whose_inputs_do_not_split_into_groups():
+    from perflab.errors import PerflabError
+    from perflab.generation.quantize import GEMLITE, quantize_weights
+    from perflab.models.decoder import SIZES, Decoder
+    model = Decoder(SIZES["llama-tiny"])  # dim 64: not a multiple of 128
+    with pytest.raises(PerflabError, match=r"groups of 128 input features; .* has 64 .*--quantize-kernel torchao"):
+        quantize_weights(model, "int4-weight", GEMLITE)

@@ -28,10 +28,11 @@ def test_versions_compare_by_their_release_numbers():
     assert _release("0.5.1.post1") == (0, 5, 1) and _release("0.6.0") == (0, 6, 0) and _release("1.0rc1") == (1, 0)
 
 
-def test_auto_takes_gemlite_for_int8_where_it_runs_and_torchaos_default_elsewhere(gemlite_05):
+def test_auto_takes_gemlite_for_int8_and_int4_where_it_runs_and_torchaos_default_elsewhere(gemlite_05):
     assert resolved_kernel("int8-weight", "auto", CUDA) == (GEMLITE, "auto: gemlite is installed and takes this scheme")
-    kernel, why = resolved_kernel("int4-weight", "auto", CUDA)
-    assert kernel == "torchao" and "take int8-weight here, not int4-weight" in why
+    assert resolved_kernel("int4-weight", "auto", CUDA)[0] == GEMLITE
+    kernel, why = resolved_kernel("fp8", "auto", CUDA)
+    assert kernel == "torchao" and "take int8-weight, int4-weight here, not fp8" in why
     kernel, why = resolved_kernel("int8-weight", "auto", CPU)
     assert kernel == "torchao" and "Triton kernels for a CUDA GPU" in why
     assert resolved_kernel("int8-weight", "torchao", CUDA)[0] == "torchao"

@@ -20,8 +20,9 @@ step ran in 25.7, 17.7 and 13.6 us in three compiles (11.6 us at the calibrated 
 1.26-1.62 ms over nine compiles with gpt-fast's settings and 1.39-1.51 ms over three with `autotune`, with the SM
 clock at 1,980 MHz throughout every compile (so not an idle GPU's low clock). With `off` three compiles in two
 sessions gave 1.374, 1.379 and 1.377 ms, compiling in 15-20 s instead of 45-60 s: the same median, without the
-spread, so a comparison of two runs measures the change and not the compile. Quantized weights keep gpt-fast's
-settings (QUANTIZED_DECODE_TUNING): only Inductor's generated product dequantises int8 inside it.
+spread, so a comparison of two runs measures the change and not the compile. Quantized weights through torchao's
+default kernel keep gpt-fast's settings (QUANTIZED_DECODE_TUNING): only Inductor's generated product dequantises int8
+inside it; through gemlite's kernels (opaque to Inductor) they take `off` as plain weights do.
 
 Where the mode captures CUDA graphs (reduce-overhead, max-autotune), perflab captures the compiled step itself
 (decode_graph.py) and Inductor compiles it without its own graphs; `--option decode_graphs=inductor` leaves the

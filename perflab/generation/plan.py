@@ -26,7 +26,7 @@ from perflab.generation.session import open_session
 from perflab.generation.speculative import SpeculativeStats, generate_speculative
 from perflab.hooks import StepHook
 from perflab.models.outputs import output_field
-from perflab.workloads.generation import GenerationSpec
+from perflab.workloads.generation import GenerationSpec, default_decode_tuning
 from perflab.results.metrics import DecodeCompile, Generation, Speculative
 from perflab.generation.quantize import KERNEL_WORDS, quantize_weights, resolved_kernel
 from perflab.workloads.plugin import call_user_build, load_user_build
@@ -92,10 +92,12 @@ def prepare_generation(plan, cfg) -> None:
     if plan.levers and dtype != torch.float32:
         plan.notes.append(f"generation: weights and KV cache stored in {str(dtype).removeprefix('torch.')} "
                           "(no autocast)")
+    kernel = None
     if settings.quantize:
         kernel, why = resolved_kernel(settings.quantize, cfg.quantize_kernel, plan.device)
         quantize_weights(model, settings.quantize, kernel)
         plan.notes.append(f"{settings.quantize} weights through {KERNEL_WORDS[kernel]}: {why}")
+    tuning = spec.decode_tuning or default_decode_tuning(products_by_inductor=kernel == "torchao")
     k = settings.speculative_k
     positions = spec.prompt_lengths[1] + spec.output_lengths[1] + (k + 1 if k else 0)
     if spec.context_limit is not None and positions > spec.context_limit:
@@ -104,7 +106,7 @@ def prepare_generation(plan, cfg) -> None:
 
     def session(of: nn.Module, largest_compiled: int = 1):
         return open_session(of, plan.batch_size, positions, plan.device, dtype, settings.static_cache,
-                            settings.compile_mode, largest_compiled, spec.decode_tuning, cfg.sdpa,
+                            settings.compile_mode, largest_compiled, tuning, cfg.sdpa,
                             spec.decode_graphs)
     if spec.generate_fn is not None:
         check_loop_lengths(spec.output_lengths)

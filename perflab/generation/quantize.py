@@ -11,6 +11,11 @@ batch-1 product into one multiply-and-reduce kernel that reads the int8 weight o
 would switch that tuning on for the whole process when quantizing (`set_inductor_config`, on by default for every
 scheme, int4 included); it is asked not to, because the compiled decode step sets it for itself, and nothing else in
 the run should change (a later compile in the same process, e.g. the next sweep point, would inherit it).
+
+gemlite (--quantize-kernel, GEMLITE_SCHEMES) runs both schemes through its Triton GEMV/GEMM kernels, in torchao's
+UIntxBitPackedTensor: int8 through torchao's UIntxWeightOnlyConfig, int4 rounded here (gemlite_int4_weight) because
+torchao's config rounds 4-bit weights with HQQ in fp16, and gemlite then builds an fp16 kernel that bf16 activations
+cannot enter.
 """
 from __future__ import annotations
 
@@ -27,12 +32,11 @@ from perflab.errors import PerflabError
 
 INSTALL_HINT = "pip install 'perflab[quant]'"
 GEMLITE = "gemlite"
-# The schemes torchao can run through gemlite's Triton kernels (torchao.prototype.quantization.UIntxWeightOnlyConfig):
-# scheme -> (bit width, group size). int8 per row through gemlite's GEMV read its weights at 85% of int8's bandwidth
-# bound at llama-8b batch 1 on an H100 (1.55x bf16's tokens/s), where Inductor's generated product read at 42% on an
-# H200 (0.97x); BENCHMARKS.md, 2026-11-28. int4 is not here: torchao quantizes 4-bit weights for gemlite with HQQ in
-# fp16, and gemlite's kernel then meets bf16 activations in fp16 (it failed to compile on the device).
-GEMLITE_SCHEMES = {"int8-weight": (8, None)}
+# The schemes that run through gemlite's Triton kernels: scheme -> (bit width, group size; None: one scale per row).
+# int8 per row through gemlite's GEMV read its weights at 85% of int8's bandwidth bound at llama-8b batch 1 on an H100
+# (1.55x bf16's tokens/s), where Inductor's generated product read at 42% on an H200 (0.97x); BENCHMARKS.md,
+# 2026-11-28. int4 in groups of 128 (tinygemm, torchao's int4 kernel, took 2.7x its bytes' time on the H200).
+GEMLITE_SCHEMES = {"int8-weight": (8, None), "int4-weight": (4, 128)}
 KERNEL_WORDS = {"torchao": "torchao's default kernel", GEMLITE: "gemlite's Triton kernels"}
 GEMLITE_INSTALL = "pip install 'perflab[quant]' (gemlite < 0.6, pure Python: torchao 0.18 calls gemlite 0.5's API)"
 # scheme -> (new config class, old factory function, keyword arguments)
@@ -61,7 +65,7 @@ def scheme_refusal(scheme: str, device: torch.device, precision: str, kernel: st
         if missing:
             return f"--quantize-kernel gemlite: {missing}"
     if scheme == "int4-weight" and precision != "bf16":
-        return "int4-weight runs torchao's tinygemm kernel on bf16 weights: add --precision bf16"
+        return "int4-weight runs its 4-bit kernels (tinygemm, gemlite) on bf16 weights: add --precision bf16"
     if scheme == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
         return f"fp8 needs a GPU with compute capability 8.9 or newer (Ada, Hopper); {torch.cuda.get_device_name(device)} is older"
     return torchao_missing()
@@ -118,6 +122,8 @@ def quantization_config(scheme: str, kernel: str = "torchao") -> Any:
     if kernel == GEMLITE:
         from torchao.prototype.quantization.quant_api import UIntxWeightOnlyConfig
         bits, group = GEMLITE_SCHEMES[scheme]
+        if bits != 8:
+            raise ValueError(f"{scheme} through gemlite is rounded by gemlite_int4_weight, not a torchao config")
         return UIntxWeightOnlyConfig(group_size=group, bit_width=bits, set_inductor_config=False)
     import torchao.quantization as tq
     new_name, old_name, kwargs = SCHEMES[scheme]
@@ -138,6 +144,50 @@ def quantization_config(scheme: str, kernel: str = "torchao") -> Any:
 def quantize_weights(model: nn.Module, scheme: str, kernel: str = "torchao") -> nn.Module:
     """Quantize every nn.Linear of `model` in place with torchao's `scheme`, for `kernel` (resolved_kernel's);
     returns the model."""
+    if kernel == GEMLITE and GEMLITE_SCHEMES[scheme][0] == 4:
+        linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+        _check_groups(model, GEMLITE_SCHEMES[scheme][1])
+        for module in linears:
+            module.weight = nn.Parameter(gemlite_int4_weight(module.weight.detach(), GEMLITE_SCHEMES[scheme][1]),
+                                         requires_grad=False)
+        return model
     from torchao.quantization import quantize_
     quantize_(model, quantization_config(scheme, kernel))
     return model
+
+
+def _check_groups(model: nn.Module, group: int) -> None:
+    uneven = [(name, module.in_features) for name, module in model.named_modules()
+              if isinstance(module, nn.Linear) and module.in_features % group]
+    if uneven:
+        name, features = uneven[0]
+        raise PerflabError(f"int4-weight through gemlite rounds weights in groups of {group} input features; {name} "
+                           f"has {features} ({len(uneven)} such layers): use --quantize-kernel torchao")
+
+
+def int4_rounding(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(values 0..15 as uint8, scales, zero points), asymmetric per `group` input features (torchao's affine
+    primitives, min-max): weight ~ (values - zero) * scale, with the scale and zero point in the weight's dtype (what the
+    kernel multiplies by) and the rounding done in fp32 against that scale."""
+    from torchao.quantization.quant_primitives import MappingType, choose_qparams_affine, quantize_affine
+    block, exact = (1, group), weight.float()
+    scale, zero = choose_qparams_affine(exact, MappingType.ASYMMETRIC, block, torch.uint8, quant_min=0,
+                                        quant_max=15, scale_dtype=torch.float32, zero_point_dtype=torch.float32)
+    scale = scale.to(weight.dtype)
+    values = quantize_affine(exact, block, scale.float(), zero, torch.uint8, quant_min=0, quant_max=15)
+    return values, scale, zero.to(weight.dtype)
+
+
+def gemlite_int4_weight(weight: torch.Tensor, group: int) -> torch.Tensor:
+    """`weight` (out, in; bf16 or fp16, on a CUDA GPU) as torchao's UIntxBitPackedTensor: int4 values packed by gemlite
+    for its kernels in the weight's dtype (gemlite.helper.A16Wn), called through F.linear like the int8 path."""
+    import gemlite
+    from torchao.prototype.quantization.uintx.uintx_bit_packed_tensor import UIntxBitPackedTensor
+    values, scale, zero = int4_rounding(weight, group)
+    layer = gemlite.helper.A16Wn(device=weight.device, dtype=weight.dtype).from_weights(values, scale, zero, 4, group)
+    out_features, in_features = weight.shape
+    kwargs = {"in_features": in_features, "out_features": out_features, "packing_bitwidth": None,
+              "data_contiguous": layer.data_contiguous, "elements_per_sample": layer.elements_per_sample,
+              "W_group_mode": layer.W_group_mode, "meta_args": layer.get_meta_args()}
+    packed, scales, zeros = layer.get_tensor_args()
+    return UIntxBitPackedTensor(packed, scales, zeros, kwargs, 4, group, weight.dtype)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from perflab.errors import PerflabError
 from perflab.models.language import TRAINABLE_SIZES, SyntheticLanguage, trained_decoder
 from perflab.models.decoder import DRAFT_SIZES, SIZES, Decoder
-from perflab.workloads.generation import DECODE_TUNINGS, GenerationSpec, default_decode_tuning
+from perflab.workloads.generation import DECODE_TUNINGS, GenerationSpec
 from perflab.workloads.generation import Requests, collate_requests, parse_lengths
 from perflab.workloads.base import Workload
 
@@ -61,8 +61,8 @@ def build(cfg) -> Workload:
     if builtin_draft and weights == "random":
         raise PerflabError("the built-in draft is trained on the synthetic language and would agree with a random "
                            "target only by chance: drop weights=random, or give your own --draft")
-    tuning = opts.get("decode_tuning") or default_decode_tuning(quantized=cfg.quantize is not None)
-    if tuning not in DECODE_TUNINGS:
+    tuning = opts.get("decode_tuning")  # None: the default for the weights' kernel (generation/plan.py)
+    if tuning is not None and tuning not in DECODE_TUNINGS:
         raise PerflabError(f"generate: decode_tuning must be one of {', '.join(DECODE_TUNINGS)}, got {tuning!r}")
     graphs = opts.get("decode_graphs", "perflab")
     if graphs not in DECODE_GRAPHS:

@@ -39,15 +39,18 @@ DECODE_TUNINGS: dict[str, dict[str, Any]] = {
     "off": {},
 }
 # The defaults: plain weights by cuBLAS (as fast as the tuned kernels in the median on the H100, the same time in
-# every compile, a third of the compile time); quantized weights by Inductor's generated products, the only ones
-# that fuse the dequantisation (otherwise the int8 weights are widened to bf16 in memory before every product).
+# every compile, a third of the compile time); quantized weights through torchao's default kernel by Inductor's
+# generated products, the only ones that fuse the dequantisation (otherwise the int8 weights are widened to bf16 in
+# memory before every product). Weights through gemlite's kernels (opaque to Inductor) take the plain default: the
+# coordinate descent would tune only the small kernels around them, and it took 114 of a run's 132 s on an H100.
 DEFAULT_DECODE_TUNING = "off"
 QUANTIZED_DECODE_TUNING = "gpt-fast"
 
 
-def default_decode_tuning(quantized: bool) -> str:
-    """The decode tuning a run gets when it names none: QUANTIZED_DECODE_TUNING for quantized weights."""
-    return QUANTIZED_DECODE_TUNING if quantized else DEFAULT_DECODE_TUNING
+def default_decode_tuning(products_by_inductor: bool) -> str:
+    """The decode tuning a run gets when it names none: QUANTIZED_DECODE_TUNING where Inductor generates the quantized
+    weights' products (torchao's default kernel), DEFAULT_DECODE_TUNING otherwise."""
+    return QUANTIZED_DECODE_TUNING if products_by_inductor else DEFAULT_DECODE_TUNING
 
 
 @dataclass
@@ -61,7 +64,8 @@ class GenerationSpec:
     context_limit: Optional[int] = None  # positions the model supports, when known
     builtin_draft: Optional[Callable[[], nn.Module]] = None  # the draft trained with the target, if any
     builtin_decoder: bool = False  # the model is perflab's Decoder (static cache and compiled decode apply)
-    decode_tuning: str = DEFAULT_DECODE_TUNING  # the decode step's Inductor settings by name (DECODE_TUNINGS)
+    # the decode step's Inductor settings by name (DECODE_TUNINGS); None: default_decode_tuning for the weights' kernel
+    decode_tuning: Optional[str] = None
     decode_graphs: str = "perflab"  # who captures a compile mode's CUDA graphs: perflab (decode_graph.py) or inductor
     # The workload's own generation loop, `generate_fn(input_ids, max_new_tokens)` (e.g. a wrapper of transformers'
     # model.generate): when given, perflab times it whole (the loop path, perflab/generation/loop_timing.py) instead
