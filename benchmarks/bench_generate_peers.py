@@ -225,9 +225,10 @@ def time_hf_generate(generate, model, cell: Cell, repeats: int = 7) -> dict[str,
         assert produced.shape[1] == cell.prompt_len + tokens, "generate stopped early"
         return time.perf_counter() - began
     began = time.perf_counter()
-    warm = [seconds(cell.output_len), seconds(cell.output_len)]
-    while abs(warm[-1] / warm[-2] - 1) * 100 > STEADY_PCT and len(warm) < MAX_WARM_CALLS:
+    warm: list[float] = []
+    while len(warm) < 2 or (abs(warm[-1] / warm[-2] - 1) * 100 > STEADY_PCT and len(warm) < MAX_WARM_CALLS):
         warm.append(seconds(cell.output_len))
+        print(f"[generate_peers] hf generate bs{cell.batch}: untimed call {len(warm)} took {warm[-1]:.2f} s", flush=True)
     warm_s = time.perf_counter() - began
     fulls = [seconds(cell.output_len) for _ in range(repeats)]
     full = statistics.median(fulls)

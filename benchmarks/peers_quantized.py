@@ -262,6 +262,7 @@ def run_gates(rows: Rows, table: list[Row], cell: Cell, cuda: bool, schemes: lis
                 traceback.print_exc()
                 text = f"gate failed: {type(err).__name__}: {err}"[:200]
         row.quality = f"{row.quality}; {text}" if row.quality and row.quality != NOT_GATED else text
+        print(f"[generate_peers] gate {scheme}: {text}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- the part
@@ -278,6 +279,7 @@ def run_quantized(rows: Rows, out: Path, cells: list[Cell], cuda: bool, variants
                 table.append(Row(cell, f"perflab {variant.name}", quality="skipped: past BENCH_PEERS_BUDGET_S"))
                 continue
             table.append(run_variant(rows, out, cell, cuda, variant, profile))
+            report_row(table[-1])
     schemes = list(dict.fromkeys(v.scheme for v in variants if v.scheme is not None))
     if hf_schemes:
         table += run_hf_torchao(rows, cells, cuda, list(hf_schemes), deadline, gbps)
@@ -287,6 +289,15 @@ def run_quantized(rows: Rows, out: Path, cells: list[Cell], cuda: bool, variants
         else:
             run_gates(rows, table, cells[0], cuda, schemes, gate)
     return table
+
+
+def report_row(row: Row) -> None:
+    """One finished row, printed as soon as it is measured: a call cut short by its time limit keeps it in the log."""
+    figures = ", ".join(f"{name} {value:,.{digits}f}" for name, value, digits in
+                        (("tokens/s", row.tokens_per_s, 1), ("ms/step", row.ms_per_step, 3),
+                         ("% of bound", row.pct_of_bound, 1)) if value is not None)
+    print(f"[generate_peers] row: {row.cell.shape} bs{row.cell.batch} | {row.system} | {figures or '—'} | "
+          f"{row.quality}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- HF + torchao
@@ -363,6 +374,7 @@ def _hf_torchao_scheme(rows: Rows, example, folder: Path, cells: list[Cell], sch
         model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, device_map=str(device),
                                                  quantization_config=TorchAoConfig(quantization_config(scheme)))
         load_s = time.perf_counter() - began
+        print(f"[generate_peers] {system}: loaded and quantized in {load_s:.0f}s", flush=True)
     except Exception as err:
         traceback.print_exc()
         return [Row(cell, system, quality=f"failed to load: {type(err).__name__}: {err}"[:200]) for cell in cells]
@@ -383,6 +395,7 @@ def _hf_torchao_scheme(rows: Rows, example, folder: Path, cells: list[Cell], sch
             traceback.print_exc()
             row = Row(cell, system, quality=f"failed: {type(err).__name__}: {err}"[:200])
         table.append(row)
+        report_row(row)
     del model
     torch._dynamo.reset()  # its compiled steps and graph pools hold the model otherwise
     free_memory()
