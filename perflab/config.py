@@ -180,10 +180,10 @@ class RunConfig:
                                      choices=QUANT_SCHEMES, metavar="SCHEME", changes_numerics=True, modes=INFER,
                                      needs_cuda=("fp8", "int4-weight"), commands=RUN_AND_SERVE)
     quantize_kernel: str = option("--quantize-kernel", str, "the matrix products of --quantize's weights: auto "
-                                  "(gemlite's Triton kernels for int8-weight and int4-weight on CUDA where gemlite is "
-                                  "installed, else torchao's default), torchao (int8-weight: Inductor's generated "
-                                  "product; int4-weight: tinygemm) or gemlite (int8-weight, int4-weight; CUDA: pip "
-                                  "install 'perflab[quant]')",
+                                  "(gemlite's Triton kernels for int8-weight on CUDA where gemlite is installed, else "
+                                  "torchao's default), torchao (int8-weight: Inductor's generated product; int4-weight: "
+                                  "tinygemm) or gemlite (int8-weight, int4-weight; CUDA: pip install 'perflab[quant]'; "
+                                  "int4 through gemlite failed the quality gate once: docs/generate.md)",
                                   GENERATION, "auto", choices=QUANT_KERNELS, modes=INFER, commands=RUN_AND_SERVE,
                                   conflicts=(Requires("quantize", "it picks the kernel of --quantize's weights: add "
                                                                   "--quantize int8-weight"),))

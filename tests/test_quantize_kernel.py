@@ -28,9 +28,11 @@ def test_versions_compare_by_their_release_numbers():
     assert _release("0.5.1.post1") == (0, 5, 1) and _release("0.6.0") == (0, 6, 0) and _release("1.0rc1") == (1, 0)
 
 
-def test_auto_takes_gemlite_for_int8_and_int4_where_it_runs_and_torchaos_default_elsewhere(gemlite_05):
+def test_auto_takes_gemlite_for_int8_where_it_runs_int4_only_when_asked_and_torchao_elsewhere(gemlite_05):
     assert resolved_kernel("int8-weight", "auto", CUDA) == (GEMLITE, "auto: gemlite is installed and takes this scheme")
-    assert resolved_kernel("int4-weight", "auto", CUDA)[0] == GEMLITE
+    kernel, why = resolved_kernel("int4-weight", "auto", CUDA)  # its gate failed on the GPU: only when asked for
+    assert kernel == "torchao" and "gemlite only when asked for" in why and "NaN" in why
+    assert resolved_kernel("int4-weight", GEMLITE, CUDA) == (GEMLITE, "asked for (--quantize-kernel gemlite)")
     kernel, why = resolved_kernel("fp8", "auto", CUDA)
     assert kernel == "torchao" and "take int8-weight, int4-weight here, not fp8" in why
     kernel, why = resolved_kernel("int8-weight", "auto", CPU)

@@ -15,7 +15,7 @@ the run should change (a later compile in the same process, e.g. the next sweep 
 gemlite (--quantize-kernel, GEMLITE_SCHEMES) runs both schemes through its Triton GEMV/GEMM kernels, in torchao's
 UIntxBitPackedTensor: int8 through torchao's UIntxWeightOnlyConfig, int4 rounded here (gemlite_int4_weight) because
 torchao's config rounds 4-bit weights with HQQ in fp16, and gemlite then builds an fp16 kernel that bf16 activations
-cannot enter.
+cannot enter. `auto` takes gemlite only where it was measured faster and passed the gate (GemliteScheme.auto).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import itertools
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -32,11 +33,26 @@ from perflab.errors import PerflabError
 
 INSTALL_HINT = "pip install 'perflab[quant]'"
 GEMLITE = "gemlite"
-# The schemes that run through gemlite's Triton kernels: scheme -> (bit width, group size; None: one scale per row).
-# int8 per row through gemlite's GEMV read its weights at 85% of int8's bandwidth bound at llama-8b batch 1 on an H100
-# (1.55x bf16's tokens/s), where Inductor's generated product read at 42% on an H200 (0.97x); BENCHMARKS.md,
-# 2026-11-28. int4 in groups of 128 (tinygemm, torchao's int4 kernel, took 2.7x its bytes' time on the H200).
-GEMLITE_SCHEMES = {"int8-weight": (8, None), "int4-weight": (4, 128)}
+
+
+@dataclass(frozen=True)
+class GemliteScheme:
+    """How a scheme runs through gemlite's Triton kernels, and whether --quantize-kernel auto picks them."""
+
+    bits: int
+    group: Optional[int]  # input features per scale; None: one scale per output row
+    auto: bool  # auto takes gemlite for this scheme where it is installed
+    measured: str  # what the choice rests on (BENCHMARKS.md)
+
+
+GEMLITE_SCHEMES = {
+    "int8-weight": GemliteScheme(8, None, True, "llama-8b on an H100, 2026-11-28: 263.8 tokens/s = 1.71x bf16 at batch "
+                                 "1 and 1.34x at batch 8, where Inductor's generated product gave 0.97x (H200); the "
+                                 "gate on a trained llama-1b passed (greedy agreement 100%)"),
+    "int4-weight": GemliteScheme(4, 128, False, "llama-8b on an H100, 2026-11-28: 1.75x bf16 at batch 1 (tinygemm: "
+                                 "1.25x on an H200) but the gate on a trained llama-1b failed: 14 of its logits came "
+                                 "back NaN/inf; only asked for (--quantize-kernel gemlite) until that is found"),
+}
 KERNEL_WORDS = {"torchao": "torchao's default kernel", GEMLITE: "gemlite's Triton kernels"}
 GEMLITE_INSTALL = "pip install 'perflab[quant]' (gemlite < 0.6, pure Python: torchao 0.18 calls gemlite 0.5's API)"
 # scheme -> (new config class, old factory function, keyword arguments)
@@ -112,6 +128,8 @@ def resolved_kernel(scheme: str, requested: str, device: torch.device) -> tuple[
         return GEMLITE, "asked for (--quantize-kernel gemlite)"
     if missing:
         return "torchao", f"auto: torchao's default ({missing})"
+    if not GEMLITE_SCHEMES[scheme].auto:
+        return "torchao", f"auto: torchao's default (gemlite only when asked for: {GEMLITE_SCHEMES[scheme].measured})"
     return GEMLITE, "auto: gemlite is installed and takes this scheme"
 
 
@@ -121,7 +139,7 @@ def quantization_config(scheme: str, kernel: str = "torchao") -> Any:
     config takes it)."""
     if kernel == GEMLITE:
         from torchao.prototype.quantization.quant_api import UIntxWeightOnlyConfig
-        bits, group = GEMLITE_SCHEMES[scheme]
+        bits, group = GEMLITE_SCHEMES[scheme].bits, GEMLITE_SCHEMES[scheme].group
         if bits != 8:
             raise ValueError(f"{scheme} through gemlite is rounded by gemlite_int4_weight, not a torchao config")
         return UIntxWeightOnlyConfig(group_size=group, bit_width=bits, set_inductor_config=False)
@@ -144,12 +162,11 @@ def quantization_config(scheme: str, kernel: str = "torchao") -> Any:
 def quantize_weights(model: nn.Module, scheme: str, kernel: str = "torchao") -> nn.Module:
     """Quantize every nn.Linear of `model` in place with torchao's `scheme`, for `kernel` (resolved_kernel's);
     returns the model."""
-    if kernel == GEMLITE and GEMLITE_SCHEMES[scheme][0] == 4:
-        linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
-        _check_groups(model, GEMLITE_SCHEMES[scheme][1])
-        for module in linears:
-            module.weight = nn.Parameter(gemlite_int4_weight(module.weight.detach(), GEMLITE_SCHEMES[scheme][1]),
-                                         requires_grad=False)
+    if kernel == GEMLITE and GEMLITE_SCHEMES[scheme].bits == 4:
+        group = GEMLITE_SCHEMES[scheme].group
+        _check_groups(model, group)
+        for module in [module for module in model.modules() if isinstance(module, nn.Linear)]:
+            module.weight = nn.Parameter(gemlite_int4_weight(module.weight.detach(), group), requires_grad=False)
         return model
     from torchao.quantization import quantize_
     quantize_(model, quantization_config(scheme, kernel))

@@ -80,8 +80,8 @@ LEVERS = [
                     (Address(MEMORY_BANDWIDTH, 3, DECODE_BANDWIDTH_BOUND),
                      Address(COMPUTE_BOUND, 2, DECODE_COMPUTE_BOUND)),
                     "torchao.quantization.quantize_(model, float8_weight_only())"),
-    _quantize_lever("int4-weight", "int4 weight-only quantization, group size 128 (gemlite where installed, else "
-                    "torchao's tinygemm)",
+    _quantize_lever("int4-weight", "int4 weight-only quantization, group size 128 (torchao tinygemm; gemlite with "
+                    "--quantize-kernel gemlite)",
                     "torchao, CUDA, --precision bf16, a generation workload",
                     (Address(MEMORY_BANDWIDTH, 2, DECODE_BANDWIDTH_BOUND),),
                     "torchao.quantization.quantize_(model, int4_weight_only(group_size=128)) on a bf16 CUDA model"),
