@@ -68,3 +68,18 @@ def test_the_cli_refuses_a_kernel_without_a_scheme_in_one_line():
                           timeout=120)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "--quantize-kernel gemlite refused" in done.stderr + done.stdout
+
+
+def test_int4_through_gemlite_leaves_layers_its_unmasked_gemv_would_overrun_to_tinygemm():
+    # gemlite 0.5's 4-bit GEMV works in blocks of up to 512 outputs with no bounds mask: Llama-3's output head
+    # (128,256 outputs) goes to tinygemm, every other llama-8b projection (multiples of 1024) to gemlite
+    from perflab.generation.quantize import GEMLITE_INT4_OUTPUT_MULTIPLE, int4_layers_by_kernel, kernel_note
+    from perflab.models.decoder import SIZES, Decoder
+    with torch.device("meta"):
+        model = Decoder(SIZES["llama-8b"])
+    through_gemlite, through_tinygemm = int4_layers_by_kernel(model)
+    assert through_tinygemm == [model.head] and model.head.out_features == 128256
+    assert through_gemlite and all(m.out_features % GEMLITE_INT4_OUTPUT_MULTIPLE == 0 for m in through_gemlite)
+    note = kernel_note(model, "int4-weight", GEMLITE)
+    assert note.startswith("1 layer(s) through tinygemm instead of gemlite") and "head (128,256 outputs)" in note
+    assert kernel_note(model, "int8-weight", GEMLITE) is None and kernel_note(model, "int4-weight", "torchao") is None

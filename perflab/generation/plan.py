@@ -28,7 +28,7 @@ from perflab.hooks import StepHook
 from perflab.models.outputs import output_field
 from perflab.workloads.generation import GenerationSpec, default_decode_tuning
 from perflab.results.metrics import DecodeCompile, Generation, Speculative
-from perflab.generation.quantize import KERNEL_WORDS, quantize_weights, resolved_kernel
+from perflab.generation.quantize import KERNEL_WORDS, kernel_note, quantize_weights, resolved_kernel
 from perflab.workloads.plugin import call_user_build, load_user_build
 from perflab.models.decoder import Decoder
 from perflab.calibrate import memory_bandwidth, peak_tflops
@@ -95,8 +95,11 @@ def prepare_generation(plan, cfg) -> None:
     kernel = None
     if settings.quantize:
         kernel, why = resolved_kernel(settings.quantize, cfg.quantize_kernel, plan.device)
+        mixed = kernel_note(model, settings.quantize, kernel)  # read before quantizing: the layers' own types
         quantize_weights(model, settings.quantize, kernel)
         plan.notes.append(f"{settings.quantize} weights through {KERNEL_WORDS[kernel]}: {why}")
+        if mixed:
+            plan.notes.append(mixed)
     tuning = spec.decode_tuning or default_decode_tuning(products_by_inductor=kernel == "torchao")
     k = settings.speculative_k
     positions = spec.prompt_lengths[1] + spec.output_lengths[1] + (k + 1 if k else 0)

@@ -51,7 +51,8 @@ GEMLITE_SCHEMES = {
                                  "gate on a trained llama-1b passed (greedy agreement 100%)"),
     "int4-weight": GemliteScheme(4, 128, False, "llama-8b on an H100, 2026-11-28: 1.75x bf16 at batch 1 (tinygemm: "
                                  "1.25x on an H200) but the gate on a trained llama-1b failed: 14 of its logits came "
-                                 "back NaN/inf; only asked for (--quantize-kernel gemlite) until that is found"),
+                                 "back NaN/inf. The likely cause, the output head through gemlite's unmasked 4-bit "
+                                 "GEMV (int4_layers_by_kernel), takes tinygemm since; not measured again yet"),
 }
 KERNEL_WORDS = {"torchao": "torchao's default kernel", GEMLITE: "gemlite's Triton kernels"}
 GEMLITE_INSTALL = "pip install 'perflab[quant]' (gemlite < 0.6, pure Python: torchao 0.18 calls gemlite 0.5's API)"
@@ -162,15 +163,48 @@ def quantization_config(scheme: str, kernel: str = "torchao") -> Any:
 def quantize_weights(model: nn.Module, scheme: str, kernel: str = "torchao") -> nn.Module:
     """Quantize every nn.Linear of `model` in place with torchao's `scheme`, for `kernel` (resolved_kernel's);
     returns the model."""
+    from torchao.quantization import quantize_
     if kernel == GEMLITE and GEMLITE_SCHEMES[scheme].bits == 4:
         group = GEMLITE_SCHEMES[scheme].group
         _check_groups(model, group)
-        for module in [module for module in model.modules() if isinstance(module, nn.Linear)]:
+        through_gemlite, through_tinygemm = int4_layers_by_kernel(model)
+        for module in through_gemlite:
             module.weight = nn.Parameter(gemlite_int4_weight(module.weight.detach(), group), requires_grad=False)
+        if through_tinygemm:
+            chosen = {id(module) for module in through_tinygemm}
+            quantize_(model, quantization_config(scheme), filter_fn=lambda module, name: id(module) in chosen)
         return model
-    from torchao.quantization import quantize_
     quantize_(model, quantization_config(scheme, kernel))
     return model
+
+
+# gemlite 0.5's 4-bit matrix-vector kernel (GEMV_REVSPLITK) loads weights and adds into its output in blocks of up to
+# 512 output features with no bounds mask, and its autotuner tries 512 wherever its own tuned table has no entry: a
+# layer whose outputs are not a multiple of the block reads and writes past its end. Llama-3's output head (128,256
+# outputs = 250.5 blocks of 512) is such a layer: the gate on a trained llama-1b found 14 NaN/inf logits
+# (BENCHMARKS.md, 2026-11-28). Those layers take tinygemm's int4 (the same rounding scheme, torchao's kernel).
+GEMLITE_INT4_OUTPUT_MULTIPLE = 1024  # the kernel's largest block (512) with room for a larger one in a later release
+
+
+def int4_layers_by_kernel(model: nn.Module) -> tuple[list[nn.Linear], list[nn.Linear]]:
+    """The model's linear layers whose int4 products gemlite can run (outputs a multiple of
+    GEMLITE_INT4_OUTPUT_MULTIPLE), and the rest (tinygemm)."""
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    gemlite = [module for module in linears if module.out_features % GEMLITE_INT4_OUTPUT_MULTIPLE == 0]
+    return gemlite, [module for module in linears if module.out_features % GEMLITE_INT4_OUTPUT_MULTIPLE]
+
+
+def kernel_note(model: nn.Module, scheme: str, kernel: str) -> Optional[str]:
+    """What the run's notes should add about which layers took which kernel, or None (one kernel for all)."""
+    if kernel != GEMLITE or GEMLITE_SCHEMES[scheme].bits != 4:
+        return None
+    names = {id(module): name for name, module in model.named_modules()}
+    _, rest = int4_layers_by_kernel(model)
+    if not rest:
+        return None
+    shown = ", ".join(f"{names[id(m)]} ({m.out_features:,} outputs)" for m in rest[:3])
+    return (f"{len(rest)} layer(s) through tinygemm instead of gemlite, their outputs not a multiple of "
+            f"{GEMLITE_INT4_OUTPUT_MULTIPLE} (gemlite's 4-bit GEMV has no bounds mask): {shown}")
 
 
 def _check_groups(model: nn.Module, group: int) -> None:
