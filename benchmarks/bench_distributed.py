@@ -321,7 +321,7 @@ def part_tune(rows: Rows, summary: Summary, out: Path, quick: bool) -> None:
         except (OSError, ValueError) as err:
             rows.add(name, "status", None, note=f"exit {code}, no tune.json: {err}"[:300])
             continue
-        if not record.get("start") or not record.get("best"):
+        if not (record.get("start") or {}).get("throughput") or not (record.get("best") or {}).get("throughput"):
             rows.add(name, "status", None, note=f"exit {code}: no measured start: {record.get('stop_reason')}"[:400])
             continue
         screened = ", ".join(f"{item['label']} {item['screened_gain_pct']:+.0f}%" for item in record["screened"]

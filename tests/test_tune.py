@@ -361,3 +361,29 @@ def test_a_bottleneck_no_lever_addresses_ends_with_the_diagnosis_advice(tmp_path
     assert summary["chain"] == []
     assert summary["stop_reason"].startswith("no lever left to try for host-device sync; the diagnosis advises: "
                                              "remove .item() inside the step; best: start (kept: nothing)")
+
+
+class RecordingTrials(FakeTrials):
+    """FakeTrials that also keeps the config of every trial it was given."""
+
+    def __init__(self, factors, **kwargs):
+        super().__init__(factors, **kwargs)
+        self.configs: list[RunConfig] = []
+
+    def __call__(self, cfg: RunConfig, kind: str, out: Path, time_limit_s=None) -> TrialOutcome:
+        self.configs.append(cfg)
+        return super().__call__(cfg, kind, out, time_limit_s)
+
+
+@pytest.mark.parametrize("asked, trial_gate", [(None, False), (True, True), (False, False)])
+def test_the_start_runs_ungated_unless_check_quality_asks_and_the_recipe_keeps_the_users_setting(tmp_path, asked,
+                                                                                                 trial_gate):
+    # a start already in bf16 would pay for an fp32 eager run of the whole model before its first lever
+    start = START.replace(precision="bf16", check_quality=asked)
+    trials = RecordingTrials({("channels_last", True): 1.5})
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("compute bound", 0.9, ["channels-last"])), start=start)
+    assert trials.configs[0].check_quality is trial_gate
+    candidates = [cfg for cfg, (kind, name) in zip(trials.configs, trials.calls) if kind == "run" and name != "00-start"]
+    assert candidates and all(cfg.check_quality is True for cfg in candidates)  # what tune changes is gated
+    recipe = json.loads((tmp_path / "tune" / "tune.json").read_text())["recipe"]
+    assert recipe["config"].get("check_quality") == asked

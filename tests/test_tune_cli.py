@@ -135,7 +135,7 @@ def test_ctrl_c_between_the_starts_row_and_its_taking_as_the_best_still_writes_t
     def interrupted_once(self):
         if not calls:
             calls.append(1)
-            self.trials.record(driver.TrialRequest(self.state.start, self.measure, "start",
+            self.trials.record(driver.TrialRequest(self._start_trial_config(), self.measure, "start",
                                                    time_limit_s=self.budget.left_s()))
             raise KeyboardInterrupt  # the row is written; the best is not yet taken
         return real(self)

@@ -38,7 +38,9 @@ def throughput(outcome: TrialOutcome) -> float:
 
 
 def without_seconds(quality: QualityVerdict) -> QualityVerdict:
-    return dataclasses.replace(quality, seconds=None)
+    """The verdict less its time and less the note that its baseline came from the tune's cache."""
+    from perflab.quality.gate import BASELINE
+    return dataclasses.replace(quality, seconds=None, baseline=BASELINE)
 
 
 def worker_pid(runner: WarmRunner) -> int:
@@ -62,8 +64,11 @@ def test_a_warm_screen_measures_what_a_cold_one_measures_and_costs_less(tmp_path
         warm = runner(foreach, "run", trials / "warm")
         wider = runner(foreach.replace(workload_options={"hidden": 4096}), "run", trials / "wider")
     assert cold.status == warm.status == OK and warm.warm and not cold.warm
-    # the same verdict from the same weights, inputs and losses, to the last bit
+    # the same verdict from the same weights, inputs and losses, to the last bit; the warm trial's gate read the
+    # fp32 baseline the cold trial's gate stored (another process, the same tune)
     assert without_seconds(warm.result.quality) == without_seconds(cold.result.quality)
+    assert "earlier trial of this tune" in warm.result.quality.baseline
+    assert "earlier trial" not in cold.result.quality.baseline
     assert 1 / SAME_WITHIN < throughput(warm) / throughput(cold) < SAME_WITHIN, (throughput(warm), throughput(cold))
     # the tolerance still tells configurations apart: 8x the hidden units is well outside it
     assert throughput(wider) / throughput(cold) < 1 / SAME_WITHIN, (throughput(wider), throughput(cold))

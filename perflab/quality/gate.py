@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from perflab.errors import PerflabError
+from perflab.quality import baseline_cache
 from perflab.step.calls import compared_tensors, inputs_from_call, logits_of
 from perflab.step.data import map_tensors
 from perflab.harness.loop import run_steps
@@ -49,6 +50,7 @@ NOISE_FACTOR = 3.0
 # widened one is then "inconclusive", never a pass (docs/quality.md, "The noise floor").
 MAX_NOISE_WIDENING = 10.0
 BASELINE = "fp32 eager, no levers (TF32 off, contiguous, default optimizer), same seed, weights and inputs"
+CACHED = "; its losses read from an earlier trial of this tune (same settings, weights and batches)"
 
 
 def precision_tolerance(cfg) -> Tolerance:
@@ -70,10 +72,14 @@ def run_model_gate(workload, cfg, device: torch.device) -> QualityVerdict:
     with torch.random.fork_rng(devices=devices):  # the timed run's random state is not the gate's business
         levers, inputs, candidate = run_candidate(workload, cfg, device)
         inputs = [_contiguous(batch) for batch in inputs]
-        baseline = observe(gate_plan(workload, cfg, device, levers=[]), inputs, cfg)
-        if cfg.mode == "train" and tolerance.source != "--quality-loss-rtol":
-            nudged = observe(gate_plan(workload, cfg, device, levers=[], perturb_seed=cfg.seed + 1), inputs, cfg)
-            tolerance = with_noise_floor(tolerance, baseline, nudged)
+        cached = False
+        if cfg.mode == "train":
+            baseline, nudged, cached = trained_baselines(workload, cfg, device, inputs, [],
+                                                         need_nudged=tolerance.source != "--quality-loss-rtol")
+            if nudged is not None:
+                tolerance = with_noise_floor(tolerance, baseline, nudged)
+        else:
+            baseline = observe(gate_plan(workload, cfg, device, levers=[]), inputs, cfg)
     del inputs
     _release_memory(device)
     if cfg.mode == "infer":
@@ -82,10 +88,26 @@ def run_model_gate(workload, cfg, device: torch.device) -> QualityVerdict:
     else:
         verdict = judge_losses(baseline, candidate, tolerance)
         verdict.steps = cfg.quality_steps
-    verdict.mode, verdict.baseline, verdict.tolerances = cfg.mode, BASELINE, tolerance
+    verdict.mode, verdict.baseline, verdict.tolerances = cfg.mode, BASELINE + (CACHED if cached else ""), tolerance
     verdict.candidate = GateCandidate(levers=levers, precision=cfg.precision)
     verdict.seconds = round(time.perf_counter() - began, 3)
     return verdict
+
+
+def trained_baselines(workload, cfg, device: torch.device, inputs: list[Any], levers: list,
+                      need_nudged: bool) -> tuple[list[float], Optional[list[float]], bool]:
+    """The baseline's loss trajectory, its nudged twin's (when `need_nudged`: the noise floor), and whether both came
+    from the cache an earlier trial of the same tune stored (quality/baseline_cache.py) instead of training now."""
+    key = baseline_cache.baseline_key(cfg, workload.model, inputs, levers) if baseline_cache.cache_folder() else None
+    stored = baseline_cache.load(key) if key else None
+    if stored is not None and (stored[1] is not None or not need_nudged):
+        return stored[0], stored[1] if need_nudged else None, True
+    baseline = observe(gate_plan(workload, cfg, device, levers=levers), inputs, cfg)
+    nudged = (observe(gate_plan(workload, cfg, device, levers=levers, perturb_seed=cfg.seed + 1), inputs, cfg)
+              if need_nudged else None)
+    if key:
+        baseline_cache.store(key, baseline, nudged)
+    return baseline, nudged, False
 
 
 def run_candidate(workload, cfg, device: torch.device) -> tuple[list[str], list[Any], list[Any]]:

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 from perflab.step.data import DeviceBatches, first_batches, make_loader, to_device
-from perflab.quality.gate import (gate_plan, judge_losses, observe, precision_tolerance, run_candidate,
-                             with_noise_floor)
+from perflab.quality.gate import (CACHED, judge_losses, precision_tolerance, run_candidate, trained_baselines,
+                                  with_noise_floor)
 from perflab.levers import active_levers
 from perflab.results.quality import GateCandidate, QualityVerdict
 
@@ -41,14 +41,14 @@ def run_distributed_quality_gate(workload, cfg, device: torch.device) -> Quality
         single = cfg.replace(nproc=1, nnodes=1, batch_size=cfg.batch_size * world)
         recipe = _recipe_levers(single)
         inputs = global_batches(workload, single, device)
-        baseline = observe(gate_plan(workload, single, device, levers=recipe), inputs, single)
         tolerance = precision_tolerance(cfg)
-        if tolerance.source != "--quality-loss-rtol":
-            nudged = observe(gate_plan(workload, single, device, levers=recipe, perturb_seed=cfg.seed + 1), inputs,
-                             single)
+        baseline, nudged, cached = trained_baselines(workload, single, device, inputs, recipe,
+                                                     need_nudged=tolerance.source != "--quality-loss-rtol")
+        if nudged is not None:
             tolerance = with_noise_floor(tolerance, baseline, nudged)
     verdict = judge_losses(baseline, candidate, tolerance)
-    verdict.mode, verdict.baseline, verdict.world_size, verdict.steps = cfg.mode, BASELINE, world, cfg.quality_steps
+    verdict.mode, verdict.world_size, verdict.steps = cfg.mode, world, cfg.quality_steps
+    verdict.baseline = BASELINE + (CACHED if cached else "")
     verdict.candidate = GateCandidate(levers=levers, precision=cfg.precision, ranks=world)
     verdict.tolerances, verdict.seconds = tolerance, round(time.perf_counter() - began, 3)
     if any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in workload.model.modules()):

@@ -47,7 +47,7 @@ from perflab.tune.rows import MemoryTrade, TrialRow
 from perflab.tune.screening import Screener, start_noise_pct, win_threshold_pct
 from perflab.tune.search_state import SearchState
 from perflab.tune.settings import MAX_QPS, TuneConfig
-from perflab.tune.start import start_notes
+from perflab.tune.start import start_notes, start_trial_config
 from perflab.tune.stop import StopContext, StopKind, StopReason, stop_line
 from perflab.tune.trial import OOM, run_trial
 from perflab.diagnose.inference_queue import setting_changes
@@ -101,7 +101,7 @@ class Tuner:
         self.workloads = WorkloadBuilds(start, workload, check_workload and workload is None)
         (self.out / TRIALS_DIR).mkdir(parents=True, exist_ok=True)
         self.journal = Journal(self.out, settings.resume)
-        self.journal.check_same_start(start, self.measure)
+        self.journal.check_same_start(start_trial_config(start), self.measure)
         self.budget = Budget(settings.budget_s)
         self.recorder = TrialRecorder(self.out, self.journal, self.budget, runner, self.observer,
                                       trial_judge(self.settings, self.measure))
@@ -180,12 +180,16 @@ class Tuner:
         except SearchStopped as stop:
             return stop.reason
 
+    def _start_trial_config(self) -> RunConfig:
+        return start_trial_config(self.state.start)
+
     def _measure_start(self) -> None:
         """The starting point's full trial: the first best, and the baseline every gain is read against."""
-        record = self.trials.record(TrialRequest(self.state.start, self.measure, "start",
+        record = self.trials.record(TrialRequest(self._start_trial_config(), self.measure, "start",
                                                  time_limit_s=self.budget.left_s()))
         self.state.notes.extend(start_notes(record, self.settings, self.measure, self.out))
-        start = record.result.config.run_config().replace(out=None)  # device and batch resolved
+        # device and batch resolved; the user's own --check-quality kept (the recipe carries it, not the trial's)
+        start = record.result.config.run_config().replace(out=None, check_quality=self.state.start.check_quality)
         self.workloads.start = start
         self.state.started(start, record)
 
@@ -194,7 +198,8 @@ class Tuner:
         and its taking as the best (read back from its row, as --resume does; nothing runs)."""
         if self.state.best_row is not None:
             return
-        key = trial_key(self.state.start, self.measure, self.state.serve_cfg if self.measure == SERVE else None)
+        key = trial_key(self._start_trial_config(), self.measure,
+                        self.state.serve_cfg if self.measure == SERVE else None)
         row = self.journal.get(key)
         if row is None or not row.measured:
             return

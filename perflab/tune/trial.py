@@ -21,12 +21,14 @@ from perflab.config import RunConfig
 from perflab.errors import PerflabError
 from perflab.oom import OOM_BREAKDOWN_ENV, OutOfMemory
 from perflab.profile.capture import CaptureOptions, capture_argv
+from perflab.quality import baseline_cache
 from perflab.results import RESULT_FILE, Result
 from perflab.results.quality import verdict_of
 from perflab.serve.config import ServeConfig
 from perflab.tune.objective import serve_argv, serve_figures
 
 LOG_SUFFIX = ".log"
+GATE_BASELINES_DIR = "gate-baselines"  # in the tune directory: the quality gate's fp32 baselines, shared
 COMPILE_CACHE_DIR = "compile-cache"  # in the tune directory: Inductor, FX-graph and AOTAutograd caches, shared
 REFUSED_EXIT = 2  # perflab's exit code for a user mistake; "refused" in the message marks a lever refusal
 QUALITY_FAILED_EXIT = 1  # `perflab run` (and serve) saves the result and exits 1 when the quality gate fails
@@ -107,6 +109,8 @@ def compile_cache_env(cache_dir: Path, environ: Optional[dict[str, str]] = None)
     env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"
     env["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "1"
     env[OOM_BREAKDOWN_ENV] = "0"  # a trial's OOM is an outcome tune reads, not advice: no breakdown at half the batch
+    # every gated training trial trains the same fp32 eager baseline: the first stores it for the others
+    env[baseline_cache.CACHE_ENV] = str(cache_dir.parent / GATE_BASELINES_DIR)
     return env
 
 
