@@ -11,7 +11,7 @@ from typing import Any, Optional
 from perflab.bottlenecks import ACTIVATION_MEMORY, FULL_PRECISION
 from perflab.config import is_full_precision
 from perflab.diagnose.findings import Context, Finding, clamp, rounded
-from perflab.diagnose.records import Record
+from perflab.results.records import Record
 from perflab.levers import levers_for
 from perflab.results.metrics import Memory
 

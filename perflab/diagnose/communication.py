@@ -23,7 +23,7 @@ import numpy as np
 
 from perflab.calibrate_collectives import KINDS as BUS_KINDS, bus_factor
 from perflab.diagnose.intervals import Intervals, intervals_of
-from perflab.diagnose.records import Record
+from perflab.results.records import Record
 from perflab.diagnose.trace import ParsedTrace, step_window
 
 NCCL_KERNEL = re.compile(r"^\s*(?:void\s+)?(?:[A-Za-z_]\w*::)*nccl", re.IGNORECASE)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from perflab.diagnose.operators import OperatorView
-from perflab.diagnose.records import Record
+from perflab.results.records import Record
 from perflab.diagnose.summary import TraceProfile
 from perflab.diagnose.trace import ParsedTrace
 from perflab.results.metrics import Metrics

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 
 from perflab.diagnose.op_graph import VIEWS, OpCall, OpGraph
-from perflab.diagnose.records import Record
+from perflab.results.records import Record
 from perflab.diagnose.roofline import DTYPE_BYTES, DTYPE_PRECISION, Ceilings, ceilings
 from perflab.diagnose.trace import ParsedTrace
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from perflab.diagnose.records import Record
+from perflab.results.records import Record
 from perflab.diagnose.trace import OpShapes, ParsedTrace
 from perflab.calibrate import DATASHEET, measured_ceilings, measured_ceilings_named
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from perflab.diagnose.intervals import Intervals, intervals_of
 from perflab.diagnose.phases import step_intervals
-from perflab.diagnose.records import Record
+from perflab.results.records import Record
 from perflab.diagnose.sync_sites import (BLOCKING_CALLS, SiteContext, SyncSite, blocking_labels, runtime_call_sites,
                                          sync_shadow)
 from perflab.diagnose.trace import ParsedTrace

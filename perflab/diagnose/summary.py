@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 
 from perflab.diagnose.intervals import Intervals, intervals_of
-from perflab.diagnose.records import Record
+from perflab.results.records import Record
 from perflab.diagnose.phases import COMPUTE_PHASES, PHASES, loader_intervals, phase_intervals
 from perflab.diagnose.runtime_calls import RuntimeApiProfile, runtime_calls
 from perflab.diagnose.sync_sites import SyncProfile, SyncSite, find_sync_sites, sync_profile, sync_shadow

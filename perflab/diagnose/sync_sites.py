@@ -27,7 +27,7 @@ from perflab.diagnose.intervals import Intervals
 from perflab.diagnose.op_graph import ModuleLookup, is_user_frame
 from perflab.diagnose.phases import (MODEL_PHASES, PHASES, loader_intervals, phase_intervals,
                                      step_intervals)
-from perflab.diagnose.records import Record
+from perflab.results.records import Record
 from perflab.diagnose.trace import EventTable, ParsedTrace
 
 BLOCKING_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",

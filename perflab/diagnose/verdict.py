@@ -19,7 +19,7 @@ from perflab.diagnose.lost_levers import apply_tried_and_lost
 from perflab.diagnose.memory_bandwidth import memory_bandwidth
 from perflab.diagnose.operators import OperatorView
 from perflab.diagnose.patterns import PATTERN_RULES
-from perflab.diagnose.records import Record
+from perflab.results.records import Record
 from perflab.diagnose.runtime_api import RUNTIME_API_RULES
 from perflab.diagnose.summary import TraceProfile
 from perflab.diagnose.sync import host_device_sync

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from perflab.config import RunConfig
-from perflab.diagnose.records import build
+from perflab.results.records import build
 from perflab.errors import PerflabError
 from perflab.memory.breakdown import MEMORY_FILE, Breakdown
 from perflab.memory.fit import PeakFit, category_fit, fit_batches, fit_peaks

@@ -7,10 +7,10 @@ Keys this perflab does not know are kept in each section's `extra` and written b
 from __future__ import annotations
 
 import dataclasses
-import functools
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+from perflab.results.records import field_types, load_value
 
 OMIT = {"omit_when_none": True}  # field metadata: a None value is left out of the JSON, as before typing
 
@@ -33,11 +33,11 @@ class Section:
             return None
         if isinstance(data, cls):
             return data
-        hints = _hints(cls)
+        hints = field_types(cls)
         known, extra = {}, {}
         for key, value in data.items():
             if key in hints and key != "extra":
-                known[key] = _decode(hints[key], value)
+                known[key] = load_value(hints[key], value)
             else:
                 extra[key] = value
         return cls(extra=extra, **known)
@@ -54,25 +54,6 @@ class Section:
             out[f.name] = _encode(value)
         out.update(self.extra)
         return out
-
-
-@functools.lru_cache(maxsize=None)  # a cache of type hints per class, filled once per section type
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _decode(hint: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-    if typing.get_origin(hint) is typing.Union and len(args) == 1:
-        hint = args[0]
-        args = list(typing.get_args(hint))
-    if isinstance(hint, type) and issubclass(hint, Section) and isinstance(value, dict):
-        return hint.from_dict(value)
-    if typing.get_origin(hint) is list and args and isinstance(args[0], type) and issubclass(args[0], Section):
-        return [args[0].from_dict(item) for item in value]
-    return value
 
 
 def _encode(value: Any) -> Any:

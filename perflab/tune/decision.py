@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional, Union
 from perflab.compare import INCONCLUSIVE, NOT_JUDGED, compare_results
 from perflab.results import Result
 from perflab.results.quality import verdict_of
-from perflab.tune.recorded import from_fields, text
+from perflab.results.records import build
 
 ACCEPT = "accept"
 
@@ -40,7 +40,7 @@ class Decision:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Decision":
         """A decision as tune.jsonl or an older version of it recorded it: missing entries take their defaults."""
-        return from_fields(cls, data, {"kept": bool, "verdict": text, "why": text}, kept=False, verdict="", why="")
+        return build(cls, data)
 
 
 def peak_memory_gb(result: Result) -> Optional[float]:

@@ -12,7 +12,7 @@ from perflab import options
 from perflab.config import RunConfig
 from perflab.serve.config import ServeConfig
 from perflab.tune.objective import serve_argv
-from perflab.tune.recorded import from_fields, items, record_or_none, records, section, text
+from perflab.results.records import build
 
 # Fields tune sets on its trials only (the quality gate on every candidate); the recipe keeps the user's own.
 TRIAL_ONLY_FIELDS = ("check_quality", "quality_rtol", "quality_loss_rtol")
@@ -74,8 +74,7 @@ class UnconfirmedWin:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "UnconfirmedWin":
-        return from_fields(cls, data, {"label": text, "outcome": text, "command": text}, label="",
-                           screened_gain_pct=None, outcome="", command="")
+        return build(cls, data)
 
 
 @dataclass
@@ -99,8 +98,7 @@ class Recipe:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Recipe":
         """A recipe as tune.json recorded it (an older one may lack any entry)."""
-        return from_fields(cls, data, {"command": text, "argv": items, "snippet": text, "config": section,
-                                       "serve": record_or_none(dict), "unconfirmed": records(UnconfirmedWin.from_dict)})
+        return build(cls, data)
 
 
 def recipe(best: RunConfig, start: RunConfig, serve: Optional[ServeConfig] = None,

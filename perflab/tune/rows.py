@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from perflab.tune.decision import Decision
-from perflab.tune.recorded import field_names, from_fields, record_or_none, section
+from perflab.results.records import build, unknown_keys
 from perflab.tune.trial import OK, QUALITY_FAIL
 
 
@@ -30,7 +30,7 @@ class MemoryTrade:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MemoryTrade":
-        return from_fields(cls, data)
+        return build(cls, data)
 
 
 @dataclass
@@ -123,9 +123,6 @@ class TrialRow:
     def from_dict(cls, data: dict[str, Any]) -> "TrialRow":
         """A row as read from tune.jsonl (or built from a trial's figures and context): missing keys take their
         defaults, unknown ones are kept in `extra`."""
-        names = field_names(cls) - {"extra"}
-        readers = {"decision": record_or_none(Decision.from_dict), "trade": record_or_none(MemoryTrade.from_dict),
-                   "config": section}
-        row = from_fields(cls, {key: value for key, value in data.items() if key in names}, readers)
-        row.extra = {key: value for key, value in data.items() if key not in names}
+        row = build(cls, {key: value for key, value in data.items() if key != "extra"})
+        row.extra = unknown_keys(cls, data)
         return row

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from perflab.tune.recipe import Recipe
-from perflab.tune.recorded import from_fields, items, record_or_none, records, section, text
+from perflab.results.records import build
 from perflab.tune.rows import MemoryTrade, TrialRow
 from perflab.tune.settings import MAX_QPS
 
@@ -35,7 +35,7 @@ class ObjectiveSummary:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ObjectiveSummary":
-        return from_fields(cls, data)
+        return build(cls, data)
 
 
 SIDE_KEYS = ("name", "label", "dir", "throughput", "throughput_ci95", "max_qps", "resolution_pct", "p50_ms", "p99_ms",
@@ -71,7 +71,7 @@ class Side:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Side":
-        return from_fields(cls, data)
+        return build(cls, data)
 
 
 # What a chain link copies from its trial's row, in tune.json's order.
@@ -150,8 +150,7 @@ class ChainLink:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ChainLink":
-        return from_fields(cls, data, {"trade": record_or_none(MemoryTrade.from_dict), "kept": bool,
-                                       "judged": lambda judged: judged is not False})
+        return build(cls, data)
 
 
 @dataclass
@@ -175,7 +174,7 @@ class ScreenEntry:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ScreenEntry":
-        return from_fields(cls, data)
+        return build(cls, data)
 
 
 @dataclass
@@ -207,7 +206,7 @@ class DiagnosisEntry:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DiagnosisEntry":
-        return from_fields(cls, data, {"cut": bool, "headline": text})
+        return build(cls, data)
 
 
 @dataclass
@@ -259,10 +258,4 @@ class TuneSummary:
     def from_dict(cls, data: dict[str, Any]) -> "TuneSummary":
         """A tune.json as read (check its figures first: perflab/report/tune.py check_tune_record); an older one
         may lack any entry."""
-        side = record_or_none(Side.from_dict)
-        return from_fields(cls, data, {
-            "objective": lambda value: ObjectiveSummary.from_dict(section(value)), "command": items,
-            "settings": section, "screened": records(ScreenEntry.from_dict), "unconfirmed": items,
-            "stop_reason": text, "start": side, "best": side, "kept": items, "lost": items, "skipped": section,
-            "diagnoses": records(DiagnosisEntry.from_dict), "chain": records(ChainLink.from_dict), "notes": items,
-            "recipe": lambda value: Recipe.from_dict(section(value))})
+        return build(cls, data)
