@@ -7,7 +7,8 @@ trajectories under a key made of what they depend on, and a later trial with the
 training the baseline twice again:
 
 - the run's settings with every lever's option taken out (the baseline runs no lever) and the settings that only
-  time (trials, steps, warm-up, the output folder) left out;
+  time (trials, steps, warm-up, the output folder) left out; torch's version and the device's name (a --resume
+  after an upgrade trains its own);
 - a digest of the initial weights and buffers;
 - a digest of the batches the candidate's steps received (the baseline's inputs).
 
@@ -72,7 +73,9 @@ def baseline_key(cfg, model: torch.nn.Module, inputs: list[Any], levers: Iterabl
     baseline keeps --grad-accum), its initial weights and buffers, its input batches."""
     weights = tensor_digest(list(model.parameters()) + list(model.buffers()))
     settings = {**baseline_settings(cfg), **{lever.option: getattr(cfg, lever.option) for lever in levers}}
-    text = json.dumps({"settings": settings, "weights": weights,
+    device = next(iter(model.parameters()), torch.empty(0)).device
+    where = [torch.__version__, torch.cuda.get_device_name(device) if device.type == "cuda" else device.type]
+    text = json.dumps({"settings": settings, "weights": weights, "where": where,
                        "inputs": tensor_digest(tree_leaves(inputs))}, sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 
