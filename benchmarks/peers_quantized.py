@@ -7,7 +7,8 @@ bf16 model.
     BENCH_PEERS_QUANT=bf16,int8-weight+torchao,...      variants: SCHEME[+CHANGE...], or a preset's name (PRESETS)
     BENCH_PEERS_QUANT_SHAPE=llama-8b BENCH_PEERS_QUANT_BATCHES=1,8   the cells (defaults on a GPU)
     BENCH_PEERS_QUANT_HF=int8-weight,int4-weight        HF + torchao for these schemes (the default on a GPU; empty:
-                                                        none; run_hf_torchao)
+                                                        none; run_hf_torchao), each in a process of its own
+    BENCH_PEERS_QUANT_HF_LIMIT_S=240                    that process's time limit (load, compile, every cell)
     BENCH_PEERS_QUANT_PROFILE=1                         profile one request of each variant: µs per layer
     BENCH_PEERS_QUANT_GATE=none | SHAPE | SHAPE:trained the gate's model (default: the cell's shape, random weights)
 
@@ -51,6 +52,7 @@ settings, SDPA's attention instead of Inductor's generated one, Inductor's CUDA 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 import traceback
@@ -361,42 +363,93 @@ def run_hf_torchao(rows: Rows, cells: list[Cell], cuda: bool, schemes: list[str]
     return table
 
 
+HF_LIMIT_S = 240.0  # BENCH_PEERS_QUANT_HF_LIMIT_S: one scheme's own process (load, compile, every cell)
+
+
 def _hf_torchao_scheme(rows: Rows, example, folder: Path, cells: list[Cell], scheme: str, device: torch.device,
                        deadline: float, gbps: Optional[float], saved_s: float) -> list[Row]:
+    """One scheme's rows, measured in a process of its own (hf_scheme_main) under a time limit: HF's first compiled
+    generate of torchao's int8 once had not returned 145 s after loading, and a stall in this process would have cost
+    the call every row after it. Each cell's row comes back as soon as it is measured; a cell the limit cut says so."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    system = f"{HF_TORCHAO} {scheme}"
+    limit = min(deadline - time.perf_counter(), float(os.environ.get("BENCH_PEERS_QUANT_HF_LIMIT_S", HF_LIMIT_S)))
+    if limit <= 0:
+        return [Row(cell, system, quality="skipped: past BENCH_PEERS_BUDGET_S") for cell in cells]
+    answers = Path(tempfile.mkstemp(suffix=".jsonl")[1])
+    command = [sys.executable, "-m", "benchmarks.peers_quantized", "hf-scheme", str(folder), scheme, str(answers),
+               json.dumps({"cells": [dataclasses.asdict(cell) for cell in cells], "device": str(device),
+                           "gbps": gbps, "saved_s": saved_s})]
+    ended = "not measured: its process ended first (see the log)"
+    try:
+        subprocess.run(command, check=False, timeout=limit, cwd=Path(__file__).resolve().parents[1])
+    except subprocess.TimeoutExpired:
+        ended = f"not measured within {limit:.0f} s (the limit of its own process: load, compile, warm-up)"
+    measured = {}
+    for line in answers.read_text().splitlines():
+        answer = json.loads(line)
+        measured[answer["batch"]] = answer
+    answers.unlink()
+    table = []
+    for cell in cells:
+        answer = measured.get(cell.batch)
+        if answer is None:
+            row = Row(cell, system, quality=ended)
+        else:
+            row = Row(cell, system, **answer["row"])
+            if answer.get("timed"):
+                rows.add(f"{cell.shape} bs{cell.batch}", f"{system} tokens/s", row.tokens_per_s, "tokens/s",
+                         json.dumps(answer["timed"]))
+        table.append(row)
+        report_row(row)
+    return table
+
+
+def hf_scheme_main(folder: str, scheme: str, answers: str, settings: str) -> None:
+    """The child of _hf_torchao_scheme: load the saved model quantized through TorchAoConfig, time generate at each
+    cell, append each cell's row to `answers` (a JSON line) as soon as it is measured."""
     from transformers import LlamaForCausalLM, TorchAoConfig
     from benchmarks.bench_generate_peers import bound_ms_per_step, generate_row, time_hf_generate, version
     from perflab.generation.quantize import quantization_config
-    system = f"{HF_TORCHAO} {scheme}"
-    if time.perf_counter() > deadline:
-        return [Row(cell, system, quality="skipped: past BENCH_PEERS_BUDGET_S") for cell in cells]
+    given = json.loads(settings)
+    cells, device, gbps = [Cell(**cell) for cell in given["cells"]], torch.device(given["device"]), given["gbps"]
+    example = example_module()
+
+    def answer(batch: int, row: dict[str, Any], timed: Optional[dict[str, Any]] = None) -> None:
+        with open(answers, "a") as stream:
+            stream.write(json.dumps({"batch": batch, "row": row, "timed": timed}) + "\n")
     try:
         began = time.perf_counter()
         model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, device_map=str(device),
                                                  quantization_config=TorchAoConfig(quantization_config(scheme)))
         load_s = time.perf_counter() - began
-        print(f"[generate_peers] {system}: loaded and quantized in {load_s:.0f}s", flush=True)
+        print(f"[generate_peers] {HF_TORCHAO} {scheme}: loaded and quantized in {load_s:.0f}s", flush=True)
     except Exception as err:
         traceback.print_exc()
-        return [Row(cell, system, quality=f"failed to load: {type(err).__name__}: {err}"[:200]) for cell in cells]
+        for cell in cells:
+            answer(cell.batch, {"quality": f"failed to load: {type(err).__name__}: {err}"[:200]})
+        return
     head = "quantized" if type(model.lm_head.weight) is not torch.nn.Parameter else "bf16 (TorchAoConfig's default)"
-    table = []
     for cell in cells:
-        if time.perf_counter() > deadline:
-            table.append(Row(cell, system, quality="skipped: past BENCH_PEERS_BUDGET_S"))
-            continue
         try:
             timed = time_hf_generate(example.generate_call(model, static=True), model, cell)
             row = generate_row(cell, timed, bound_ms_per_step(cell, gbps, model), version("transformers"))
-            row.system = system
-            row.quality += f"; loaded and quantized in {load_s:.0f}s (saved once in {saved_s:.0f}s); output head {head}"
-            rows.add(f"{cell.shape} bs{cell.batch}", f"{system} tokens/s", timed["tokens_per_s"], "tokens/s",
-                     json.dumps(timed))
+            answer(cell.batch, {"tokens_per_s": row.tokens_per_s, "ms_per_step": row.ms_per_step,
+                                "pct_of_bound": row.pct_of_bound, "spread_pct": row.spread_pct,
+                                "quality": f"{row.quality}; loaded and quantized in {load_s:.0f}s (saved once in "
+                                           f"{given['saved_s']:.0f}s); output head {head}"}, timed)
         except Exception as err:
             traceback.print_exc()
-            row = Row(cell, system, quality=f"failed: {type(err).__name__}: {err}"[:200])
-        table.append(row)
-        report_row(row)
-    del model
-    torch._dynamo.reset()  # its compiled steps and graph pools hold the model otherwise
-    free_memory()
-    return table
+            answer(cell.batch, {"quality": f"failed: {type(err).__name__}: {err}"[:200]})
+
+
+if __name__ == "__main__":
+    import sys
+    if len(sys.argv) == 6 and sys.argv[1] == "hf-scheme":
+        hf_scheme_main(*sys.argv[2:])
+    else:
+        raise SystemExit("usage: python -m benchmarks.peers_quantized hf-scheme FOLDER SCHEME ANSWERS SETTINGS "
+                         "(run by benchmarks/bench_generate_peers.py)")

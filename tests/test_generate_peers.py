@@ -252,3 +252,22 @@ def test_a_quantized_peers_bound_counts_the_bytes_its_model_stores():
     smaller = peers.bound_ms_per_step(cell, 1000.0, model)
     head_bytes = model.head.weight.numel()  # one byte each now, two before
     assert full - smaller == pytest.approx(head_bytes / 1000e9 * 1e3, rel=1e-6)
+
+
+def test_an_hf_scheme_runs_in_its_own_process_and_a_stall_costs_only_its_own_rows(tmp_path, monkeypatch):
+    # HF's first compiled generate of torchao's int8 once had not returned 145 s after loading: a scheme's process
+    # is stopped at its limit and its rows say so, instead of the call's time limit cutting every row after it
+    from benchmarks import peers_quantized
+    cells = [peers.Cell("llama-tiny", 1), peers.Cell("llama-tiny", 2)]
+    rows = peers_quantized.Rows("test", tmp_path)
+    monkeypatch.setenv("BENCH_PEERS_QUANT_HF_LIMIT_S", "0.3")  # less than the child's own start
+    stalled = peers_quantized._hf_torchao_scheme(rows, None, tmp_path, cells, "int8-weight", torch.device("cpu"),
+                                                 deadline=1e18, gbps=None, saved_s=1.0)
+    assert [(r.cell.batch, r.quality) for r in stalled] == [
+        (1, "not measured within 0 s (the limit of its own process: load, compile, warm-up)"),
+        (2, "not measured within 0 s (the limit of its own process: load, compile, warm-up)")]
+    monkeypatch.setenv("BENCH_PEERS_QUANT_HF_LIMIT_S", "120")  # the child finds no saved model here: it answers why
+    failed = peers_quantized._hf_torchao_scheme(rows, None, tmp_path, cells, "int8-weight", torch.device("cpu"),
+                                                deadline=1e18, gbps=None, saved_s=1.0)
+    assert len(failed) == 2 and all(r.tokens_per_s is None for r in failed)
+    assert all(r.quality.startswith(("failed to load:", "not measured: its process ended first")) for r in failed)
