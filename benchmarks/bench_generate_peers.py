@@ -40,55 +40,27 @@ table still prints inside a 10-minute call. Without CUDA (or --quick) everything
 """
 from __future__ import annotations
 
-import gc
 import importlib.util
 import json
 import os
-import statistics
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
-from benchmarks.bench_generate import measure
 from benchmarks.common import Rows, parse_args
-
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.peers_quantized import (DEFAULT_VARIANTS, parse_gate, parse_hf_schemes, parse_variants,
+                                        run_quantized)
+# the parts' shared pieces, named here too (the area's tests and callers read them from this module)
+from benchmarks.peers_common import (NOT_GATED, OUTPUT_LEN, PROMPT_LEN, ROOT, Cell, Row, bound_ms_per_step,  # noqa: F401
+                                     example_module, free_memory, generate_row, perflab_settings, result_row,
+                                     run_perflab, synchronize, time_hf_generate, version)
 AGREE_PCT = 3.0  # hf via perflab vs hf generate
 LOOP_TRIALS = 4  # the loop path's trials of 2 request batches: 8 timed generate calls, beside the reference's 7
-NOT_GATED = "not gated (random weights)"
-PROMPT_LEN, OUTPUT_LEN = 128, 128
 VLLM_MISSING = ("not run: vllm is not importable here (the device machine has no internet and vllm's wheel, "
                 "~400 MB, is over the 64 MiB a call may carry)")
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One point of the grid."""
-
-    shape: str
-    batch: int
-    prompt_len: int = PROMPT_LEN
-    output_len: int = OUTPUT_LEN
-
-
-@dataclass
-class Row:
-    """One line of the final table."""
-
-    cell: Cell
-    system: str
-    tokens_per_s: Optional[float] = None
-    ms_per_step: Optional[float] = None
-    pct_of_bound: Optional[float] = None
-    quality: str = ""
-    ttft_ms: Optional[float] = None
-    kernels: Optional[dict[str, Any]] = None  # µs per layer by kind of kernel (a profiled run)
-    spread_pct: Optional[float] = None  # how far apart its repeats were (max/min - 1): generate's calls, perflab's trials
-    result: Any = field(default=None, repr=False, compare=False)  # perflab's Result, when perflab ran it
 
 
 # ---------------------------------------------------------------------------------------------- peers' commands
@@ -138,116 +110,7 @@ def run_vllm(cell: Cell, out: Path, bound_ms: Optional[float]) -> Row:
                quality="vllm bench latency (dummy weights); ms/step not separated from the prefill")
 
 
-# ---------------------------------------------------------------------------------------------- the bound
-
-def bound_ms_per_step(cell: Cell, gbps: Optional[float], model: Optional[torch.nn.Module] = None) -> Optional[float]:
-    """The bandwidth bound of one decode step of `cell`, averaged over its decode steps: the weights `model` stores (a
-    quantized peer's packed weights and scales), or perflab's bf16 decoder of the cell's shape; KV in bf16."""
-    from perflab.generation.metrics import BandwidthBound, RequestTiming, weight_bytes_per_step
-    from perflab.models.decoder import SIZES, Decoder
-    from perflab.models.kv_cache import kv_cache_bytes
-    if not gbps:
-        return None
-    size = SIZES[cell.shape]
-    if model is None:
-        with torch.device("meta"):
-            model = Decoder(size).to(torch.bfloat16)
-    bound = BandwidthBound(weight_bytes_per_step(model, cell.batch),
-                           kv_cache_bytes(size.layers, cell.batch, size.kv_heads, size.head_dim, 1, torch.bfloat16),
-                           gbps, "")
-    request = RequestTiming(cell.batch, cell.prompt_len, [0.0] * cell.output_len, [1] * cell.output_len)
-    return bound.decode_bound_ms(request) / (cell.output_len - 1)
-
-
 # ---------------------------------------------------------------------------------------------- the systems
-
-def example_module():
-    spec = importlib.util.spec_from_file_location("hf_llama_example", ROOT / "examples" / "hf_llama.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def perflab_settings(cell: Cell, cuda: bool, levers: bool = True, options: Optional[dict[str, str]] = None,
-                     **changes: Any) -> dict[str, Any]:
-    """perflab.run's settings for `cell`: bf16, static cache, compiled decode (on a CPU: fp32, static cache); `options`
-    adds workload options, `changes` replace settings."""
-    compiled = {"kv_cache": "static", **({"compile": "reduce-overhead"} if cuda else {})} if levers else {}
-    return {"workload": "generate", "mode": "infer", "batch_size": cell.batch, "precision": "bf16" if cuda else "fp32",
-            "steps": 2, "trials": 2, "warmup": 2, "check_quality": False, **compiled,
-            "workload_options": {"size": cell.shape, "prompt_len": str(cell.prompt_len),
-                                 "output_len": str(cell.output_len), **(options or {})}, **changes}
-
-
-def result_row(cell: Cell, system: str, result, quality: str = "") -> Row:
-    """A perflab run's row: ms per step is its time per output token after the first (the bound's measured figure,
-    or the mean TPOT where no bandwidth is known), as diagnose/generation_loop.py compares the two paths by it."""
-    from perflab.diagnose.generation_loop import ms_per_token  # the same per-token figure as the finding's
-    generation = result.metrics.generation
-    bound = generation.bandwidth_bound
-    ttft = generation.ttft_ms.p50 if generation.ttft_ms else None
-    return Row(cell, system, generation.output_tokens_per_s, ms_per_token(generation),
-               bound.pct_of_bound if bound else None, quality, ttft_ms=ttft, result=result)
-
-
-def run_perflab(rows: Rows, out: Path, cell: Cell, cuda: bool, system: str = "perflab", hooks: Sequence[Any] = (),
-                **changes: Any) -> Row:
-    result = measure(rows, out, f"{cell.shape} bs{cell.batch}", system, perflab_settings(cell, cuda, **changes),
-                     hooks=hooks)
-    free_memory()
-    if result is None:
-        return Row(cell, system, quality="failed (see the log)")
-    compiled = result.metrics.generation.decode_compile
-    note = f"compile {result.metrics.compile_s:.0f}s" if result.metrics.compile_s else ""
-    if compiled is not None:
-        note += f", graphs by {compiled.graphs}, tuning {compiled.decode_tuning}, SDPA {compiled.decode_sdpa}"
-    return result_row(cell, system, result, note or NOT_GATED)
-
-
-STEADY_PCT = 2.0  # warm-up ends when two calls in a row agree this closely (or after MAX_WARM_CALLS)
-MAX_WARM_CALLS = 8
-
-
-def time_hf_generate(generate, model, cell: Cell, repeats: int = 7) -> dict[str, Any]:
-    """transformers' generate timed whole by this bench (synchronised), after untimed calls until two in a row agree
-    within STEADY_PCT (compiling, then CUDA-graph recording: two calls were not enough at batch 8 on an H100, where
-    the timed calls then ran 28% slower than perflab's later ones): `generate(input_ids, max_new_tokens)` is
-    examples/hf_llama.generate_call, the call perflab's loop path times too."""
-    device = model.device
-    prompt = torch.randint(0, model.config.vocab_size, (cell.batch, cell.prompt_len), device=device,
-                           generator=torch.Generator(device).manual_seed(0))
-
-    def seconds(tokens: int) -> float:
-        began = time.perf_counter()
-        with torch.inference_mode():
-            produced = generate(prompt, tokens)
-        synchronize(device)
-        assert produced.shape[1] == cell.prompt_len + tokens, "generate stopped early"
-        return time.perf_counter() - began
-    began = time.perf_counter()
-    warm: list[float] = []
-    while len(warm) < 2 or (abs(warm[-1] / warm[-2] - 1) * 100 > STEADY_PCT and len(warm) < MAX_WARM_CALLS):
-        warm.append(seconds(cell.output_len))
-        print(f"[generate_peers] hf generate bs{cell.batch}: untimed call {len(warm)} took {warm[-1]:.2f} s", flush=True)
-    warm_s = time.perf_counter() - began
-    fulls = [seconds(cell.output_len) for _ in range(repeats)]
-    full = statistics.median(fulls)
-    prefill = statistics.median(seconds(1) for _ in range(repeats))  # last: a new cache length recompiles
-    return {"full_s": full, "prefill_s": prefill, "warm_s": warm_s, "warm_calls_s": [round(v, 4) for v in warm],
-            "full_calls_s": [round(v, 4) for v in fulls], "tokens_per_s": cell.batch * cell.output_len / full,
-            "ms_per_step": (full - prefill) / (cell.output_len - 1) * 1e3}
-
-
-def generate_row(cell: Cell, timed: dict[str, float], bound_ms: Optional[float], transformers_version: str) -> Row:
-    """transformers' own timing of generate: the reference the loop path must agree with."""
-    pct = 100 * bound_ms / timed["ms_per_step"] if bound_ms else None
-    calls = timed.get("full_calls_s") or []
-    spread = 100 * (max(calls) / min(calls) - 1) if len(calls) > 1 else None
-    return Row(cell, "hf generate", timed["tokens_per_s"], timed["ms_per_step"], pct,
-               f"transformers {transformers_version}; compile + warm-up {timed['warm_s']:.0f}s" +
-               (f"; its {len(calls)} timed calls spread {spread:.1f}%" if spread is not None else ""),
-               spread_pct=spread)
-
 
 def off_pct(reference: Row, row: Row) -> dict[str, float]:
     """How far `row` is from `reference`, in %, on each figure both have (tokens/s, ms per step)."""
@@ -392,25 +255,6 @@ def generate_defers_stop_check() -> bool:
 
 # ---------------------------------------------------------------------------------------------- the area
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version as installed
-    try:
-        return installed(package)
-    except PackageNotFoundError:
-        return "?"
-
-
 def grid(full: bool) -> tuple[list[Cell], list[Cell]]:
     """The shape x batch cells (BENCH_PEERS_SHAPES, BENCH_PEERS_BATCHES) and the quantized part's cells (the 8B shape
     at batch 1 and 8; BENCH_PEERS_QUANT_SHAPE, BENCH_PEERS_QUANT_BATCHES; an empty shape: none)."""
@@ -462,9 +306,6 @@ def format_kernel_split(table: list[Row]) -> str:
 
 def run(out: Path, quick: bool) -> list[dict]:
     from perflab.calibrate import cached_ceilings, calibrate, memory_bandwidth
-    # the quantized part imports this module's cells and rows: imported when it runs
-    from benchmarks.peers_quantized import (DEFAULT_VARIANTS, parse_gate, parse_hf_schemes, parse_variants,
-                                             run_quantized)
     out.mkdir(parents=True, exist_ok=True)
     rows = Rows("generate_peers", out)
     cuda = torch.cuda.is_available()

@@ -63,8 +63,7 @@ from typing import Any, Optional
 import torch
 
 from benchmarks.bench_generate import run_dir_of
-from benchmarks.bench_generate_peers import (NOT_GATED, PROMPT_LEN, Cell, Row, example_module, free_memory,
-                                             run_perflab)
+from benchmarks.peers_common import NOT_GATED, PROMPT_LEN, Cell, Row, example_module, free_memory, run_perflab
 from benchmarks.common import Rows
 from perflab.results.quality import QualityVerdict
 
@@ -412,7 +411,7 @@ def hf_scheme_main(folder: str, scheme: str, answers: str, settings: str) -> Non
     """The child of _hf_torchao_scheme: load the saved model quantized through TorchAoConfig, time generate at each
     cell, append each cell's row to `answers` (a JSON line) as soon as it is measured."""
     from transformers import LlamaForCausalLM, TorchAoConfig
-    from benchmarks.bench_generate_peers import bound_ms_per_step, generate_row, time_hf_generate, version
+    from benchmarks.peers_common import bound_ms_per_step, generate_row, time_hf_generate, version
     from perflab.generation.quantize import quantization_config
     given = json.loads(settings)
     cells, device, gbps = [Cell(**cell) for cell in given["cells"]], torch.device(given["device"]), given["gbps"]

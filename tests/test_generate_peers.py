@@ -271,3 +271,10 @@ def test_an_hf_scheme_runs_in_its_own_process_and_a_stall_costs_only_its_own_row
                                                 deadline=1e18, gbps=None, saved_s=1.0)
     assert len(failed) == 2 and all(r.tokens_per_s is None for r in failed)
     assert all(r.quality.startswith(("failed to load:", "not measured: its process ended first")) for r in failed)
+
+
+def test_generate_timed_so_noisily_that_its_one_token_call_outlasts_the_whole_one_gives_no_step_time():
+    timed = {"full_s": 0.10, "prefill_s": 0.12, "warm_s": 1.0, "full_calls_s": [0.1, 0.3], "tokens_per_s": 80.0,
+             "ms_per_step": None}
+    row = peers.generate_row(CELL, timed, bound_ms=5.0, transformers_version="5.17.0")
+    assert row.ms_per_step is None and row.pct_of_bound is None and "too noisy to subtract" in row.quality
