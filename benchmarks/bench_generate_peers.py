@@ -51,8 +51,8 @@ from typing import Any, Optional
 import torch
 
 from benchmarks.common import Rows, parse_args
-from benchmarks.peers_quantized import (DEFAULT_VARIANTS, parse_gate, parse_hf_schemes, parse_variants,
-                                        run_quantized)
+from benchmarks.peers_hf_torchao import parse_hf_schemes
+from benchmarks.peers_quantized import DEFAULT_VARIANTS, parse_gate, parse_variants, run_quantized
 # the parts' shared pieces, named here too (the area's tests and callers read them from this module)
 from benchmarks.peers_common import (NOT_GATED, OUTPUT_LEN, PROMPT_LEN, ROOT, Cell, Row, bound_ms_per_step,  # noqa: F401
                                      example_module, free_memory, generate_row, perflab_settings, result_row,

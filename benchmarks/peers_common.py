@@ -175,3 +175,12 @@ def version(package: str) -> str:
         return installed(package)
     except PackageNotFoundError:
         return "?"
+
+
+def report_row(row: Row) -> None:
+    """One finished row, printed as soon as it is measured: a call cut short by its time limit keeps it in the log."""
+    figures = ", ".join(f"{name} {value:,.{digits}f}" for name, value, digits in
+                        (("tokens/s", row.tokens_per_s, 1), ("ms/step", row.ms_per_step, 3),
+                         ("% of bound", row.pct_of_bound, 1)) if value is not None)
+    print(f"[generate_peers] row: {row.cell.shape} bs{row.cell.batch} | {row.system} | {figures or '—'} | "
+          f"{row.quality}", flush=True)

@@ -229,11 +229,11 @@ def test_the_quantized_part_runs_at_the_8b_shape_at_batch_1_and_8_on_a_gpu_and_w
 
 def test_the_hf_torchao_peer_says_why_it_did_not_run_per_scheme_without_loading_anything(monkeypatch):
     import importlib.util
-    from benchmarks import peers_quantized
+    from benchmarks import peers_hf_torchao
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
     cells = [peers.Cell("llama-8b", 1), peers.Cell("llama-8b", 8)]
-    rows = peers_quantized.run_hf_torchao(None, cells, False, ["int8-weight", "int4-weight"], deadline=1e18, gbps=None)
+    rows = peers_hf_torchao.run_hf_torchao(None, cells, False, ["int8-weight", "int4-weight"], deadline=1e18, gbps=None)
     said = {(r.system, r.cell.batch): r.quality for r in rows}
     assert said[("hf generate + torchao int8-weight", 8)] == ("not run: transformers is not importable here: "
                                                              "pip install 'perflab[models]'")
@@ -257,17 +257,17 @@ def test_a_quantized_peers_bound_counts_the_bytes_its_model_stores():
 def test_an_hf_scheme_runs_in_its_own_process_and_a_stall_costs_only_its_own_rows(tmp_path, monkeypatch):
     # HF's first compiled generate of torchao's int8 once had not returned 145 s after loading: a scheme's process
     # is stopped at its limit and its rows say so, instead of the call's time limit cutting every row after it
-    from benchmarks import peers_quantized
+    from benchmarks import peers_hf_torchao
     cells = [peers.Cell("llama-tiny", 1), peers.Cell("llama-tiny", 2)]
-    rows = peers_quantized.Rows("test", tmp_path)
+    rows = peers_hf_torchao.Rows("test", tmp_path)
     monkeypatch.setenv("BENCH_PEERS_QUANT_HF_LIMIT_S", "0.3")  # less than the child's own start
-    stalled = peers_quantized._hf_torchao_scheme(rows, None, tmp_path, cells, "int8-weight", torch.device("cpu"),
+    stalled = peers_hf_torchao._hf_torchao_scheme(rows, None, tmp_path, cells, "int8-weight", torch.device("cpu"),
                                                  deadline=1e18, gbps=None, saved_s=1.0)
     assert [(r.cell.batch, r.quality) for r in stalled] == [
         (1, "not measured within 0 s (the limit of its own process: load, compile, warm-up)"),
         (2, "not measured within 0 s (the limit of its own process: load, compile, warm-up)")]
     monkeypatch.setenv("BENCH_PEERS_QUANT_HF_LIMIT_S", "120")  # the child finds no saved model here: it answers why
-    failed = peers_quantized._hf_torchao_scheme(rows, None, tmp_path, cells, "int8-weight", torch.device("cpu"),
+    failed = peers_hf_torchao._hf_torchao_scheme(rows, None, tmp_path, cells, "int8-weight", torch.device("cpu"),
                                                 deadline=1e18, gbps=None, saved_s=1.0)
     assert len(failed) == 2 and all(r.tokens_per_s is None for r in failed)
     assert all(r.quality.startswith(("failed to load:", "not measured: its process ended first")) for r in failed)
