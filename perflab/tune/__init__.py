@@ -19,9 +19,9 @@ journal (tune.jsonl), decision (keep or reject), objective (--objective max-qps:
 (why the search stopped, and the stop line), limits (the budget and --max-trials: may another trial start),
 search_state (the start, the best so far, and what became of each lever), start (the starting point's trial, read),
 profiling (the profile-and-diagnose step of a round), candidate_trials (a candidate's trial against the best, kept
-when it wins), driver (the loop), summary (tune.json, typed: the chain, the screens,
-the diagnoses), recorded (reading either file back, tolerating keys an older one lacks), output (tune.json from a
-Tuner), recipe (the tuned command line and RunConfig, and the screened wins left unconfirmed).
+when it wins), driver (the loop), summary (tune.json, typed: the chain, the screens, the diagnoses; read back
+through perflab/results/records.py, tolerating keys an older file lacks), output (tune.json from a Tuner), recipe
+(the tuned command line and RunConfig, and the screened wins left unconfirmed).
 """
 from __future__ import annotations
 

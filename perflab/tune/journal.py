@@ -58,11 +58,13 @@ class Journal:
         return self.rows.get(key)
 
     def append(self, row: TrialRow) -> None:
+        # known in memory first: a Ctrl-C while the line is being written and synced (a reader can already see it)
+        # must still find the trial, or tune.json is not written for a start that finished (seen in CI)
+        self.rows[row.key] = row
         with open(self.path, "a") as stream:
             stream.write(json.dumps(row.to_dict(), allow_nan=True, default=str) + "\n")
             stream.flush()
             os.fsync(stream.fileno())
-        self.rows[row.key] = row
 
     def ordered(self) -> list[TrialRow]:
         return sorted(self.rows.values(), key=lambda row: row.index)
