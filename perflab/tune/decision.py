@@ -5,19 +5,19 @@ minimum effect, and the quality gate passed) and it stays inside --max-p99-ms an
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Union
 
 from perflab.compare import INCONCLUSIVE, NOT_JUDGED, compare_results
 from perflab.results import Result
 from perflab.results.quality import verdict_of
-from perflab.results.records import build
+from perflab.results.records import Record
 
 ACCEPT = "accept"
 
 
 @dataclass
-class Decision:
+class Decision(Record):
     """One link of the chain: what was tried against what, what it measured, and whether it was kept."""
 
     kept: bool
@@ -33,14 +33,6 @@ class Decision:
     against_value: Optional[float] = None  # max-qps: the best's max QPS, and the candidate's
     value: Optional[float] = None
     resolution_pct: Optional[float] = None  # max-qps: the search's resolution the gain had to beat
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Decision":
-        """A decision as tune.jsonl or an older version of it recorded it: missing entries take their defaults."""
-        return build(cls, data)
 
 
 def peak_memory_gb(result: Result) -> Optional[float]:

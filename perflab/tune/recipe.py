@@ -12,7 +12,7 @@ from perflab import options
 from perflab.config import RunConfig
 from perflab.serve.config import ServeConfig
 from perflab.tune.objective import serve_argv
-from perflab.results.records import build
+from perflab.results.records import Record
 
 # Fields tune sets on its trials only (the quality gate on every candidate); the recipe keeps the user's own.
 TRIAL_ONLY_FIELDS = ("check_quality", "quality_rtol", "quality_loss_rtol")
@@ -51,7 +51,7 @@ def _gain_text(gain: Optional[float]) -> str:
 
 
 @dataclass(frozen=True)
-class UnconfirmedWin:
+class UnconfirmedWin(Record):
     """A screened win the budget left no room to confirm: never kept, but in the recipe with the command that
     confirms it (a full run of the best plus the lever, with the quality gate)."""
 
@@ -72,13 +72,9 @@ class UnconfirmedWin:
         return {"label": self.label, "screened_gain_pct": self.screened_gain_pct, "outcome": self.outcome,
                 "line": self.recipe_line(), "command": self.command}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "UnconfirmedWin":
-        return build(cls, data)
-
 
 @dataclass
-class Recipe:
+class Recipe(Record):
     """tune.json's recipe: the command line, its argv and Python snippet, the tuned config (and serve settings), and
     the screened wins left unconfirmed."""
 
@@ -94,11 +90,6 @@ class Recipe:
         if self.serve is not None:
             record.update(serve=self.serve)
         return {**record, "unconfirmed": [win.to_dict() for win in self.unconfirmed]}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Recipe":
-        """A recipe as tune.json recorded it (an older one may lack any entry)."""
-        return build(cls, data)
 
 
 def recipe(best: RunConfig, start: RunConfig, serve: Optional[ServeConfig] = None,

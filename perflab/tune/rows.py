@@ -8,12 +8,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from perflab.tune.decision import Decision
-from perflab.results.records import build, unknown_keys
+from perflab.results.records import Record, build, unknown_keys
 from perflab.tune.trial import OK, QUALITY_FAIL
 
 
 @dataclass
-class MemoryTrade:
+class MemoryTrade(Record):
     """Activation checkpointing traded for a larger batch (perflab/tune/memory_trade.py): the batches behind the pair,
     what the estimate rests on, and its outcome once judged."""
 
@@ -27,10 +27,6 @@ class MemoryTrade:
         record = {"batch_ran": self.batch_ran, "batch_out_of_memory": self.batch_out_of_memory,
                   "batch_tried": self.batch_tried, "basis": self.basis}
         return record if self.verdict is None else {**record, "verdict": self.verdict}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "MemoryTrade":
-        return build(cls, data)
 
 
 @dataclass

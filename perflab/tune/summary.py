@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from perflab.tune.recipe import Recipe
-from perflab.results.records import build
+from perflab.results.records import Record
 from perflab.tune.rows import MemoryTrade, TrialRow
 from perflab.tune.settings import MAX_QPS
 
 
 @dataclass
-class ObjectiveSummary:
+class ObjectiveSummary(Record):
     """What the search raised: its name, the figure (a row key) and its unit; for max-qps the bound and the
     resolution."""
 
@@ -33,17 +33,13 @@ class ObjectiveSummary:
                           serve=self.serve)
         return record
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ObjectiveSummary":
-        return build(cls, data)
-
 
 SIDE_KEYS = ("name", "label", "dir", "throughput", "throughput_ci95", "max_qps", "resolution_pct", "p50_ms", "p99_ms",
              "peak_memory_mb", "mfu_pct", "quality")
 
 
 @dataclass
-class Side:
+class Side(Record):
     """The start or the best: which trial it is and its figures."""
 
     name: Optional[str] = None
@@ -69,10 +65,6 @@ class Side:
     def to_dict(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in SIDE_KEYS}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Side":
-        return build(cls, data)
-
 
 # What a chain link copies from its trial's row, in tune.json's order.
 CHAIN_KEYS = ("name", "lever", "label", "bottleneck", "proposed_by", "finding_confidence", "predicted_step_share_pct",
@@ -82,7 +74,7 @@ CHAIN_KEYS = ("name", "lever", "label", "bottleneck", "proposed_by", "finding_co
 
 
 @dataclass
-class ChainLink:
+class ChainLink(Record):
     """One decision of the chain, flat enough to read in tune.json and to print as a table row: the trial's lever,
     prediction and figures, and its decision (kept or why not)."""
 
@@ -148,13 +140,9 @@ class ChainLink:
                         resolution_pct=self.resolution_pct)
         return link
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ChainLink":
-        return build(cls, data)
-
 
 @dataclass
-class ScreenEntry:
+class ScreenEntry(Record):
     """One candidate's screen in tune.json: its trial, its gain over the round's reference, and what became of it."""
 
     label: str = ""
@@ -172,13 +160,9 @@ class ScreenEntry:
                 "screened_gain_pct": self.screened_gain_pct, "win": self.win, "outcome": self.outcome,
                 "wall_s": self.wall_s, "compile_s": self.compile_s}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ScreenEntry":
-        return build(cls, data)
-
 
 @dataclass
-class DiagnosisEntry:
+class DiagnosisEntry(Record):
     """One profile of the best and what its diagnosis said (or why there was none: the profile was cut, failed)."""
 
     trial: Optional[str] = None
@@ -204,14 +188,11 @@ class DiagnosisEntry:
             entry.update(cut=True)
         return entry
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "DiagnosisEntry":
-        return build(cls, data)
-
 
 @dataclass
-class TuneSummary:
-    """Everything tune.json holds."""
+class TuneSummary(Record):
+    """Everything tune.json holds (read back by from_dict: an older one may lack any entry; check its figures first,
+    perflab/report/tune.py check_tune_record)."""
 
     objective: ObjectiveSummary = field(default_factory=ObjectiveSummary)
     command: list[str] = field(default_factory=list)
@@ -253,9 +234,3 @@ class TuneSummary:
             "chain": [link.to_dict() for link in self.chain], "notes": self.notes, "not_judged": self.not_judged,
             "recipe": self.recipe.to_dict(),
         }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TuneSummary":
-        """A tune.json as read (check its figures first: perflab/report/tune.py check_tune_record); an older one
-        may lack any entry."""
-        return build(cls, data)
