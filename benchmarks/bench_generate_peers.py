@@ -53,10 +53,8 @@ import torch
 from benchmarks.common import Rows, parse_args
 from benchmarks.peers_hf_torchao import parse_hf_schemes
 from benchmarks.peers_quantized import DEFAULT_VARIANTS, parse_gate, parse_variants, run_quantized
-# the parts' shared pieces, named here too (the area's tests and callers read them from this module)
-from benchmarks.peers_common import (NOT_GATED, OUTPUT_LEN, PROMPT_LEN, ROOT, Cell, Row, bound_ms_per_step,  # noqa: F401
-                                     example_module, free_memory, generate_row, perflab_settings, result_row,
-                                     run_perflab, synchronize, time_hf_generate, version)
+from benchmarks.peers_common import (Cell, Row, bound_ms_per_step, example_module, free_memory, generate_row,
+                                     perflab_settings, result_row, run_perflab, time_hf_generate, version)
 AGREE_PCT = 3.0  # hf via perflab vs hf generate
 LOOP_TRIALS = 4  # the loop path's trials of 2 request batches: 8 timed generate calls, beside the reference's 7
 VLLM_MISSING = ("not run: vllm is not importable here (the device machine has no internet and vllm's wheel, "

@@ -68,7 +68,7 @@ def run_hf_torchao(rows: Rows, cells: list[Cell], cuda: bool, schemes: list[str]
         free_memory()
         saved_s = time.perf_counter() - began
         for scheme in runnable:
-            table += _hf_torchao_scheme(rows, example, folder, cells, scheme, device, deadline, gbps, saved_s)
+            table += _hf_torchao_scheme(rows, folder, cells, scheme, device, deadline, gbps, saved_s)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return table
@@ -77,7 +77,7 @@ def run_hf_torchao(rows: Rows, cells: list[Cell], cuda: bool, schemes: list[str]
 HF_LIMIT_S = 240.0  # BENCH_PEERS_QUANT_HF_LIMIT_S: one scheme's own process (load, compile, every cell)
 
 
-def _hf_torchao_scheme(rows: Rows, example, folder: Path, cells: list[Cell], scheme: str, device: torch.device,
+def _hf_torchao_scheme(rows: Rows, folder: Path, cells: list[Cell], scheme: str, device: torch.device,
                        deadline: float, gbps: Optional[float], saved_s: float) -> list[Row]:
     """One scheme's rows, measured in a process of its own (hf_scheme_main) under a time limit: HF's first compiled
     generate of torchao's int8 once had not returned 145 s after loading, and a stall in this process would have cost

@@ -261,13 +261,13 @@ def test_an_hf_scheme_runs_in_its_own_process_and_a_stall_costs_only_its_own_row
     cells = [peers.Cell("llama-tiny", 1), peers.Cell("llama-tiny", 2)]
     rows = peers_hf_torchao.Rows("test", tmp_path)
     monkeypatch.setenv("BENCH_PEERS_QUANT_HF_LIMIT_S", "0.3")  # less than the child's own start
-    stalled = peers_hf_torchao._hf_torchao_scheme(rows, None, tmp_path, cells, "int8-weight", torch.device("cpu"),
+    stalled = peers_hf_torchao._hf_torchao_scheme(rows, tmp_path, cells, "int8-weight", torch.device("cpu"),
                                                  deadline=1e18, gbps=None, saved_s=1.0)
     assert [(r.cell.batch, r.quality) for r in stalled] == [
         (1, "not measured within 0 s (the limit of its own process: load, compile, warm-up)"),
         (2, "not measured within 0 s (the limit of its own process: load, compile, warm-up)")]
     monkeypatch.setenv("BENCH_PEERS_QUANT_HF_LIMIT_S", "120")  # the child finds no saved model here: it answers why
-    failed = peers_hf_torchao._hf_torchao_scheme(rows, None, tmp_path, cells, "int8-weight", torch.device("cpu"),
+    failed = peers_hf_torchao._hf_torchao_scheme(rows, tmp_path, cells, "int8-weight", torch.device("cpu"),
                                                 deadline=1e18, gbps=None, saved_s=1.0)
     assert len(failed) == 2 and all(r.tokens_per_s is None for r in failed)
     assert all(r.quality.startswith(("failed to load:", "not measured: its process ended first")) for r in failed)
