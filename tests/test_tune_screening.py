@@ -354,3 +354,49 @@ def test_a_profile_cut_at_its_limit_leads_to_screening_the_insurance_levers_not_
     profiles = [cfg for kind, name, cfg in trials.configs if kind == "profile"]
     if len(profiles) > 1:  # after a cut, the next profile records one active step
         assert profiles[1].steps == 3
+
+
+class CachedCompile(Timed):
+    """The first trial of a compiled configuration compiles for `compile_s` (and says so in its metrics); later
+    trials of it find the graph in the caches and compile for 0.5 s, as tune's shared Inductor caches make them."""
+
+    def __init__(self, factors, **kwargs):
+        super().__init__(factors, **kwargs)
+        self.compiled = set()
+
+    def __call__(self, cfg, kind, out, time_limit_s=None):
+        first = cfg.compile and cfg.compile not in self.compiled
+        compile_s = (self.compile_s if first else 0.5) if cfg.compile else None
+        self.configs.append((kind, out.name, cfg))
+        self.wall_s = (self.screen_s if cfg.trials == 1 else self.full_s) + (compile_s or 0.0)
+        if time_limit_s is not None and self.wall_s > time_limit_s:
+            self.calls.append((kind, out.name))
+            return TrialOutcome("timeout", time_limit_s, reason="planted: over its limit")
+        if cfg.compile:
+            self.compiled.add(cfg.compile)
+        outcome = FakeTrials.__call__(self, cfg, kind, out, time_limit_s)
+        if outcome.result is not None and compile_s is not None:
+            outcome.result.metrics.compile_s = compile_s
+        return outcome
+
+
+def test_a_compiled_win_is_confirmed_in_the_time_its_cached_compile_takes_not_its_first_compile(tmp_path):
+    # hand-written attention on 2 CPU cores: compile's screen spent 19 s compiling, its confirmation 0.3 s; tune
+    # counted the screen's compile again ("needs about 33 s, 11 s left") and kept nothing. Here: start 6 s,
+    # profile and reference 2 s each, compile's screen 2 + 20 s; 13 s are left of 45, a confirmation takes 6.5 s
+    trials = CachedCompile({("compile", "default"): 3.0}, screen_s=2.0, full_s=6.0, compile_s=20.0)
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("memory bandwidth", 0.9, ["compile"])),
+                        start=START.replace(check_quality=True), budget="45s", screening=True)
+    entry = screened(summary, "compile=default")
+    assert entry["win"] and entry["outcome"].startswith("confirmed: kept"), entry["outcome"]
+    assert summary["kept"] == ["compile=default"] and summary["spent_s"] <= 45 * 1.05
+
+
+def test_a_confirmation_does_not_count_the_screens_compile_again_beyond_a_compile_through_the_caches():
+    from perflab.tune.confirmation import ConfirmationCost, cached_compile_saving_s
+    assert cached_compile_saving_s(None) == 0.0 and cached_compile_saving_s(0.4) == 0.0
+    assert cached_compile_saving_s(20.0) == pytest.approx(17.0)  # 15% of it stays: 3 s
+    assert cached_compile_saving_s(4.0) == pytest.approx(3.0)  # at least 1 s stays
+    plain = ConfirmationCost(22.0, 1.0, 0.1, 3.0, 3, 1.0)
+    cached = ConfirmationCost(22.0, 1.0, 0.1, 3.0, 3, 1.0, cached_compile_saving_s(20.0))
+    assert plain.expected_s(3, 1.0) - cached.expected_s(3, 1.0) == pytest.approx(17.0)

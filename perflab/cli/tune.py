@@ -32,12 +32,15 @@ from perflab.report.tune_live import LiveTuneTable
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "tune", help="diagnose -> try the ranked levers -> keep what is proven, within a time budget",
-        description="Start from the given run options: measure, profile and diagnose; try the levers the "
-                    "diagnosis ranks (cheap ones before compilation; a compile mode only where the budget left "
-                    "covers its estimated compile time), each as a full measured run (its own process, quality gate on) against "
-                    "the best so far; keep a lever only when compare accepts it (a significant gain, quality "
-                    "pass) within the constraints; re-diagnose and go on until no lever wins or --budget is "
-                    "spent. Writes runs/<id>-tune/ with tune.jsonl (one line per trial; --resume reuses them), "
+        description="Start from the given run options: measure, profile and diagnose; screen the levers the "
+                    "diagnosis ranks, and the big one-flag levers whatever it says, each with one short trial "
+                    "(a compile mode only where the budget left covers its estimated compile time); confirm the "
+                    "screened wins, the largest first, with full trials and the quality gate against the best so "
+                    "far; keep a lever only when compare accepts it (a significant gain, quality pass) within the "
+                    "constraints; re-diagnose and go on until no lever wins or --budget is spent. Trials run in one "
+                    "warm worker process (torch imported and the workload built once); a lever that changes the "
+                    "process (DataLoader workers, --nproc) gets a process of its own. "
+                    "Writes runs/<id>-tune/ with tune.jsonl (one line per trial; --resume reuses them), "
                     "tune.json (the chain of decisions and the recipe) and report.md/report.html. With --objective "
                     "max-qps --p99-ms MS (and --mode infer) each measured trial is `perflab serve --find-max-qps` and "
                     "a lever is kept when its max QPS beats the best's by more than the search's resolution; the "

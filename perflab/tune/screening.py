@@ -28,7 +28,8 @@ from perflab.levers import all_levers
 from perflab.tune import candidates as search
 from perflab.tune import ordering
 from perflab.tune.candidate_trials import CandidateTrials
-from perflab.tune.confirmation import ConfirmationCost, ConfirmationSize, gate_s, size_confirmation
+from perflab.tune.confirmation import (ConfirmationCost, ConfirmationSize, cached_compile_saving_s, gate_s,
+                                       size_confirmation)
 from perflab.tune.limits import TrialLimits
 from perflab.tune.record import SCREEN, TrialRequest, gain_pct
 from perflab.tune.recipe import UnconfirmedWin, recipe_command
@@ -429,8 +430,12 @@ class Screener:
         reference_s = self.reference.wall_s if self.reference is not None else 0.0
         gate = gate_s(best.wall_s, reference_s, _steps_s(cfg, best.throughput), cfg.trials,
                       cfg.min_trial_s, screen_min_trial_s)
+        # compile_s is the first step's time, which also holds a CUDA graph's capture: only a compiled candidate's
+        # is found again in the caches
+        compiled = self.trials.candidate_config(screened.candidate).compile
+        saving = cached_compile_saving_s(screened.row.compile_s) if compiled else 0.0
         return ConfirmationCost(screened.row.wall_s, screen_min_trial_s,
-                                _steps_s(cfg, screened.row.throughput), gate, cfg.trials, cfg.min_trial_s)
+                                _steps_s(cfg, screened.row.throughput), gate, cfg.trials, cfg.min_trial_s, saving)
 
     def _partner(self, lever: str) -> None:
         """The lever a kept one needs (channels-last after bf16), screened and confirmed at once."""
