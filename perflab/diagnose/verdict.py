@@ -19,6 +19,7 @@ from perflab.diagnose.lost_levers import apply_tried_and_lost
 from perflab.diagnose.memory_bandwidth import memory_bandwidth
 from perflab.diagnose.operators import OperatorView
 from perflab.diagnose.patterns import PATTERN_RULES
+from perflab.diagnose.phase_shares import phase_shares
 from perflab.results.records import Record
 from perflab.diagnose.runtime_api import RUNTIME_API_RULES
 from perflab.diagnose.summary import TraceProfile
@@ -32,8 +33,8 @@ RULES: list[Callable[[Context], Optional[Finding]]] = [
     *RUNTIME_API_RULES,
     dominant_operator,
 ]
-# The rules that read only the result's metrics (a serve result has no trace).
-RESULT_RULES: list[Callable[[Context], Optional[Finding]]] = [inference_queue]
+# The rules that read only the result's metrics (a serve result, a run whose profile was cut or never taken).
+RESULT_RULES: list[Callable[[Context], Optional[Finding]]] = [inference_queue, phase_shares]
 MIN_CONFIDENCE = 0.5  # below this, no finding is named as the bottleneck
 BUSY_ENOUGH_PCT = 95.0
 

@@ -2,7 +2,9 @@
 the round proposes from it.
 
 A profile gets at most PROFILE_SHARE of the budget (a step that launches thousands of kernels made one take 65 s of a
-90-s budget); one cut at that limit leaves no diagnosis, and the round screens the insurance levers instead.
+90-s budget); one cut at that limit leaves no trace to diagnose, and the round screens the insurance levers with the
+levers the best's own phase timing names (perflab/diagnose/phase_shares.py: an optimizer step that holds half of
+the step names the foreach and fused optimizers).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from perflab.config import RunConfig
-from perflab.diagnose import diagnose
+from perflab.diagnose import diagnose, diagnose_result
 from perflab.results import Result
 from perflab.tune import candidates as search
 from perflab.tune.budget import Budget
@@ -60,6 +62,7 @@ class Profiler:
         self.levers, self.notes, self.observer = levers, notes, observer
         self.diagnoses: list[DiagnosisEntry] = []
         self.diagnosis: Any = None  # the last one (None before one, or when the profile gave no trace)
+        self.phase_diagnosis: Any = None  # the best's phase timing diagnosed, when its profile was cut
         self.last_profile_s: Optional[float] = None  # wall time of the last profile trial
         self.profile_cut: Optional[str] = None  # what became of a profile cut at its limit (the stop line says it)
 
@@ -83,6 +86,7 @@ class Profiler:
             entry.headline, entry.levers = diagnosis.headline, list(diagnosis.levers)
             entry.findings = [{key: getattr(f, key, None) for key in FINDING_KEYS} for f in diagnosis.findings]
         elif row.status == TIMEOUT:
+            self.phase_diagnosis = self._phase_diagnosis(best_row, lost)
             entry.cut, entry.headline = True, self._profile_was_cut(best_row.label, limit_s)
         else:
             entry.headline = f"no diagnosis ({row.status}: {row.reason}); trying every applicable lever"
@@ -91,23 +95,47 @@ class Profiler:
         self.diagnosis = diagnosis
         return diagnosis
 
+    def _phase_diagnosis(self, best_row: TrialRow, lost: list[str]) -> Any:
+        """The diagnosis of the best's own result (its phase timing), for a round whose profile was cut; None
+        without a saved result."""
+        path = self.out / best_row.dir / "result.json" if best_row.dir else None
+        if path is None or not path.is_file():
+            return None
+        return diagnose_result(Result.load(path.parent), list(lost))
+
     def _profile_was_cut(self, label: str, limit_s: float) -> str:
-        """A profile stopped at its limit: no diagnosis; the round screens the insurance levers. Said in the notes
-        and the stop line."""
+        """A profile stopped at its limit: no trace; the round screens the insurance levers and those the best's
+        phase timing names. Said in the notes and the stop line."""
         names = ", ".join(proposal.lever for proposal in insurance_proposals(self.levers))
+        phases = self.phase_diagnosis.findings[0] if self.phase_diagnosis and self.phase_diagnosis.findings else None
+        named = (f"; first {', '.join(phases.levers[:3])}: {phases.summary.split(';')[0]}"
+                 if phases is not None and phases.levers else "")
         line = (f"the profile of {label} was cut at its limit ({limit_s:.0f} s, "
-                f"{PROFILE_SHARE:.0%} of the budget): no diagnosis, so the levers every workload is screened with "
-                f"were screened instead ({names})")
+                f"{PROFILE_SHARE:.0%} of the budget): no trace to diagnose, so the levers every workload is screened "
+                f"with were screened instead ({names}){named}")
         self.profile_cut = line
         if line not in self.notes:
             self.notes.append(line)
         return line
 
     def proposals(self) -> list[search.Proposal]:
-        """The levers this round proposes: the diagnosis's, or, when the profile was cut, the insurance levers."""
+        """The levers this round proposes: the diagnosis's, or, when the profile was cut, those the best's phase
+        timing names and the insurance levers."""
         if self.diagnosis is None and self.last_profile_cut():
-            return insurance_proposals(self.levers)
+            named = self._phase_proposals()
+            known = {proposal.lever for proposal in named}
+            return named + [proposal for proposal in insurance_proposals(self.levers) if proposal.lever not in known]
         return search.proposals(self.diagnosis, self.levers)
+
+    def _phase_proposals(self) -> list[search.Proposal]:
+        """The levers the phase findings name, as named proposals (nothing else: a result without a finding
+        proposes no lever, where search.proposals would propose every lever for "no clear bottleneck")."""
+        chosen: dict[str, search.Proposal] = {}
+        for finding in getattr(self.phase_diagnosis, "findings", None) or []:
+            for name in finding.levers:
+                if name in self.levers and name not in chosen:
+                    chosen[name] = search.Proposal(name, finding.cls, finding.confidence, finding.expected_gain_pct)
+        return list(chosen.values())
 
     def gpu_figure(self, name: str) -> Optional[float]:
         """A figure of the GPU's share of the last diagnosis's trace profile (None before one, or without a GPU)."""
