@@ -425,3 +425,39 @@ def test_a_cut_profile_screens_first_the_levers_the_best_runs_phase_timing_names
     assert summary["kept"][0] == "fused-optimizer"
     assert any("the optimizer step takes 55% of the step" in note for note in summary["notes"])  # the start's cut
     assert summary["spent_s"] <= 90 * 1.05
+
+
+class UnsteadyAtFirst(Timed):
+    """CUDA graphs win 1.3x; their trials disagree by 88% at the start's length and agree when twice as long (a
+    loader-fed step, pinned: its bursts average out over longer trials)."""
+
+    def __call__(self, cfg, kind, out, time_limit_s=None):
+        outcome = super().__call__(cfg, kind, out, time_limit_s)
+        if outcome.result is not None and cfg.cuda_graphs and cfg.trials > 1 and cfg.steps <= START.steps:
+            outcome.result.metrics.steady = False
+            outcome.result.metrics.throughput_samples_per_s.range_pct = 88.0
+            outcome.result.save(out)
+        return outcome
+
+
+def test_a_confirmation_unjudged_for_its_candidates_own_noise_runs_once_more_with_longer_trials(tmp_path):
+    trials = UnsteadyAtFirst({("cuda_graphs", True): 1.3})
+    start = START.replace(device="cuda")
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("launch / framework overhead", 0.9, ["cuda-graphs"])),
+                        start=start, budget="10m", screening=True)
+    confirmations = [cfg for kind, name, cfg in trials.configs if name.endswith("-cuda-graphs") and cfg.trials > 1]
+    assert [cfg.steps for cfg in confirmations] == [START.steps, 2 * START.steps]
+    assert summary["kept"] == ["cuda-graphs"], screened(summary, "cuda-graphs")["outcome"]
+    assert "again with trials 2x as long" in screened(summary, "cuda-graphs")["outcome"]
+    assert f"--steps {START.steps} " in summary["recipe"]["command"]  # the recipe keeps the user's trial length
+
+
+def test_a_confirmation_unjudged_because_the_best_itself_is_unsteady_is_not_repeated(tmp_path):
+    from perflab.tune.confirmation import candidate_alone_unsteady
+    from perflab.tune.decision import Decision
+    base = Decision(kept=False, verdict="not judged", why="", judged=False,
+                    noisy=["the base is not steady (trials disagree by 30%) and the candidate is not steady (...)"])
+    busy = Decision(kept=False, verdict="not judged", why="", judged=False,
+                    noisy=["the candidate ran on a busy machine (other processes: 3 CPU cores)"])
+    assert not candidate_alone_unsteady(base) and candidate_alone_unsteady(busy)
+    assert not candidate_alone_unsteady(Decision(kept=False, verdict="reject", why="", judged=True))

@@ -5,6 +5,7 @@ the two-stage round (screening.py).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Optional
 
 from perflab.config import RunConfig
@@ -99,18 +100,21 @@ class CandidateTrials:
                 "predicted_gain_pct": predicted_gain_pct(candidate.proposal.expected_share_pct)}
 
     def try_candidate(self, candidate: search.Candidate, extra: Optional[dict[str, Any]] = None,
-                      trials: Optional[tuple[int, float]] = None) -> bool:
+                      trials: Optional[tuple[int, float]] = None, longer: float = 1.0) -> bool:
         """A full trial of best + candidate, judged against the best and kept when it wins; `trials`: (--trials,
-        --min-trial-s) of a confirmation sized to the budget left."""
+        --min-trial-s) of a confirmation sized to the budget left; `longer`: each trial that many times longer (its
+        steps and --min-trial-s; the kept configuration keeps its own)."""
         state = self.state
         cfg = self.trial_config(self.candidate_config(candidate))
         if trials is not None:
             cfg = cfg.replace(trials=trials[0], min_trial_s=trials[1])
+        measured_cfg = cfg if longer == 1.0 else cfg.replace(steps=math.ceil(cfg.steps * longer),
+                                                             min_trial_s=cfg.min_trial_s * longer)
         against_s = state.best_row.wall_s
         # Every trial is stopped (status timeout) when it would pass the budget: the budget is a promise.
         context = {**self.context(candidate), **(extra or {})}
-        record = self.record(TrialRequest(cfg, self.measure, candidate.label, context, judge_against=state.best,
-                                          time_limit_s=self.budget.left_s()))
+        record = self.record(TrialRequest(measured_cfg, self.measure, candidate.label, context,
+                                          judge_against=state.best, time_limit_s=self.budget.left_s()))
         state.chain.append(record.row)
         if search.measures_compile_cost(candidate, self.levers.get(candidate.lever)) and record.row.measured:
             self.compile_cost.measured(against_s, record.row.wall_s)  # what the other modes will cost

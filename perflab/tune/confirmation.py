@@ -25,6 +25,11 @@ MIN_CONFIRM_TRIALS = 2  # compare gives no interval with fewer than two trials o
 # estimate stays above what was seen, since a trial that outruns it is stopped at the budget's edge
 CACHED_COMPILE_SHARE = 0.15
 CACHED_COMPILE_MIN_S = 1.0
+# A confirmation whose candidate alone was not steady (or ran beside a busy neighbour) runs once more with trials this
+# many times longer, where the budget left holds it: what the stop line advises a user ("give each trial longer").
+# On an H200, pin-memory + CUDA graphs screened +32% on a loader-fed step and its confirmation's trials disagreed by
+# 88%: the win was dropped unjudged with 39 s of the budget left.
+LONGER_TRIALS = 2.0
 
 
 @dataclass(frozen=True)
@@ -93,3 +98,17 @@ def size_confirmation(cost: ConfirmationCost, left_s: float) -> Optional[Confirm
                 full = trials == cost.full_trials and min_trial_s == cost.full_min_trial_s
                 return ConfirmationSize(trials, min_trial_s, expected_s, full)
     return None
+
+
+def candidate_alone_unsteady(decision: Any) -> bool:
+    """Whether a measured confirmation went unjudged for the candidate's own timings only (its trials disagree, or
+    it ran beside a busy neighbour), the best's being clean: longer trials of the candidate may settle it."""
+    noisy = list(getattr(decision, "noisy", None) or [])
+    return (decision is not None and not decision.judged and bool(noisy)
+            and all(reason.startswith("the candidate") for reason in noisy))
+
+
+def longer_confirmation_s(cost: ConfirmationCost, size: ConfirmationSize, factor: float = LONGER_TRIALS) -> float:
+    """A confirmation of `size` again with each trial `factor` times longer (its steps and --min-trial-s)."""
+    trial_s = max(cost.candidate_steps_s, size.min_trial_s)
+    return size.expected_s + (factor - 1) * size.trials * trial_s

@@ -28,8 +28,8 @@ from perflab.levers import all_levers
 from perflab.tune import candidates as search
 from perflab.tune import ordering
 from perflab.tune.candidate_trials import CandidateTrials
-from perflab.tune.confirmation import (ConfirmationCost, ConfirmationSize, cached_compile_saving_s, gate_s,
-                                       size_confirmation)
+from perflab.tune.confirmation import (LONGER_TRIALS, ConfirmationCost, ConfirmationSize, cached_compile_saving_s,
+                                       candidate_alone_unsteady, gate_s, longer_confirmation_s, size_confirmation)
 from perflab.tune.limits import TrialLimits
 from perflab.tune.record import SCREEN, TrialRequest, gain_pct
 from perflab.tune.recipe import UnconfirmedWin, recipe_command
@@ -404,8 +404,18 @@ class Screener:
             self.trials.observer.note(f"{candidate.label}: confirmed with {size.describe()}")
         kept = self.trials.try_candidate(candidate, extra, None if size.full else (size.trials, size.min_trial_s))
         row = self.state.chain[-1]
-        self.state.settled.add(candidate.lever)
         sized = "" if size.full else f" ({size.describe()})"
+        if not kept and row.measured and candidate_alone_unsteady(row.decision):
+            longer_s = longer_confirmation_s(self._confirmation_cost(screened), size)
+            if longer_s <= self.budget.left_s():
+                self.trials.observer.note(f"{candidate.label}: not judged ({row.decision.noisy[0]}); confirmed once "
+                                          f"more with trials {LONGER_TRIALS:g}x as long")
+                kept = self.trials.try_candidate(candidate, {**extra, "longer_trials": LONGER_TRIALS},
+                                                 None if size.full else (size.trials, size.min_trial_s),
+                                                 longer=LONGER_TRIALS)
+                row = self.state.chain[-1]
+                sized += f" (again with trials {LONGER_TRIALS:g}x as long: the first one's candidate was not steady)"
+        self.state.settled.add(candidate.lever)
         if kept:
             screened.outcome = f"confirmed: kept{sized}"
             return True
