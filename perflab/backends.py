@@ -48,6 +48,19 @@ def bf16_is_native(device: torch.device) -> bool:
         return torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return True
+    onednn_bf16 = _onednn_bf16()
+    if not onednn_bf16:
+        return False
+    # oneDNN also says yes on AVX-512 without its bf16 extension (a Xeon of 2.8 GHz here: avx512f, no avx512_bf16),
+    # where it converts to fp32 and back as on AVX2: the instructions themselves decide, where torch can ask for them
+    hardware = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if all(callable(check) for check in hardware):
+        return any(bool(check()) for check in hardware)
+    return True
+
+
+def _onednn_bf16() -> bool:
+    """Whether oneDNN offers bf16 kernels here (within ONEDNN_MAX_CPU_ISA)."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a torch built without oneDNN

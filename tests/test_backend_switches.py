@@ -72,3 +72,18 @@ def test_the_warm_workers_reset_puts_back_a_changed_switch_and_writes_no_other()
     assert seen["extra"] == {"threads": True, "benchmark": True}
     assert seen["after"] == seen["before"]  # no TF32 switch written: none had changed
 
+
+
+@pytest.mark.parametrize("onednn, avx512_bf16, amx, native", [
+    (True, False, False, False),  # AVX-512 without its bf16 extension: oneDNN converts, as on AVX2
+    (True, True, False, True), (True, False, True, True),
+    (False, True, True, False),  # ONEDNN_MAX_CPU_ISA=AVX2 on a bf16 CPU: oneDNN may not use the instructions
+])
+def test_a_cpu_computes_bf16_natively_only_with_the_instructions_and_onednn_allowed_to_use_them(
+        monkeypatch, onednn, avx512_bf16, amx, native):
+    import torch
+    from perflab import backends
+    monkeypatch.setattr(backends, "_onednn_bf16", lambda: onednn)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert backends.bf16_is_native(torch.device("cpu")) is native
