@@ -23,7 +23,7 @@ class Tolerance(Section):
     rtol: Optional[float] = None
     source: Optional[str] = None
     perplexity_rtol: Optional[float] = optional()  # generation: relative perplexity increase allowed
-    precision_rtol: Optional[float] = optional()  # training: the tolerance before the noise floor widened it
+    precision_rtol: Optional[float] = optional()  # the tolerance before a noise floor widened it
     noise_floor: Optional[float] = optional()  # None with precision_rtol set: a non-finite nudged run
     noise_factor: Optional[float] = optional()
     widening: Optional[float] = optional()
@@ -66,6 +66,8 @@ class OutputFigures(GateFigures):
     top1_samples: Optional[int] = optional()
     top1_flips: Optional[int] = optional()
     top1_decisive_flips: Optional[int] = optional()
+    fp64_error_baseline: Optional[float] = optional()  # fp32 eager against a float64 run (read when over tolerance)
+    fp64_error_candidate: Optional[float] = optional()
 
 
 @dataclass
