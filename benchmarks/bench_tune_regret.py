@@ -16,8 +16,8 @@ Per workload, from fp32 eager (the starting point):
   the same start: the median of the bench's two measurements of fp32 eager and tune's own start), and how far tune's
   wall time went past its budget.
 
-Choose workloads with BENCH_REGRET_ONLY (comma-separated names: the planted files' names, resnet50, driving; default:
-the planted ones) and the steps with BENCH_REGRET_STEP (singles, tune or both; default both). Measurements are kept
+Choose workloads with BENCH_REGRET_ONLY (comma-separated names: the planted files' names, each also as NAME@infer
+for --mode infer, resnet50, driving; default: the planted ones, in training) and the steps with BENCH_REGRET_STEP (singles, tune or both; default both). Measurements are kept
 under --out/<card>/<workload> (singles.jsonl, the tune folder; <card> is H100, H200 or cpu) and reused by a later
 call with the same --out on the same kind of card, so a workload whose tune does not fit one device call runs in
 slices: BENCH_REGRET_SLICE_S interrupts the tune after that many seconds (Ctrl-C, as a user would), and the next
@@ -64,6 +64,7 @@ PAIRS_FROM = 3  # the pairs of the best three single levers
 BASE_AGAIN = "fp32 eager (again)"  # the start measured once more after the rest: the noise of a single trial
 SINGLE_LIMIT_S = 240.0  # one lever's trial at most (max-autotune is left out: minutes of compiling)
 COMPILE_MODES = ("default", "reduce-overhead")
+INFER_SUFFIX = "@infer"  # BENCH_REGRET_ONLY=elementwise_chain@infer: a planted workload in --mode infer
 # tune's own options per workload: resnet50 infer's 8x goal counts the batch among its levers (issue 26: "CUDA graphs,
 # max-autotune and the batch are the rest"), as a user after throughput would run it
 TUNE_OPTIONS: dict[str, dict[str, Any]] = {"resnet50": {"tune_batch": True}}
@@ -79,6 +80,8 @@ def workloads(cuda: bool, quick: bool) -> dict[str, tuple[RunConfig, str]]:
     for name, options, extra in PLANTED_WORKLOADS + PLANTED_EXTRA:
         chosen[name] = (RunConfig(workload=f"{PLANTED / name}.py:build", mode="train", workload_options=options,
                                   **{**timing, "min_trial_s": 1.0, **extra}), "3m" if full else "60s")
+        # NAME@infer: the same planted model in inference (issue 37's chain of elementwise ops was an inference one)
+        chosen[f"{name}{INFER_SUFFIX}"] = (chosen[name][0].replace(mode="infer"), chosen[name][1])
     small = {} if full else {"image_res": "32"}
     chosen["resnet50"] = (RunConfig(workload="resnet50", mode="infer", batch_size=256 if full else 2,
                                     workload_options=small, **timing), "10m" if full else "60s")
