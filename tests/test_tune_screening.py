@@ -461,3 +461,16 @@ def test_a_confirmation_unjudged_because_the_best_itself_is_unsteady_is_not_repe
                     noisy=["the candidate ran on a busy machine (other processes: 3 CPU cores)"])
     assert not candidate_alone_unsteady(base) and candidate_alone_unsteady(busy)
     assert not candidate_alone_unsteady(Decision(kept=False, verdict="reject", why="", judged=True))
+
+
+def test_a_screen_on_a_compiled_best_is_expected_to_cost_a_cached_compile_not_the_first_one(tmp_path):
+    # the round after compile is kept reads its reference from compile's own screen (the same configuration, reused
+    # from tune.jsonl with its 20-s first compile); a screen on top of it costs 2.5 s, not 22: 14 s are left for them
+    trials = CachedCompile({("compile", "default"): 3.0}, screen_s=2.0, full_s=6.0, compile_s=20.0)
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("memory bandwidth", 0.9, ["compile"])),
+                        start=START.replace(check_quality=True), budget="55s", screening=True)
+    assert summary["kept"][:1] == ["compile=default"]
+    after = [entry["label"] for entry in summary["screened"]][1:]
+    assert after, summary["stop_reason"]  # screened on the compiled best, not "needs about 22 s"
+    assert not any("needs about 22 s" in why for why in summary["skipped"].values())
+    assert summary["spent_s"] <= 55 * 1.05

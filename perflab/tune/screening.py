@@ -364,10 +364,20 @@ class Screener:
             return f"not measured: {row.status} ({row.reason or ''})"
         return f"no win (below +{win_threshold_pct(self.settings.min_effect_pct):g}%)"
 
+    def _reference_s(self) -> float:
+        """What the round's reference trial takes again: its wall time, less its first compile beyond a compile
+        through the caches. The reference of a compiled best may be that best's own screen, reused from tune.jsonl
+        with the whole first compile in it (hand-written attention on 2 CPU cores: 24.5 s, where the screens on top
+        of it took 2.2-2.4 s), which left a foreach screen "needs about 25 s"."""
+        if self.reference is None:
+            return 0.0
+        saving = cached_compile_saving_s(self.reference.compile_s) if self.state.best_cfg.compile else 0.0
+        return self.reference.wall_s - saving
+
     def _expected_screen_s(self, candidate: search.Candidate) -> Optional[float]:
         """A screen costs what the reference took, plus, for a compile mode, what compiling measured adds (None:
         unknown, a compile mode other than default before default's compile was measured)."""
-        plain = self.reference.wall_s
+        plain = self._reference_s()
         if not search.compiles(self.levers.get(candidate.lever)):
             return plain
         return self.trials.compile_cost.trial_s(candidate.value, plain)
@@ -437,7 +447,7 @@ class Screener:
         own trials (the quality gate)."""
         cfg, best = self.state.best_cfg, self.state.best_row
         screen_min_trial_s = min(cfg.min_trial_s, SCREEN_MIN_TRIAL_S)
-        reference_s = self.reference.wall_s if self.reference is not None else 0.0
+        reference_s = self._reference_s()
         gate = gate_s(best.wall_s, reference_s, _steps_s(cfg, best.throughput), cfg.trials,
                       cfg.min_trial_s, screen_min_trial_s)
         # compile_s is the first step's time, which also holds a CUDA graph's capture: only a compiled candidate's
