@@ -96,12 +96,12 @@ def test_serve_search_and_capacity_are_typed_and_keep_their_keys():
 
 def _observed(values):
     import torch
-    from perflab.quality.gate import Observed
+    from perflab.quality.outputs import Observed
     return [Observed([torch.tensor(values, dtype=torch.float64)])]
 
 
 def test_an_output_over_the_fp32_tolerance_passes_when_fp32_eager_itself_is_as_far_from_float64():
-    from perflab.quality.gate import FP64_MULTIPLIER, judge_outputs, with_fp64_reference, fp64_errors
+    from perflab.quality.outputs import FP64_MULTIPLIER, judge_outputs, with_fp64_reference, fp64_errors
     from perflab.results.quality import Tolerance
     exact = _observed([1.0, 2.0, 3.0])
     eager = _observed([1.0 + 4e-5, 2.0, 3.0])  # a deep chain: eager fp32 rounds by 1.1e-5 of the output's norm
@@ -117,7 +117,7 @@ def test_an_output_over_the_fp32_tolerance_passes_when_fp32_eager_itself_is_as_f
 
 
 def test_a_candidate_further_from_float64_than_twice_fp32_eager_still_fails():
-    from perflab.quality.gate import with_fp64_reference
+    from perflab.quality.outputs import with_fp64_reference
     from perflab.results.quality import Tolerance
     exact = _observed([1.0, 2.0, 3.0])
     eager = _observed([1.0 + 1e-7, 2.0, 3.0])  # eager is accurate: 2.7e-8 from float64
@@ -129,7 +129,8 @@ def test_a_candidate_further_from_float64_than_twice_fp32_eager_still_fails():
 @pytest.mark.slow
 def test_the_gate_reads_an_over_tolerance_candidate_against_a_float64_run_of_the_baseline():
     from perflab.config import RunConfig
-    from perflab.quality.gate import FP64_MULTIPLIER, run_model_gate
+    from perflab.quality.gate import run_model_gate
+    from perflab.quality.outputs import FP64_MULTIPLIER
     from perflab.workloads import load_workload
     import torch
     cfg = RunConfig(workload="tests/planted/elementwise_chain.py:build", mode="infer", batch_size=4, device="cpu",

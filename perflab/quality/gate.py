@@ -18,7 +18,6 @@ import dataclasses
 import gc
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -26,13 +25,15 @@ from torch import nn
 
 from perflab.errors import PerflabError
 from perflab.quality import baseline_cache
-from perflab.step.calls import compared_tensors, inputs_from_call, logits_of
+from perflab.step.calls import inputs_from_call
 from perflab.step.data import map_tensors
 from perflab.harness.loop import run_steps
 from perflab.step.plan import StepPlan
 from perflab.levers.plan import build_plan
 from perflab.step.timers import NullTimer
-from perflab.results.quality import GateCandidate, LossFigures, OutputFigures, QualityVerdict, Tolerance
+from perflab.quality.outputs import (Observed, fp64_errors, judge_outputs, observe_output, over_tolerance_only,
+                                     verdict_with, with_fp64_reference)
+from perflab.results.quality import GateCandidate, LossFigures, QualityVerdict, Tolerance
 
 # Relative output error ‖out − ref‖ / ‖ref‖ allowed in inference, by the candidate's precision. Conventional
 # values, with bf16 at 2e-2: its 8-bit mantissa measured up to 9.5e-3 on a 50-layer ResNet (docs/quality.md).
@@ -49,12 +50,6 @@ NOISE_FACTOR = 3.0
 # is so chaotic that a broken lever's loss hides in its own noise: a delta between the precision tolerance and the
 # widened one is then "inconclusive", never a pass (docs/quality.md, "The noise floor").
 MAX_NOISE_WIDENING = 10.0
-# fp32's 1e-5 is a rule of thumb, and a deep chain of ops rounds more than that in fp32 eager itself (360
-# elementwise ops: Inductor's fused kernel was 1.44e-5 from eager, a fail, while both computed the same function).
-# So an inference candidate over its tolerance is read once more against a float64 run of the baseline: it passes
-# when its own error is within FP64_MULTIPLIER x fp32 eager's (torch._dynamo's accuracy check, `same(...,
-# fp64_ref)`, multiplier 2). A user's --quality-rtol is kept as given.
-FP64_MULTIPLIER = 2.0
 BASELINE = "fp32 eager, no levers (TF32 off, contiguous, default optimizer), same seed, weights and inputs"
 CACHED = "; its losses read from an earlier trial of this tune (same settings, weights and batches)"
 
@@ -155,13 +150,6 @@ def with_noise_floor(tolerance: Tolerance, baseline: list[float], nudged: list[f
     return tolerance
 
 
-def over_tolerance_only(verdict: QualityVerdict) -> bool:
-    """Whether an inference verdict failed on its relative error alone (finite outputs, no decisive top-1 flip)."""
-    figures = verdict.metrics
-    return (verdict.verdict == "fail" and not figures.non_finite_baseline and not figures.non_finite_candidate
-            and not figures.top1_decisive_flips and figures.rel_error is not None and math.isfinite(figures.rel_error))
-
-
 def float64_outputs(workload, cfg, device: torch.device, inputs: list[Any]) -> Optional[list[Observed]]:
     """The baseline's outputs with its weights and inputs in float64; None where the model cannot run so (an op
     without a float64 kernel, no memory for it): the candidate is then judged as it was."""
@@ -174,28 +162,6 @@ def float64_outputs(workload, cfg, device: torch.device, inputs: list[Any]) -> O
         return None
     finally:
         _release_memory(device)
-
-
-def fp64_errors(baseline: list[Observed], candidate: list[Observed],
-                reference: list[Observed]) -> tuple[list[float], list[float]]:
-    """Per batch, (fp32 eager's relative error, the candidate's) against the float64 run."""
-    return ([_relative_error(ref.tensors, exact.tensors) for ref, exact in zip(baseline, reference)],
-            [_relative_error(out.tensors, exact.tensors) for out, exact in zip(candidate, reference)])
-
-
-def with_fp64_reference(tolerance: Tolerance, baseline: list[Observed], candidate: list[Observed],
-                        reference: list[Observed]) -> Tolerance:
-    """The tolerance widened to FP64_MULTIPLIER x fp32 eager's own error against float64, where that is larger and
-    the candidate's own error against float64 stays inside it (recorded as the noise floor it is)."""
-    baseline_errors, candidate_errors = fp64_errors(baseline, candidate, reference)
-    floor = max(baseline_errors)
-    tolerance = Tolerance.from_dict(tolerance)
-    widened = FP64_MULTIPLIER * floor
-    if not math.isfinite(floor) or widened <= tolerance.rtol or max(candidate_errors) > widened:
-        return tolerance
-    return dataclasses.replace(tolerance, rtol=widened, precision_rtol=tolerance.rtol, noise_floor=floor,
-                               noise_factor=FP64_MULTIPLIER, widening=widened / tolerance.rtol,
-                               source=f"{FP64_MULTIPLIER:g} x fp32 eager's own error against float64, {floor:.1e}")
 
 
 def gate_plan(workload, cfg, device: torch.device, levers, perturb_seed: Optional[int] = None,
@@ -296,27 +262,6 @@ class _Recorder:
         return float(loss.detach().float())
 
 
-@dataclass
-class Observed:
-    """One inference step's output as the gate compares it: the floating tensors, and the logits for top-1."""
-
-    tensors: list[torch.Tensor]
-    logits: Optional[torch.Tensor] = None
-
-
-def observe_output(output: Any, output_key: Optional[str]) -> Observed:
-    """The compared tensors (all floating ones, or output_key's) and the logits, as float64 CPU copies."""
-    def host(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.detach().to("cpu", torch.float64)
-    tensors = compared_tensors(output, output_key)
-    if not tensors:
-        raise PerflabError(f"the model's output ({type(output).__name__}) holds no floating-point tensor for the "
-                           "quality gate to compare; return the logits (or set Workload.output_key), or add "
-                           "--no-check-quality")
-    logits = logits_of(output, output_key)
-    return Observed([host(tensor) for tensor in tensors], None if logits is None else host(logits))
-
-
 def observe(plan: StepPlan, inputs: list[Any], cfg) -> list[Any]:
     """Run the plan on the given device batches, one step each, then clean it up; per step, what it computed."""
     try:
@@ -345,82 +290,6 @@ def _release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _non_finite(tensors: list[torch.Tensor]) -> int:
-    return int(sum((~torch.isfinite(tensor)).sum() for tensor in tensors))
-
-
-def _relative_error(out: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
-    out_flat = torch.cat([tensor.flatten() for tensor in out])
-    ref_flat = torch.cat([tensor.flatten() for tensor in ref])
-    if out_flat.shape != ref_flat.shape:
-        return math.inf
-    diff, norm = float(torch.linalg.vector_norm(out_flat - ref_flat)), float(torch.linalg.vector_norm(ref_flat))
-    return diff / norm if norm > 0 else (0.0 if diff == 0 else math.inf)
-
-
-def top1_flips(out: torch.Tensor, ref: torch.Tensor, rtol: float) -> tuple[int, int, int]:
-    """(samples, argmax disagreements, decisive disagreements) for (N, classes) logits.
-
-    A disagreement is decisive when the baseline preferred its own class over the candidate's by more than
-    rtol × ‖baseline logits of that sample‖: a flip between classes closer than the tolerated error is a
-    near-tie, not a quality loss (common with random-init classifiers, whose logits are nearly equal).
-    """
-    ref_top, out_top = ref.argmax(dim=1), out.argmax(dim=1)
-    flipped = ref_top != out_top
-    rows = torch.arange(ref.shape[0])
-    margin = ref[rows, ref_top] - ref[rows, out_top]
-    decisive = flipped & (margin > rtol * torch.linalg.vector_norm(ref, dim=1))
-    return ref.shape[0], int(flipped.sum()), int(decisive.sum())
-
-
-def judge_outputs(baseline: list[Observed], candidate: list[Observed], rtol: float, source: str,
-                  is_classifier: bool, fp64_errors: Optional[tuple[list[float], list[float]]] = None
-                  ) -> QualityVerdict:
-    """Inference verdict: NaN/inf fails; then max per-batch relative error, then decisive top-1 flips.
-    `fp64_errors`: fp32 eager's and the candidate's errors against a float64 run, recorded beside."""
-    errors = [_relative_error(out.tensors, ref.tensors) for out, ref in zip(candidate, baseline)]
-    figures = OutputFigures(rel_error=max(errors), rel_error_per_batch=errors,
-                            non_finite_candidate=sum(_non_finite(out.tensors) for out in candidate),
-                            non_finite_baseline=sum(_non_finite(ref.tensors) for ref in baseline))
-    if fp64_errors is not None:
-        figures.fp64_error_baseline, figures.fp64_error_candidate = max(fp64_errors[0]), max(fp64_errors[1])
-    top1 = _top1(baseline, candidate, rtol) if is_classifier else None
-    if top1 is not None:
-        samples, flips, decisive = top1
-        figures.top1_agreement, figures.top1_samples = 1 - flips / samples, samples
-        figures.top1_flips, figures.top1_decisive_flips = flips, decisive
-    limit = f"{rtol:.1e} ({source})"
-    if figures.non_finite_baseline:
-        return _verdict("fail", f"the fp32 eager baseline itself produced {figures.non_finite_baseline} "
-                        "NaN/inf values: the workload is unstable, not the lever", figures)
-    if figures.non_finite_candidate:
-        return _verdict("fail", f"candidate outputs contain {figures.non_finite_candidate} NaN/inf values "
-                        "(overflow? fp16 tops out at 65504)", figures)
-    against_fp64 = ("" if figures.fp64_error_candidate is None else
-                    f" (against float64: the candidate {figures.fp64_error_candidate:.1e}, fp32 eager "
-                    f"{figures.fp64_error_baseline:.1e})")
-    if figures.rel_error > rtol:
-        return _verdict("fail", f"relative output error {figures.rel_error:.2e} > {limit} tolerance{against_fp64}",
-                        figures)
-    if figures.top1_decisive_flips:
-        return _verdict("fail", f"top-1 class changed on {figures.top1_decisive_flips} of {figures.top1_samples}"
-                        " samples where the baseline was not a near-tie", figures)
-    reason = f"relative output error {figures.rel_error:.2e} <= {limit}{against_fp64}"
-    if top1 is not None:
-        reason += f"; top-1 agreement {100 * figures.top1_agreement:.1f}% over {figures.top1_samples} samples"
-    return _verdict("pass", reason, figures)
-
-
-def _top1(baseline: list[Observed], candidate: list[Observed], rtol: float) -> Optional[tuple[int, int, int]]:
-    """(samples, flips, decisive flips) over every batch, when the logits are (N, classes) and there are samples."""
-    totals = (0, 0, 0)
-    for out, ref in zip(candidate, baseline):
-        if ref.logits is None or out.logits is None or ref.logits.dim() != 2 or out.logits.shape != ref.logits.shape:
-            return None
-        totals = tuple(a + b for a, b in zip(totals, top1_flips(out.logits, ref.logits, rtol)))
-    return totals if totals[0] else None
-
-
 def judge_losses(baseline: list[float], candidate: list[float], tolerance: Tolerance) -> QualityVerdict:
     """Training verdict: any NaN/inf loss fails; then the relative delta of the final loss against the tolerance
     (`precision_tolerance`, maybe widened by `with_noise_floor`). A delta that passes only because the noise floor
@@ -432,24 +301,20 @@ def judge_losses(baseline: list[float], candidate: list[float], tolerance: Toler
                                final_loss_candidate=candidate[-1], final_loss_rel_delta=deltas[-1],
                                max_loss_rel_delta=max(deltas))
     if not all(math.isfinite(loss) for loss in baseline):
-        return _verdict("fail", "the fp32 eager baseline's loss itself went NaN/inf: the workload is unstable, "
+        return verdict_with("fail", "the fp32 eager baseline's loss itself went NaN/inf: the workload is unstable, "
                         "not the lever", gate_figures)
     bad = [step for step, loss in enumerate(candidate) if not math.isfinite(loss)]
     if bad:
-        return _verdict("fail", f"candidate loss is NaN/inf from step {bad[0]} of {len(candidate)}", gate_figures)
+        return verdict_with("fail", f"candidate loss is NaN/inf from step {bad[0]} of {len(candidate)}", gate_figures)
     summary = (f"final loss {candidate[-1]:.5g} vs baseline {baseline[-1]:.5g} after {len(candidate)} steps: "
                f"relative delta {deltas[-1]:.2e}")
     if deltas[-1] > rtol:
-        return _verdict("fail", f"{summary} > {rtol:.1e} ({source}) tolerance", gate_figures)
+        return verdict_with("fail", f"{summary} > {rtol:.1e} ({source}) tolerance", gate_figures)
     precision_rtol = tolerance.precision_rtol if tolerance.precision_rtol is not None else rtol
     widening = tolerance.widening if tolerance.widening is not None else 1.0
     if deltas[-1] > precision_rtol and widening > MAX_NOISE_WIDENING:
-        return _verdict("inconclusive", f"{summary} is over the {precision_rtol:.1e} precision tolerance and inside "
+        return verdict_with("inconclusive", f"{summary} is over the {precision_rtol:.1e} precision tolerance and inside "
                         f"only the {rtol:.1e} noise floor, {widening:.0f}x wider (more than the "
                         f"{MAX_NOISE_WIDENING:g}x bound): this training is too chaotic to tell a correct lever from a "
                         "broken one; check the lever in --mode infer, or set --quality-loss-rtol", gate_figures)
-    return _verdict("pass", f"{summary} <= {rtol:.1e} ({source})", gate_figures)
-
-
-def _verdict(verdict: str, reason: str, gate_figures: OutputFigures | LossFigures) -> QualityVerdict:
-    return QualityVerdict(verdict=verdict, reason=reason, metrics=gate_figures)
+    return verdict_with("pass", f"{summary} <= {rtol:.1e} ({source})", gate_figures)

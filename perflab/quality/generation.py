@@ -26,7 +26,7 @@ from perflab.generation.decode import generate_greedy, teacher_forced_logits
 from perflab.workloads.generation import request_shape
 from perflab.step.plan import StepPlan
 from perflab.levers.plan import build_plan
-from perflab.quality.gate import top1_flips
+from perflab.quality.outputs import top1_flips
 from perflab.results.quality import FirstDifference, GateCandidate, GenerationFigures, QualityVerdict, Tolerance
 
 # Relative error of next-token logits allowed, by precision, then by quantization scheme (the larger applies).
