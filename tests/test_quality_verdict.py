@@ -107,7 +107,7 @@ def test_an_output_over_the_fp32_tolerance_passes_when_fp32_eager_itself_is_as_f
     eager = _observed([1.0 + 4e-5, 2.0, 3.0])  # a deep chain: eager fp32 rounds by 1.1e-5 of the output's norm
     close = _observed([1.0, 2.0 - 3e-5, 3.0])  # another rounding of the same size: 1.3e-5 from eager, over 1e-5
     assert judge_outputs(eager, close, 1e-5, "fp32 default", False).verdict == "fail"
-    tolerance = with_fp64_reference(Tolerance(rtol=1e-5, source="fp32 default"), eager, close, exact)
+    tolerance = with_fp64_reference(Tolerance(rtol=1e-5, source="fp32 default"), fp64_errors(eager, close, exact))
     assert tolerance.rtol == pytest.approx(FP64_MULTIPLIER * 4e-5 / 14 ** 0.5, rel=1e-3)
     assert tolerance.precision_rtol == 1e-5 and "float64" in tolerance.source
     verdict = judge_outputs(eager, close, tolerance.rtol, tolerance.source, False,
@@ -117,12 +117,12 @@ def test_an_output_over_the_fp32_tolerance_passes_when_fp32_eager_itself_is_as_f
 
 
 def test_a_candidate_further_from_float64_than_twice_fp32_eager_still_fails():
-    from perflab.quality.outputs import with_fp64_reference
+    from perflab.quality.outputs import fp64_errors, with_fp64_reference
     from perflab.results.quality import Tolerance
     exact = _observed([1.0, 2.0, 3.0])
     eager = _observed([1.0 + 1e-7, 2.0, 3.0])  # eager is accurate: 2.7e-8 from float64
     worse = _observed([1.0, 2.0 + 5e-5, 3.0])  # a compiled sin of lower accuracy: 1.3e-5
-    tolerance = with_fp64_reference(Tolerance(rtol=1e-5, source="fp32 default"), eager, worse, exact)
+    tolerance = with_fp64_reference(Tolerance(rtol=1e-5, source="fp32 default"), fp64_errors(eager, worse, exact))
     assert tolerance.rtol == 1e-5 and tolerance.source == "fp32 default"  # not widened
 
 

@@ -87,10 +87,10 @@ def run_model_gate(workload, cfg, device: torch.device) -> QualityVerdict:
             with torch.random.fork_rng(devices=devices):
                 reference = float64_outputs(workload, cfg, device, inputs)
             if reference is not None:
-                tolerance = with_fp64_reference(tolerance, baseline, candidate, reference)
+                errors = fp64_errors(baseline, candidate, reference)
+                tolerance = with_fp64_reference(tolerance, errors)
                 verdict = judge_outputs(baseline, candidate, tolerance.rtol, tolerance.source,
-                                        workload.is_classifier, fp64_errors=fp64_errors(baseline, candidate,
-                                                                                        reference))
+                                        workload.is_classifier, fp64_errors=errors)
     del inputs
     _release_memory(device)
     if cfg.mode == "infer":
@@ -302,7 +302,7 @@ def judge_losses(baseline: list[float], candidate: list[float], tolerance: Toler
                                max_loss_rel_delta=max(deltas))
     if not all(math.isfinite(loss) for loss in baseline):
         return verdict_with("fail", "the fp32 eager baseline's loss itself went NaN/inf: the workload is unstable, "
-                        "not the lever", gate_figures)
+                            "not the lever", gate_figures)
     bad = [step for step, loss in enumerate(candidate) if not math.isfinite(loss)]
     if bad:
         return verdict_with("fail", f"candidate loss is NaN/inf from step {bad[0]} of {len(candidate)}", gate_figures)
@@ -313,8 +313,8 @@ def judge_losses(baseline: list[float], candidate: list[float], tolerance: Toler
     precision_rtol = tolerance.precision_rtol if tolerance.precision_rtol is not None else rtol
     widening = tolerance.widening if tolerance.widening is not None else 1.0
     if deltas[-1] > precision_rtol and widening > MAX_NOISE_WIDENING:
-        return verdict_with("inconclusive", f"{summary} is over the {precision_rtol:.1e} precision tolerance and inside "
-                        f"only the {rtol:.1e} noise floor, {widening:.0f}x wider (more than the "
-                        f"{MAX_NOISE_WIDENING:g}x bound): this training is too chaotic to tell a correct lever from a "
-                        "broken one; check the lever in --mode infer, or set --quality-loss-rtol", gate_figures)
+        return verdict_with("inconclusive", f"{summary} is over the {precision_rtol:.1e} precision tolerance and "
+                            f"inside only the {rtol:.1e} noise floor, {widening:.0f}x wider (more than the "
+                            f"{MAX_NOISE_WIDENING:g}x bound): this training is too chaotic to tell a correct lever from a "
+                            "broken one; check the lever in --mode infer, or set --quality-loss-rtol", gate_figures)
     return verdict_with("pass", f"{summary} <= {rtol:.1e} ({source})", gate_figures)

@@ -61,11 +61,11 @@ def fp64_errors(baseline: list[Observed], candidate: list[Observed],
             [_relative_error(out.tensors, exact.tensors) for out, exact in zip(candidate, reference)])
 
 
-def with_fp64_reference(tolerance: Tolerance, baseline: list[Observed], candidate: list[Observed],
-                        reference: list[Observed]) -> Tolerance:
+def with_fp64_reference(tolerance: Tolerance, errors: tuple[list[float], list[float]]) -> Tolerance:
     """The tolerance widened to FP64_MULTIPLIER x fp32 eager's own error against float64, where that is larger and
-    the candidate's own error against float64 stays inside it (recorded as the noise floor it is)."""
-    baseline_errors, candidate_errors = fp64_errors(baseline, candidate, reference)
+    the candidate's own error against float64 stays inside it (recorded as the noise floor it is); `errors` as
+    fp64_errors gives them."""
+    baseline_errors, candidate_errors = errors
     floor = max(baseline_errors)
     tolerance = Tolerance.from_dict(tolerance)
     widened = FP64_MULTIPLIER * floor
@@ -123,19 +123,19 @@ def judge_outputs(baseline: list[Observed], candidate: list[Observed], rtol: flo
     limit = f"{rtol:.1e} ({source})"
     if figures.non_finite_baseline:
         return verdict_with("fail", f"the fp32 eager baseline itself produced {figures.non_finite_baseline} "
-                        "NaN/inf values: the workload is unstable, not the lever", figures)
+                            "NaN/inf values: the workload is unstable, not the lever", figures)
     if figures.non_finite_candidate:
         return verdict_with("fail", f"candidate outputs contain {figures.non_finite_candidate} NaN/inf values "
-                        "(overflow? fp16 tops out at 65504)", figures)
+                            "(overflow? fp16 tops out at 65504)", figures)
     against_fp64 = ("" if figures.fp64_error_candidate is None else
                     f" (against float64: the candidate {figures.fp64_error_candidate:.1e}, fp32 eager "
                     f"{figures.fp64_error_baseline:.1e})")
     if figures.rel_error > rtol:
-        return verdict_with("fail", f"relative output error {figures.rel_error:.2e} > {limit} tolerance{against_fp64}",
-                        figures)
+        return verdict_with("fail", f"relative output error {figures.rel_error:.2e} > {limit} tolerance"
+                            f"{against_fp64}", figures)
     if figures.top1_decisive_flips:
         return verdict_with("fail", f"top-1 class changed on {figures.top1_decisive_flips} of {figures.top1_samples}"
-                        " samples where the baseline was not a near-tie", figures)
+                            " samples where the baseline was not a near-tie", figures)
     reason = f"relative output error {figures.rel_error:.2e} <= {limit}{against_fp64}"
     if top1 is not None:
         reason += f"; top-1 agreement {100 * figures.top1_agreement:.1f}% over {figures.top1_samples} samples"
