@@ -207,7 +207,10 @@ def test_a_side_that_is_not_steady_is_judged_only_on_a_change_larger_than_its_sp
     comparison = compare_results(base, slower)  # -20%, inside the candidate's own 24%
     assert comparison.decision == "not judged"
     assert "the candidate is not steady (trials disagree by 24%)" in comparison.reasons[0]
+    assert comparison.noisy_sides == ["candidate"]  # whose timings were unclean, as a value tune can read
     assert not regression_exceeds(comparison, 10.0)
+    both = compare_results(unsteady(base, 30.0), slower)
+    assert both.decision == "not judged" and both.noisy_sides == ["base", "candidate"] and len(both.noisy) == 1
     faster = with_throughputs(measured, [1500.0, 1520.0, 1490.0])
     flagged_base = compare_results(unsteady(base, 17.0), faster)  # +50%: larger than the base's 17%
     assert flagged_base.decision == "accept"

@@ -453,14 +453,19 @@ def test_a_confirmation_unjudged_for_its_candidates_own_noise_runs_once_more_wit
 
 
 def test_a_confirmation_unjudged_because_the_best_itself_is_unsteady_is_not_repeated(tmp_path):
+    # judged through compare itself: whose timings were unclean is compare's typed noisy_sides, not its wording
     from perflab.tune.confirmation import candidate_alone_unsteady
-    from perflab.tune.decision import Decision
-    base = Decision(kept=False, verdict="not judged", why="", judged=False,
-                    noisy=["the base is not steady (trials disagree by 30%) and the candidate is not steady (...)"])
-    busy = Decision(kept=False, verdict="not judged", why="", judged=False,
-                    noisy=["the candidate ran on a busy machine (other processes: 3 CPU cores)"])
-    assert not candidate_alone_unsteady(base) and candidate_alone_unsteady(busy)
-    assert not candidate_alone_unsteady(Decision(kept=False, verdict="reject", why="", judged=True))
+    from perflab.tune.decision import judge
+    from perflab import RunConfig, run
+    from test_compare import unsteady, with_throughputs
+    measured = run("mlp", RunConfig(workload="mlp", device="cpu", steps=3, trials=3, warmup=1, batch_size=32))
+    measured.metrics.interference.busy, measured.metrics.steady = False, True
+    best, faster = with_throughputs(measured, [1000.0, 1010.0, 990.0]), with_throughputs(measured, [1150.0] * 3)
+    both_unsteady = judge(unsteady(best, 30.0), unsteady(faster, 30.0), 2.0)
+    candidate_only = judge(best, unsteady(faster, 30.0), 2.0)
+    assert not both_unsteady.judged and not candidate_alone_unsteady(both_unsteady)
+    assert not candidate_only.judged and candidate_alone_unsteady(candidate_only), candidate_only.noisy
+    assert not candidate_alone_unsteady(judge(best, with_throughputs(measured, [800.0] * 3), 2.0))  # judged
 
 
 def test_a_screen_on_a_compiled_best_is_expected_to_cost_a_cached_compile_not_the_first_one(tmp_path):

@@ -140,6 +140,7 @@ class Comparison:
     kind: str = "compare"
     noisy: list[str] = field(default_factory=list)  # why the timings are not clean (busy machine, ...)
     accept_noisy: bool = False
+    noisy_sides: list[str] = field(default_factory=list)  # whose timings `noisy` is about: "base", "candidate"
     # what the difference itself shows, as diagnosis findings (a generation loop's own work per token: a run of the
     # model's step beside a run of the workload's own loop, diagnose/generation_loop.py)
     findings: list[dict[str, Any]] = field(default_factory=list)
@@ -384,18 +385,19 @@ def describe_config(cfg: RunConfig, levers: list[str]) -> str:
     return f"{cfg.workload} {cfg.mode} batch {cfg.batch_size} ({levers_text})"
 
 
-def contamination(base: Result, cand: Result) -> list[str]:
-    """Why either run's timings are not clean: the machine was busy, or the run did not finish cleanly. A run whose
-    own trials disagree (unsteady_spreads) is not here: its spread widens the interval instead."""
+def contamination(base: Result, cand: Result) -> list[tuple[str, str]]:
+    """Why either run's timings are not clean, as (side, why): the machine was busy, or the run did not finish
+    cleanly. A run whose own trials disagree (unsteady_spreads) is not here: its spread widens the interval instead."""
     found = []
     for side, result in (("base", base), ("candidate", cand)):
         record = result.metrics.interference
         if record is not None and record.busy:
-            found.append(f"the {side} ran on a busy machine ({'; '.join(busy_reasons(record)) or 'busy trials'})")
+            found.append((side, f"the {side} ran on a busy machine "
+                                f"({'; '.join(busy_reasons(record)) or 'busy trials'})"))
         if result.status != "complete":
-            found.append(f"the {side} is marked {result.status}: {result.status_reason}")
+            found.append((side, f"the {side} is marked {result.status}: {result.status_reason}"))
         if result.metrics.steady is False and result.metrics.throughput_samples_per_s.range_pct is None:
-            found.append(f"the {side} is not steady (its spread is not recorded)")
+            found.append((side, f"the {side} is not steady (its spread is not recorded)"))
     return found
 
 
@@ -439,12 +441,14 @@ def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFE
     spreads = {} if accept_noisy else unsteady_spreads(base, cand)
     unsteady = widen_by_spread(metrics[0], spreads) if spreads else None
     decision, reasons = decide(metrics[0], cand.quality, min_effect_pct)
-    contaminated = contamination(base, cand)
+    noisy = contamination(base, cand)
     if unsteady is not None and metrics[0].significant:  # larger than the spread: the verdict stands, and says so
         warnings.append("UNSTEADY: " + unsteady)
         reasons.append(unsteady)
     elif unsteady is not None:  # inside it: noisy, warned and refused as a busy machine is
-        contaminated.append(unsteady)
+        noisy += [(side, unsteady) for side in spreads]
+    contaminated = list(dict.fromkeys(text for _, text in noisy))  # one text for both unsteady sides
+    sides = [side for side in ("base", "candidate") if any(found == side for found, _ in noisy)]
     if contaminated:
         warnings.append("NOISY MEASUREMENT: " + "; ".join(contaminated))
         quality_failed = verdict_of(cand.quality) == "fail"  # a quality failure is not noise
@@ -461,6 +465,7 @@ def compare_results(base: Result, cand: Result, min_effect_pct: float = MIN_EFFE
                       reasons=reasons, warnings=warnings, config_changes=config_changes(base, cand),
                       phases=phase_changes(base, cand), kernels=kernels, kernel_note=kernel_note,
                       quality=quality, min_effect_pct=min_effect_pct, noisy=contaminated, accept_noisy=accept_noisy,
+                      noisy_sides=sides,
                       findings=[loop.to_dict()] if loop is not None else [])
 
 

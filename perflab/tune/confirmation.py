@@ -103,9 +103,7 @@ def size_confirmation(cost: ConfirmationCost, left_s: float) -> Optional[Confirm
 def candidate_alone_unsteady(decision: Any) -> bool:
     """Whether a measured confirmation went unjudged for the candidate's own timings only (its trials disagree, or
     it ran beside a busy neighbour), the best's being clean: longer trials of the candidate may settle it."""
-    noisy = list(getattr(decision, "noisy", None) or [])
-    return (decision is not None and not decision.judged and bool(noisy)
-            and all(reason.startswith("the candidate") for reason in noisy))
+    return decision is not None and not decision.judged and list(decision.noisy_sides) == ["candidate"]
 
 
 def longer_confirmation_s(cost: ConfirmationCost, size: ConfirmationSize, factor: float = LONGER_TRIALS) -> float:

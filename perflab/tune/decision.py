@@ -28,6 +28,7 @@ class Decision(Record):
     quality: Optional[str] = None
     reasons: list[str] = field(default_factory=list)
     noisy: list[str] = field(default_factory=list)  # why the timings are not clean (a busy machine, ...)
+    noisy_sides: list[str] = field(default_factory=list)  # whose timings those are: "base" (the best), "candidate"
     judged: bool = True  # False: compare reached no verdict (noisy timings, an inconclusive quality gate)
     objective: str = "throughput"  # the figure judged: throughput (compare) or max-qps (perflab/tune/objective.py)
     against_value: Optional[float] = None  # max-qps: the best's max QPS, and the candidate's
@@ -58,10 +59,10 @@ def judge(best: Result, candidate: Result, min_effect_pct: float, max_p99_ms: Op
     comparison = compare_results(best, candidate, min_effect_pct, accept_noisy=accept_noisy)
     throughput = comparison.metric("throughput")
     quality = verdict_of(candidate.quality)
-    noisy = list(getattr(comparison, "noisy", None) or [])
     decision = Decision(kept=False, verdict=comparison.decision, why=comparison.reasons[0],
                         gain_pct=throughput.change_pct, ci95_pct=[throughput.ci_low_pct, throughput.ci_high_pct],
-                        quality=quality, reasons=list(comparison.reasons), noisy=noisy,
+                        quality=quality, reasons=list(comparison.reasons), noisy=list(comparison.noisy),
+                        noisy_sides=list(comparison.noisy_sides),
                         judged=comparison.decision not in (NOT_JUDGED, INCONCLUSIVE))
     if comparison.decision != ACCEPT:
         return decision
