@@ -15,7 +15,7 @@ from perflab.tune.driver import TuneObserver
 from perflab.tune.output import objective_figure
 from perflab.tune.record import SCREEN
 from perflab.tune.rows import TrialRow
-from perflab.tune.screening import CONFIRM
+from perflab.tune.record import CONFIRM
 from perflab.tune.trial import OK
 
 

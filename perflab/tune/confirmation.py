@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+SCREEN_MIN_TRIAL_S = 1.0  # a screen's trial: long enough for a DataLoader-fed trial to average its bursts; the
+#                           shortest trial a confirmation sized to the time left runs
 MIN_CONFIRM_TRIALS = 2  # compare gives no interval with fewer than two trials on a side
 # A compile through the caches, as a share of the screen's first compile and at least a floor (measured: 2-6%); the
 # estimate stays above what was seen, since a trial that outruns it is stopped at the budget's edge

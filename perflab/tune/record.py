@@ -23,6 +23,7 @@ from perflab.tune.trial import OK, QUALITY_FAIL, TrialOutcome, trial_figures
 
 TRIALS_DIR = "trials"
 SCREEN = "screen"  # the stage of a screening trial (tune.jsonl's "stage")
+CONFIRM = "confirm"  # the stage of a confirmation of a screened win
 
 Runner = Callable[..., TrialOutcome]  # (cfg, kind, out[, time_limit_s=][, serve=]) -> outcome
 Judge = Callable[[Result, TrialOutcome], Decision]

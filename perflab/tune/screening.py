@@ -7,7 +7,8 @@
                 gate) judged by compare against the best so far; only a confirmed win is kept. The winner first:
                 a win larger than any candidate left to screen could give (its predicted gain) is confirmed at
                 once, before the smaller candidates are screened; a confirmation the budget left cannot hold in
-                full runs fewer, shorter trials (perflab/tune/confirmation.py) rather than none
+                full runs fewer, shorter trials (perflab/tune/confirmation.py) rather than none; the stage
+                itself is perflab/tune/confirming.py
 
 Successive halving with two rungs: every candidate gets the cheap rung, only winners the expensive one. The
 order of the screens puts the big one-flag levers the diagnosis named first, then the levers named by a finding
@@ -20,7 +21,6 @@ left no room to confirm is reported as such (with the command that confirms it),
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
 from perflab.config import RunConfig
@@ -28,11 +28,10 @@ from perflab.levers import all_levers
 from perflab.tune import candidates as search
 from perflab.tune import ordering
 from perflab.tune.candidate_trials import CandidateTrials
-from perflab.tune.confirmation import (LONGER_TRIALS, ConfirmationCost, ConfirmationSize, cached_compile_saving_s,
-                                       candidate_alone_unsteady, gate_s, longer_confirmation_s, size_confirmation)
+from perflab.tune.confirmation import SCREEN_MIN_TRIAL_S, cached_compile_saving_s
+from perflab.tune.confirming import Confirmer, Screened
 from perflab.tune.limits import TrialLimits
 from perflab.tune.record import SCREEN, TrialRequest, gain_pct
-from perflab.tune.recipe import UnconfirmedWin, recipe_command
 from perflab.tune.rows import TrialRow
 from perflab.tune.stop import StopKind, StopReason
 from perflab.tune.summary import ScreenEntry
@@ -40,8 +39,6 @@ from perflab.tune.trial import OK
 
 SCREEN_MARGIN_S = 2.0  # a screen stops this much short of the time held for a confirmation ...
 SCREEN_MARGIN_SHARE = 0.02  # ... or this share of the budget, whichever is less
-CONFIRM = "confirm"  # the stage of a confirmation (tune.jsonl's "stage"); a screen's is SCREEN
-SCREEN_MIN_TRIAL_S = 1.0  # long enough for a DataLoader-fed trial to average its bursts, short next to 3 s
 SCREEN_WIN_PCT = 5.0  # a single trial's gain must pass this (or 2 x --min-effect-pct) to be confirmed
 # The big one-flag levers: screened whenever they apply, named by the diagnosis or not (largest gains seen:
 # compile 11.4x on a bandwidth-bound model, CUDA graphs 9.1x on a launch-bound step, bf16 + channels-last,
@@ -124,22 +121,6 @@ def expected_gain_pct(proposal: search.Proposal) -> float:
     return UNPREDICTED_GAIN_PCT if predicted is None else predicted
 
 
-@dataclass
-class Screened:
-    """One candidate's screen: its trial row and gain over the round's reference, and what became of it."""
-
-    candidate: search.Candidate
-    row: TrialRow
-    gain_pct: Optional[float]
-    win: bool
-    outcome: str = ""  # confirmed | rejected at confirmation: why | not confirmed: budget | no win
-
-    def entry(self) -> ScreenEntry:
-        """What tune.json's "screened" says of it."""
-        return ScreenEntry(self.candidate.label, self.candidate.lever, self.row.name, self.row.status, self.gain_pct,
-                           self.win, self.outcome, self.row.wall_s, self.row.compile_s)
-
-
 class RoundSource(Protocol):
     """What a round reads of the profile step (perflab/tune/profiling.py Profiler)."""
 
@@ -163,6 +144,7 @@ class Screener:
         self.out_of_budget: Optional[StopReason] = None  # why no further screen fits in the budget left
         self.pending: list[Screened] = []  # this round's wins waiting for their confirmation
         self.round_wins: list[Screened] = []  # every win screened this round
+        self.confirmer = Confirmer(trials, limits, self._reference_s)
 
     # ---------------------------------------------------------------------------------------- one round
 
@@ -294,7 +276,7 @@ class Screener:
                                                            "default, whose compile time it is estimated from, did not "
                                                            "finish)")
             return None
-        self.budget.hold(self._confirm_reserve_s())
+        self.budget.hold(self.confirmer.reserve_s(self.pending))
         free_s = self.budget.free_s()
         if expected_s > free_s:
             self._no_room(candidate, expected_s, free_s)
@@ -349,16 +331,6 @@ class Screener:
                                      "screens are done)" if win else f"{screened.outcome})"))
         return screened
 
-    def _confirm_reserve_s(self) -> float:
-        """What confirming the largest win waiting will take (sized to the budget left): screening more must leave
-        it. A win that cannot be confirmed even with fewer, shorter trials holds nothing back."""
-        left_s = self.budget.left_s()
-        for win in sorted(self.pending, key=lambda s: s.gain_pct or 0.0, reverse=True):
-            size = size_confirmation(self._confirmation_cost(win), left_s)
-            if size is not None:
-                return size.expected_s
-        return 0.0
-
     def _why_no_win(self, row: TrialRow) -> str:
         if row.status != OK:
             return f"not measured: {row.status} ({row.reason or ''})"
@@ -385,77 +357,11 @@ class Screener:
     # ---------------------------------------------------------------------------------------- confirmation
 
     def _confirm(self, screened: Screened) -> bool:
-        """A full trial with the quality gate (fewer, shorter ones where the budget left cannot hold all), judged
-        against the best so far; True when kept."""
-        candidate = screened.candidate
-        if not self.trials.can_try(candidate, estimate_cost=False):
-            screened.outcome = f"not confirmed: {self.state.skipped.get(candidate.label, 'not applicable any more')}"
-            return False
-        stop = self.limits.reason()
-        if stop is not None:  # --max-trials reached: the win stays screened, never kept unconfirmed
-            self.out_of_budget = stop
-            self._leave_unconfirmed(screened, f"not confirmed: {stop.text()}")
-            return False
-        cost = self._confirmation_cost(screened)
-        size = size_confirmation(cost, self.budget.left_s())
-        if size is None:
-            shortest = cost.expected_s(min(2, cost.full_trials), min(cost.full_min_trial_s, SCREEN_MIN_TRIAL_S))
-            self._leave_unconfirmed(screened, f"not confirmed: budget (a confirmation needs about {shortest:.0f} s "
-                                              f"even with fewer, shorter trials; "
-                                              f"{max(0.0, self.budget.left_s()):.0f} s left)")
-            return False
-        return self._run_confirmation(screened, size)
-
-    def _run_confirmation(self, screened: Screened, size: ConfirmationSize) -> bool:
-        candidate = screened.candidate
-        extra = {"stage": CONFIRM, "screened_gain_pct": screened.gain_pct, "screen_trial": screened.row.name,
-                 "confirmation": size.to_dict()}
-        if not size.full:
-            self.trials.observer.note(f"{candidate.label}: confirmed with {size.describe()}")
-        kept = self.trials.try_candidate(candidate, extra, None if size.full else (size.trials, size.min_trial_s))
-        row = self.state.chain[-1]
-        sized = "" if size.full else f" ({size.describe()})"
-        if not kept and row.measured and candidate_alone_unsteady(row.decision):
-            longer_s = longer_confirmation_s(self._confirmation_cost(screened), size)
-            if longer_s <= self.budget.left_s():
-                self.trials.observer.note(f"{candidate.label}: not judged ({row.decision.noisy[0]}); confirmed once "
-                                          f"more with trials {LONGER_TRIALS:g}x as long")
-                kept = self.trials.try_candidate(candidate, {**extra, "longer_trials": LONGER_TRIALS},
-                                                 None if size.full else (size.trials, size.min_trial_s),
-                                                 longer=LONGER_TRIALS)
-                row = self.state.chain[-1]
-                sized += f" (again with trials {LONGER_TRIALS:g}x as long: the first one's candidate was not steady)"
-        self.state.settled.add(candidate.lever)
-        if kept:
-            screened.outcome = f"confirmed: kept{sized}"
-            return True
-        screened.outcome = f"not confirmed: {(row.decision.why if row.decision else '') or row.status}{sized}"
-        if not row.measured:  # stopped or crashed: the win stands, unconfirmed
-            self._leave_unconfirmed(screened, screened.outcome)
-        elif row.judged and candidate.lever not in self.state.lost:
-            self.state.lost.append(candidate.lever)
-        return False
-
-    def _leave_unconfirmed(self, screened: Screened, outcome: str) -> None:
-        """The win stays screened, never kept: said in the stop line and put in the recipe with its command."""
-        screened.outcome = outcome
-        command = recipe_command(self.trials.trial_config(self.trials.candidate_config(screened.candidate)))
-        self.state.unconfirmed.append(UnconfirmedWin(screened.candidate.label, screened.gain_pct, outcome, command))
-
-    def _confirmation_cost(self, screened: Screened) -> ConfirmationCost:
-        """The screen's wall time plus the trials beyond its one and what a full trial of the best added beyond its
-        own trials (the quality gate)."""
-        cfg, best = self.state.best_cfg, self.state.best_row
-        screen_min_trial_s = min(cfg.min_trial_s, SCREEN_MIN_TRIAL_S)
-        reference_s = self._reference_s()
-        gate = gate_s(best.wall_s, reference_s, _steps_s(cfg, best.throughput), cfg.trials,
-                      cfg.min_trial_s, screen_min_trial_s)
-        # compile_s is the first step's time, which also holds a CUDA graph's capture: only a compiled candidate's
-        # is found again in the caches
-        compiled = self.trials.candidate_config(screened.candidate).compile
-        saving = cached_compile_saving_s(screened.row.compile_s) if compiled else 0.0
-        return ConfirmationCost(screened.row.wall_s, screen_min_trial_s,
-                                _steps_s(cfg, screened.row.throughput), gate, cfg.trials, cfg.min_trial_s, saving)
+        """Confirm one screened win against the best so far (perflab/tune/confirming.py); True when kept. A
+        confirmation refused by --max-trials ends the round's screens too."""
+        confirmed = self.confirmer.confirm(screened)
+        self.out_of_budget = confirmed.stop or self.out_of_budget
+        return confirmed.kept
 
     def _partner(self, lever: str) -> None:
         """The lever a kept one needs (channels-last after bf16), screened and confirmed at once."""
@@ -477,9 +383,3 @@ class Screener:
     def summary(self) -> list[ScreenEntry]:
         return [screened.entry() for screened in self.screens]
 
-
-def _steps_s(cfg: RunConfig, throughput: Optional[float]) -> float:
-    """The timed steps of one trial of `cfg` at `throughput` samples/s (0 without a figure)."""
-    if not throughput or not cfg.batch_size:
-        return 0.0
-    return cfg.steps * cfg.batch_size / throughput
