@@ -6,8 +6,9 @@
     BENCH_REGRET_ONLY=tiny_ops python -m benchmarks.bench_tune_regret --out DIR --quick  # CPU smoke run (big levers)
 
 Per workload, from fp32 eager (the starting point):
-- every applicable single lever once (one trial process each, one timed trial with a short --min-trial-s, no quality
-  gate: the screen's measurement), and the pairs of the three best single levers;
+- fp32 eager with all its trials (the start every ratio divides by), then every applicable single lever once (one
+  trial process each, one timed trial with a short --min-trial-s, no quality gate: the screen's measurement), and
+  the pairs of the three best single levers;
 - `perflab tune` with the workload's budget (3 minutes for the planted workloads of tests/planted, 10 minutes for
   resnet50 infer and driving train; resnet50 with --tune-batch, TUNE_OPTIONS), timed from outside (its own wall time,
   report included);
@@ -61,7 +62,7 @@ PLANTED_EXTRA = [(path.stem, {}, {}) for path in sorted(PLANTED.glob("*.py"))
 SINGLES_ESTIMATE_S = 170.0  # a planted workload's singles and pairs on an H100 (tiny_ops: 150 s)
 SINGLES_FILE = "singles.jsonl"
 PAIRS_FROM = 3  # the pairs of the best three single levers
-BASE_AGAIN = "fp32 eager (again)"  # the start measured once more after the rest: the noise of a single trial
+BASE_AGAIN = "fp32 eager (again)"  # the start measured once more after the rest: its noise
 SINGLE_LIMIT_S = 240.0  # one lever's trial at most (max-autotune is left out: minutes of compiling)
 COMPILE_MODES = ("default", "reduce-overhead")
 INFER_SUFFIX = "@infer"  # BENCH_REGRET_ONLY=elementwise_chain@infer: a planted workload in --mode infer
@@ -132,17 +133,20 @@ def _measured(folder: Path) -> dict[str, dict[str, Any]]:
     return {row["label"]: row for row in map(json.loads, lines)}
 
 
-def measure(folder: Path, label: str, cfg: RunConfig, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One trial process of `cfg` (a screen's measurement), recorded in singles.jsonl; reused when recorded."""
+def measure(folder: Path, label: str, cfg: RunConfig, done: dict[str, dict[str, Any]],
+            every_trial: bool = False) -> dict[str, Any]:
+    """One trial process of `cfg` (a screen's measurement: one short trial; with `every_trial`, all of cfg's trials,
+    as the start every gain is read from is measured), recorded in singles.jsonl; reused when recorded."""
     if label in done:
         return done[label]
-    outcome = run_trial(screen_config(cfg), "run", folder / "trials" / label.replace("=", "-").replace("+", "_"),
+    measured = cfg.replace(check_quality=False) if every_trial else screen_config(cfg)
+    outcome = run_trial(measured, "run", folder / "trials" / label.replace("=", "-").replace("+", "_"),
                         time_limit_s=SINGLE_LIMIT_S)
     throughput = None
     if outcome.status == OK:
         throughput = outcome.result.metrics.throughput
     row = {"label": label, "status": outcome.status, "throughput": throughput, "wall_s": round(outcome.wall_s, 1),
-           "reason": outcome.reason}
+           "reason": outcome.reason, "trials": measured.trials}
     with open(folder / SINGLES_FILE, "a") as stream:
         stream.write(json.dumps(row) + "\n")
     done[label] = row
@@ -153,7 +157,10 @@ def measure(folder: Path, label: str, cfg: RunConfig, done: dict[str, dict[str, 
 def singles_and_pairs(folder: Path, start: RunConfig, quick: bool) -> dict[str, Any]:
     """The start, every single lever and the pairs of the best three, each measured once."""
     done = _measured(folder)
-    base = measure(folder, "fp32 eager", start, done)
+    # the start every ratio divides by, with all its trials: one trial of it moved 29% between the bench's first and
+    # last (pageable_inputs, H200: 1,618 then 2,095 samples/s), and the low one had made pin-memory read 5.36x
+    # where the same 8,665 samples/s is 4.1x of the other
+    base = measure(folder, "fp32 eager", start, done, every_trial=True)
     singles = {label: (changes, measure(folder, label, start.replace(**changes), done))
                for label, changes in single_levers(start, quick)}
     ranked = sorted(((row["throughput"], label) for label, (_, row) in singles.items() if row["throughput"]),
@@ -171,7 +178,7 @@ def singles_and_pairs(folder: Path, start: RunConfig, quick: bool) -> dict[str, 
             changes["warmup"] = max(singles[first][0].get("warmup", start.warmup),
                                     singles[second][0].get("warmup", start.warmup))
             pairs[f"{first}+{second}"] = measure(folder, f"{first}+{second}", start.replace(**changes), done)
-    again = measure(folder, BASE_AGAIN, start, done)  # the yardstick's own noise: one trial each is all the rest got
+    again = measure(folder, BASE_AGAIN, start, done, every_trial=True)  # the start once more: its own noise
     return {"base": base, "again": again, "singles": {label: row for label, (_, row) in singles.items()},
             "pairs": pairs}
 

@@ -44,3 +44,17 @@ def test_tune_and_the_singles_gain_over_one_common_start(tmp_path):
     assert line.split(" | ")[6] == f"{expected:.2f}%"
     assert line.split(" | ")[8] == f"{100 * (2100.0 / 1618.0 - 1):.1f}%"  # the noise: highest start over lowest
     assert regret.common_start(measured, 2100.0) == 2094.0
+
+
+def test_the_start_is_measured_with_all_its_trials_and_the_levers_with_one(tmp_path, monkeypatch):
+    # the start every ratio divides by gets its full trials (one trial of it moved 29%); a lever gets a screen's one
+    from perflab.config import RunConfig
+    from perflab.tune.trial import TrialOutcome
+    seen = []
+    monkeypatch.setattr(regret, "run_trial", lambda cfg, *args, **kwargs: seen.append(cfg) or TrialOutcome(
+        "error", 0.1, "not run here"))
+    start = RunConfig(workload="mlp", device="cpu", steps=3, trials=3, warmup=1, check_quality=True)
+    row = regret.measure(tmp_path, "fp32 eager", start, {}, every_trial=True)
+    regret.measure(tmp_path, "bf16", start.replace(precision="bf16"), {})
+    assert [(cfg.trials, cfg.check_quality) for cfg in seen] == [(3, False), (1, False)]
+    assert row["trials"] == 3 and regret._measured(tmp_path)["bf16"]["trials"] == 1
