@@ -228,6 +228,39 @@ def test_no_lever_won_is_a_verdict_only_when_the_start_holds_stiller_than_a_scre
         assert "moves 9% from one measurement to the next, more than the +5%" in summary["stop_reason"]
 
 
+class ShortTrialsJitter(Timed):
+    """Short screens jitter: the reference of the best reads 15% high at a screen's usual length, so a real +8% lever
+    screens as a loss; trials three times as long read true (the planted nonzero router's start moved 28-41%)."""
+
+    def throughput(self, cfg):
+        value = super().throughput(cfg)
+        short = cfg.trials == 1 and cfg.steps == START.steps
+        return value * 1.15 if short and cfg.optimizer_impl == START.optimizer_impl else value
+
+
+def test_no_win_over_a_start_that_moves_more_than_a_screen_shows_is_screened_again_with_longer_trials(tmp_path):
+    trials = ShortTrialsJitter({("optimizer_impl", "fused"): 1.08})
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("launch / framework overhead", 0.9, ["fused-optimizer"])),
+                        budget="10m", screening=True)
+    fused = [entry for entry in summary["screened"] if entry["label"] == "fused-optimizer"]
+    assert [entry["win"] for entry in fused] == [False, True]  # lost at the short length, won at 3x
+    longer = [cfg for _, name, cfg in trials.configs if name.endswith("screen-fused-optimizer")][-1]
+    assert longer.steps == 3 * START.steps and longer.trials == 1
+    assert summary["kept"] == ["fused-optimizer"], summary["stop_reason"]
+    assert any("screened again with trials 3x as long" in note for note in summary["notes"])
+
+
+def test_the_steadier_pass_runs_once_and_leaves_a_loss_at_full_trials_lost(tmp_path):
+    # the start's own trials spread +-9%: every lever loses, at both lengths; the stop stays inconclusive and the
+    # levers were screened exactly twice
+    trials = NoisyStart({("optimizer_impl", "fused"): 1.03})
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("host-device sync", 0.9, [])), budget="10m", screening=True)
+    labels = [entry["label"] for entry in summary["screened"]]
+    assert summary["stop_reason"].startswith("inconclusive: no lever won")
+    assert labels and all(labels.count(label) == 2 for label in set(labels)), labels
+    assert {cfg.steps for _, name, cfg in trials.configs if "-screen-" in name} == {START.steps, 3 * START.steps}
+
+
 def test_a_lever_whose_values_are_all_refused_for_one_reason_is_said_once_and_each_recorded():
     from perflab.tune.candidate_trials import refuse
     skipped, notes = {}, []

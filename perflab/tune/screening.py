@@ -21,6 +21,7 @@ left no room to confirm is reported as such (with the command that confirms it),
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Optional, Protocol
 
 from perflab.config import RunConfig
@@ -60,9 +61,13 @@ CUT_PROFILE_SOURCE = "insurance (the profile was cut at its limit: no diagnosis)
 UNPREDICTED_GAIN_PCT = 100.0
 
 
-def screen_config(cfg: RunConfig) -> RunConfig:
-    """One short trial of `cfg`, without the quality gate: what a screen (and a round's reference) measures."""
-    return cfg.replace(trials=1, check_quality=False, min_trial_s=min(cfg.min_trial_s, SCREEN_MIN_TRIAL_S))
+def screen_config(cfg: RunConfig, scale: float = 1.0) -> RunConfig:
+    """One short trial of `cfg`, without the quality gate: what a screen (and a round's reference) measures; with
+    `scale`, that trial `scale` times as long (its steps and --min-trial-s: the steadier pass)."""
+    short = cfg.replace(trials=1, check_quality=False, min_trial_s=min(cfg.min_trial_s, SCREEN_MIN_TRIAL_S))
+    if scale == 1.0:
+        return short
+    return short.replace(steps=math.ceil(short.steps * scale), min_trial_s=short.min_trial_s * scale)
 
 
 def win_threshold_pct(min_effect_pct: float) -> float:
@@ -145,6 +150,7 @@ class Screener:
         self.pending: list[Screened] = []  # this round's wins waiting for their confirmation
         self.round_wins: list[Screened] = []  # every win screened this round
         self.confirmer = Confirmer(trials, limits, self._reference_s)
+        self.trial_scale = 1.0  # a screen's trial is this many times the usual short one (lengthen())
 
     # ---------------------------------------------------------------------------------------- one round
 
@@ -225,7 +231,8 @@ class Screener:
         did not measure, the best's own full trial is the yardstick."""
         self.limits.check()
         best = self.state.best_row
-        record = self.trials.record(TrialRequest(screen_config(self.state.best_cfg), self.trials.measure,
+        record = self.trials.record(TrialRequest(screen_config(self.state.best_cfg, self.trial_scale),
+                                                 self.trials.measure,
                                                  f"screen-{best.label}", {"stage": SCREEN, "reference": True},
                                                  time_limit_s=self.budget.left_s()))
         if record.status != OK or not record.row.throughput:
@@ -316,7 +323,8 @@ class Screener:
         # its own compile-time measurement and runs until this limit); it stops a margin short of it, so that the
         # time tune itself spends around a trial does not leave the held confirmation a moment too short
         limit_s = max(expected_s, free_s - min(SCREEN_MARGIN_S, self.budget.share_s(SCREEN_MARGIN_SHARE)))
-        record = self.trials.record(TrialRequest(screen_config(self.trials.candidate_config(candidate)),
+        record = self.trials.record(TrialRequest(screen_config(self.trials.candidate_config(candidate),
+                                                               self.trial_scale),
                                                  self.trials.measure, f"screen-{candidate.label}", context,
                                                  time_limit_s=limit_s))
         row = record.row
@@ -377,6 +385,21 @@ class Screener:
         for screened in self._screen_lever(candidates):
             self._confirm(screened)
             break
+
+    def lengthen(self, factor: float) -> list[str]:
+        """The steadier pass: later screens (and their reference) run trials `factor` times as long, and the levers
+        whose every screen lost are proposed again (a loss at a confirmation's full trials stands); returns them.
+        The noise the stop line reads is then the longer references' alone."""
+        self.trial_scale *= factor
+        self.reference, self.references = None, []
+        won = {s.candidate.lever for s in self.screens if s.win}
+        reopened = list(dict.fromkeys(s.candidate.lever for s in self.screens
+                                      if s.row.status == OK and s.candidate.lever in self.state.lost
+                                      and s.candidate.lever not in won))
+        for lever in reopened:
+            self.state.lost.remove(lever)
+            self.state.settled.discard(lever)
+        return reopened
 
     # ---------------------------------------------------------------------------------------- reporting
 
