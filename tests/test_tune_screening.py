@@ -261,6 +261,22 @@ def test_the_steadier_pass_runs_once_and_leaves_a_loss_at_full_trials_lost(tmp_p
     assert {cfg.steps for _, name, cfg in trials.configs if "-screen-" in name} == {START.steps, 3 * START.steps}
 
 
+def test_a_tune_interrupted_in_its_steadier_pass_resumes_it_without_running_a_trial_twice(tmp_path):
+    factors = {("optimizer_impl", "fused"): 1.08}
+    diagnosis = diagnosis_of(("launch / framework overhead", 0.9, ["fused-optimizer"]))
+    whole = run_tuner(tmp_path / "whole", ShortTrialsJitter(factors), diagnosis, budget="10m", screening=True)
+    # interrupted just after the first longer screen of the uninterrupted tune
+    rows = [json.loads(line) for line in (tmp_path / "whole" / "tune" / "tune.jsonl").read_text().splitlines()]
+    cut_at = next(index for index, row in enumerate(rows) if row["config"]["steps"] == 3 * START.steps) + 1
+    with pytest.raises(KeyboardInterrupt):
+        run_tuner(tmp_path, ShortTrialsJitter(factors, interrupt_at=cut_at), diagnosis, budget="10m", screening=True)
+    resumed = run_tuner(tmp_path, ShortTrialsJitter(factors), diagnosis, budget="10m", screening=True, resume=True)
+    lines = (tmp_path / "tune" / "tune.jsonl").read_text().splitlines()
+    assert len(lines) == len({json.loads(line)["key"] for line in lines})  # no trial ran twice
+    assert resumed["kept"] == whole["kept"] == ["fused-optimizer"]
+    assert [s["label"] for s in resumed["screened"]] == [s["label"] for s in whole["screened"]]
+
+
 def test_a_lever_whose_values_are_all_refused_for_one_reason_is_said_once_and_each_recorded():
     from perflab.tune.candidate_trials import refuse
     skipped, notes = {}, []
