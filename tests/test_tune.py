@@ -387,3 +387,13 @@ def test_the_start_runs_ungated_unless_check_quality_asks_and_the_recipe_keeps_t
     assert candidates and all(cfg.check_quality is True for cfg in candidates)  # what tune changes is gated
     recipe = json.loads((tmp_path / "tune" / "tune.json").read_text())["recipe"]
     assert recipe["config"].get("check_quality") == asked
+
+
+def test_a_levers_predicted_gain_is_what_it_can_remove_of_its_findings_share():
+    # a chain of elementwise ops holding 94.4% of the step: compile may fuse it away (+1686%); bf16 halves its bytes,
+    # so at most half of that time goes (+89%), not "+1686%" beside compile's
+    diagnosis = diagnosis_of(("memory bandwidth", 0.9, ["compile"], {"expected_gain_pct": 94.4}))
+    shares = {p.lever: p.expected_share_pct for p in search.proposals(diagnosis, LEVERS)}
+    assert shares["compile"] == pytest.approx(94.4) and shares["bf16"] == pytest.approx(47.2)
+    assert search.predicted_gain_pct(shares["bf16"]) == pytest.approx(89.4, abs=0.1)
+    assert LEVERS["bf16"].removes("compute bound") == 1.0  # where nothing is declared, all of it

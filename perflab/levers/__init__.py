@@ -36,11 +36,14 @@ class Address:
     """A bottleneck class a lever addresses. `rank`: where the class's rule names the lever (lower first), or
     None: the rule does not name it, and tune tries it after the named levers. `when`: a situation
     (perflab.bottlenecks) the rule must report for it to name the lever; a lever may hold two addresses of one
-    class with different situations (and ranks)."""
+    class with different situations (and ranks). `removes`: the most of the class's time the lever can take away
+    (tune's predicted gain is the finding's share of the step times this): bf16 on a bandwidth-bound step halves
+    the bytes, it does not make them vanish."""
 
     cls: str
     rank: Optional[int] = None
     when: Optional[str] = None
+    removes: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,10 @@ class Lever:
             if address.when in situations or (always and address.when is None):
                 return address.rank
         return None
+
+    def removes(self, cls: str) -> float:
+        """The most of `cls`'s time this lever can take away (Address.removes; 1.0 where it does not say)."""
+        return max((address.removes for address in self.addresses if address.cls == cls), default=1.0)
 
     @property
     def declared(self) -> options.Option:

@@ -37,7 +37,9 @@ class Proposal:
     lever: str
     source: str  # the bottleneck class of the finding that proposed it, or "fallback"
     confidence: Optional[float]
-    expected_share_pct: Optional[float]  # the share of the step that finding explains, when the diagnosis says
+    # the share of the step the lever may remove: the finding's share (when the diagnosis says) times what the
+    # lever can take away of its class's time (Lever.removes)
+    expected_share_pct: Optional[float]
     named: bool = True  # the finding named it (False: it only addresses the finding's class, or the fallback)
 
 
@@ -95,8 +97,11 @@ def proposals(diagnosis: Any, levers_by_name: dict[str, Any], unsure_below: floa
     def add(name: str, finding: Any, named: bool = False) -> None:
         if name not in chosen and name in levers_by_name:
             source = _field(finding, "cls") if finding is not None else "fallback"
+            share = _field(finding, "expected_gain_pct") if finding is not None else None
+            if share is not None:
+                share *= levers_by_name[name].removes(source)
             chosen[name] = Proposal(name, source, _field(finding, "confidence") if finding is not None else None,
-                                    _field(finding, "expected_gain_pct") if finding is not None else None, named)
+                                    share, named)
 
     # A confident diagnosis leads with the finding it named; an unsure one is weighed finding by finding.
     named = [f for f in findings if _field(f, "cls") == _field(diagnosis, "bottleneck")]
