@@ -261,6 +261,16 @@ def test_the_steadier_pass_runs_once_and_leaves_a_loss_at_full_trials_lost(tmp_p
     assert {cfg.steps for _, name, cfg in trials.configs if "-screen-" in name} == {START.steps, 3 * START.steps}
 
 
+def test_no_steadier_pass_where_the_budget_left_cannot_hold_a_longer_reference_and_screen(tmp_path):
+    # the first pass takes 40 s of screens of 2 s; 8 s are left, less than 2 x 3 x 2 s: the stop stays inconclusive
+    # with the short screens' noise, and no screen runs twice
+    trials = NoisyStart({("optimizer_impl", "fused"): 1.03})
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("host-device sync", 0.9, [])), budget="48s", screening=True)
+    labels = [entry["label"] for entry in summary["screened"]]
+    assert summary["stop_reason"].startswith("inconclusive: no lever won"), summary["stop_reason"]
+    assert len(labels) == len(set(labels)) and not any("screened again" in note for note in summary["notes"])
+
+
 def test_a_tune_interrupted_in_its_steadier_pass_resumes_it_without_running_a_trial_twice(tmp_path):
     factors = {("optimizer_impl", "fused"): 1.08}
     diagnosis = diagnosis_of(("launch / framework overhead", 0.9, ["fused-optimizer"]))

@@ -189,17 +189,20 @@ class Tuner:
 
     def _steadier_pass(self) -> bool:
         """Once a tune, when no lever won over a start that moves more than a screen must show and nothing was
-        kept: the levers whose screens lost are screened again with trials STEADIER_TRIALS times as long (the
-        budget still limits them as any screen). False when it does not apply."""
-        if self.screener is None or self.steadied or self.state.best_row is not self.state.baseline_row:
+        kept: the levers whose screens lost are screened again with trials STEADIER_TRIALS times as long, where
+        the budget left holds a longer reference and one longer screen (else the stop stays "inconclusive", with
+        the noise it read). False when it does not apply."""
+        screener = self.screener
+        if screener is None or self.steadied or self.state.best_row is not self.state.baseline_row:
             return False
-        if self._noise() is None:
+        noise = start_noise_pct(self.state.baseline_row, screener.references)
+        if self._noise() is None or screener.reference is None:
+            return False
+        reopened = screener.lost_in_screens()
+        if not reopened or self.budget.left_s() < 2 * STEADIER_TRIALS * screener.reference.wall_s:
             return False
         self.steadied = True
-        noise = start_noise_pct(self.state.baseline_row, self.screener.references)
-        reopened = self.screener.lengthen(STEADIER_TRIALS)
-        if not reopened:
-            return False
+        screener.lengthen(STEADIER_TRIALS, reopened)
         note = (f"the start moved {noise:.0f}% between measurements, more than a screen's +"
                 f"{win_threshold_pct(self.settings.min_effect_pct):g}%: {', '.join(reopened)} screened again with "
                 f"trials {STEADIER_TRIALS:g}x as long")

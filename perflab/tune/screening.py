@@ -386,20 +386,22 @@ class Screener:
             self._confirm(screened)
             break
 
-    def lengthen(self, factor: float) -> list[str]:
-        """The steadier pass: later screens (and their reference) run trials `factor` times as long, and the levers
-        whose every screen lost are proposed again (a loss at a confirmation's full trials stands); returns them.
-        The noise the stop line reads is then the longer references' alone."""
+    def lost_in_screens(self) -> list[str]:
+        """The levers whose every screen was measured and lost (a loss at a confirmation's full trials is not
+        one of them: it stands)."""
+        won = {s.candidate.lever for s in self.screens if s.win}
+        return list(dict.fromkeys(s.candidate.lever for s in self.screens
+                                  if s.row.status == OK and s.candidate.lever in self.state.lost
+                                  and s.candidate.lever not in won))
+
+    def lengthen(self, factor: float, levers: list[str]) -> None:
+        """The steadier pass: later screens (and their reference) run trials `factor` times as long, and `levers`
+        are proposed again. The noise the stop line reads is then the longer references' alone."""
         self.trial_scale *= factor
         self.reference, self.references = None, []
-        won = {s.candidate.lever for s in self.screens if s.win}
-        reopened = list(dict.fromkeys(s.candidate.lever for s in self.screens
-                                      if s.row.status == OK and s.candidate.lever in self.state.lost
-                                      and s.candidate.lever not in won))
-        for lever in reopened:
+        for lever in levers:
             self.state.lost.remove(lever)
             self.state.settled.discard(lever)
-        return reopened
 
     # ---------------------------------------------------------------------------------------- reporting
 
