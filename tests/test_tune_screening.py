@@ -287,6 +287,30 @@ def test_a_tune_interrupted_in_its_steadier_pass_resumes_it_without_running_a_tr
     assert [s["label"] for s in resumed["screened"]] == [s["label"] for s in whole["screened"]]
 
 
+class StartsTheWorker(Timed):
+    """The start's trial also starts the warm worker: 10 s more of wall time, recorded as its setup_s."""
+
+    def __call__(self, cfg, kind, out, time_limit_s=None):
+        outcome = super().__call__(cfg, kind, out, time_limit_s)
+        if out.name == "00-start":
+            outcome.wall_s += 10.0
+            outcome.setup_s = 10.0
+        return outcome
+
+
+def test_the_worker_start_the_start_paid_is_not_counted_as_a_confirmations_quality_gate(tmp_path):
+    # full trials of 6 s, a start of 16 s of which 10 s started the worker: the gate is estimated from the 6, so the
+    # win is confirmed in full where a 10-s larger "gate" would have had it sized down to fewer, shorter trials
+    trials = StartsTheWorker({("optimizer_impl", "fused"): 1.5})
+    summary = run_tuner(tmp_path, trials, diagnosis_of(("launch / framework overhead", 0.9, ["fused-optimizer"])),
+                        budget="36s", screening=True, exclude=["bf16", "channels-last", "compile", "cuda-graphs",
+                                                              "workers"])
+    assert summary["kept"] == ["fused-optimizer"]
+    assert screened(summary, "fused-optimizer")["outcome"] == "confirmed: kept"
+    start = json.loads((tmp_path / "tune" / "tune.jsonl").read_text().splitlines()[0])
+    assert start["setup_s"] == 10.0 and start["wall_s"] == 16.0
+
+
 def test_a_lever_whose_values_are_all_refused_for_one_reason_is_said_once_and_each_recorded():
     from perflab.tune.candidate_trials import refuse
     skipped, notes = {}, []

@@ -218,3 +218,17 @@ def test_tune_records_which_trials_ran_warm(tmp_path):
     rows = read_rows(out / "tune.jsonl")
     assert [row["warm"] for row in rows] == [True, True]
     assert json.loads((out / "tune.json").read_text())["warm_trials"] == 2
+
+
+def test_the_trial_that_starts_the_worker_records_the_start_apart_and_the_next_pays_none(tmp_path):
+    # the worker's start (the interpreter, torch, the perflab import) is the first warm trial's, once: it is not a
+    # cost a later warm trial pays, so tune's estimates read it apart (setup_s)
+    trials = tmp_path / "tune" / "trials"
+    with WarmRunner() as runner:
+        first = runner(TINY, "run", trials / "first")
+        second = runner(TINY, "run", trials / "second")
+    assert first.status == second.status == OK
+    assert first.setup_s is not None and 0.0 < first.setup_s < first.wall_s
+    assert second.setup_s is None  # the worker was warm
+    assert first.setup_s > second.wall_s, (first.setup_s, second.wall_s)  # more than a whole warm trial costs
+    assert trial_figures(first)["setup_s"] == first.setup_s and trial_figures(second)["setup_s"] is None

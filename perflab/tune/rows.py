@@ -44,6 +44,7 @@ class TrialRow:
     reason: Optional[str] = ""
     wall_s: float = 0.0
     warm: bool = False  # run by the warm worker
+    setup_s: Optional[float] = None  # of wall_s, the warm worker's start it paid: not a cost of a later trial
     # figures (perflab/tune/trial.py trial_figures; a serve trial's, perflab/tune/objective.py serve_figures)
     throughput: Optional[float] = None
     throughput_ci95: Optional[list[Optional[float]]] = None

@@ -52,6 +52,7 @@ class TrialOutcome:
     result: Optional[Result] = None
     files: dict[str, str] = field(default_factory=dict)
     warm: bool = False  # run by tune's warm worker (perflab/tune/warm.py), not in a process of its own
+    setup_s: Optional[float] = None  # of wall_s, the warm worker's start this trial paid (None: it paid none)
 
     @property
     def measured(self) -> bool:
@@ -202,7 +203,7 @@ def error_line(log: str) -> str:
 def trial_figures(outcome: TrialOutcome) -> dict[str, Any]:
     """What tune.jsonl records of a trial beside its status: whether it ran warm, and its numbers (throughput with
     its interval, latency, memory, costs; a serve trial's max QPS)."""
-    return {"warm": outcome.warm, **_measured_figures(outcome)}
+    return {"warm": outcome.warm, "setup_s": outcome.setup_s, **_measured_figures(outcome)}
 
 
 def _measured_figures(outcome: TrialOutcome) -> dict[str, Any]:

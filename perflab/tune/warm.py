@@ -49,6 +49,7 @@ class WorkerReply:
 
     exit_code: int
     retire: bool
+    trial_s: float = 0.0  # the worker's own time on the request: the trial less its start, when it started one
 
 
 def encode(message: Any) -> bytes:
@@ -154,7 +155,9 @@ class WarmRunner:
         deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
         argv = trial_argv(cfg, kind, out)
         log_path(out).write_text("$ perflab " + " ".join(argv) + "  # in tune's warm worker\n")
+        before = self.worker
         worker = self._worker_for(out)
+        starting = worker is not before
         try:
             reply = worker.ask(WorkerRequest(argv, str(log_path(out))), deadline)
         except TimeoutError:
@@ -165,7 +168,10 @@ class WarmRunner:
             self.close()
         else:
             exit_code = reply.exit_code
-        return finished_trial(exit_code, out, time.perf_counter() - began, warm=True)
+        outcome = finished_trial(exit_code, out, time.perf_counter() - began, warm=True)
+        if starting and reply is not None and reply.trial_s:
+            outcome.setup_s = max(0.0, outcome.wall_s - reply.trial_s)  # the interpreter, torch, CUDA: once a worker
+        return outcome
 
     def _worker_for(self, out: Path) -> Worker:
         """The running worker, or a new one (its start is the trial's time); one per tune directory's compile cache."""

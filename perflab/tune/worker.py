@@ -21,6 +21,7 @@ import gc
 import os
 import signal
 import sys
+import time
 import traceback
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
@@ -154,12 +155,13 @@ def device_is_healthy() -> bool:
 
 def run_request(request: WorkerRequest, start: dict[str, Any], quiet_fd: int) -> WorkerReply:
     """One trial, then the process put back (or retired)."""
+    began = time.perf_counter()
     with output_to(request.log, quiet_fd):
         exit_code, escaped = run_perflab(request.argv)
     retire = escaped or exit_code not in KEEPS_THE_WORKER or not device_is_healthy()
     if not retire:
         reset_between_trials(start)
-    return WorkerReply(exit_code, retire)
+    return WorkerReply(exit_code, retire, round(time.perf_counter() - began, 3))
 
 
 def answer_requests(requests: Any, replies: Any, quiet_fd: int) -> None:
