@@ -63,11 +63,11 @@ BATCH_LIMIT = 4096
 BATCH_NOTE = ("batch size changes the optimisation (the learning rate and schedule were tuned for the old batch): "
               "re-check convergence before adopting it")
 NO_LEVER_WON = "every proposed lever was tried, refused or lost"
+NO_SETTING_WON = "every proposed lever and every setting the queue diagnosis proposed was tried, refused or lost"
 # A round that found no win over a start that moves more than a screen must show is screened once more with trials
 # this many times as long (a mean's noise falls about as the root of its length): on an H200 a planted nonzero
 # router's start moved 28-41% and tune stopped "inconclusive" after 36 s of a 120-s budget.
 STEADIER_TRIALS = 3.0
-NO_SETTING_WON = "every proposed lever and every setting the queue diagnosis proposed was tried, refused or lost"
 
 
 class TuneObserver:
