@@ -50,7 +50,8 @@ from perflab.pipeline import resolve_config
 from perflab.tune import TuneConfig, tune
 from perflab.tune import candidates as search
 from perflab.tune.candidates import usable_cpus
-from perflab.tune.screening import INSURANCE, screen_config
+from perflab.tune.screen_order import INSURANCE
+from perflab.tune.screening import screen_config
 from perflab.tune.trial import OK, run_trial
 
 # Every planted workload of tests/planted beyond the tune_planted area's, except the failure fixtures

@@ -123,7 +123,7 @@ def test_tune_tries_a_precision_only_above_the_current_one_as_the_levers_declare
 
 
 def test_the_levers_tune_screens_unasked_are_declared_once_each_with_its_own_place():
-    from perflab.tune.screening import INSURANCE
+    from perflab.tune.screen_order import INSURANCE
 
     places = [lever.tune.screen_always for lever in all_levers() if lever.tune.screen_always is not None]
     assert len(places) == len(set(places)) == len(INSURANCE)

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from perflab.tune import screening
+from perflab.tune import screen_order, screening
 from perflab.tune.rows import TrialRow
 from perflab.tune.screening import SCREEN, screen_config, win_threshold_pct
 from perflab.tune.trial import OK, TrialOutcome
@@ -58,11 +58,11 @@ def test_the_big_one_flag_levers_are_screened_when_the_diagnosis_is_silent_about
     from perflab.tune import candidates as search
     levers = {lever.name: lever for lever in all_levers()}
     silent = diagnosis_of(("host-device sync", 0.9, []))
-    order = [p.lever for p in screening.screening_order(search.proposals(silent, levers), levers, START)]
+    order = [p.lever for p in screen_order.screening_order(search.proposals(silent, levers), levers, START)]
     assert set(order[:5]) == {"compile", "cuda-graphs", "bf16", "channels-last", "workers"}  # first, unnamed
     assert order.index("channels-last") == order.index("bf16") + 1  # layout follows precision
     launch = diagnosis_of(("launch / framework overhead", 0.9, ["fused-optimizer", "compile", "cuda-graphs"]))
-    order = [p.lever for p in screening.screening_order(search.proposals(launch, levers), levers, START)]
+    order = [p.lever for p in screen_order.screening_order(search.proposals(launch, levers), levers, START)]
     assert set(order[:2]) == {"compile", "cuda-graphs"} and order.index("fused-optimizer") > order.index("workers")
 
 
@@ -86,10 +86,10 @@ def test_a_finding_that_explains_a_large_share_has_its_levers_screened_before_th
     comm = ["ddp-bucket-size", "bf16-comm-hook", "grad-accum"]
     start = START.replace(nproc=2)
     large = diagnosis_of(("collectives", 0.8, comm, {"expected_gain_pct": 37.0}))
-    order = [p.lever for p in screening.screening_order(search.proposals(large, levers), levers, start)]
+    order = [p.lever for p in screen_order.screening_order(search.proposals(large, levers), levers, start)]
     assert order[:3] == comm and order.index("grad-accum") < order.index("compile")
     small = diagnosis_of(("collectives", 0.8, comm, {"expected_gain_pct": 5.0}))
-    order = [p.lever for p in screening.screening_order(search.proposals(small, levers), levers, start)]
+    order = [p.lever for p in screen_order.screening_order(search.proposals(small, levers), levers, start)]
     assert order.index("compile") < order.index("ddp-bucket-size")  # a small finding: the big levers first
 
 
@@ -369,12 +369,12 @@ def test_a_win_larger_than_any_candidate_left_could_give_is_confirmed_before_the
 
 
 def test_a_win_smaller_than_a_candidate_left_waits_for_the_rounds_screens():
-    from perflab.tune.screening import expected_gain_pct
+    from perflab.tune.screen_order import expected_gain_pct
     from perflab.tune import candidates as search
     predicted = search.Proposal("fused-optimizer", "launch / framework overhead", 0.9, 20.0)
     assert expected_gain_pct(predicted) == pytest.approx(25.0)  # 1 / (1 - 0.2) - 1
-    unpredicted = search.Proposal("compile", screening.INSURANCE_SOURCE, None, None, named=False)
-    assert expected_gain_pct(unpredicted) == screening.UNPREDICTED_GAIN_PCT
+    unpredicted = search.Proposal("compile", screen_order.INSURANCE_SOURCE, None, None, named=False)
+    assert expected_gain_pct(unpredicted) == screen_order.UNPREDICTED_GAIN_PCT
 
 
 class TrialsScaled(FakeTrials):
@@ -429,7 +429,7 @@ def test_a_profile_cut_at_its_limit_leads_to_screening_the_insurance_levers_not_
                         screening=True)
     assert trials.limits[1] == pytest.approx(0.15 * 90)  # the start's profile: at most 15% of the budget
     first_round = [entry["label"] for entry in summary["screened"]][:3]
-    assert all(label.split("=")[0] in screening.INSURANCE for label in first_round), first_round
+    assert all(label.split("=")[0] in screen_order.INSURANCE for label in first_round), first_round
     assert summary["kept"] == ["compile=default"] and summary["best"]["label"] == "compile=default"
     assert summary["diagnoses"][0]["cut"] and "cut at its limit (14 s, 15% of the budget)" in summary["profile_cut"]
     assert any("was cut" in note for note in summary["notes"])

@@ -19,7 +19,7 @@ from perflab.tune import candidates as search
 from perflab.tune.budget import Budget
 from perflab.tune.record import TrialRecorder, TrialRequest
 from perflab.tune.rows import TrialRow
-from perflab.tune.screening import insurance_proposals
+from perflab.tune.screen_order import insurance_proposals
 from perflab.tune.summary import DiagnosisEntry
 from perflab.tune.trial import OK, PROFILE_STEPS, TIMEOUT
 
