@@ -5,7 +5,6 @@ the two-stage round (screening.py).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, Optional
 
 from perflab.config import RunConfig
@@ -20,7 +19,7 @@ from perflab.tune.record import Judge, TrialRecord, TrialRecorder, TrialRequest
 from perflab.tune.retry import NoiseRetries
 from perflab.tune.search_state import SearchState
 from perflab.tune.settings import TuneConfig, strict_tolerances
-from perflab.tune.trial import TrialOutcome
+from perflab.tune.trial import TrialOutcome, lengthened
 
 
 def trial_judge(settings: TuneConfig, measure: str) -> Judge:
@@ -108,8 +107,7 @@ class CandidateTrials:
         cfg = self.trial_config(self.candidate_config(candidate))
         if trials is not None:
             cfg = cfg.replace(trials=trials[0], min_trial_s=trials[1])
-        measured_cfg = cfg if longer == 1.0 else cfg.replace(steps=math.ceil(cfg.steps * longer),
-                                                             min_trial_s=cfg.min_trial_s * longer)
+        measured_cfg = lengthened(cfg, longer)
         against_s = state.best_row.wall_s
         # Every trial is stopped (status timeout) when it would pass the budget: the budget is a promise.
         context = {**self.context(candidate), **(extra or {})}

@@ -19,7 +19,6 @@ command that confirms it), never kept.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional, Protocol
 
 from perflab.config import RunConfig
@@ -34,7 +33,7 @@ from perflab.tune.record import SCREEN, TrialRequest, gain_pct
 from perflab.tune.rows import TrialRow
 from perflab.tune.stop import StopKind, StopReason
 from perflab.tune.summary import ScreenEntry
-from perflab.tune.trial import OK
+from perflab.tune.trial import OK, lengthened
 
 SCREEN_MARGIN_S = 2.0  # a screen stops this much short of the time held for a confirmation ...
 SCREEN_MARGIN_SHARE = 0.02  # ... or this share of the budget, whichever is less
@@ -44,10 +43,8 @@ SCREEN_WIN_PCT = 5.0  # a single trial's gain must pass this (or 2 x --min-effec
 def screen_config(cfg: RunConfig, scale: float = 1.0) -> RunConfig:
     """One short trial of `cfg`, without the quality gate: what a screen (and a round's reference) measures; with
     `scale`, that trial `scale` times as long (its steps and --min-trial-s: the steadier pass)."""
-    short = cfg.replace(trials=1, check_quality=False, min_trial_s=min(cfg.min_trial_s, SCREEN_MIN_TRIAL_S))
-    if scale == 1.0:
-        return short
-    return short.replace(steps=math.ceil(short.steps * scale), min_trial_s=short.min_trial_s * scale)
+    return lengthened(cfg.replace(trials=1, check_quality=False,
+                                  min_trial_s=min(cfg.min_trial_s, SCREEN_MIN_TRIAL_S)), scale)
 
 
 def win_threshold_pct(min_effect_pct: float) -> float:

@@ -8,6 +8,7 @@ folder (a run refuses a folder holding files it did not write).
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -57,6 +58,14 @@ class TrialOutcome:
     @property
     def measured(self) -> bool:
         return self.result is not None
+
+
+def lengthened(cfg: RunConfig, factor: float) -> RunConfig:
+    """`cfg` with each trial `factor` times as long: its timed steps and its --min-trial-s (the one lengthens a
+    step-bound trial, the other a loader-fed one)."""
+    if factor == 1.0:
+        return cfg
+    return cfg.replace(steps=math.ceil(cfg.steps * factor), min_trial_s=cfg.min_trial_s * factor)
 
 
 def profile_capture(steps: int) -> CaptureOptions:
