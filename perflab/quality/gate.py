@@ -315,6 +315,7 @@ def judge_losses(baseline: list[float], candidate: list[float], tolerance: Toler
     if deltas[-1] > precision_rtol and widening > MAX_NOISE_WIDENING:
         return verdict_with("inconclusive", f"{summary} is over the {precision_rtol:.1e} precision tolerance and "
                             f"inside only the {rtol:.1e} noise floor, {widening:.0f}x wider (more than the "
-                            f"{MAX_NOISE_WIDENING:g}x bound): this training is too chaotic to tell a correct lever from a "
-                            "broken one; check the lever in --mode infer, or set --quality-loss-rtol", gate_figures)
+                            f"{MAX_NOISE_WIDENING:g}x bound): this training is too chaotic to tell a correct lever "
+                            "from a broken one; check the lever in --mode infer, or set --quality-loss-rtol",
+                            gate_figures)
     return verdict_with("pass", f"{summary} <= {rtol:.1e} ({source})", gate_figures)

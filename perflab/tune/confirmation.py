@@ -9,11 +9,11 @@ interval is then wider, and the decision records it and the sizing. Only when no
 Time model (calibrated on the trials already measured): a trial lasts max(its timed steps, --min-trial-s); a full
 confirmation costs what its screen cost, plus the trials beyond the screen's one, plus the quality gate (what the
 best's full trial took beyond its own trials and the round's reference, the warm worker's start that trial paid
-not counted), less what the screen spent compiling beyond a compile through the caches: every trial of a tune shares Inductor's caches, so the confirmation of a
-compiled candidate finds the graph its screen compiled (hand-written attention on 2 CPU cores: 19.1 s of compile in
-the screen, 0.33 s in its confirmation; an H100's elementwise chain: 30.8 s, then a 1.8-s confirmation). Counting the
-screen's compile again left a +26% compile win "not confirmed: budget (needs about 33 s; 11 s left)" where the
-confirmation took 6 s.
+not counted), less what the screen spent compiling beyond a compile through the caches: every trial of a tune
+shares Inductor's caches, so the confirmation of a compiled candidate finds the graph its screen compiled
+(hand-written attention on 2 CPU cores: 19.1 s of compile in the screen, 0.33 s in its confirmation; an H100's
+elementwise chain: 30.8 s, then a 1.8-s confirmation). Counting the screen's compile again left a +26% compile win
+"not confirmed: budget (needs about 33 s; 11 s left)" where the confirmation took 6 s.
 """
 from __future__ import annotations
 
